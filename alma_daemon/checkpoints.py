@@ -1,0 +1,94 @@
+"""Checkpoints: ``<root>/<model>/<version>/`` with weights.safetensors, spec.json and metrics.json.
+
+A version is written into a temporary folder and renamed into place, so a reader (the publisher,
+a restarted daemon) sees either a complete checkpoint or none. Versions are monotone integers and
+never reused. Weights are safetensors: loading one never runs code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from safetensors.torch import load_model, save_model
+
+from alma_daemon.learners import Learner, learner_from_spec
+
+WEIGHTS, SPEC, METRICS = "weights.safetensors", "spec.json", "metrics.json"
+
+
+class CheckpointStore:
+    """The versions of one model under a model-store folder."""
+
+    def __init__(self, root: str | Path, model_name: str):
+        self.root = Path(root)
+        self.model_name = model_name
+        self.folder = self.root / model_name
+
+    def path(self, version: int) -> Path:
+        return self.folder / str(version)
+
+    def versions(self) -> list[int]:
+        """Complete versions, oldest first."""
+        if not self.folder.is_dir():
+            return []
+        found = []
+        for child in self.folder.iterdir():
+            if child.name.isdigit() and all((child / f).is_file() for f in (WEIGHTS, SPEC, METRICS)):
+                found.append(int(child.name))
+        return sorted(found)
+
+    def latest(self) -> int | None:
+        versions = self.versions()
+        return versions[-1] if versions else None
+
+    def save(self, learner: Learner, version: int, metrics: dict) -> Path:
+        """Write ``version`` atomically; refuses to overwrite an existing version."""
+        target = self.path(version)
+        if target.exists():
+            raise FileExistsError(f"checkpoint version {version} already exists at {target}")
+        self.folder.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{version}-", dir=self.folder))
+        try:
+            save_model(learner.model, str(tmp / WEIGHTS))
+            _write_json(tmp / SPEC, learner.spec())
+            _write_json(tmp / METRICS, {"version": version, **metrics})
+            _fsync_dir(tmp)
+            os.rename(tmp, target)
+            _fsync_dir(self.folder)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return target
+
+    def load(self, version: int, device: str = "cpu") -> Learner:
+        return load_checkpoint(self.path(version), device)
+
+    def metrics(self, version: int) -> dict:
+        return json.loads((self.path(version) / METRICS).read_text())
+
+
+def load_checkpoint(path: str | Path, device: str = "cpu") -> Learner:
+    """Rebuild the learner of a checkpoint folder: architecture from spec.json, weights from safetensors."""
+    path = Path(path)
+    learner = learner_from_spec(json.loads((path / SPEC).read_text()))
+    load_model(learner.model, str(path / WEIGHTS), device=str(device))
+    return learner.to(device)
+
+
+def _write_json(path: Path, data: dict) -> None:
+    with path.open("w") as f:
+        json.dump(data, f, indent=2, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,57 @@
+"""The ``alma`` command line. Each subcommand lives in ``alma_daemon/commands/<name>.py``.
+
+A command module provides ``add_parser(subparsers)`` (which sets ``func``) ; any error exits
+non-zero with a one-line reason (``-vv`` adds the traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from alma_daemon.config import ConfigError
+from alma_daemon.logs import configure_logging
+
+#: Subcommand modules under alma_daemon.commands, in the order ``alma --help`` lists them.
+COMMANDS = ["simulate", "grid", "report"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="alma", description="Anytime learning at macroscale: simulate, serve, watch.")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-v info, -vv debug)")
+    parser.add_argument("--log-json", action="store_true", help="log JSON lines instead of key=value")
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in COMMANDS:
+        importlib.import_module(f"alma_daemon.commands.{name}").add_parser(subparsers)
+    return parser
+
+
+def add_config_arguments(parser: argparse.ArgumentParser, required: bool = False) -> None:
+    """``--config FILE`` and repeatable ``--set key=value`` overrides."""
+    parser.add_argument("--config", "-c", required=required, help="YAML config (default: built-in defaults)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config key, e.g. --set learner.width=16 (repeatable)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    configure_logging(args.verbose, args.log_json)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("alma: interrupted", file=sys.stderr)
+        return 130
+    except ConfigError as exc:
+        print(f"alma {args.command}: config error: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # noqa: BLE001 - the CLI's contract: one line, non-zero, no traceback
+        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        print(f"alma {args.command}: error: {type(exc).__name__}: {message}", file=sys.stderr)
+        logging.getLogger("alma").debug("traceback", exc_info=True)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

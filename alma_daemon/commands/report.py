@@ -1,0 +1,19 @@
+"""``alma report DIR``: plots and a markdown table over the runs in a folder."""
+
+from __future__ import annotations
+
+import argparse
+
+from alma_daemon.report import write_report
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser("report", help="plots + markdown table of every run under a folder")
+    parser.add_argument("folder", help="a run folder, a grid folder, or a daemon state folder")
+    parser.add_argument("--out", "-o", help="where to write the report (default: the folder itself)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    print(f"report: {write_report(args.folder, args.out)}")
+    return 0

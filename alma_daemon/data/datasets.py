@@ -1,0 +1,207 @@
+"""Dataset loaders (local files only, never a download) behind a registry.
+
+Each loader returns the training set, the test set and a :class:`TaskInfo` describing the input
+shape, the classes and the normalization that the model applies to raw inputs.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from alma_daemon.data.tensors import LabeledData
+
+
+class DatasetError(FileNotFoundError):
+    """A dataset file is missing or malformed; the message says which file and where to put it."""
+
+
+@dataclass(frozen=True)
+class TaskInfo:
+    """What a model needs to know about its inputs and outputs; saved in every checkpoint's spec."""
+
+    kind: str  # "classification" or "language_model"
+    input_shape: tuple[int, ...]
+    num_classes: int
+    #: Per-channel mean and std on the [0, 1] scale; inputs arrive in raw units (0-255 pixels).
+    mean: tuple[float, ...] = ()
+    std: tuple[float, ...] = ()
+    #: Channel axis of a raw example ("last" for HWC images as stored on the wire).
+    channels_last: bool = False
+    augment: bool = False
+    extra: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {
+            "kind": self.kind, "input_shape": list(self.input_shape), "num_classes": self.num_classes,
+            "mean": list(self.mean), "std": list(self.std), "channels_last": self.channels_last,
+            "augment": self.augment, "extra": self.extra,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "TaskInfo":
+        return cls(
+            kind=data["kind"], input_shape=tuple(data["input_shape"]), num_classes=int(data["num_classes"]),
+            mean=tuple(data.get("mean", ())), std=tuple(data.get("std", ())),
+            channels_last=bool(data.get("channels_last", False)), augment=bool(data.get("augment", False)),
+            extra=dict(data.get("extra", {})),
+        )
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """A training set, a test set and the task they define."""
+
+    train: LabeledData
+    test: LabeledData
+    task: TaskInfo
+
+
+MNIST_TASK = TaskInfo("classification", (28, 28), 10, mean=(0.1307,), std=(0.3081,))
+# Statistics of the original CIFAR-10 training set (the JPEG-decoded copy differs in the 3rd decimal).
+CIFAR10_TASK = TaskInfo(
+    "classification", (32, 32, 3), 10,
+    mean=(0.4914, 0.4822, 0.4465), std=(0.2470, 0.2435, 0.2616), channels_last=True, augment=True,
+)
+
+_LOADERS: dict[str, Callable[[Path], Dataset]] = {}
+
+
+def register_dataset(name: str) -> Callable:
+    def wrap(fn: Callable[[Path], Dataset]) -> Callable[[Path], Dataset]:
+        _LOADERS[name] = fn
+        return fn
+    return wrap
+
+
+def dataset_names() -> list[str]:
+    return sorted(_LOADERS)
+
+
+def resolve_data_root(root: str | None) -> Path:
+    """The data folder: explicit config, else $ALMA_DATA_DIR, else ./data, else ../shared/data."""
+    if root:
+        return Path(root).expanduser()
+    env = os.environ.get("ALMA_DATA_DIR")
+    if env:
+        return Path(env).expanduser()
+    for candidate in (Path("data"), Path("../shared/data")):
+        if candidate.is_dir():
+            return candidate
+    return Path("data")
+
+
+def load_dataset(name: str, root: str | None = None) -> Dataset:
+    """Load dataset ``name`` from ``root`` (see :func:`resolve_data_root`)."""
+    if name not in _LOADERS:
+        raise DatasetError(f"unknown dataset {name!r}; known: {', '.join(dataset_names())}")
+    return _LOADERS[name](resolve_data_root(root))
+
+
+def _find(root: Path, subdirs: tuple[str, ...], filename: str, what: str) -> Path:
+    for sub in subdirs:
+        path = root / sub / filename
+        if path.is_file():
+            return path
+    tried = ", ".join(str(root / sub / filename) for sub in subdirs)
+    raise DatasetError(
+        f"{what}: file {filename!r} not found (looked in {tried}); put the official file in "
+        f"{root / subdirs[0]} or point dataset.root / $ALMA_DATA_DIR at the folder holding it"
+    )
+
+
+def _read_idx(path: Path, expected_magic: int) -> np.ndarray:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as f:
+        data = f.read()
+    magic, = struct.unpack(">I", data[:4])
+    if magic != expected_magic:
+        raise DatasetError(f"{path}: not an IDX file of the expected kind (magic {magic:#x})")
+    ndim = magic & 0xFF
+    shape = struct.unpack(">" + "I" * ndim, data[4 : 4 + 4 * ndim])
+    array = np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim)
+    if array.size != int(np.prod(shape)):
+        raise DatasetError(f"{path}: truncated (expected {shape}, found {array.size} bytes of data)")
+    return array.reshape(shape)
+
+
+@register_dataset("mnist")
+def load_mnist(root: Path) -> Dataset:
+    """MNIST from the four IDX files (``.gz`` as distributed, or uncompressed)."""
+
+    def read(stem: str, magic: int) -> torch.Tensor:
+        subdirs = ("mnist", "MNIST/raw", ".")
+        for name in (stem + ".gz", stem):
+            for sub in subdirs:
+                if (root / sub / name).is_file():
+                    return torch.from_numpy(_read_idx(root / sub / name, magic).copy())
+        return torch.from_numpy(_read_idx(_find(root, subdirs, stem + ".gz", "MNIST"), magic).copy())
+
+    train = LabeledData(read("train-images-idx3-ubyte", 0x803), read("train-labels-idx1-ubyte", 0x801).long())
+    test = LabeledData(read("t10k-images-idx3-ubyte", 0x803), read("t10k-labels-idx1-ubyte", 0x801).long())
+    return Dataset(train, test, MNIST_TASK)
+
+
+_CIFAR_BIN_DIRS = ("cifar-10-batches-bin", "cifar10-jpeg/cifar-10-batches-bin", "cifar10/cifar-10-batches-bin")
+_CIFAR_PY_DIRS = ("cifar-10-batches-py", "cifar10/cifar-10-batches-py")
+
+
+def _cifar_from_binary(directory: Path, names: list[str]) -> LabeledData:
+    xs, ys = [], []
+    for name in names:
+        path = directory / name
+        if not path.is_file():
+            raise DatasetError(f"CIFAR-10: file {name!r} missing in {directory}")
+        records = np.fromfile(path, dtype=np.uint8)
+        if records.size % 3073:
+            raise DatasetError(f"{path}: size {records.size} is not a multiple of 3073-byte records")
+        records = records.reshape(-1, 3073)
+        ys.append(records[:, 0].astype(np.int64))
+        xs.append(records[:, 1:].reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1))
+    return LabeledData(torch.from_numpy(np.concatenate(xs)), torch.from_numpy(np.concatenate(ys)))
+
+
+def _cifar_from_python(directory: Path, names: list[str]) -> LabeledData:
+    # The official python format is a pickle; unpickling runs code, so the opcodes are only parsed.
+    from alma_daemon.data.cifar_pickle import read_cifar_python_batch
+
+    xs, ys = [], []
+    for name in names:
+        path = directory / name
+        if not path.is_file():
+            raise DatasetError(f"CIFAR-10: file {name!r} missing in {directory}")
+        x, y = read_cifar_python_batch(path)
+        xs.append(x.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1))
+        ys.append(y)
+    return LabeledData(torch.from_numpy(np.concatenate(xs)), torch.from_numpy(np.concatenate(ys)))
+
+
+@register_dataset("cifar10")
+def load_cifar10(root: Path) -> Dataset:
+    """CIFAR-10 from the official binary layout, else the official python layout; images HWC uint8."""
+    train_names = [f"data_batch_{i}" for i in range(1, 6)]
+    for sub in _CIFAR_BIN_DIRS:
+        directory = root / sub
+        if (directory / "data_batch_1.bin").is_file():
+            train = _cifar_from_binary(directory, [n + ".bin" for n in train_names])
+            test = _cifar_from_binary(directory, ["test_batch.bin"])
+            return Dataset(train, test, CIFAR10_TASK)
+    for sub in _CIFAR_PY_DIRS:
+        directory = root / sub
+        if (directory / "data_batch_1").is_file():
+            return Dataset(
+                _cifar_from_python(directory, train_names), _cifar_from_python(directory, ["test_batch"]),
+                CIFAR10_TASK,
+            )
+    raise DatasetError(
+        f"CIFAR-10: no data_batch_1.bin or data_batch_1 found under {root} (looked in "
+        f"{', '.join(_CIFAR_BIN_DIRS + _CIFAR_PY_DIRS)}); extract the official cifar-10-binary.tar.gz "
+        f"into {root} or point dataset.root / $ALMA_DATA_DIR at its parent folder"
+    )

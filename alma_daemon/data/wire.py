@@ -1,0 +1,468 @@
+"""Wire codec for chunk records (DESIGN.md section 5; full spec in docs/wire-format.md).
+
+One Kafka record carries one part of one chunk: a safetensors value plus ``alma-*`` headers and the
+key ``<stream>/<chunk>``. The producer side (:func:`encode_chunk`) splits a chunk so that every
+value stays within the size limit; the consumer side (:func:`decode_record`) treats every record
+as untrusted and either returns a fully validated :class:`DecodedPart` or raises
+:class:`RejectedRecord` with a reason from the fixed set :data:`REJECT_REASONS`.
+
+The module is pure logic: no broker, no Redis. Values are never unpickled; safetensors parsing is
+done by its Rust deserializer, which only builds plain tensors.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import safetensors.torch
+import torch
+
+SCHEMA_VERSION = 1
+CONTENT_TYPE = "application/vnd.alma.safetensors"
+# Kafka's default message.max.bytes is 1 MiB for the whole batch; 900 KiB leaves room for the
+# key, the headers and the record-batch framing.
+DEFAULT_MAX_PART_BYTES = 900 * 1024
+
+HEADER_SCHEMA = "alma-schema"
+HEADER_STREAM = "alma-stream"
+HEADER_CHUNK = "alma-chunk"
+HEADER_PART = "alma-part"
+HEADER_PARTS = "alma-parts"
+HEADER_CONTENT_TYPE = "content-type"
+_KNOWN_HEADERS = frozenset(
+    {HEADER_SCHEMA, HEADER_STREAM, HEADER_CHUNK, HEADER_PART, HEADER_PARTS, HEADER_CONTENT_TYPE}
+)
+
+#: Machine-readable rejection reasons, in a stable order so that metrics can pre-register every
+#: label value (a counter that exists at 0 makes "no rejections" visible in Prometheus).
+REJECT_REASONS: tuple[str, ...] = (
+    "schema",
+    "headers",
+    "stream",
+    "part_numbering",
+    "size",
+    "decode",
+    "dtype",
+    "shape",
+    "label_range",
+    "non_finite",
+    "chunk_order",
+)
+
+#: Stream names end up inside the Redis hash tag ``{<stream>}`` and in the key ``<stream>/<chunk>``,
+#: so braces, slashes, colons and whitespace are excluded.
+STREAM_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+#: Chunk ids and part counts score the Redis ``ready`` zset, whose scores are doubles: ids above
+#: 2**53 - 1 would silently collide there.
+MAX_ID = 2**53 - 1
+_DECIMAL_RE = re.compile(rb"0|[1-9][0-9]{0,15}")
+
+_X_DTYPES: dict[str, torch.dtype] = {"uint8": torch.uint8, "float32": torch.float32}
+_LABEL_DTYPE = torch.int64
+_TOKEN_DTYPE = torch.int32
+_LABELED_NAMES = frozenset({"x", "y"})
+_TEXT_NAMES = frozenset({"tokens"})
+
+# The size of a part is predicted from a one-item probe encoding; the real header holds the same
+# integers (shapes, data offsets) with more digits. Six integers growing by at most 19 digits each
+# plus 7 bytes of alignment padding stay far below this allowance.
+_HEADER_GROWTH_BYTES = 256
+
+
+@dataclass(frozen=True)
+class WireRecord:
+    """One Kafka record: ``key``, safetensors ``value`` and headers as kafka-python expects them."""
+
+    key: bytes
+    value: bytes
+    headers: list[tuple[str, bytes]]
+
+
+@dataclass(frozen=True)
+class StreamSchema:
+    """What the consumer of one stream accepts.
+
+    ``kind="labeled"``: ``x`` of dtype in ``x_dtypes`` and shape ``(N, *example_shape)``, ``y``
+    int64 of shape ``(N,)`` with labels in ``[0, num_classes)``. ``kind="text"``: 1-D int32
+    ``tokens`` in ``[0, vocab_size)``. Fields that do not apply to the kind are ignored.
+    ``max_part_bytes`` bounds the length of a record value.
+    """
+
+    kind: Literal["labeled", "text"]
+    example_shape: tuple[int, ...] = ()
+    x_dtypes: tuple[str, ...] = ("uint8", "float32")
+    num_classes: int | None = None
+    vocab_size: int | None = None
+    max_part_bytes: int = DEFAULT_MAX_PART_BYTES
+
+    def __post_init__(self) -> None:
+        # Configs loaded from YAML hand over lists; a frozen dataclass needs tuples to stay hashable.
+        object.__setattr__(self, "example_shape", tuple(self.example_shape))
+        object.__setattr__(self, "x_dtypes", tuple(self.x_dtypes))
+        if self.kind == "labeled":
+            if not all(_is_int(d) and d >= 1 for d in self.example_shape):
+                raise ValueError(f"example_shape must hold positive ints; got {self.example_shape!r}")
+            if not self.x_dtypes or not set(self.x_dtypes) <= _X_DTYPES.keys():
+                raise ValueError(f"x_dtypes must be a non-empty subset of {sorted(_X_DTYPES)}; got {self.x_dtypes!r}")
+            if not (_is_int(self.num_classes) and self.num_classes >= 1):
+                raise ValueError(f"a labeled stream needs num_classes >= 1; got {self.num_classes!r}")
+        elif self.kind == "text":
+            if not (_is_int(self.vocab_size) and self.vocab_size >= 1):
+                raise ValueError(f"a text stream needs vocab_size >= 1; got {self.vocab_size!r}")
+        else:
+            raise ValueError(f"kind must be 'labeled' or 'text'; got {self.kind!r}")
+        if not (_is_int(self.max_part_bytes) and self.max_part_bytes >= 1):
+            raise ValueError(f"max_part_bytes must be a positive int; got {self.max_part_bytes!r}")
+
+
+# eq=False: the generated __eq__ would compare tensors with ``==`` and fail on truth-testing them.
+@dataclass(frozen=True, eq=False)
+class DecodedPart:
+    """One validated part: either labeled ``x``/``y`` or text ``tokens`` (the others are None)."""
+
+    stream: str
+    chunk_id: int
+    part: int
+    parts: int
+    x: torch.Tensor | None = None
+    y: torch.Tensor | None = None
+    tokens: torch.Tensor | None = None
+
+    @property
+    def examples(self) -> int:
+        """Examples in this part: rows of ``x``, or tokens for a text stream."""
+        if self.tokens is not None:
+            return int(self.tokens.shape[0])
+        assert self.x is not None
+        return int(self.x.shape[0])
+
+
+class RejectedRecord(Exception):
+    """A record that failed validation.
+
+    ``reason`` is one of :data:`REJECT_REASONS` (safe as a Prometheus label value); ``detail`` is a
+    human-readable explanation for logs and the dead-letter stream.
+    """
+
+    def __init__(self, reason: str, detail: str) -> None:
+        if reason not in REJECT_REASONS:
+            raise ValueError(f"unknown rejection reason {reason!r}; expected one of {REJECT_REASONS}")
+        # Both go to Exception.__init__ so that the exception survives pickling across processes.
+        super().__init__(reason, detail)
+        self.reason = reason
+        self.detail = detail
+
+    def __str__(self) -> str:
+        return f"{self.reason}: {self.detail}"
+
+
+class ChunkOrderGuard:
+    """Rejects parts of a chunk older than the newest chunk already completed on its stream.
+
+    Decoding one record cannot see ordering, so this small piece of state does. Ingest is expected
+    to, per record: ``decode_record`` -> ``guard.check(stream, chunk_id)`` -> store the part; once
+    every part of a chunk is stored, ``guard.complete(stream, chunk_id)``. On restart it seeds the
+    guard with the newest completed chunk per stream from Redis. Parts of the completed chunk itself
+    (redelivery) pass, so that the idempotent part write can make them a no-op.
+    """
+
+    def __init__(self, completed: Mapping[str, int] | None = None) -> None:
+        self._completed: dict[str, int] = dict(completed or {})
+
+    def check(self, stream: str, chunk_id: int) -> None:
+        """Raise ``RejectedRecord("chunk_order")`` if ``chunk_id`` is below the newest completed one."""
+        newest = self._completed.get(stream)
+        if newest is not None and chunk_id < newest:
+            raise RejectedRecord(
+                "chunk_order", f"chunk {chunk_id} of stream {stream!r} arrived after chunk {newest} was completed"
+            )
+
+    def complete(self, stream: str, chunk_id: int) -> None:
+        """Record that every part of ``chunk_id`` has been stored."""
+        self._completed[stream] = max(chunk_id, self._completed.get(stream, chunk_id))
+
+    def last_completed(self, stream: str) -> int | None:
+        """The newest completed chunk id of ``stream``, or None before the first one."""
+        return self._completed.get(stream)
+
+
+def encode_chunk(
+    stream: str,
+    chunk_id: int,
+    x: torch.Tensor | None = None,
+    y: torch.Tensor | None = None,
+    tokens: torch.Tensor | None = None,
+    max_part_bytes: int = DEFAULT_MAX_PART_BYTES,
+) -> list[WireRecord]:
+    """Encode one chunk as records whose values are at most ``max_part_bytes`` long.
+
+    Pass labeled examples as ``x`` (uint8 or float32, ``N x ...``) and ``y`` (int64, ``N``), or text
+    as ``tokens`` (int32, 1-D). The chunk is split along the example (or token) axis into the fewest
+    parts that fit, with part sizes differing by at most one example. Raises ValueError on malformed
+    input or when a single example cannot fit within ``max_part_bytes``.
+    """
+    _check_stream_name(stream)
+    if not (_is_int(chunk_id) and 0 <= chunk_id <= MAX_ID):
+        raise ValueError(f"chunk_id must be an int in [0, {MAX_ID}]; got {chunk_id!r}")
+    if not (_is_int(max_part_bytes) and max_part_bytes >= 1):
+        raise ValueError(f"max_part_bytes must be a positive int; got {max_part_bytes!r}")
+    tensors = _producer_tensors(x, y, tokens)
+    n_items = int(next(iter(tensors.values())).shape[0])
+    per_item = sum(t[0].numel() * t.element_size() for t in tensors.values())
+
+    def part_tensors(lo: int, hi: int) -> dict[str, torch.Tensor]:
+        return {name: t[lo:hi] for name, t in tensors.items()}
+
+    overhead = len(safetensors.torch.save(part_tensors(0, 1))) - per_item + _HEADER_GROWTH_BYTES
+    capacity = (max_part_bytes - overhead) // per_item
+    if capacity < 1:
+        what = "token" if "tokens" in tensors else "example"
+        raise ValueError(
+            f"one {what} of stream {stream!r} needs {per_item + overhead} bytes with the safetensors "
+            f"header, more than max_part_bytes={max_part_bytes}; raise the limit (and Kafka's "
+            f"message.max.bytes) or send smaller examples"
+        )
+    n_parts = math.ceil(n_items / capacity)
+    key = _record_key(stream, chunk_id)
+    records = []
+    for i in range(n_parts):
+        lo, hi = i * n_items // n_parts, (i + 1) * n_items // n_parts
+        headers = [
+            (HEADER_SCHEMA, str(SCHEMA_VERSION).encode()),
+            (HEADER_STREAM, stream.encode()),
+            (HEADER_CHUNK, str(chunk_id).encode()),
+            (HEADER_PART, str(i).encode()),
+            (HEADER_PARTS, str(n_parts).encode()),
+            (HEADER_CONTENT_TYPE, CONTENT_TYPE.encode()),
+        ]
+        records.append(WireRecord(key, safetensors.torch.save(part_tensors(lo, hi)), headers))
+    return records
+
+
+def decode_record(
+    key: bytes | None,
+    value: bytes | None,
+    headers: Iterable[tuple[str, bytes | None]] | None,
+    schema: StreamSchema,
+    expected_stream: str,
+) -> DecodedPart:
+    """Validate one record against ``schema`` and return its part.
+
+    Checks run cheapest first: schema version, headers, stream, part numbering, key, value size,
+    safetensors parsing, tensor names, dtypes, shapes, label/token range, finiteness. The first
+    failure raises :class:`RejectedRecord`. A ValueError means the caller passed an invalid
+    ``expected_stream``, not that the record is bad.
+    """
+    _check_stream_name(expected_stream)
+    found = _header_values(headers)
+
+    version = found.get(HEADER_SCHEMA)
+    if version is None:
+        raise RejectedRecord("schema", f"header {HEADER_SCHEMA!r} is missing")
+    if version != str(SCHEMA_VERSION).encode():
+        raise RejectedRecord(
+            "schema", f"unsupported {HEADER_SCHEMA} {version[:32]!r}; this reader knows {SCHEMA_VERSION}"
+        )
+
+    missing = sorted(_KNOWN_HEADERS - found.keys())
+    if missing:
+        raise RejectedRecord("headers", f"missing headers {missing}")
+    if found[HEADER_CONTENT_TYPE] != CONTENT_TYPE.encode():
+        raise RejectedRecord("headers", f"content-type {found[HEADER_CONTENT_TYPE][:64]!r}, expected {CONTENT_TYPE!r}")
+    try:
+        stream = found[HEADER_STREAM].decode("utf-8")
+    except UnicodeDecodeError:
+        raise RejectedRecord("headers", f"{HEADER_STREAM} is not UTF-8: {found[HEADER_STREAM][:64]!r}") from None
+    if stream != expected_stream:
+        raise RejectedRecord("stream", f"record of stream {stream[:64]!r} on the consumer of {expected_stream!r}")
+    chunk_id = _header_int(found, HEADER_CHUNK)
+    part = _header_int(found, HEADER_PART)
+    parts = _header_int(found, HEADER_PARTS)
+    if parts < 1:
+        raise RejectedRecord("part_numbering", f"{HEADER_PARTS} is {parts}; a chunk has at least one part")
+    if part >= parts:
+        raise RejectedRecord("part_numbering", f"{HEADER_PART} {part} is outside [0, {parts})")
+    expected_key = _record_key(stream, chunk_id)
+    if key != expected_key:
+        shown = key[:96] if isinstance(key, bytes) else key
+        raise RejectedRecord("headers", f"key {shown!r} does not match headers (expected {expected_key!r})")
+
+    if not isinstance(value, (bytes, bytearray, memoryview)):
+        raise RejectedRecord("decode", f"value is {type(value).__name__}, not bytes")
+    value = bytes(value)
+    if len(value) > schema.max_part_bytes:
+        raise RejectedRecord("size", f"value is {len(value)} bytes; the limit is {schema.max_part_bytes}")
+    try:
+        tensors = safetensors.torch.load(value)
+    except Exception as exc:  # untrusted bytes: whatever the parser trips on, the record is at fault
+        raise RejectedRecord("decode", f"value is not a safetensors blob: {exc}") from exc
+
+    expected_names = _LABELED_NAMES if schema.kind == "labeled" else _TEXT_NAMES
+    if tensors.keys() != expected_names:
+        raise RejectedRecord(
+            "decode", f"tensors {sorted(tensors)[:8]} but a {schema.kind} stream carries {sorted(expected_names)}"
+        )
+    if schema.kind == "labeled":
+        _validate_labeled(tensors["x"], tensors["y"], schema)
+        return DecodedPart(stream, chunk_id, part, parts, x=tensors["x"], y=tensors["y"])
+    _validate_tokens(tensors["tokens"], schema)
+    return DecodedPart(stream, chunk_id, part, parts, tokens=tensors["tokens"])
+
+
+def assemble_chunk(parts: Sequence[DecodedPart]) -> tuple[torch.Tensor, torch.Tensor] | torch.Tensor:
+    """Join the parts of one chunk, given in any order, into ``(x, y)`` or ``tokens``.
+
+    A part delivered twice with identical content is accepted once (at-least-once delivery); raises
+    ``RejectedRecord("part_numbering")`` when parts are missing, disagree on stream, chunk or part
+    count, or a duplicate differs. Parts mixing kinds, ``x`` dtypes or example shapes raise
+    "decode", "dtype" or "shape".
+    """
+    if not parts:
+        raise RejectedRecord("part_numbering", "no parts to assemble")
+    first = parts[0]
+    by_index: dict[int, DecodedPart] = {}
+    for p in parts:
+        if (p.stream, p.chunk_id, p.parts) != (first.stream, first.chunk_id, first.parts):
+            raise RejectedRecord(
+                "part_numbering",
+                f"part {p.part} says stream {p.stream!r} chunk {p.chunk_id} of {p.parts} parts; part "
+                f"{first.part} says stream {first.stream!r} chunk {first.chunk_id} of {first.parts} parts",
+            )
+        if not 0 <= p.part < p.parts:
+            raise RejectedRecord("part_numbering", f"part {p.part} is outside [0, {p.parts})")
+        seen = by_index.setdefault(p.part, p)
+        if seen is not p and not _same_content(seen, p):
+            raise RejectedRecord(
+                "part_numbering", f"part {p.part} of chunk {p.chunk_id} delivered twice with different content"
+            )
+    if len(by_index) != first.parts:
+        # The first gap is at most len(by_index), so this scan stays short even for a huge `parts`.
+        gap = next(i for i in range(first.parts) if i not in by_index)
+        raise RejectedRecord(
+            "part_numbering",
+            f"chunk {first.chunk_id}: {len(by_index)} of {first.parts} parts present, part {gap} missing",
+        )
+    ordered = [by_index[i] for i in range(first.parts)]
+
+    if any((p.tokens is None) != (first.tokens is None) for p in ordered):
+        raise RejectedRecord("decode", f"chunk {first.chunk_id} mixes labeled and text parts")
+    if first.tokens is not None:
+        return torch.cat([p.tokens for p in ordered])
+    xs = [p.x for p in ordered]
+    if any(x.dtype != xs[0].dtype for x in xs):
+        raise RejectedRecord("dtype", f"chunk {first.chunk_id} mixes x dtypes {sorted({str(x.dtype) for x in xs})}")
+    if any(x.shape[1:] != xs[0].shape[1:] for x in xs):
+        raise RejectedRecord("shape", f"chunk {first.chunk_id} mixes example shapes")
+    return torch.cat(xs), torch.cat([p.y for p in ordered])
+
+
+def _is_int(value: object) -> bool:
+    # bool is an int subclass; True as a chunk id or class count is a bug, not a 1.
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_stream_name(stream: object) -> None:
+    if not (isinstance(stream, str) and STREAM_NAME_RE.fullmatch(stream)):
+        raise ValueError(f"stream name must match {STREAM_NAME_RE.pattern}; got {stream!r}")
+
+
+def _record_key(stream: str, chunk_id: int) -> bytes:
+    return f"{stream}/{chunk_id}".encode()
+
+
+def _producer_tensors(
+    x: torch.Tensor | None, y: torch.Tensor | None, tokens: torch.Tensor | None
+) -> dict[str, torch.Tensor]:
+    """Check the producer's input and return CPU, contiguous tensors keyed by wire name."""
+    if tokens is not None:
+        if x is not None or y is not None:
+            raise ValueError("pass either x and y (labeled) or tokens (text), not both")
+        if tokens.dtype != _TOKEN_DTYPE or tokens.dim() != 1 or tokens.shape[0] == 0:
+            raise ValueError(f"tokens must be non-empty 1-D int32; got {tokens.dtype} {tuple(tokens.shape)}")
+        return {"tokens": tokens.detach().cpu().contiguous()}
+    if x is None or y is None:
+        raise ValueError("pass x and y together (labeled) or tokens alone (text)")
+    if x.dtype not in _X_DTYPES.values():
+        raise ValueError(f"x must be uint8 or float32; got {x.dtype}")
+    if y.dtype != _LABEL_DTYPE:
+        raise ValueError(f"y must be int64; got {y.dtype}")
+    if x.dim() < 1 or x.shape[0] == 0 or 0 in x.shape[1:]:
+        raise ValueError(f"x must be N x ... with N >= 1 and no empty example dimension; got {tuple(x.shape)}")
+    if y.dim() != 1 or y.shape[0] != x.shape[0]:
+        raise ValueError(f"y must have shape ({x.shape[0]},); got {tuple(y.shape)}")
+    return {"x": x.detach().cpu().contiguous(), "y": y.detach().cpu().contiguous()}
+
+
+def _header_values(headers: Iterable[tuple[str, bytes | None]] | None) -> dict[str, bytes]:
+    """The known headers of a record; unrelated headers (tracing, etc.) are ignored."""
+    found: dict[str, bytes] = {}
+    try:
+        items = list(headers or ())
+    except TypeError:
+        raise RejectedRecord("headers", f"headers are {type(headers).__name__}, not a list of pairs") from None
+    for item in items:
+        if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)):
+            raise RejectedRecord("headers", f"header {item!r:.80} is not a (str, bytes) pair")
+        name, raw = item
+        if name not in _KNOWN_HEADERS:
+            continue
+        if not isinstance(raw, (bytes, bytearray, memoryview)):
+            raise RejectedRecord("headers", f"header {name!r} has a {type(raw).__name__} value, not bytes")
+        if name in found:
+            raise RejectedRecord("headers", f"header {name!r} appears more than once")
+        found[name] = bytes(raw)
+    return found
+
+
+def _header_int(found: dict[str, bytes], name: str) -> int:
+    # Canonical decimal only (no sign, spaces or leading zeros): the key must be reproducible
+    # byte-for-byte from the headers.
+    raw = found[name]
+    if not _DECIMAL_RE.fullmatch(raw) or int(raw) > MAX_ID:
+        raise RejectedRecord("headers", f"header {name!r} is {raw[:32]!r}, not a decimal integer in [0, {MAX_ID}]")
+    return int(raw)
+
+
+def _validate_labeled(x: torch.Tensor, y: torch.Tensor, schema: StreamSchema) -> None:
+    allowed = {_X_DTYPES[name] for name in schema.x_dtypes}
+    if x.dtype not in allowed:
+        raise RejectedRecord("dtype", f"x is {x.dtype}; the stream accepts {list(schema.x_dtypes)}")
+    if y.dtype != _LABEL_DTYPE:
+        raise RejectedRecord("dtype", f"y is {y.dtype}; labels must be int64")
+    if x.dim() != 1 + len(schema.example_shape) or tuple(x.shape[1:]) != schema.example_shape:
+        raise RejectedRecord("shape", f"x has shape {tuple(x.shape)}; expected (N, *{schema.example_shape})")
+    if x.shape[0] == 0:
+        raise RejectedRecord("shape", "part holds no examples")
+    if y.dim() != 1 or y.shape[0] != x.shape[0]:
+        raise RejectedRecord("shape", f"y has shape {tuple(y.shape)}; expected ({x.shape[0]},)")
+    low, high = int(y.min()), int(y.max())
+    if low < 0 or high >= schema.num_classes:
+        raise RejectedRecord("label_range", f"labels span [{low}, {high}]; expected [0, {schema.num_classes})")
+    if x.is_floating_point() and not bool(torch.isfinite(x).all()):
+        raise RejectedRecord("non_finite", f"x holds {int((~torch.isfinite(x)).sum())} NaN or infinite values")
+
+
+def _validate_tokens(tokens: torch.Tensor, schema: StreamSchema) -> None:
+    if tokens.dtype != _TOKEN_DTYPE:
+        raise RejectedRecord("dtype", f"tokens are {tokens.dtype}; expected int32")
+    if tokens.dim() != 1 or tokens.shape[0] == 0:
+        raise RejectedRecord("shape", f"tokens have shape {tuple(tokens.shape)}; expected non-empty 1-D")
+    low, high = int(tokens.min()), int(tokens.max())
+    # Tokens are the language model's labels (next-token targets), so their range failure shares
+    # the "label_range" reason instead of adding a label value used by one stream kind only.
+    if low < 0 or high >= schema.vocab_size:
+        raise RejectedRecord("label_range", f"tokens span [{low}, {high}]; expected [0, {schema.vocab_size})")
+
+
+def _same_content(a: DecodedPart, b: DecodedPart) -> bool:
+    def same(s: torch.Tensor | None, t: torch.Tensor | None) -> bool:
+        if s is None or t is None:
+            return s is t
+        return s.dtype == t.dtype and s.shape == t.shape and torch.equal(s, t)
+
+    return same(a.x, b.x) and same(a.y, b.y) and same(a.tokens, b.tokens)

@@ -1,0 +1,239 @@
+"""The ALMA engine (Algorithm 1): the single code path behind ``alma simulate`` and ``alma run``.
+
+For every chunk that arrives, :meth:`Engine.on_chunk`
+
+1. records the prequential measure: the current model on the new chunk, before training on it;
+2. splits off the chunk's validation share and buffers it;
+3. asks the policy whether to train now (and whether to grow first);
+4. trains (grows, fine-tunes or retrains from scratch) on the buffered data, counting FLOPs;
+5. writes a checkpoint, which observers may publish;
+6. evaluates on the test set, when there is one, and hands the step's record to observers.
+
+Chunks may come from any source; only the buffer and the observers differ between the simulator
+and the daemon. All randomness of stage k derives from (seed, k), so a resumed run equals an
+uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from alma_daemon.checkpoints import CheckpointStore
+from alma_daemon.chunk_buffer import ChunkBuffer
+from alma_daemon.config import Config
+from alma_daemon.data.streams import Chunk, split_chunk
+from alma_daemon.data.tensors import LabeledData
+from alma_daemon.learners import Learner
+from alma_daemon.seeding import derive_seed
+from alma_daemon.training.loop import FitReport, Trainer
+from alma_daemon.training.optim import resolve_optimizer_name
+from policies import Decision, Policy, PolicyState
+
+log = logging.getLogger(__name__)
+
+
+class EngineObserver:
+    """Hook points around the engine's steps (progress bars, results files, metrics, publishers).
+
+    Every method has a no-op default; an observer overrides what it needs and never mutates the engine.
+    """
+
+    def on_decision(self, decision: Decision, engine: "Engine") -> None: ...
+
+    def on_stage(self, stage: dict, engine: "Engine") -> None: ...
+
+    def on_checkpoint(self, version: int, path: str, metrics: dict, engine: "Engine") -> None: ...
+
+    def on_step(self, record: dict, engine: "Engine") -> None: ...
+
+
+@dataclass
+class EngineState:
+    """Everything the engine needs to continue a stream; JSON-able, persisted by the daemon."""
+
+    chunks_seen: int = 0
+    last_chunk: int = 0
+    examples_seen: int = 0
+    stages_done: int = 0
+    model_version: int = 0
+    cumulative_error: float = 0.0
+    cumulative_prequential: float = 0.0
+    cumulative_train_flops: int = 0
+    cumulative_parameters: int = 0
+    cumulative_train_seconds: float = 0.0
+    started_at: float = field(default_factory=time.time)
+    last_decision: dict = field(default_factory=dict)
+    series: list[dict] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "EngineState":
+        return cls(**data)
+
+
+class Engine:
+    """Drives a learner through a stream of chunks under a waiting-time policy."""
+
+    def __init__(
+        self,
+        learner: Learner,
+        policy: Policy,
+        buffer: ChunkBuffer,
+        config: Config,
+        device: torch.device,
+        *,
+        test_set: LabeledData | None = None,
+        stream_length: int | None = None,
+        checkpoints: CheckpointStore | None = None,
+        observers: list[EngineObserver] | tuple[EngineObserver, ...] = (),
+        state: EngineState | None = None,
+        clock=time.time,
+    ):
+        self.learner = learner.to(device)
+        self.policy = policy
+        self.buffer = buffer
+        self.config = config
+        self.device = device
+        self.test_set = test_set
+        self.stream_length = stream_length
+        self.checkpoints = checkpoints
+        self.observers = list(observers)
+        self.state = state or EngineState()
+        self.clock = clock
+        self.optimizer_name = resolve_optimizer_name(config.train, config.dataset.name)
+
+    # -- the step ---------------------------------------------------------------------------------
+    def on_chunk(self, chunk: Chunk) -> dict:
+        """Process one arriving chunk (steps 1-6 above) and return its record."""
+        if chunk.index <= self.state.last_chunk:
+            raise ValueError(f"chunk {chunk.index} arrived after chunk {self.state.last_chunk}: ids must increase")
+        measure = self.learner.measure
+        prequential = self.learner.evaluate(chunk.data)[measure]
+        self.buffer.add(split_chunk(chunk, self.config.stream.val_fraction, self.config.stream.seed))
+        self.state.chunks_seen += 1
+        self.state.last_chunk = chunk.index
+        self.state.examples_seen += len(chunk)
+
+        decision = self.decide()
+        stage = self.train_stage(decision) if decision.train else None
+        return self.record_step(chunk, prequential, decision, stage)
+
+    def policy_state(self) -> PolicyState:
+        last = self.state.series[-1] if self.state.series else {}
+        return PolicyState(
+            chunks_seen=self.state.chunks_seen,
+            chunks_pending=len(self.buffer.pending_chunks()),
+            examples_pending=self.buffer.pending_examples(),
+            stages_done=self.state.stages_done,
+            stream_length=self.stream_length,
+            now=self.clock(),
+            started_at=self.state.started_at,
+            train_flops_total=self.state.cumulative_train_flops,
+            train_seconds_total=self.state.cumulative_train_seconds,
+            flops_per_example=last.get("train_flops_per_example"),
+            learner_grows=self.learner.grows,
+        )
+
+    def decide(self) -> Decision:
+        decision = self.policy.decide(self.policy_state())
+        self.state.last_decision = {"action": decision.action, "reason": decision.reason, "at": self.clock()}
+        log.info("policy decision", extra={"action": decision.action, "reason": decision.reason})
+        for observer in self.observers:
+            observer.on_decision(decision, self)
+        return decision
+
+    def train_stage(self, decision: Decision) -> dict:
+        """Grow (if told to and able), then train on the buffered data; checkpoint the result."""
+        stage = self.state.stages_done + 1
+        seed = self.config.seed
+        trainer = Trainer(
+            self.config.train, self.optimizer_name, self.device, seed=derive_seed(seed, "stage", stage),
+            augment=self.learner.task.augment,
+        )
+        # Dropout and other draws from torch's global RNG must also replay identically on resume.
+        torch.manual_seed(derive_seed(seed, "torch", stage))
+        chunk_ids = self.buffer.pending_chunks()
+        train, val = self.buffer.training_data(self.config.stream.replay)
+        kind = "finetune"
+        growth: dict | None = None
+        if self.config.train.from_scratch and self.state.stages_done > 0:
+            self.learner.reinitialize(derive_seed(seed, "scratch", stage))
+            kind = "scratch"
+        if decision.grow and self.learner.grows:
+            growth = self.learner.grow(val, trainer)
+            self.learner.architecture_changed()
+            kind = "grow"
+        report: FitReport = self.learner.fit(train, val, trainer)
+        self.buffer.mark_trained(self.config.stream.replay)
+        val_measure = self.learner.evaluate(val)[self.learner.measure]
+        self.state.stages_done = stage
+        self.state.model_version += 1
+        info = {
+            "stage": stage, "kind": kind, "chunks": chunk_ids, "examples": len(train) + len(val),
+            "train_flops": report.flops, "train_seconds": report.seconds, "steps": report.steps,
+            "epochs": report.epochs, "best_epoch": report.best_epoch,
+            f"val_{self.learner.measure}": val_measure, "growth": growth,
+            "model_version": self.state.model_version, "parameters": self.learner.num_parameters(),
+            "train_flops_per_example": report.flops / max(1, len(train)),
+        }
+        log.info("trained", extra={k: v for k, v in info.items() if k != "chunks"})
+        for observer in self.observers:
+            observer.on_stage(info, self)
+        if self.checkpoints is not None:
+            metrics = {k: v for k, v in info.items() if k != "growth"}
+            path = self.checkpoints.save(self.learner, self.state.model_version, metrics)
+            for observer in self.observers:
+                observer.on_checkpoint(self.state.model_version, str(path), metrics, self)
+        return info
+
+    def record_step(self, chunk: Chunk, prequential: float, decision: Decision, stage: dict | None) -> dict:
+        measure = self.learner.measure
+        test = self.learner.evaluate(self.test_set)[measure] if self.test_set is not None else None
+        s = self.state
+        params = self.learner.num_parameters()
+        train_flops = stage["train_flops"] if stage else 0
+        train_seconds = stage["train_seconds"] if stage else 0.0
+        s.cumulative_prequential += prequential
+        s.cumulative_train_flops += train_flops
+        s.cumulative_parameters += params
+        s.cumulative_train_seconds += train_seconds
+        record = {
+            "t": s.chunks_seen,
+            "chunk": chunk.index,
+            "examples_seen": s.examples_seen,
+            "trained": stage is not None,
+            "decision": decision.action,
+            "reason": decision.reason,
+            f"test_{measure}": test,
+            f"prequential_{measure}": prequential,
+            f"cumulative_prequential_{measure}": s.cumulative_prequential,
+            "train_flops": train_flops,
+            "cumulative_train_flops": s.cumulative_train_flops,
+            "parameters": params,
+            "cumulative_parameters": s.cumulative_parameters,
+            "inference_flops_per_example": self.learner.inference_flops_per_example(),
+            "train_seconds": train_seconds,
+            "cumulative_train_seconds": s.cumulative_train_seconds,
+            "model_version": s.model_version,
+            "wall_seconds": self.clock() - s.started_at,
+        }
+        if measure == "error":
+            if test is not None:
+                s.cumulative_error += test
+            record["test_error"] = test
+            record["cumulative_error"] = s.cumulative_error if test is not None else None
+        if stage is not None:
+            record.update({k: stage[k] for k in ("stage", "kind", "epochs", "best_epoch", "steps",
+                                                    f"val_{measure}", "train_flops_per_example")})
+            if stage.get("growth") is not None:
+                record["growth"] = stage["growth"]
+        s.series.append(record)
+        for observer in self.observers:
+            observer.on_step(record, self)
+        return record

@@ -1,0 +1,140 @@
+"""The learner interface (DESIGN.md section 4).
+
+A learner owns one ``nn.Module`` (``self.model``) holding every parameter, so checkpoints are one
+state dict. Subclasses implement :meth:`build` (the architecture), :meth:`fit` (what to hand to the
+shared :class:`~alma_daemon.training.loop.Trainer`) and :meth:`forward_proba`; growing learners
+also implement :meth:`grow` and :meth:`architecture`. Everything else has a default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from alma_daemon.config import LearnerConfig, from_dict
+from alma_daemon.data.datasets import TaskInfo
+from alma_daemon.data.tensors import LabeledData
+from alma_daemon.training.flops import count_flops
+from alma_daemon.training.loop import EVAL_BATCH, FitReport, Trainer
+
+
+def seeded_build(seed: int, build: Any) -> Any:
+    """Call ``build()`` with torch's global RNG seeded, without disturbing the caller's RNG state."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return build()
+
+
+class Learner(ABC):
+    """A model that learns from a stream of chunks: fit, predict, count, describe itself."""
+
+    #: Name in config (``learner.name``) and in checkpoints' spec.json.
+    name: ClassVar[str]
+    #: True for learners whose :meth:`grow` changes the architecture.
+    grows: ClassVar[bool] = False
+    #: The measure :meth:`evaluate` reports: "error" (classification) or "perplexity" (LM).
+    measure: ClassVar[str] = "error"
+
+    def __init__(self, task: TaskInfo, config: LearnerConfig, seed: int, arch: dict | None = None):
+        self.task = task
+        self.config = config
+        self.seed = seed
+        self.arch = dict(arch) if arch is not None else self.initial_architecture()
+        self.model: nn.Module = seeded_build(seed, lambda: self.build(self.arch))
+        self._inference_flops: float | None = None
+
+    # -- what subclasses provide ------------------------------------------------------------------
+    def initial_architecture(self) -> dict:
+        """The JSON description of the architecture before any growth."""
+        return {}
+
+    @abstractmethod
+    def build(self, arch: dict) -> nn.Module:
+        """Create the module for ``arch`` (called under a seeded RNG)."""
+
+    @abstractmethod
+    def fit(self, train: LabeledData, val: LabeledData, trainer: Trainer) -> FitReport:
+        """Train on a stage's data (fine-tuning from the current parameters)."""
+
+    @abstractmethod
+    def forward_proba(self, x: torch.Tensor) -> torch.Tensor:
+        """Class probabilities for a batch of raw inputs (already on the model's device)."""
+
+    def grow(self, val: LabeledData, trainer: Trainer) -> dict:
+        """Grow the architecture before a training stage; returns a JSON summary of what grew."""
+        raise NotImplementedError(f"learner {self.name!r} does not grow")
+
+    # -- shared behaviour -------------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        for p in self.model.parameters():
+            return p.device
+        return torch.device("cpu")
+
+    def to(self, device: torch.device | str) -> "Learner":
+        self.model.to(device)
+        return self
+
+    def reinitialize(self, seed: int) -> None:
+        """Fresh random weights for the current architecture (retraining from scratch)."""
+        device = self.device
+        self.model = seeded_build(seed, lambda: self.build(self.arch)).to(device)
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+    def predict_proba(self, x: torch.Tensor) -> torch.Tensor:
+        """Probabilities for raw inputs of any count, evaluated in batches; returned on the CPU."""
+        self.model.eval()
+        out = []
+        with torch.inference_mode():
+            for i in range(0, len(x), EVAL_BATCH):
+                out.append(self.forward_proba(x[i : i + EVAL_BATCH].to(self.device)).cpu())
+        return torch.cat(out) if out else torch.empty(0, self.task.num_classes)
+
+    def evaluate(self, data: LabeledData) -> dict[str, float]:
+        """``{"error": share of wrong predictions}`` on ``data``."""
+        if len(data) == 0:
+            return {"error": float("nan")}
+        predictions = self.predict_proba(data.x).argmax(1)
+        return {"error": int((predictions != data.y).sum()) / len(data)}
+
+    def example_input(self) -> torch.Tensor:
+        return torch.zeros((1, *self.task.input_shape), dtype=torch.uint8, device=self.device)
+
+    def inference_flops_per_example(self) -> float:
+        """FLOPs of predicting one example with the current architecture (cached until it grows)."""
+        if self._inference_flops is None:
+            self.model.eval()
+            with torch.inference_mode():
+                _, flops = count_flops(lambda: self.forward_proba(self.example_input()))
+            self._inference_flops = float(flops)
+        return self._inference_flops
+
+    def architecture_changed(self) -> None:
+        """Call after growth: cached figures that depend on the architecture are recomputed."""
+        self._inference_flops = None
+
+    def spec(self) -> dict:
+        """JSON that rebuilds this exact (possibly grown) architecture with :func:`learner_from_spec`."""
+        return {
+            "learner": self.name,
+            "task": self.task.to_dict(),
+            "config": dataclasses.asdict(self.config),
+            "seed": self.seed,
+            "arch": self.arch,
+        }
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return self.model.state_dict()
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self.model.load_state_dict(state)
+
+
+def config_from_spec(spec: dict) -> tuple[TaskInfo, LearnerConfig]:
+    return TaskInfo.from_dict(spec["task"]), from_dict(LearnerConfig, spec["config"], prefix="spec.config.")

@@ -1,0 +1,44 @@
+"""Ens: N independent members, each trained on the same data; predictions average probabilities."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from alma_daemon.data.tensors import LabeledData
+from alma_daemon.learners import register_learner
+from alma_daemon.learners.base import Learner, seeded_build
+from alma_daemon.models.backbones import build_backbone
+from alma_daemon.seeding import derive_seed
+from alma_daemon.training.loop import FitReport, Trainer
+
+
+def independent_members(learner: Learner, count: int, first: int = 0) -> list[nn.Module]:
+    """``count`` backbones, each initialized from its own seed (member index), so they differ."""
+    return [
+        seeded_build(derive_seed(learner.seed, "member", i), lambda: build_backbone(learner.task, learner.config.width))
+        for i in range(first, first + count)
+    ]
+
+
+def average_member_proba(members: list[nn.Module] | nn.ModuleList, x: torch.Tensor) -> torch.Tensor:
+    return torch.stack([m(x).softmax(1) for m in members]).mean(0)
+
+
+@register_learner
+class Ensemble(Learner):
+    """``learner.members`` backbones trained independently; the output is their mean probability."""
+
+    name = "ens"
+
+    def build(self, arch: dict) -> nn.Module:
+        return nn.ModuleList(independent_members(self, self.config.members))
+
+    def fit(self, train: LabeledData, val: LabeledData, trainer: Trainer) -> FitReport:
+        report = FitReport()
+        for i, member in enumerate(self.model):
+            report = report.merge(trainer.fit(member, train, val, purpose=("member", i)))
+        return report
+
+    def forward_proba(self, x: torch.Tensor) -> torch.Tensor:
+        return average_member_proba(self.model, x)

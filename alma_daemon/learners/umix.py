@@ -1,0 +1,39 @@
+"""UMix: N members trained jointly as one model whose logits are the members' average (section 4.1)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from alma_daemon.data.tensors import LabeledData
+from alma_daemon.learners import register_learner
+from alma_daemon.learners.base import Learner
+from alma_daemon.learners.ens import independent_members
+from alma_daemon.training.loop import FitReport, Trainer
+
+
+class LogitAverage(nn.Module):
+    """The uniform mixture: mean of the members' logits, so training and prediction use one model."""
+
+    def __init__(self, members: list[nn.Module]):
+        super().__init__()
+        self.members = nn.ModuleList(members)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.stack([m(x) for m in self.members]).mean(0)
+
+
+@register_learner
+class UniformMixture(Learner):
+    """``learner.members`` backbones whose averaged logits are trained end to end."""
+
+    name = "umix"
+
+    def build(self, arch: dict) -> nn.Module:
+        return LogitAverage(independent_members(self, self.config.members))
+
+    def fit(self, train: LabeledData, val: LabeledData, trainer: Trainer) -> FitReport:
+        return trainer.fit(self.model, train, val)
+
+    def forward_proba(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x).softmax(1)

@@ -1,0 +1,38 @@
+"""Structured, quiet-by-default logging: ``key=value`` lines (or JSON lines) on stderr."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+
+_STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
+
+
+class KeyValueFormatter(logging.Formatter):
+    """``time level logger message key=value ...`` with the record's ``extra`` fields."""
+
+    def __init__(self, as_json: bool = False):
+        super().__init__()
+        self.as_json = as_json
+
+    def format(self, record: logging.LogRecord) -> str:
+        fields = {k: v for k, v in vars(record).items() if k not in _STANDARD}
+        if self.as_json:
+            return json.dumps({"time": record.created, "level": record.levelname, "logger": record.name,
+                               "message": record.getMessage(), **fields}, default=str)
+        extra = " ".join(f"{k}={v}" for k, v in fields.items())
+        line = f"{self.formatTime(record, '%H:%M:%S')} {record.levelname.lower()} {record.name}: {record.getMessage()}"
+        return f"{line} {extra}".rstrip()
+
+
+def configure_logging(verbosity: int = 0, as_json: bool = False) -> None:
+    """Warnings only by default; ``-v`` for info, ``-vv`` for debug."""
+    level = logging.WARNING if verbosity <= 0 else logging.INFO if verbosity == 1 else logging.DEBUG
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(KeyValueFormatter(as_json))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    for noisy in ("kafka", "apscheduler", "urllib3", "matplotlib"):
+        logging.getLogger(noisy).setLevel(max(level, logging.WARNING))

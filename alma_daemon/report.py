@@ -1,0 +1,130 @@
+"""``alma report``: plots and a markdown table over every run found under a folder.
+
+- ``error_vs_time.png``: test error (or perplexity) vs mega-batches received (the paper's Fig. 3);
+- ``cer_vs_flops.png`` and ``cer_vs_parameters.png``: one point per run (the paper's Fig. 2);
+- ``report.md``: one row per run with the summary figures.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from alma_daemon.results import read_results  # noqa: E402
+
+
+@dataclass
+class Run:
+    """One run's results, named by its folder relative to the report root."""
+
+    name: str
+    results: dict
+
+    @property
+    def summary(self) -> dict:
+        return self.results.get("summary", {})
+
+    @property
+    def series(self) -> list[dict]:
+        return self.results.get("series", [])
+
+    @property
+    def config(self) -> dict:
+        return self.results.get("config", {})
+
+
+def find_runs(root: str | Path) -> list[Run]:
+    root = Path(root)
+    paths = sorted(root.rglob("results.json"))
+    if not paths:
+        raise FileNotFoundError(f"no results.json under {root}")
+    return [Run(str(p.parent.relative_to(root)) if p.parent != root else root.name, read_results(p)) for p in paths]
+
+
+def _measure(runs: list[Run]) -> str:
+    if any(r.get("test_error") is not None for run in runs for r in run.series):
+        return "test_error"
+    if any(r.get("test_perplexity") is not None for run in runs for r in run.series):
+        return "test_perplexity"
+    return "prequential_error"
+
+
+def plot_error_vs_time(runs: list[Run], path: Path) -> None:
+    measure = _measure(runs)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for run in runs:
+        points = [(r["t"], r[measure]) for r in run.series if r.get(measure) is not None]
+        if points:
+            ax.plot(*zip(*points), marker=".", label=run.name)
+    ax.set_xlabel("mega-batches received")
+    ax.set_ylabel(measure.replace("_", " "))
+    if measure == "test_perplexity":
+        ax.set_yscale("log")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_cer_vs(runs: list[Run], key: str, label: str, path: Path) -> None:
+    target = "cer" if any(run.summary.get("cer") is not None for run in runs) else "average_test_perplexity"
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    for run in runs:
+        x, y = run.summary.get(key), run.summary.get(target)
+        if x and y is not None:
+            ax.scatter([x], [y], label=run.name)
+            ax.annotate(run.name, (x, y), fontsize="x-small", xytext=(3, 3), textcoords="offset points")
+    ax.set_xscale("log")
+    ax.set_xlabel(label)
+    ax.set_ylabel("CER" if target == "cer" else "average test perplexity")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _fmt(value, spec: str) -> str:
+    return "" if value is None else format(value, spec)
+
+
+def markdown_table(runs: list[Run]) -> str:
+    lines = [
+        "| run | learner | width | wait | replay | CER | final test error | avg test ppl | train FLOPs | cum. parameters | final parameters | wall s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for run in runs:
+        c, s = run.config, run.summary
+        lines.append(
+            f"| {run.name} | {c.get('learner', {}).get('name', '')} | {c.get('learner', {}).get('width', '')} "
+            f"| {c.get('policy', {}).get('wait', '')} | {c.get('stream', {}).get('replay', '')} "
+            f"| {_fmt(s.get('cer'), '.4f')} | {_fmt(s.get('final_test_error'), '.4f')} "
+            f"| {_fmt(s.get('average_test_perplexity'), '.2f')} | {_fmt(s.get('cumulative_train_flops'), '.3g')} "
+            f"| {_fmt(s.get('cumulative_parameters'), ',')} | {_fmt(s.get('final_parameters'), ',')} "
+            f"| {_fmt(s.get('wall_seconds'), '.1f')} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def write_report(root: str | Path, out: str | Path | None = None) -> Path:
+    """Write the plots and report.md for every run under ``root`` into ``out`` (default: ``root``)."""
+    runs = find_runs(root)
+    out = Path(out or root)
+    out.mkdir(parents=True, exist_ok=True)
+    plot_error_vs_time(runs, out / "error_vs_time.png")
+    plot_cer_vs(runs, "cumulative_train_flops", "cumulative training FLOPs", out / "cer_vs_flops.png")
+    plot_cer_vs(runs, "cumulative_parameters", "cumulative parameters", out / "cer_vs_parameters.png")
+    body = [
+        f"# ALMA report: {Path(root).name}", "",
+        markdown_table(runs),
+        "![error vs time](error_vs_time.png)", "",
+        "![CER vs FLOPs](cer_vs_flops.png)", "",
+        "![CER vs parameters](cer_vs_parameters.png)", "",
+    ]
+    (out / "report.md").write_text("\n".join(body))
+    return out / "report.md"

@@ -1,0 +1,95 @@
+"""``alma simulate``: replay a dataset as a stream of chunks through the engine, in process."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from tqdm import tqdm
+
+from alma_daemon.checkpoints import CheckpointStore
+from alma_daemon.chunk_buffer import MemoryBuffer
+from alma_daemon.config import Config, to_dict
+from alma_daemon.data.datasets import TaskInfo, load_dataset
+from alma_daemon.data.streams import Chunk, megabatch_stream
+from alma_daemon.data.tensors import LabeledData
+from alma_daemon.engine import Engine, EngineObserver
+from alma_daemon.learners import build_learner
+from alma_daemon.results import ResultsWriter, summarize
+from alma_daemon.runtime import resolve_device
+from policies import build_policy
+
+
+@dataclass
+class SimulatedStream:
+    """A dataset replayed as a stream: its task, its chunks in order, the common test set."""
+
+    task: TaskInfo
+    chunks: Iterator[Chunk]
+    test: LabeledData | None
+    length: int
+
+
+def simulated_stream(config: Config) -> SimulatedStream:
+    """The paper's stream for ``config.dataset``: a seeded partition into B equal mega-batches."""
+    dataset = load_dataset(config.dataset.name, config.dataset.root)
+    test = dataset.test
+    if config.dataset.test_examples is not None:
+        test = test.subset(slice(0, config.dataset.test_examples))
+    chunks = megabatch_stream(dataset.train, config.stream.megabatches, config.stream.seed,
+                              limit=config.stream.train_examples)
+    return SimulatedStream(dataset.task, chunks, test, config.stream.megabatches)
+
+
+class ProgressBar(EngineObserver):
+    """A tqdm bar over the stream's chunks showing the latest test measure and the CER."""
+
+    def __init__(self, total: int, enabled: bool = True):
+        self.bar = tqdm(total=total, unit="chunk", disable=not enabled, dynamic_ncols=True)
+
+    def on_step(self, record: dict, engine: Engine) -> None:
+        shown = {}
+        for key in ("test_error", "cumulative_error", "test_perplexity"):
+            if record.get(key) is not None:
+                shown[key.replace("cumulative_error", "cer")] = f"{record[key]:.4g}"
+        shown["flops"] = f"{record['cumulative_train_flops']:.3g}"
+        self.bar.set_postfix(shown, refresh=False)
+        self.bar.update(1)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def build_engine(config: Config, stream: SimulatedStream, observers: list[EngineObserver],
+                 checkpoints: CheckpointStore | None = None) -> Engine:
+    learner = build_learner(config.learner.name, stream.task, config.learner, config.seed)
+    return Engine(
+        learner, build_policy(config.policy), MemoryBuffer(), config, resolve_device(config.device),
+        test_set=stream.test, stream_length=stream.length, checkpoints=checkpoints, observers=observers,
+    )
+
+
+def run_simulation(config: Config, out: str | Path | None = None, *, progress: bool = True,
+                   observers: list[EngineObserver] | None = None, checkpoint_dir: str | Path | None = None) -> dict:
+    """Run a whole simulated stream and return the results (also written to ``out`` when given)."""
+    stream = simulated_stream(config)
+    bar = ProgressBar(stream.length, enabled=progress)
+    writers: list[EngineObserver] = []
+    writer = ResultsWriter(out, to_dict(config)) if out is not None else None
+    if writer is not None:
+        writers.append(writer)
+    checkpoints = CheckpointStore(checkpoint_dir, config.serving.model_name) if checkpoint_dir else None
+    engine = build_engine(config, stream, [*writers, *(observers or []), bar], checkpoints)
+    start = time.time()
+    try:
+        for chunk in stream.chunks:
+            engine.on_chunk(chunk)
+    finally:
+        bar.close()
+    results = writer.write(engine) if writer else {
+        "config": to_dict(config), "series": engine.state.series,
+        "summary": summarize(engine.state.series, time.time() - start),
+    }
+    return results

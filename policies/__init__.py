@@ -1,0 +1,41 @@
+"""Policy registry: ``policy.name`` in config maps to a class, one module per policy."""
+
+from __future__ import annotations
+
+import importlib
+
+from alma_daemon.config import PolicyConfig
+from policies.base import Decision, Policy, PolicyState
+
+POLICIES: dict[str, type[Policy]] = {}
+
+#: Modules whose import registers the built-in policies; add a line here for a new policy.
+BUILTIN_MODULES: list[str] = ["fixed"]
+
+
+def register_policy(cls: type[Policy]) -> type[Policy]:
+    """Class decorator adding a policy to the registry under ``cls.name``."""
+    if cls.name in POLICIES:
+        raise ValueError(f"policy name {cls.name!r} registered twice")
+    POLICIES[cls.name] = cls
+    return cls
+
+
+def policy_names() -> list[str]:
+    _import_builtin_policies()
+    return sorted(POLICIES)
+
+
+def build_policy(config: PolicyConfig) -> Policy:
+    _import_builtin_policies()
+    if config.name not in POLICIES:
+        raise KeyError(f"unknown policy {config.name!r}; known: {', '.join(sorted(POLICIES))}")
+    return POLICIES[config.name](config)
+
+
+def _import_builtin_policies() -> None:
+    for module in BUILTIN_MODULES:
+        importlib.import_module(f"policies.{module}")
+
+
+__all__ = ["POLICIES", "Decision", "Policy", "PolicyState", "build_policy", "policy_names", "register_policy"]

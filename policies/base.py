@@ -1,0 +1,79 @@
+"""The waiting-time policy interface: after each chunk, decide whether to train (and grow) now."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar
+
+from alma_daemon.config import PolicyConfig
+
+
+@dataclass(frozen=True)
+class PolicyState:
+    """What a policy may look at; built by the engine after a chunk has been buffered."""
+
+    #: Chunks received so far, and those buffered but not yet trained on.
+    chunks_seen: int
+    chunks_pending: int
+    examples_pending: int
+    #: Training stages completed so far.
+    stages_done: int
+    #: Total chunks the stream will have, when known (replays); None for a live stream.
+    stream_length: int | None
+    #: Wall-clock time (seconds since the epoch) and resources spent so far.
+    now: float
+    started_at: float
+    train_flops_total: float
+    train_seconds_total: float
+    #: FLOPs of the last training stage per training example (None before the first stage).
+    flops_per_example: float | None = None
+    #: Whether the learner can grow; policies never ask a fixed architecture to grow.
+    learner_grows: bool = False
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A policy's answer, with the reason that is logged and shown by ``alma status``."""
+
+    train: bool
+    grow: bool
+    reason: str
+
+    @property
+    def action(self) -> str:
+        if not self.train:
+            return "wait"
+        return "grow+train" if self.grow else "train"
+
+
+class Policy(ABC):
+    """Decides when to train. One module per policy in ``policies/``, registered by ``name``."""
+
+    name: ClassVar[str]
+
+    def __init__(self, config: PolicyConfig):
+        self.config = config
+
+    @abstractmethod
+    def decide(self, state: PolicyState) -> Decision:
+        """Train now on the pending chunks, or wait?"""
+
+    def grows_at(self, stage: int) -> bool:
+        """Whether training stage ``stage`` (1-based) starts with a growth step (``policy.grow_every``)."""
+        every = self.config.grow_every
+        return every > 0 and stage % every == 0
+
+    def train_decision(self, state: PolicyState, reason: str) -> Decision:
+        stage = state.stages_done + 1
+        grow = state.learner_grows and self.grows_at(stage)
+        if grow:
+            reason += f"; grow at stage {stage} (grow_every={self.config.grow_every})"
+        return Decision(train=True, grow=grow, reason=reason)
+
+    def state_dict(self) -> dict:
+        """Internal state to persist across daemon restarts (JSON-able)."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what :meth:`state_dict` returned."""

