@@ -13,11 +13,15 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from safetensors.torch import load_model, save_model
+from safetensors.torch import load_file, load_model, save_file, save_model
 
+from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import Learner, learner_from_spec
 
 WEIGHTS, SPEC, METRICS = "weights.safetensors", "spec.json", "metrics.json"
+#: A sample of the stage's validation data (``x``, ``y``) for the serving probe and promotion guard.
+VALIDATION = "validation.safetensors"
+VALIDATION_SAMPLE = 512
 
 
 class CheckpointStore:
@@ -45,7 +49,7 @@ class CheckpointStore:
         versions = self.versions()
         return versions[-1] if versions else None
 
-    def save(self, learner: Learner, version: int, metrics: dict) -> Path:
+    def save(self, learner: Learner, version: int, metrics: dict, validation: LabeledData | None = None) -> Path:
         """Write ``version`` atomically; refuses to overwrite an existing version."""
         target = self.path(version)
         if target.exists():
@@ -56,6 +60,9 @@ class CheckpointStore:
             save_model(learner.model, str(tmp / WEIGHTS))
             _write_json(tmp / SPEC, learner.spec())
             _write_json(tmp / METRICS, {"version": version, **metrics})
+            if validation is not None and len(validation):
+                sample = validation.subset(slice(0, VALIDATION_SAMPLE))
+                save_file({"x": sample.x.contiguous().cpu(), "y": sample.y.contiguous().cpu()}, str(tmp / VALIDATION))
             _fsync_dir(tmp)
             os.rename(tmp, target)
             _fsync_dir(self.folder)
@@ -69,6 +76,14 @@ class CheckpointStore:
 
     def metrics(self, version: int) -> dict:
         return json.loads((self.path(version) / METRICS).read_text())
+
+    def validation(self, version: int) -> LabeledData | None:
+        """The validation sample saved with ``version``, if any."""
+        path = self.path(version) / VALIDATION
+        if not path.is_file():
+            return None
+        tensors = load_file(str(path))
+        return LabeledData(tensors["x"], tensors["y"])
 
 
 def load_checkpoint(path: str | Path, device: str = "cpu") -> Learner:

@@ -187,7 +187,7 @@ class Engine:
             observer.on_stage(info, self)
         if self.checkpoints is not None:
             metrics = {k: v for k, v in info.items() if k != "growth"}
-            path = self.checkpoints.save(self.learner, self.state.model_version, metrics)
+            path = self.checkpoints.save(self.learner, self.state.model_version, metrics, validation=val)
             for observer in self.observers:
                 observer.on_checkpoint(self.state.model_version, str(path), metrics, self)
         return info

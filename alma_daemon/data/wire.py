@@ -203,7 +203,8 @@ def encode_chunk(
 
     Pass labeled examples as ``x`` (uint8 or float32, ``N x ...``) and ``y`` (int64, ``N``), or text
     as ``tokens`` (int32, 1-D). The chunk is split along the example (or token) axis into the fewest
-    parts that fit, with part sizes differing by at most one example. Raises ValueError on malformed
+    parts that fit (counting a 256-byte allowance for the safetensors header), with part sizes
+    differing by at most one example. Raises ValueError on malformed
     input or when a single example cannot fit within ``max_part_bytes``.
     """
     _check_stream_name(stream)
