@@ -106,6 +106,13 @@ def http_request(
         return err.code, err.read()
 
 
+def http_ok(url: str) -> bool:
+    try:
+        return http_request("GET", url, timeout=2)[0] == 200
+    except OSError:
+        return False
+
+
 def _group_members(pgid: int) -> list[int]:
     """Live (non-zombie) processes in process group ``pgid``.
 
@@ -207,12 +214,18 @@ class ServerProcess:
         leader = self._proc.pid
         deadline = time.monotonic() + timeout
         # Children first, so each exits while its parent still lives to reap it; signalling the
-        # leader (TorchServe's launcher) first would leave the JVM an orphan zombie.
-        for pid in _group_members(leader):
-            if pid != leader:
+        # leader (TorchServe's launcher) first, or while it reaps, would leave the JVM an orphan
+        # zombie. A launcher exits by itself once its child is gone.
+        children = [pid for pid in _group_members(leader) if pid != leader]
+        if children:
+            for pid in children:
                 _signal(pid, self.stop_signal)
-        while set(_group_members(leader)) - {leader} and time.monotonic() < deadline:
-            time.sleep(0.05)
+            while set(_group_members(leader)) - {leader} and time.monotonic() < deadline:
+                time.sleep(0.05)
+            try:
+                self._proc.wait(timeout=max(0.0, min(2.0, deadline - time.monotonic())))
+            except subprocess.TimeoutExpired:
+                pass
         _signal(leader, self.stop_signal)
         while time.monotonic() < deadline:
             self._proc.poll()
@@ -442,7 +455,7 @@ class PrometheusServer(ServerProcess):
 
     def wait_ready(self, deadline: float) -> None:
         self.wait_for_port(self.port, deadline)
-        self.wait_until(lambda: http_request("GET", f"{self.url}/-/ready", timeout=2)[0] == 200, "ready", deadline)
+        self.wait_until(lambda: http_ok(f"{self.url}/-/ready"), "ready", deadline)
 
     def query(self, promql: str) -> list[dict[str, Any]]:
         """Instant query through the HTTP API; returns ``data.result``."""
@@ -454,7 +467,11 @@ class PrometheusServer(ServerProcess):
         return answer["data"]["result"]
 
     def wait_for(self, promql: str, timeout: float = 15.0) -> list[dict[str, Any]]:
-        """Poll ``query`` until it returns a non-empty result (scrapes land once a second)."""
+        """Poll ``query`` until its result is non-empty or ``timeout`` passes.
+
+        The first scrape comes about 5 s after start (Prometheus throttles target discovery
+        updates to one per 5 s), then one a second.
+        """
         deadline = time.monotonic() + timeout
         while True:
             result = self.query(promql)
@@ -537,9 +554,8 @@ class TorchServeServer(ServerProcess):
 
     def wait_ready(self, deadline: float) -> None:
         super().wait_ready(deadline)
-        self.wait_until(
-            lambda: http_request("GET", f"{self.inference_url}/ping", timeout=2)[0] == 200, "answering /ping", deadline
-        )
+        ping = f"{self.inference_url}/ping"
+        self.wait_until(lambda: http_ok(ping), "answering /ping", deadline)
 
 
 def java_available() -> bool:

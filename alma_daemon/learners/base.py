@@ -44,6 +44,8 @@ class Learner(ABC):
         self.config = config
         self.seed = seed
         self.arch = dict(arch) if arch is not None else self.initial_architecture()
+        #: Seed of the current weights' initialization (changes when retraining from scratch).
+        self.build_seed = seed
         self.model: nn.Module = seeded_build(seed, lambda: self.build(self.arch))
         self._inference_flops: float | None = None
 
@@ -54,7 +56,7 @@ class Learner(ABC):
 
     @abstractmethod
     def build(self, arch: dict) -> nn.Module:
-        """Create the module for ``arch`` (called under a seeded RNG)."""
+        """Create the module for ``arch`` (called under torch's RNG seeded with ``self.build_seed``)."""
 
     @abstractmethod
     def fit(self, train: LabeledData, val: LabeledData, trainer: Trainer) -> FitReport:
@@ -63,6 +65,15 @@ class Learner(ABC):
     @abstractmethod
     def forward_proba(self, x: torch.Tensor) -> torch.Tensor:
         """Class probabilities for a batch of raw inputs (already on the model's device)."""
+
+    @classmethod
+    def contract_cases(cls) -> list[tuple[str, dict]]:
+        """(task name, learner config overrides) pairs the shared contract test runs this learner on.
+
+        Task names are defined in tests/test_learner_contract.py: "mlp" (MNIST-shaped images),
+        "vgg" (CIFAR-shaped images) and "tokens" (a small language-modeling task).
+        """
+        return [("mlp", {}), ("vgg", {"width": 4})]
 
     def grow(self, val: LabeledData, trainer: Trainer) -> dict:
         """Grow the architecture before a training stage; returns a JSON summary of what grew."""
@@ -82,6 +93,7 @@ class Learner(ABC):
     def reinitialize(self, seed: int) -> None:
         """Fresh random weights for the current architecture (retraining from scratch)."""
         device = self.device
+        self.build_seed = seed
         self.model = seeded_build(seed, lambda: self.build(self.arch)).to(device)
 
     def num_parameters(self) -> int:

@@ -16,7 +16,8 @@ from alma_daemon.training.loop import FitReport, Trainer
 def independent_members(learner: Learner, count: int, first: int = 0) -> list[nn.Module]:
     """``count`` backbones, each initialized from its own seed (member index), so they differ."""
     return [
-        seeded_build(derive_seed(learner.seed, "member", i), lambda: build_backbone(learner.task, learner.config.width))
+        seeded_build(derive_seed(learner.build_seed, "member", i),
+                     lambda: build_backbone(learner.task, learner.config.width))
         for i in range(first, first + count)
     ]
 
