@@ -160,11 +160,10 @@ class Engine:
         torch.manual_seed(derive_seed(seed, "torch", stage))
         chunk_ids = self.buffer.pending_chunks()
         train, val = self.buffer.training_data(self.config.stream.replay)
-        kind = "finetune"
+        kind = "scratch" if self.config.train.from_scratch else "finetune"
         growth: dict | None = None
         if self.config.train.from_scratch and self.state.stages_done > 0:
             self.learner.reinitialize(derive_seed(seed, "scratch", stage))
-            kind = "scratch"
         if decision.grow and self.learner.grows:
             growth = self.learner.grow(val, trainer)
             self.learner.architecture_changed()

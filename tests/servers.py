@@ -113,7 +113,7 @@ def http_ok(url: str) -> bool:
         return False
 
 
-def _group_members(pgid: int) -> list[int]:
+def group_members(pgid: int) -> list[int]:
     """Live (non-zombie) processes in process group ``pgid``.
 
     Zombies are skipped because an orphaned child (TorchServe's JVM once the Python launcher is
@@ -216,11 +216,11 @@ class ServerProcess:
         # Children first, so each exits while its parent still lives to reap it; signalling the
         # leader (TorchServe's launcher) first, or while it reaps, would leave the JVM an orphan
         # zombie. A launcher exits by itself once its child is gone.
-        children = [pid for pid in _group_members(leader) if pid != leader]
+        children = [pid for pid in group_members(leader) if pid != leader]
         if children:
             for pid in children:
                 _signal(pid, self.stop_signal)
-            while set(_group_members(leader)) - {leader} and time.monotonic() < deadline:
+            while set(group_members(leader)) - {leader} and time.monotonic() < deadline:
                 time.sleep(0.05)
             try:
                 self._proc.wait(timeout=max(0.0, min(2.0, deadline - time.monotonic())))
@@ -229,7 +229,7 @@ class ServerProcess:
         _signal(leader, self.stop_signal)
         while time.monotonic() < deadline:
             self._proc.poll()
-            if not _group_members(leader):
+            if not group_members(leader):
                 break
             time.sleep(0.05)
         self.kill()

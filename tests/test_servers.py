@@ -18,7 +18,7 @@ from tests.servers import (
     KafkaBroker,
     RedisServer,
     ServerStartError,
-    _group_members,
+    group_members,
     free_port,
     free_ports,
     http_request,
@@ -58,7 +58,7 @@ def test_redis_restart_keeps_data_and_kill_brings_it_down(
     pid = redis_server.pid
     redis_server.kill()
     assert not port_open(redis_server.port)
-    assert not _group_members(pid)
+    assert not group_members(pid)
     redis_server.start()
     with redis_server.client() as client:
         assert client.ping()
@@ -77,7 +77,8 @@ def test_failed_start_reports_the_log_tail(tmp_path: Path) -> None:
 
 
 @pytest.mark.integration
-def test_start_refuses_a_port_in_use(redis_server: RedisServer, redis_db, tmp_path: Path) -> None:
+@pytest.mark.usefixtures("redis_db")
+def test_start_refuses_a_port_in_use(redis_server: RedisServer, tmp_path: Path) -> None:
     with pytest.raises(ServerStartError, match="already listens"):
         RedisServer(tmp_path, port=redis_server.port).start()
 
@@ -248,7 +249,7 @@ def test_torchserve_serves_a_tiny_model_and_stops_for_good(
 
     pid = ts.pid
     ts.stop()
-    assert not _group_members(pid), "JVM or model workers outlived stop()"
+    assert not group_members(pid), "JVM or model workers outlived stop()"
     assert not any(port_open(port) for port in ts.ports)
 
     ts.start()

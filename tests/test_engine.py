@@ -1,0 +1,101 @@
+"""The engine (Algorithm 1): when it trains, on what, and the CER / compute arithmetic."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from alma_daemon.chunk_buffer import MemoryBuffer
+from alma_daemon.config import build_config
+from alma_daemon.data.datasets import MNIST_TASK
+from alma_daemon.data.streams import Chunk, partition
+from alma_daemon.engine import Engine, EngineObserver
+from alma_daemon.learners import build_learner
+from policies import build_policy
+from tests.conftest import separable_data
+
+B = 6
+
+
+def run_stream(overrides: list[str], observers=(), chunks: int = B):
+    config = build_config({"train": {"epochs": 2, "patience": 1, "batch_size": 64},
+                           "learner": {"width": 8, "members": 2}}, overrides)
+    data = separable_data(MNIST_TASK, 60 * chunks, seed=1)
+    test = separable_data(MNIST_TASK, 100, seed=2)
+    learner = build_learner(config.learner.name, MNIST_TASK, config.learner, config.seed)
+    engine = Engine(learner, build_policy(config.policy), MemoryBuffer(), config, torch.device("cpu"),
+                    test_set=test, stream_length=chunks, observers=list(observers))
+    for i, part in enumerate(partition(data, chunks, seed=0), start=1):
+        engine.on_chunk(Chunk(i, part))
+    return engine
+
+
+class StageSpy(EngineObserver):
+    def __init__(self):
+        self.stages = []
+
+    def on_stage(self, stage, engine):
+        self.stages.append(stage)
+
+
+@pytest.mark.parametrize("wait,trained_at", [(1, [1, 2, 3, 4, 5, 6]), (3, [3, 6]), (B, [B])])
+def test_training_happens_every_wait_chunks(wait, trained_at):
+    engine = run_stream([f"policy.wait={wait}"])
+    assert [r["t"] for r in engine.state.series if r["trained"]] == trained_at
+    assert engine.state.stages_done == len(trained_at)
+
+
+@pytest.mark.parametrize("replay", [False, True])
+def test_each_stage_trains_on_the_waited_chunks_or_on_everything_with_replay(replay):
+    spy = StageSpy()
+    run_stream(["policy.wait=2", f"stream.replay={str(replay).lower()}"], observers=[spy])
+    assert [s["chunks"] for s in spy.stages] == [[1, 2], [3, 4], [5, 6]]
+    per_chunk = 60
+    expected = [2 * per_chunk * k for k in (1, 2, 3)] if replay else [2 * per_chunk] * 3
+    assert [s["examples"] for s in spy.stages] == expected
+
+
+def test_cer_is_the_running_sum_of_test_errors_and_compute_adds_up():
+    series = run_stream(["policy.wait=2"]).state.series
+    running = 0.0
+    for record in series:
+        running += record["test_error"]
+        assert record["cumulative_error"] == pytest.approx(running)
+    assert sum(r["train_flops"] for r in series) == series[-1]["cumulative_train_flops"] > 0
+    assert sum(r["parameters"] for r in series) == series[-1]["cumulative_parameters"]
+    assert all(r["train_flops"] == 0 for r in series if not r["trained"])
+
+
+def test_before_the_first_stage_the_error_is_the_fresh_models():
+    series = run_stream([f"policy.wait={B}"]).state.series
+    untrained = {r["test_error"] for r in series[:-1]}
+    assert len(untrained) == 1  # the same initialized model until the tardy learner trains
+    assert series[-1]["test_error"] < series[0]["test_error"]
+
+
+def test_prequential_error_is_measured_before_training_on_the_chunk():
+    series = run_stream(["policy.wait=1"]).state.series
+    assert series[0]["prequential_error"] > 0.5  # an untrained 10-class model
+    assert series[-1]["prequential_error"] < series[0]["prequential_error"]
+
+
+def test_two_cpu_runs_with_the_same_seed_are_identical():
+    keys = ("test_error", "prequential_error", "train_flops", "parameters")
+    a = [[r[k] for k in keys] for r in run_stream(["learner.name=ens"]).state.series]
+    b = [[r[k] for k in keys] for r in run_stream(["learner.name=ens"]).state.series]
+    assert a == b
+
+
+def test_from_scratch_reinitializes_before_each_later_stage():
+    spy = StageSpy()
+    scratch = run_stream(["train.from_scratch=true", "policy.wait=3"], observers=[spy]).state.series
+    finetune = run_stream(["policy.wait=3"]).state.series
+    assert scratch[2]["test_error"] == finetune[2]["test_error"]  # same first stage
+    assert scratch[5]["test_error"] != finetune[5]["test_error"]
+    assert [s["kind"] for s in spy.stages] == ["scratch", "scratch"]
+
+
+def test_chunk_ids_must_increase():
+    engine = run_stream(["policy.wait=1"], chunks=2)
+    with pytest.raises(ValueError, match="ids must increase"):
+        engine.on_chunk(Chunk(2, separable_data(MNIST_TASK, 10)))

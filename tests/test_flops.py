@@ -1,0 +1,36 @@
+"""FLOP counting: one MLP training step against the analytic count."""
+
+from __future__ import annotations
+
+import torch
+
+from alma_daemon.data.datasets import MNIST_TASK
+from alma_daemon.models.backbones import build_backbone
+from alma_daemon.training.flops import FlopMeter, count_flops
+
+
+def test_one_mlp_step_matches_the_analytic_count():
+    width, batch = 64, 128
+    net = build_backbone(MNIST_TASK, width)
+    x = torch.randint(0, 255, (batch, 28, 28), dtype=torch.uint8)
+    y = torch.randint(0, 10, (batch,))
+
+    def step():
+        torch.nn.functional.cross_entropy(net(x), y).backward()
+
+    _, flops = count_flops(step)
+    # A linear layer (n_in -> n_out) on B examples: forward 2*B*n_in*n_out; backward computes the
+    # gradient w.r.t. the weights (same count) and w.r.t. the input (same count), except for the
+    # first layer, whose input (the image) needs no gradient.
+    layers = [(784, width), (width, width), (width, 10)]
+    forward = sum(2 * batch * i * o for i, o in layers)
+    backward = 2 * forward - 2 * batch * 784 * width
+    assert flops == forward + backward
+
+
+def test_meter_counts_each_shape_once_and_adds_the_figure_for_repeats():
+    a, b = torch.randn(8, 16), torch.randn(16, 4)
+    meter = FlopMeter()
+    for _ in range(3):
+        meter.run("mm", lambda: a @ b)
+    assert meter.total == 3 * 2 * 8 * 16 * 4
