@@ -23,7 +23,8 @@ class ConfigError(ValueError):
 
 @dataclass
 class DatasetConfig:
-    name: Literal["mnist", "cifar10", "ptb", "text"] = "mnist"
+    #: "arrays" = a user's own labeled arrays sent with `alma replay --npz` (declare input_shape, num_classes).
+    name: Literal["mnist", "cifar10", "ptb", "text", "arrays"] = "mnist"
     #: Folder holding the dataset files; None = $ALMA_DATA_DIR, else ./data, else ../shared/data.
     root: str | None = None
     #: Use only the first N test examples (None = all); keeps CIFAR evaluation cheap on a CPU.
@@ -34,6 +35,12 @@ class DatasetConfig:
     tokenizer: str | None = None
     #: BPE vocabulary size when the tokenizer is trained on the first chunk.
     vocab_size: int = 8192
+    #: dataset.name = arrays: shape of one example (the daemon rejects records of another shape).
+    input_shape: list[int] = field(default_factory=list)
+    #: dataset.name = arrays: number of classes (labels must lie in [0, num_classes)).
+    num_classes: int | None = None
+    #: dataset.name = arrays: optional .npz (arrays x, y) used as the daemon's test set.
+    test_file: str | None = None
 
 
 @dataclass
@@ -110,6 +117,8 @@ class PolicyConfig:
     #: schedule: a cron expression ("0 2 * * *") or an interval in seconds.
     cron: str | None = None
     interval_seconds: float | None = None
+    #: schedule: IANA time zone in which policy.cron is read ("Europe/Paris"); UTC keeps runs reproducible.
+    timezone: str = "UTC"
     #: budget: training FLOPs allowed per hour of wall time, and GPU-seconds per hour.
     flops_per_hour: float | None = None
     gpu_seconds_per_hour: float | None = None
@@ -151,12 +160,22 @@ class ServingConfig:
     keep_versions: int = 2
     #: A new version is promoted only if its validation error is at most live + margin.
     promotion_margin: float = 0.01
+    #: TorchServe workers started for each registered version.
+    workers: int = 1
+    #: TorchServe's Prometheus metrics endpoint (where `alma serve` makes it listen).
+    metrics_url: str = "http://127.0.0.1:8082"
+    #: Keep TorchServe's token authorization on (`alma serve`); the publisher then sends keys from key_file.
+    token_auth: bool = False
+    #: TorchServe's key_file.json; None = the one `alma serve` writes, <daemon.state_dir>/torchserve/key_file.json.
+    key_file: str | None = None
 
 
 @dataclass
 class MetricsConfig:
     #: Port of the Prometheus exporter (/metrics, /healthz, /readyz); 0 = off.
     port: int = 0
+    #: Address the exporter binds; 0.0.0.0 lets Prometheus in another container scrape it.
+    host: str = "127.0.0.1"
 
 
 @dataclass
@@ -184,7 +203,7 @@ _POSITIVE = {
     "learner.experts", "learner.layers", "learner.d_model", "learner.heads", "learner.d_ff",
     "learner.grow_experts", "train.epochs", "train.batch_size", "train.steps_per_chunk", "policy.wait",
     "dataset.test_examples", "stream.train_examples", "dataset.vocab_size", "daemon.poll_seconds",
-    "redis.max_buffer_bytes", "learner.capacity_factor",
+    "redis.max_buffer_bytes", "learner.capacity_factor", "dataset.num_classes", "serving.workers",
 }
 _NON_NEGATIVE = {
     "train.patience", "policy.grow_every", "train.warmup_steps", "serving.keep_versions", "metrics.port",

@@ -66,6 +66,9 @@ class EngineState:
     cumulative_parameters: int = 0
     cumulative_train_seconds: float = 0.0
     started_at: float = field(default_factory=time.time)
+    #: Cost of the last training stage per training example, for budget-aware policies.
+    last_stage_flops_per_example: float | None = None
+    last_stage_seconds_per_example: float | None = None
     last_decision: dict = field(default_factory=dict)
     series: list[dict] = field(default_factory=list)
 
@@ -125,18 +128,22 @@ class Engine:
         return self.record_step(chunk, prequential, decision, stage)
 
     def policy_state(self) -> PolicyState:
-        last = self.state.series[-1] if self.state.series else {}
+        pending = self.buffer.pending_examples()
+        kept = self.state.examples_seen if self.config.stream.replay else pending
         return PolicyState(
             chunks_seen=self.state.chunks_seen,
             chunks_pending=len(self.buffer.pending_chunks()),
-            examples_pending=self.buffer.pending_examples(),
+            examples_pending=pending,
             stages_done=self.state.stages_done,
             stream_length=self.stream_length,
             now=self.clock(),
             started_at=self.state.started_at,
             train_flops_total=self.state.cumulative_train_flops,
             train_seconds_total=self.state.cumulative_train_seconds,
-            flops_per_example=last.get("train_flops_per_example"),
+            flops_per_example=self.state.last_stage_flops_per_example,
+            train_seconds_per_example=self.state.last_stage_seconds_per_example,
+            # The validation share of each chunk is held out from training.
+            next_stage_examples=round(kept * (1 - self.config.stream.val_fraction)),
             learner_grows=self.learner.grows,
         )
 
@@ -147,6 +154,22 @@ class Engine:
         for observer in self.observers:
             observer.on_decision(decision, self)
         return decision
+
+    def on_tick(self) -> dict | None:
+        """A policy check between chunks (the daemon's scheduler): time-based policies may train now.
+
+        Returns the stage, or None. The stage's FLOPs and seconds are added to the totals here,
+        since no step record carries them.
+        """
+        if not self.buffer.pending_chunks():
+            return None
+        decision = self.decide()
+        if not decision.train:
+            return None
+        stage = self.train_stage(decision)
+        self.state.cumulative_train_flops += stage["train_flops"]
+        self.state.cumulative_train_seconds += stage["train_seconds"]
+        return stage
 
     def train_stage(self, decision: Decision) -> dict:
         """Grow (if told to and able), then train on the buffered data; checkpoint the result."""
@@ -173,6 +196,8 @@ class Engine:
         val_measure = self.learner.evaluate(val)[self.learner.measure]
         self.state.stages_done = stage
         self.state.model_version += 1
+        self.state.last_stage_flops_per_example = report.flops / max(1, len(train))
+        self.state.last_stage_seconds_per_example = report.seconds / max(1, len(train))
         info = {
             "stage": stage, "kind": kind, "chunks": chunk_ids, "examples": len(train) + len(val),
             "train_flops": report.flops, "train_seconds": report.seconds, "steps": report.steps,

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
-from alma_daemon.config import PolicyConfig
+from alma_daemon.config import ConfigError, PolicyConfig
+
+#: policy.* keys that only some policies read (default None); any other policy rejects them when set.
+OPTIONAL_KEYS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(PolicyConfig) if f.default is None)
 
 
 @dataclass(frozen=True)
@@ -26,8 +30,11 @@ class PolicyState:
     started_at: float
     train_flops_total: float
     train_seconds_total: float
-    #: FLOPs of the last training stage per training example (None before the first stage).
+    #: FLOPs and seconds of the last training stage per training example (None before the first stage).
     flops_per_example: float | None = None
+    train_seconds_per_example: float | None = None
+    #: Training examples the next stage would fit on (with replay: every kept chunk's); None = unknown.
+    next_stage_examples: int | None = None
     #: Whether the learner can grow; policies never ask a fixed architecture to grow.
     learner_grows: bool = False
 
@@ -51,9 +58,23 @@ class Policy(ABC):
     """Decides when to train. One module per policy in ``policies/``, registered by ``name``."""
 
     name: ClassVar[str]
+    #: The optional policy.* keys (:data:`OPTIONAL_KEYS`) this policy reads.
+    config_keys: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, config: PolicyConfig):
         self.config = config
+        # A key meant for another policy would otherwise be silently ignored, e.g. policy.cron with the
+        # default policy.name (fixed) would train greedily instead of nightly.
+        for key in OPTIONAL_KEYS:
+            if key not in self.config_keys and getattr(config, key) is not None:
+                raise ConfigError(
+                    f"policy.{key}: not read by the {self.name!r} policy; did you mean another policy.name?"
+                )
+
+    @classmethod
+    def contract_configs(cls) -> list[dict[str, Any]]:
+        """PolicyConfig keyword arguments (without ``name``) that tests/test_policy_contract.py runs."""
+        return [{}]
 
     @abstractmethod
     def decide(self, state: PolicyState) -> Decision:

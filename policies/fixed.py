@@ -15,6 +15,10 @@ class FixedWait(Policy):
 
     name = "fixed"
 
+    @classmethod
+    def contract_configs(cls) -> list[dict]:
+        return [{"wait": 1}, {"wait": 3}]
+
     def decide(self, state: PolicyState) -> Decision:
         wait = self.config.wait
         if state.chunks_pending >= wait:

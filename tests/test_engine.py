@@ -99,3 +99,10 @@ def test_chunk_ids_must_increase():
     engine = run_stream(["policy.wait=1"], chunks=2)
     with pytest.raises(ValueError, match="ids must increase"):
         engine.on_chunk(Chunk(2, separable_data(MNIST_TASK, 10)))
+
+
+def test_policies_see_the_last_stage_cost_even_after_waiting_steps():
+    engine = run_stream(["policy.wait=2"], chunks=3)  # trained at 2, waited at 3
+    state = engine.policy_state()
+    assert state.flops_per_example > 0 and state.train_seconds_per_example > 0
+    assert state.chunks_pending == 1 and state.next_stage_examples == 54  # 60 examples, 10% held out

@@ -1,0 +1,150 @@
+"""schedule: train at set times (``policy.cron`` or every ``policy.interval_seconds``) when there is new data.
+
+A fire time that passes with no chunk pending is skipped, not carried over: with ``cron: "0 2 * * *"``
+a chunk that arrives at 03:00 waits for the next night. Fire times missed while ``decide`` was not
+called (the daemon was down, or the simulator only asks when a chunk arrives) coalesce into one fire
+at the next call. The next fire time is the policy's persisted state, so a restarted daemon neither
+fires twice for one period nor skips the period it was down in.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from apscheduler.triggers.cron import CronTrigger
+
+from alma_daemon.config import ConfigError, PolicyConfig
+from policies import register_policy
+from policies.base import Decision, Policy, PolicyState
+
+_WEEKDAYS = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
+
+
+@register_policy
+class Schedule(Policy):
+    """Train on a cron schedule or a fixed interval, once per period, if a new chunk has arrived."""
+
+    name = "schedule"
+    config_keys = frozenset({"cron", "interval_seconds"})
+
+    def __init__(self, config: PolicyConfig):
+        super().__init__(config)
+        if (config.cron is None) == (config.interval_seconds is None):
+            raise ConfigError(
+                "policy.cron / policy.interval_seconds: the schedule policy needs exactly one of them; "
+                f"got cron={config.cron!r}, interval_seconds={config.interval_seconds!r}"
+            )
+        try:
+            self.tz = ZoneInfo(config.timezone)
+        except (ZoneInfoNotFoundError, ValueError) as exc:
+            raise ConfigError(f"policy.timezone: unknown time zone {config.timezone!r}") from exc
+        self.trigger: CronTrigger | None = None
+        if config.cron is not None:
+            self.trigger = _cron_trigger(config.cron, self.tz)
+        elif config.interval_seconds <= 0:
+            raise ConfigError(f"policy.interval_seconds: must be > 0; got {config.interval_seconds!r}")
+        self.next_fire: float | None = None
+
+    @classmethod
+    def contract_configs(cls) -> list[dict]:
+        return [
+            {"cron": "0 * * * *"},
+            {"interval_seconds": 1800.0},
+            {"cron": "30 2 * * 1-5", "timezone": "Europe/Paris"},
+        ]
+
+    def decide(self, state: PolicyState) -> Decision:
+        if self.next_fire is None:
+            # Anchored at the first call, not at started_at: a daemon that lost its policy state must
+            # not fire at once for a period that may already have been trained on.
+            self.next_fire = self._fire_after(state.now)
+        due = self.next_fire
+        if state.now < due:
+            return Decision(False, False, f"{state.chunks_pending} chunk(s) pending; next fire at {self._show(due)}")
+        self.next_fire = self._fire_after(state.now)
+        later = f"next at {self._show(self.next_fire)}"
+        if state.chunks_pending == 0:
+            skipped = f"fire time {self._show(due)} skipped: no new chunk since stage {state.stages_done}; {later}"
+            return Decision(False, False, skipped)
+        fired = f"fire time {self._show(due)} with {state.chunks_pending} new chunk(s); {later}"
+        return self.train_decision(state, fired)
+
+    def state_dict(self) -> dict:
+        return {"schedule": self._describe(), "next_fire": self.next_fire}
+
+    def load_state_dict(self, state: dict) -> None:
+        # A fire time computed for another schedule (the config changed across the restart) is stale.
+        self.next_fire = state.get("next_fire") if state.get("schedule") == self._describe() else None
+
+    def _fire_after(self, now: float) -> float:
+        """The first fire time strictly after ``now``."""
+        if self.trigger is None:
+            interval = self.config.interval_seconds
+            if self.next_fire is None:
+                return now + interval
+            # Stay on the grid of the first fire time; missed periods coalesce.
+            return self.next_fire + interval * (math.floor((now - self.next_fire) / interval) + 1)
+        at = datetime.fromtimestamp(now, self.tz)
+        # Passing ``at`` as the previous fire time makes APScheduler search strictly after it.
+        return self.trigger.get_next_fire_time(at, at).timestamp()
+
+    def _describe(self) -> str:
+        if self.trigger is None:
+            return f"every {float(self.config.interval_seconds)!r} s"
+        return f"cron {self.config.cron} {self.config.timezone}"
+
+    def _show(self, t: float) -> str:
+        return datetime.fromtimestamp(t, self.tz).isoformat(timespec="seconds")
+
+
+def _cron_trigger(expr: str, tz: ZoneInfo) -> CronTrigger:
+    """A trigger for a standard 5-field crontab expression, read in time zone ``tz``."""
+    fields = expr.split()
+    if len(fields) != 5:
+        raise ConfigError(f"policy.cron: {expr!r} has {len(fields)} fields; expected 5 (minute hour day month weekday)")
+    minute, hour, day, month, weekday = fields
+    try:
+        trigger = CronTrigger(
+            minute=minute, hour=hour, day=day, month=month, day_of_week=_weekday_names(weekday), timezone=tz
+        )
+    except ValueError as exc:
+        raise ConfigError(f"policy.cron: invalid cron expression {expr!r}: {exc}") from exc
+    epoch = datetime.fromtimestamp(0, tz)
+    if trigger.get_next_fire_time(None, epoch) is None:
+        raise ConfigError(f"policy.cron: {expr!r} never fires")
+    return trigger
+
+
+def _weekday_names(field: str) -> str:
+    """A crontab day-of-week field (0 or 7 = Sunday) as weekday names.
+
+    APScheduler 3 numbers weekdays from Monday = 0 (its issue 286), so passing "1-5" through would
+    train Tuesday to Saturday; names mean the same to both.
+    """
+    if field == "*":
+        return field
+    days: set[int] = set()
+    for item in field.split(","):
+        span, slash, step = item.partition("/")
+        if span == "*":
+            first, last = 0, 6
+        else:
+            start, dash, end = span.partition("-")
+            first = _weekday_number(start)
+            last = _weekday_number(end) if dash else (6 if slash else first)
+        if slash and not (step.isdigit() and int(step) > 0):
+            raise ValueError(f"day of week {item!r}: the step must be a positive integer")
+        if first > last:
+            raise ValueError(f"day of week {item!r}: the range runs backwards")
+        days.update(day % 7 for day in range(first, last + 1, int(step) if slash else 1))
+    return ",".join(_WEEKDAYS[day] for day in sorted(days))
+
+
+def _weekday_number(token: str) -> int:
+    if token.isdigit() and int(token) <= 7:
+        return int(token)
+    if token.lower() in _WEEKDAYS:
+        return _WEEKDAYS.index(token.lower())
+    raise ValueError(f"day of week {token!r}: expected 0-7 (0 and 7 = Sunday) or sun..sat")

@@ -1,0 +1,161 @@
+"""The contract every registered waiting-time policy passes, run on each config it declares.
+
+A new policy gets this battery by registering itself and declaring ``contract_configs()``; its own
+behaviour goes in tests/test_policies.py. Each config is driven through the same simulated stream,
+the bookkeeping an engine does around a policy: a chunk of 100 examples every 40 minutes, a
+periodic check in between, and stages costing 1e8 FLOPs and 0.5 s per example.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+import typing
+from dataclasses import dataclass
+
+import pytest
+
+from alma_daemon.config import ConfigError, PolicyConfig
+from policies import POLICIES, Decision, Policy, PolicyState, build_policy, policy_names
+from policies.base import OPTIONAL_KEYS
+
+T0 = 1_704_067_200.0  # 2024-01-01 00:00 UTC, a Monday
+STEP_SECONDS = 20 * 60
+#: Three days, so daily and weekday schedules fire more than once.
+STEPS = 3 * 24 * 3600 // STEP_SECONDS
+EXAMPLES_PER_CHUNK = 100
+FLOPS_PER_EXAMPLE = 1e8
+SECONDS_PER_EXAMPLE = 0.5
+
+CASES = [
+    pytest.param(name, kwargs, id=f"{name}-{i}")
+    for name in policy_names()
+    for i, kwargs in enumerate(POLICIES[name].contract_configs())
+]
+
+
+@dataclass
+class Stream:
+    """What the engine tracks around a policy; trains (instantly) whenever told to."""
+
+    learner_grows: bool = True
+    now: float = T0
+    chunks_seen: int = 0
+    chunks_pending: int = 0
+    stages_done: int = 0
+    flops: float = 0.0
+    seconds: float = 0.0
+
+    def state(self) -> PolicyState:
+        measured = self.stages_done > 0
+        return PolicyState(
+            chunks_seen=self.chunks_seen, chunks_pending=self.chunks_pending,
+            examples_pending=self.chunks_pending * EXAMPLES_PER_CHUNK, stages_done=self.stages_done,
+            stream_length=None, now=self.now, started_at=T0, train_flops_total=self.flops,
+            train_seconds_total=self.seconds, flops_per_example=FLOPS_PER_EXAMPLE if measured else None,
+            train_seconds_per_example=SECONDS_PER_EXAMPLE if measured else None,
+            next_stage_examples=self.chunks_pending * EXAMPLES_PER_CHUNK, learner_grows=self.learner_grows,
+        )
+
+    def run(self, policy: Policy, steps: int) -> list[tuple[PolicyState, dict, Decision]]:
+        """``steps`` checks 20 minutes apart, a chunk arriving before every other one."""
+        trace = []
+        for step in range(steps):
+            self.now += STEP_SECONDS
+            if step % 2 == 0:
+                self.chunks_seen += 1
+                self.chunks_pending += 1
+            state = self.state()
+            before = policy.state_dict()
+            decision = policy.decide(state)
+            trace.append((state, before, decision))
+            if decision.train:
+                examples = self.chunks_pending * EXAMPLES_PER_CHUNK
+                self.stages_done += 1
+                self.flops += FLOPS_PER_EXAMPLE * examples
+                self.seconds += SECONDS_PER_EXAMPLE * examples
+                self.chunks_pending = 0
+        return trace
+
+
+def build(name: str, kwargs: dict, **overrides) -> Policy:
+    return build_policy(PolicyConfig(name=name, **{**kwargs, **overrides}))
+
+
+def test_every_policy_declares_contract_configs():
+    for name in policy_names():
+        assert POLICIES[name].contract_configs(), f"{name} declares no contract config"
+
+
+@pytest.mark.parametrize("name,kwargs", CASES)
+def test_decisions_are_well_formed_and_some_train(name, kwargs):
+    trace = Stream().run(build(name, kwargs), STEPS)
+    for _, _, decision in trace:
+        assert isinstance(decision, Decision)
+        assert isinstance(decision.reason, str) and decision.reason.strip()
+    assert sum(decision.train for _, _, decision in trace) >= 2, "the stream never exercises training"
+
+
+@pytest.mark.parametrize("name,kwargs", CASES)
+@pytest.mark.parametrize("grow_every", [0, 1, 2])
+@pytest.mark.parametrize("learner_grows", [True, False])
+def test_grow_every_applies_uniformly(name, kwargs, grow_every, learner_grows):
+    trace = Stream(learner_grows=learner_grows).run(build(name, kwargs, grow_every=grow_every), STEPS)
+    for state, _, decision in trace:
+        stage = state.stages_done + 1
+        expected = decision.train and learner_grows and grow_every > 0 and stage % grow_every == 0
+        assert decision.grow == expected, (stage, decision)
+
+
+@pytest.mark.parametrize("name,kwargs", CASES)
+def test_no_training_when_nothing_is_pending(name, kwargs):
+    policy = build(name, kwargs)
+    stream = Stream()
+    assert not policy.decide(stream.state()).train, "trained before any chunk"
+    stream.run(policy, STEPS // 2)
+    stream.chunks_pending = 0
+    start = stream.now
+    for later in (0, 59, 3600, 86_400, 7 * 86_400):
+        stream.now = start + later
+        decision = policy.decide(stream.state())
+        assert not decision.train, decision
+
+
+@pytest.mark.parametrize("name,kwargs", CASES)
+def test_state_dict_round_trips_through_json(name, kwargs):
+    policy = build(name, kwargs)
+    stream = Stream()
+    stream.run(policy, STEPS // 2)
+    saved = policy.state_dict()
+    restored = json.loads(json.dumps(saved))
+    assert restored == saved
+    clone = build(name, kwargs)
+    clone.load_state_dict(restored)
+    rest = STEPS - STEPS // 2
+    original = [d for _, _, d in copy.deepcopy(stream).run(policy, rest)]
+    assert [d for _, _, d in stream.run(clone, rest)] == original
+
+
+@pytest.mark.parametrize("name,kwargs", CASES)
+def test_decision_is_a_function_of_config_state_and_loaded_state(name, kwargs, monkeypatch):
+    def no_clock() -> float:
+        raise AssertionError("a policy must read the time from PolicyState.now")
+
+    with monkeypatch.context() as patch:
+        for clock in ("time", "time_ns", "monotonic"):
+            patch.setattr(time, clock, no_clock)
+        for state, before, decision in Stream().run(build(name, kwargs), STEPS):
+            for _ in range(2):
+                fresh = build(name, kwargs)
+                fresh.load_state_dict(json.loads(json.dumps(before)))
+                assert fresh.decide(state) == decision
+
+
+@pytest.mark.parametrize("name,kwargs", CASES)
+def test_keys_of_other_policies_are_rejected(name, kwargs):
+    hints = typing.get_type_hints(PolicyConfig)
+    for key in set(OPTIONAL_KEYS) - POLICIES[name].config_keys:
+        value = "0 2 * * *" if str in typing.get_args(hints[key]) else 1.0
+        with pytest.raises(ConfigError, match=f"policy.{key}"):
+            build(name, kwargs, **{key: value})
