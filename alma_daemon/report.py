@@ -2,7 +2,11 @@
 
 - ``error_vs_time.png``: test error (or perplexity) vs mega-batches received (the paper's Fig. 3);
 - ``cer_vs_flops.png`` and ``cer_vs_parameters.png``: one point per run (the paper's Fig. 2);
-- ``report.md``: one row per run with the summary figures.
+- ``report.md``: one row per run with the summary figures;
+- ``report.html`` (``html=True``): the table and the plots in one self-contained page.
+
+A stream without a test set (a production daemon) has no CER: its plots use the prequential error
+and its running sum instead.
 """
 
 from __future__ import annotations
@@ -15,7 +19,15 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from alma_daemon.report_html import html_page  # noqa: E402
 from alma_daemon.results import read_results  # noqa: E402
+
+#: The plots of a report: file name, caption.
+PLOTS = (
+    ("error_vs_time.png", "error vs time"),
+    ("cer_vs_flops.png", "CER vs FLOPs"),
+    ("cer_vs_parameters.png", "CER vs parameters"),
+)
 
 
 @dataclass
@@ -72,8 +84,24 @@ def plot_error_vs_time(runs: list[Run], path: Path) -> None:
     plt.close(fig)
 
 
+_CER_TARGETS = (
+    ("cer", "CER"),
+    ("cumulative_prequential_error", "cumulative prequential error"),
+    ("average_test_perplexity", "average test perplexity"),
+)
+
+
+def cer_target(runs: list[Run]) -> tuple[str, str]:
+    """The summary key a CER plot shows, and its axis label: the CER, else the prequential sum (a
+    stream without a test set), else the average perplexity (language models)."""
+    for key, label in _CER_TARGETS:
+        if any(run.summary.get(key) is not None for run in runs):
+            return key, label
+    return _CER_TARGETS[0]
+
+
 def plot_cer_vs(runs: list[Run], key: str, label: str, path: Path) -> None:
-    target = "cer" if any(run.summary.get("cer") is not None for run in runs) else "average_test_perplexity"
+    target, target_label = cer_target(runs)
     fig, ax = plt.subplots(figsize=(6, 4.5))
     for run in runs:
         x, y = run.summary.get(key), run.summary.get(target)
@@ -82,7 +110,7 @@ def plot_cer_vs(runs: list[Run], key: str, label: str, path: Path) -> None:
             ax.annotate(run.name, (x, y), fontsize="x-small", xytext=(3, 3), textcoords="offset points")
     ax.set_xscale("log")
     ax.set_xlabel(label)
-    ax.set_ylabel("CER" if target == "cer" else "average test perplexity")
+    ax.set_ylabel(target_label)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -93,38 +121,50 @@ def _fmt(value, spec: str) -> str:
     return "" if value is None else format(value, spec)
 
 
-def markdown_table(runs: list[Run]) -> str:
-    lines = [
-        "| run | learner | width | wait | replay | CER | final test error | avg test ppl | train FLOPs | cum. parameters | final parameters | wall s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
+TABLE_HEADER = ["run", "learner", "width", "wait", "replay", "CER", "final test error", "prequential CER",
+                "avg test ppl", "train FLOPs", "cum. parameters", "final parameters", "wall s"]
+
+
+def table_rows(runs: list[Run]) -> list[list[str]]:
+    """One row of :data:`TABLE_HEADER` cells per run."""
+    rows = []
     for run in runs:
         c, s = run.config, run.summary
-        lines.append(
-            f"| {run.name} | {c.get('learner', {}).get('name', '')} | {c.get('learner', {}).get('width', '')} "
-            f"| {c.get('policy', {}).get('wait', '')} | {c.get('stream', {}).get('replay', '')} "
-            f"| {_fmt(s.get('cer'), '.4f')} | {_fmt(s.get('final_test_error'), '.4f')} "
-            f"| {_fmt(s.get('average_test_perplexity'), '.2f')} | {_fmt(s.get('cumulative_train_flops'), '.3g')} "
-            f"| {_fmt(s.get('cumulative_parameters'), ',')} | {_fmt(s.get('final_parameters'), ',')} "
-            f"| {_fmt(s.get('wall_seconds'), '.1f')} |"
-        )
+        rows.append([
+            run.name, str(c.get("learner", {}).get("name", "")), str(c.get("learner", {}).get("width", "")),
+            str(c.get("policy", {}).get("wait", "")), str(c.get("stream", {}).get("replay", "")),
+            _fmt(s.get("cer"), ".4f"), _fmt(s.get("final_test_error"), ".4f"),
+            _fmt(s.get("cumulative_prequential_error"), ".4f"), _fmt(s.get("average_test_perplexity"), ".2f"),
+            _fmt(s.get("cumulative_train_flops"), ".3g"), _fmt(s.get("cumulative_parameters"), ","),
+            _fmt(s.get("final_parameters"), ","), _fmt(s.get("wall_seconds"), ".1f"),
+        ])
+    return rows
+
+
+def markdown_table(runs: list[Run]) -> str:
+    lines = ["| " + " | ".join(TABLE_HEADER) + " |", "|" + "---|" * len(TABLE_HEADER)]
+    lines += ["| " + " | ".join(row) + " |" for row in table_rows(runs)]
     return "\n".join(lines) + "\n"
 
 
-def write_report(root: str | Path, out: str | Path | None = None) -> Path:
-    """Write the plots and report.md for every run under ``root`` into ``out`` (default: ``root``)."""
+def write_report(root: str | Path, out: str | Path | None = None, *, html: bool = False) -> Path:
+    """Write the plots and report.md for every run under ``root`` into ``out`` (default: ``root``).
+
+    With ``html``, also report.html (returned instead of report.md). ``root`` may be a daemon's
+    ``daemon.state_dir`` while it runs: results.json is replaced atomically after every chunk.
+    """
     runs = find_runs(root)
     out = Path(out or root)
     out.mkdir(parents=True, exist_ok=True)
-    plot_error_vs_time(runs, out / "error_vs_time.png")
-    plot_cer_vs(runs, "cumulative_train_flops", "cumulative training FLOPs", out / "cer_vs_flops.png")
-    plot_cer_vs(runs, "cumulative_parameters", "cumulative parameters", out / "cer_vs_parameters.png")
-    body = [
-        f"# ALMA report: {Path(root).name}", "",
-        markdown_table(runs),
-        "![error vs time](error_vs_time.png)", "",
-        "![CER vs FLOPs](cer_vs_flops.png)", "",
-        "![CER vs parameters](cer_vs_parameters.png)", "",
-    ]
+    plot_error_vs_time(runs, out / PLOTS[0][0])
+    plot_cer_vs(runs, "cumulative_train_flops", "cumulative training FLOPs", out / PLOTS[1][0])
+    plot_cer_vs(runs, "cumulative_parameters", "cumulative parameters", out / PLOTS[2][0])
+    title = f"ALMA report: {Path(root).resolve().name}"
+    body = [f"# {title}", "", markdown_table(runs)]
+    body += [f"![{caption}]({name})\n" for name, caption in PLOTS]
     (out / "report.md").write_text("\n".join(body))
-    return out / "report.md"
+    if not html:
+        return out / "report.md"
+    images = [(caption, (out / name).read_bytes()) for name, caption in PLOTS]
+    (out / "report.html").write_text(html_page(title, TABLE_HEADER, table_rows(runs), images))
+    return out / "report.html"

@@ -1,29 +1,66 @@
 """The Prometheus metrics of alma-daemon (DESIGN.md section 9), in one registry.
 
 Every part of the service (ingest, buffer, engine, publisher) updates these objects; the exporter
-(``/metrics``) renders :data:`REGISTRY`. Base units, ``_total`` for counters, and only small fixed
-label sets (no ids or offsets as label values).
+(``/metrics``, :mod:`alma_daemon.exporter`) renders :data:`REGISTRY`. Base units, ``_total`` for
+counters (prometheus_client appends it), and only small fixed label sets: no ids or offsets as
+label values.
+
+Every labelled series is created at import with each of its known label values, so a dashboard's
+``rate()`` and ``sum by`` queries return data (zeros) before the first event, and "nothing was
+rejected" is visible as a 0 instead of as a missing series. Gauges with no measurement yet hold
+NaN, which Prometheus stores and Grafana draws as a gap, rather than a misleading 0.
+
+Counters count since the process started, as usual, except ``alma_train_flops_total``: it counts
+the whole stream (Eq. 2's cumulative FLOPs), because a restarted daemon's
+:meth:`alma_daemon.exporter.MetricsObserver.sync` starts it from the engine's saved total, which
+Prometheus sees as an ordinary increase, not a reset.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+import math
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+
+from alma_daemon.data.wire import REJECT_REASONS
+
+# The *_created series double every counter and histogram and no dashboard uses them.
+disable_created_metrics()
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
+#: Label values: ``alma_error_ratio{set}`` and ``alma_perplexity{set}``.
+ERROR_SETS: tuple[str, ...] = ("test", "prequential")
+#: ``alma_model_updates_total{kind}``: the engine's training-stage kinds.
+UPDATE_KINDS: tuple[str, ...] = ("finetune", "grow", "scratch")
+#: ``alma_policy_decisions_total{action}``: :attr:`policies.Decision.action`.
+DECISION_ACTIONS: tuple[str, ...] = ("wait", "train", "grow+train")
+#: ``alma_swap_failures_total{stage}``: the publishing steps of DESIGN.md section 8.
+SWAP_STAGES: tuple[str, ...] = ("archive", "guard", "register", "probe", "set_default", "drain", "delete")
+
+# -- ingest and buffer --------------------------------------------------------------------------
 CHUNKS_RECEIVED = Counter("alma_chunks_received", "Complete chunks received", registry=REGISTRY)
 EXAMPLES_RECEIVED = Counter("alma_examples_received", "Examples received in complete chunks", registry=REGISTRY)
 RECORDS_REJECTED = Counter("alma_records_rejected", "Records sent to the dead-letter stream, by reason",
                            ["reason"], registry=REGISTRY)
 BUFFER_CHUNKS = Gauge("alma_buffer_chunks", "Chunks held in the buffer", registry=REGISTRY)
 INGEST_LAG = Gauge("alma_ingest_lag_records", "Records on the topic not yet ingested", registry=REGISTRY)
-ERROR_RATIO = Gauge("alma_error_ratio", "Error after the latest chunk (test) or on it before training (prequential)",
+
+# -- anytime error (Eq. 1) ----------------------------------------------------------------------
+ERROR_RATIO = Gauge("alma_error_ratio",
+                    "Error rate of the live model: on the test set after the latest chunk (test), "
+                    "or on the latest chunk before training on it (prequential)",
                     ["set"], registry=REGISTRY)
-CUMULATIVE_ERROR = Gauge("alma_cumulative_error", "CER so far: sum of test errors over chunks (Eq. 1)",
+CUMULATIVE_ERROR = Gauge("alma_cumulative_error", "CER so far: sum of test error rates over chunks (Eq. 1)",
                          registry=REGISTRY)
 CUMULATIVE_PREQUENTIAL_ERROR = Gauge("alma_cumulative_prequential_error",
-                                     "Sum of prequential errors over chunks", registry=REGISTRY)
-TRAIN_FLOPS = Counter("alma_train_flops", "Training FLOPs spent (forward + backward)", registry=REGISTRY)
+                                     "Sum of prequential error rates over chunks", registry=REGISTRY)
+PERPLEXITY = Gauge("alma_perplexity", "Language-model streams: perplexity, sets as for alma_error_ratio",
+                   ["set"], registry=REGISTRY)
+
+# -- compute (Eq. 2) ----------------------------------------------------------------------------
+TRAIN_FLOPS = Counter("alma_train_flops", "Training FLOPs spent on the stream (forward + backward)",
+                      registry=REGISTRY)
 PARAMETERS = Gauge("alma_parameters", "Parameters of the current model", registry=REGISTRY)
 CUMULATIVE_PARAMETERS = Gauge("alma_cumulative_parameters", "Sum over chunks of the model's parameters (Eq. 2)",
                               registry=REGISTRY)
@@ -31,6 +68,8 @@ MODEL_UPDATES = Counter("alma_model_updates", "Training stages by kind", ["kind"
 POLICY_DECISIONS = Counter("alma_policy_decisions", "Policy decisions by outcome", ["action"], registry=REGISTRY)
 TRAIN_DURATION = Histogram("alma_train_duration_seconds", "Duration of a training stage",
                            buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600), registry=REGISTRY)
+
+# -- serving ------------------------------------------------------------------------------------
 SWAP_DURATION = Histogram("alma_swap_duration_seconds", "Checkpoint written to new version live",
                           buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 30, 60), registry=REGISTRY)
 SWAPS = Counter("alma_swaps", "Versions promoted to live", registry=REGISTRY)
@@ -40,3 +79,20 @@ PROMOTIONS_REFUSED = Counter("alma_promotions_refused", "Versions refused by the
                              registry=REGISTRY)
 MODEL_VERSION = Gauge("alma_model_version", "Latest trained model version", registry=REGISTRY)
 LIVE_VERSION = Gauge("alma_live_model_version", "Version currently served as default", registry=REGISTRY)
+
+
+def _create_known_series() -> None:
+    for reason in REJECT_REASONS:
+        RECORDS_REJECTED.labels(reason)
+    for kind in UPDATE_KINDS:
+        MODEL_UPDATES.labels(kind)
+    for action in DECISION_ACTIONS:
+        POLICY_DECISIONS.labels(action)
+    for stage in SWAP_STAGES:
+        SWAP_FAILURES.labels(stage)
+    for name in ERROR_SETS:
+        ERROR_RATIO.labels(name).set(math.nan)
+        PERPLEXITY.labels(name).set(math.nan)
+
+
+_create_known_series()

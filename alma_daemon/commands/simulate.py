@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+from contextlib import ExitStack
 
 from alma_daemon.cli import add_config_arguments
 from alma_daemon.config import load_config
+from alma_daemon.exporter import MetricsObserver, start_exporter
 from alma_daemon.simulate import run_simulation
 
 
@@ -15,6 +17,8 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--out", "-o", help="folder for results.json and series.csv")
     parser.add_argument("--checkpoints", help="also write every model version to this model-store folder")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    parser.add_argument("--metrics-port", type=int, metavar="P",
+                        help="serve Prometheus metrics on this port while running (overrides metrics.port; 0 = off)")
     parser.set_defaults(func=run)
 
 
@@ -35,8 +39,18 @@ def format_summary(summary: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    config = load_config(args.config, args.overrides)
-    results = run_simulation(config, args.out, progress=not args.no_progress, checkpoint_dir=args.checkpoints)
+    overrides = list(args.overrides)
+    if args.metrics_port is not None:
+        overrides.append(f"metrics.port={args.metrics_port}")
+    config = load_config(args.config, overrides)
+    with ExitStack() as stack:
+        observers = []
+        if config.metrics.port:
+            exporter = stack.enter_context(start_exporter(config.metrics.port, config.metrics.host))
+            exporter.set_ready(True)
+            observers.append(MetricsObserver(in_process_source=True))
+        results = run_simulation(config, args.out, progress=not args.no_progress, checkpoint_dir=args.checkpoints,
+                                 observers=observers)
     print(format_summary(results["summary"]))
     if args.out:
         print(f"results: {args.out}/results.json")

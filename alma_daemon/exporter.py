@@ -1,0 +1,186 @@
+"""The Prometheus exporter: an HTTP server for ``/metrics``, ``/healthz`` and ``/readyz``, and the
+engine observer that feeds the engine's measures into :mod:`alma_daemon.telemetry`.
+
+The daemon (``alma run``) and ``alma simulate --metrics-port P`` start it the same way::
+
+    exporter = start_exporter(config.metrics.port, config.metrics.host)
+    observer = MetricsObserver()         # in_process_source=True for ``alma simulate``
+    observer.sync(engine)                # once, after resuming an engine from its saved state
+    exporter.set_ready(True)             # once the engine takes chunks
+    ...
+    exporter.stop()
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import socket
+import threading
+from collections.abc import Callable, Iterable
+from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+from prometheus_client import make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
+from prometheus_client.registry import Collector
+
+from alma_daemon import telemetry
+from alma_daemon.engine import Engine, EngineObserver
+from policies import Decision
+
+log = logging.getLogger(__name__)
+
+
+class _QuietHandler(WSGIRequestHandler):
+    # A scrape a second would otherwise write an access-log line a second to stderr.
+    def log_message(self, format: str, *args) -> None:  # noqa: A002 - the base class's name
+        pass
+
+
+class Exporter:
+    """A running exporter (see :func:`start_exporter`); serves from a daemon thread until :meth:`stop`.
+
+    - ``/metrics``: the registry in the Prometheus text format (OpenMetrics when asked for, gzip
+      when accepted);
+    - ``/healthz``: 200 while the process serves HTTP (liveness);
+    - ``/readyz``: 200 once :meth:`set_ready` was given True, 503 before and after False (readiness).
+    """
+
+    def __init__(self, host: str, port: int, registry: Collector):
+        self._ready = threading.Event()
+        self._metrics = make_wsgi_app(registry)
+        server_class = _server_class(host)
+        self._server = make_server(host, port, self._app, server_class, handler_class=_QuietHandler)
+        self._thread = threading.Thread(target=self._server.serve_forever, name="alma-exporter", daemon=True)
+        self._thread.start()
+        log.info("metrics exporter listening", extra={"host": host, "port": self.port})
+
+    @property
+    def port(self) -> int:
+        """The port actually bound (the one asked for, or the kernel's pick for 0)."""
+        return self._server.server_address[1]
+
+    @property
+    def url(self) -> str:
+        host = self._server.server_address[0]
+        return f"http://{f'[{host}]' if ':' in host else host}:{self.port}"
+
+    @property
+    def ready(self) -> bool:
+        return self._ready.is_set()
+
+    def set_ready(self, ready: bool) -> None:
+        """What ``/readyz`` answers: True once the service takes work, False while it cannot."""
+        if ready:
+            self._ready.set()
+        else:
+            self._ready.clear()
+
+    def stop(self) -> None:
+        """Stop serving and free the port; safe to call twice."""
+        if self._thread.is_alive():
+            self._server.shutdown()
+            self._thread.join()
+        self._server.server_close()
+
+    def __enter__(self) -> "Exporter":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+    def _app(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "")
+        if path == "/metrics":
+            return self._metrics(environ, start_response)
+        if path == "/healthz":
+            status, body = "200 OK", b"ok\n"
+        elif path == "/readyz":
+            status, body = ("200 OK", b"ready\n") if self.ready else ("503 Service Unavailable", b"not ready\n")
+        else:
+            status, body = "404 Not Found", b"not found: try /metrics, /healthz or /readyz\n"
+        # A new header list per response: wsgiref appends Content-Length to the list it is given.
+        start_response(status, [("Content-Type", "text/plain; charset=utf-8")])
+        return [body]
+
+
+def _server_class(host: str) -> type[ThreadingWSGIServer]:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+
+    class Server(ThreadingWSGIServer):
+        address_family = family
+
+    return Server
+
+
+def start_exporter(port: int, host: str = "127.0.0.1", registry: Collector = telemetry.REGISTRY) -> Exporter:
+    """Serve ``registry`` on ``host:port`` (0 = any free port) from a background thread.
+
+    Raises OSError when the port is taken. Callers skip this when ``metrics.port`` is 0 (off).
+    """
+    return Exporter(host, port, registry)
+
+
+def _or_nan(value: float | None) -> float:
+    return math.nan if value is None else value
+
+
+class MetricsObserver(EngineObserver):
+    """Feeds the engine's decisions, training stages and per-chunk records into the metrics.
+
+    ``in_process_source=True`` (``alma simulate``): chunks come from inside the process, where no
+    ingest or buffer component counts them, so this observer also updates the chunk and example
+    counters and the buffer gauge. The daemon leaves it False: its ingest and buffer do that.
+    """
+
+    def __init__(self, in_process_source: bool = False):
+        self.in_process_source = in_process_source
+        self._examples_seen = 0
+
+    def sync(self, engine: Engine) -> None:
+        """Show a resumed engine's state at once; call once per process, before its next chunk.
+
+        Starts ``alma_train_flops_total`` from the engine's saved total, so it stays the stream's
+        cumulative FLOPs across restarts, and sets the gauges from the saved state instead of
+        leaving them at 0 (or NaN) until the next chunk arrives.
+        """
+        state = engine.state
+        telemetry.TRAIN_FLOPS.inc(state.cumulative_train_flops)
+        if state.series:
+            self._set_gauges(state.series[-1])
+        # Stages started between chunks (time-based policies) are newer than the last record.
+        telemetry.MODEL_VERSION.set(state.model_version)
+        telemetry.PARAMETERS.set(engine.learner.num_parameters())
+        self._examples_seen = state.examples_seen
+
+    def on_decision(self, decision: Decision, engine: Engine) -> None:
+        telemetry.POLICY_DECISIONS.labels(decision.action).inc()
+
+    def on_stage(self, stage: dict, engine: Engine) -> None:
+        telemetry.MODEL_UPDATES.labels(stage["kind"]).inc()
+        telemetry.TRAIN_FLOPS.inc(stage["train_flops"])
+        telemetry.TRAIN_DURATION.observe(stage["train_seconds"])
+        # A new version exists as soon as the stage ends, before the test evaluation of on_step.
+        telemetry.MODEL_VERSION.set(stage["model_version"])
+        telemetry.PARAMETERS.set(stage["parameters"])
+
+    def on_step(self, record: dict, engine: Engine) -> None:
+        if self.in_process_source:
+            telemetry.CHUNKS_RECEIVED.inc()
+            telemetry.EXAMPLES_RECEIVED.inc(record["examples_seen"] - self._examples_seen)
+            telemetry.BUFFER_CHUNKS.set(len(engine.buffer.pending_chunks()))
+        self._examples_seen = record["examples_seen"]
+        self._set_gauges(record)
+
+    @staticmethod
+    def _set_gauges(record: dict) -> None:
+        # Records carry the measures of the learner's kind only: error for classifiers,
+        # perplexity for language models; the other family holds NaN (no measurement).
+        for name in telemetry.ERROR_SETS:
+            telemetry.ERROR_RATIO.labels(name).set(_or_nan(record.get(f"{name}_error")))
+            telemetry.PERPLEXITY.labels(name).set(_or_nan(record.get(f"{name}_perplexity")))
+        telemetry.CUMULATIVE_ERROR.set(_or_nan(record.get("cumulative_error")))
+        telemetry.CUMULATIVE_PREQUENTIAL_ERROR.set(_or_nan(record.get("cumulative_prequential_error")))
+        telemetry.PARAMETERS.set(record["parameters"])
+        telemetry.CUMULATIVE_PARAMETERS.set(record["cumulative_parameters"])
+        telemetry.MODEL_VERSION.set(record["model_version"])

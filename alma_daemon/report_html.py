@@ -1,0 +1,57 @@
+"""One self-contained HTML page for ``alma report DIR --html``, for people who do not run Grafana.
+
+Pure rendering: the caller (:func:`alma_daemon.report.write_report`) gives the table and the PNG
+bytes; the plots are inlined as base64 ``data:`` URIs, so the page is a single file that can be
+mailed or attached to a ticket, and it loads nothing from the network.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import time
+
+_STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 72em; color: #222; }
+table { border-collapse: collapse; font-size: 0.9em; }
+th, td { border: 1px solid #ccc; padding: 0.3em 0.6em; text-align: right; }
+th:first-child, td:first-child { text-align: left; }
+th { background: #f3f3f3; }
+figure { margin: 1.5em 0; }
+figcaption { color: #555; font-size: 0.9em; }
+img { max-width: 100%; }
+"""
+
+
+def html_page(title: str, header: list[str], rows: list[list[str]], images: list[tuple[str, bytes]]) -> str:
+    """The report page: a title, the summary table (one row per run), then each captioned PNG."""
+    when = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime())
+    head_cells = "".join(f"<th>{html.escape(cell)}</th>" for cell in header)
+    body_rows = "\n".join(
+        "<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in row) + "</tr>" for row in rows
+    )
+    figures = "\n".join(
+        f'<figure><img alt="{html.escape(caption)}" src="data:image/png;base64,'
+        f'{base64.b64encode(png).decode("ascii")}"><figcaption>{html.escape(caption)}</figcaption></figure>'
+        for caption, png in images
+    )
+    return f"""<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<title>{html.escape(title)}</title>
+<style>{_STYLE}</style>
+</head>
+<body>
+<h1>{html.escape(title)}</h1>
+<p>Generated {html.escape(when)}. A running stream's results are read as they were at that moment.</p>
+<table>
+<thead><tr>{head_cells}</tr></thead>
+<tbody>
+{body_rows}
+</tbody>
+</table>
+{figures}
+</body>
+</html>
+"""

@@ -1,0 +1,277 @@
+"""The Grafana dashboard and the Prometheus configs of deploy/.
+
+Grafana is not installable here, so the dashboard is checked in two ways: its JSON model is
+checked for structure (datasource uids, ids, layout, metric names), and every query of every panel,
+annotation and variable is run against a real Prometheus scraping a real exporter while a real
+engine replays a small stream.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import subprocess
+import time
+import urllib.parse
+from pathlib import Path
+
+import pytest
+import yaml
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from alma_daemon import telemetry
+from alma_daemon.config import build_config
+from alma_daemon.engine import Engine, EngineObserver
+from alma_daemon.exporter import MetricsObserver, start_exporter
+from alma_daemon.simulate import run_simulation
+from tests.servers import PrometheusServer, http_request
+
+DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
+GRAFANA = DEPLOY / "grafana"
+DASHBOARDS = sorted((GRAFANA / "dashboards").glob("*.json"))
+TINY = ["stream.train_examples=1200", "stream.megabatches=4", "train.epochs=2", "learner.width=8",
+        "dataset.test_examples=300", "device=cpu"]
+#: Grafana 9.4 (36) to 11.x (41) read these JSON models without migrating them.
+SCHEMA_VERSIONS = range(36, 42)
+#: Panels allowed to hold only NaN on an image-classification stream: perplexity is for LMs.
+NAN_PANELS = {"Perplexity (language models)"}
+#: Label values each labelled family must show in full (from telemetry's fixed vocabularies).
+KNOWN_VALUES = {"set": telemetry.ERROR_SETS, "kind": telemetry.UPDATE_KINDS, "action": telemetry.DECISION_ACTIONS,
+                "stage": telemetry.SWAP_STAGES, "reason": telemetry.REJECT_REASONS}
+
+
+def load_dashboards() -> list[dict]:
+    return [json.loads(path.read_text()) for path in DASHBOARDS]
+
+
+def datasource_uids() -> set[str]:
+    uids = set()
+    for path in (GRAFANA / "provisioning" / "datasources").glob("*.y*ml"):
+        uids |= {ds["uid"] for ds in yaml.safe_load(path.read_text())["datasources"]}
+    return uids
+
+
+def query_panels(dashboard: dict) -> list[dict]:
+    return [panel for panel in dashboard["panels"] if panel["type"] != "row"]
+
+
+def queries(dashboard: dict) -> list[tuple[str, dict]]:
+    """(where, target) for every PromQL expression: panel targets and Prometheus annotations."""
+    found = [(panel["title"], target) for panel in query_panels(dashboard) for target in panel["targets"]]
+    found += [(f"annotation {a['name']}", a) for a in dashboard["annotations"]["list"] if "expr" in a]
+    return found
+
+
+# ------------------------------------------------------------------------------------- structure
+
+
+def test_there_is_a_dashboard():
+    assert [p.name for p in DASHBOARDS] == ["alma.json"]
+
+
+@pytest.mark.parametrize("dashboard", load_dashboards(), ids=[p.name for p in DASHBOARDS])
+def test_dashboard_model_is_well_formed(dashboard):
+    assert dashboard["schemaVersion"] in SCHEMA_VERSIONS
+    assert dashboard["uid"] and dashboard["title"]
+    uids = datasource_uids()
+    ids = [panel["id"] for panel in dashboard["panels"]]
+    assert len(ids) == len(set(ids)), "panel ids must be unique"
+
+    for panel in query_panels(dashboard):
+        assert panel["datasource"] == {"type": "prometheus", "uid": panel["datasource"]["uid"]}, panel["title"]
+        assert panel["datasource"]["uid"] in uids, panel["title"]
+        assert panel["targets"], panel["title"]
+        ref_ids = [target["refId"] for target in panel["targets"]]
+        assert len(ref_ids) == len(set(ref_ids)), panel["title"]
+        for target in panel["targets"]:
+            assert target["datasource"]["uid"] in uids and target["expr"].strip(), panel["title"]
+    for annotation in dashboard["annotations"]["list"]:
+        if "expr" in annotation:
+            assert annotation["datasource"]["uid"] in uids, annotation["name"]
+    for variable in dashboard["templating"]["list"]:
+        assert variable["datasource"]["uid"] in uids, variable["name"]
+
+
+@pytest.mark.parametrize("dashboard", load_dashboards(), ids=[p.name for p in DASHBOARDS])
+def test_panels_tile_the_24_column_grid_without_overlap(dashboard):
+    taken: set[tuple[int, int]] = set()
+    for panel in dashboard["panels"]:
+        g = panel["gridPos"]
+        assert g["w"] > 0 and g["h"] > 0 and 0 <= g["x"] and g["x"] + g["w"] <= 24, panel["title"]
+        cells = {(x, y) for x in range(g["x"], g["x"] + g["w"]) for y in range(g["y"], g["y"] + g["h"])}
+        assert not cells & taken, f"{panel['title']} overlaps another panel"
+        taken |= cells
+
+
+@pytest.mark.parametrize("dashboard", load_dashboards(), ids=[p.name for p in DASHBOARDS])
+def test_every_metric_the_dashboard_names_is_exported(dashboard):
+    exported = {sample.name for family in text_string_to_metric_families(generate_latest(telemetry.REGISTRY).decode())
+                for sample in family.samples}
+    used = {name for _, target in queries(dashboard) for name in re.findall(r"\balma_[a-z_]+", target["expr"])}
+    assert used and used <= exported, used - exported
+    # Every metric of the catalogue is shown somewhere (histograms through their series).
+    families = {family.name for family in telemetry.REGISTRY.collect()}
+    shown = {family for family in families if any(name.startswith(family) for name in used)}
+    assert shown == families
+
+
+def test_provisioning_points_grafana_at_the_dashboards():
+    (provider,) = yaml.safe_load((GRAFANA / "provisioning" / "dashboards" / "alma.yml").read_text())["providers"]
+    assert provider["type"] == "file" and provider["options"]["path"]
+    (datasource,) = yaml.safe_load((GRAFANA / "provisioning" / "datasources" / "prometheus.yml").read_text())[
+        "datasources"]
+    assert datasource["type"] == "prometheus" and datasource["url"].startswith("http://")
+
+
+def test_deploy_prometheus_config_is_valid_and_scrapes_daemon_and_torchserve():
+    result = subprocess.run(["promtool", "check", "config", str(DEPLOY / "prometheus.yml")],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    config = yaml.safe_load((DEPLOY / "prometheus.yml").read_text())
+    jobs = {job["job_name"] for job in config["scrape_configs"]}
+    assert {"alma", "torchserve"} <= jobs
+    datasource = yaml.safe_load((GRAFANA / "provisioning" / "datasources" / "prometheus.yml").read_text())
+    # $__rate_interval is derived from the datasource's interval: it must be the real scrape interval.
+    assert datasource["datasources"][0]["jsonData"]["timeInterval"] == config["global"]["scrape_interval"]
+
+
+# ----------------------------------------------------------------------------------- live queries
+
+
+class ScrapeBarrier(EngineObserver):
+    """Holds the engine after each chunk until Prometheus has scraped the metrics of that chunk.
+
+    Every chunk then has its own sample in the TSDB, as it would on a daemon whose chunks arrive
+    minutes apart, and the test does not depend on how fast the machine trains.
+    """
+
+    def __init__(self, prometheus: PrometheusServer, timeout: float = 30.0):
+        self.prometheus = prometheus
+        self.timeout = timeout
+
+    def wait_for_scrape_after(self, moment: float) -> None:
+        deadline = time.monotonic() + self.timeout
+        while time.monotonic() < deadline:
+            # The timestamp of ``up`` is the start of the latest scrape.
+            result = self.prometheus.query('timestamp(up{job="alma"})')
+            if result and float(result[0]["value"][1]) > moment:
+                return
+            time.sleep(0.1)
+        raise TimeoutError(f"Prometheus did not scrape within {self.timeout} s")
+
+    def on_step(self, record: dict, engine: Engine) -> None:
+        self.wait_for_scrape_after(time.time())
+
+
+class PublisherStandIn(EngineObserver):
+    """Updates the serving metrics the way the publisher does on a live daemon (no serving here).
+
+    Version 2 fails at the probe and version 3 is refused by the promotion guard, so the failure
+    series and annotations have something to show; the other versions are promoted.
+    """
+
+    def on_checkpoint(self, version: int, path: str, metrics: dict, engine: Engine) -> None:
+        if version == 2:
+            telemetry.SWAP_FAILURES.labels("probe").inc()
+        elif version == 3:
+            telemetry.PROMOTIONS_REFUSED.inc()
+        else:
+            telemetry.SWAP_DURATION.observe(0.2 * version)
+            telemetry.SWAPS.inc()
+            telemetry.LIVE_VERSION.set(version)
+
+
+def query_range(prometheus: PrometheusServer, promql: str, start: float, end: float) -> list[dict]:
+    url = f"{prometheus.url}/api/v1/query_range?" + urllib.parse.urlencode(
+        {"query": promql, "start": start, "end": end, "step": 1})
+    status, body = http_request("GET", url)
+    answer = json.loads(body)
+    assert status == 200 and answer["status"] == "success", (promql, answer)
+    return answer["data"]["result"]
+
+
+def grafana_substitute(expr: str, instance: str, range_seconds: int) -> str:
+    # What Grafana sends for a 1 s scrape interval and 1 s step: $__rate_interval is
+    # max($__interval + scrape interval, 4 x scrape interval).
+    return (expr.replace("$__rate_interval", "4s").replace("$__interval", "1s")
+            .replace("$__range", f"{range_seconds}s").replace("$instance", instance))
+
+
+def finite_values(series: list[dict]) -> list[float]:
+    values = [v for s in series for _, v in s.get("values", [s.get("value")])]
+    return [float(v) for v in values if math.isfinite(float(v))]
+
+
+@pytest.fixture(scope="module")
+def scraped_stream(tmp_path_factory):
+    """A real engine replaying 4 chunks into an exporter that a real Prometheus scrapes every second.
+
+    Module-scoped (one Prometheus for both live tests), hence PrometheusServer rather than the
+    function-scoped ``prometheus_server`` factory; the exporter stays up until the tests are done.
+    """
+    with start_exporter(0) as exporter:
+        target = f"127.0.0.1:{exporter.port}"
+        prometheus = PrometheusServer(tmp_path_factory.mktemp("prometheus"), [target])
+        prometheus.start()
+        try:
+            barrier = ScrapeBarrier(prometheus)
+            start = time.time()
+            barrier.wait_for_scrape_after(0)  # the state before the stream is in the TSDB too
+            before = prometheus.query("alma_train_flops_total")
+            run = tmp_path_factory.mktemp("run")
+            results = run_simulation(build_config({}, TINY), run / "results", progress=False,
+                                     checkpoint_dir=run / "model_store",
+                                     observers=[MetricsObserver(in_process_source=True), PublisherStandIn(), barrier])
+            yield prometheus, target, results, start, time.time(), float(before[0]["value"][1])
+        finally:
+            prometheus.stop()
+
+
+@pytest.mark.integration
+def test_every_dashboard_query_returns_data_from_a_live_engine(scraped_stream):
+    prometheus, target, results, start, end, flops_before = scraped_stream
+    (dashboard,) = load_dashboards()
+    span = math.ceil(end - start) + 2
+
+    (variable,) = dashboard["templating"]["list"]
+    metric, label = re.fullmatch(r"label_values\((\w+), (\w+)\)", variable["definition"]).groups()
+    status, body = http_request("GET", f"{prometheus.url}/api/v1/label/{label}/values?match[]={metric}")
+    assert status == 200 and json.loads(body)["data"] == [target]
+
+    for where, query in queries(dashboard):
+        expr = grafana_substitute(query["expr"], target, span)
+        if query.get("instant"):
+            series = prometheus.query(expr)
+        else:
+            series = query_range(prometheus, expr, start - 1, end + 1)
+        assert series, f"{where}: {expr} returned nothing"
+        legend_labels = re.findall(r"{{\s*(\w+)\s*}}", query.get("legendFormat", ""))
+        if legend_labels:
+            for name in legend_labels:
+                shown = {s["metric"].get(name) for s in series}
+                assert shown == set(KNOWN_VALUES[name]), f"{where}: {name} = {shown}"
+        else:
+            assert len(series) == 1, f"{where}: {expr} gave {len(series)} series for one daemon"
+        if where not in NAN_PANELS:
+            assert finite_values(series), f"{where}: {expr} holds no number"
+
+
+@pytest.mark.integration
+def test_prometheus_holds_the_engine_numbers(scraped_stream):
+    prometheus, _, results, start, end, flops_before = scraped_stream
+    series, summary = results["series"], results["summary"]
+
+    def history(expr: str) -> list[float]:
+        (result,) = query_range(prometheus, expr, start - 1, end + 1)
+        return [float(v) for _, v in result["values"]]
+
+    # Each chunk was scraped (ScrapeBarrier), so each chunk's value is in the TSDB.
+    assert {r["test_error"] for r in series} <= set(history('alma_error_ratio{set="test"}'))
+    assert {r["prequential_error"] for r in series} <= set(history('alma_error_ratio{set="prequential"}'))
+    assert history("alma_cumulative_error")[-1] == pytest.approx(summary["cer"])
+    assert history("alma_train_flops_total")[-1] - flops_before == summary["cumulative_train_flops"]
+    assert history("alma_cumulative_parameters")[-1] == summary["cumulative_parameters"]
+    assert history("alma_model_version")[-1] == summary["stages"] == 4
+    assert history("alma_live_model_version")[-1] == 4
