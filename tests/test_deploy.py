@@ -1,0 +1,389 @@
+"""The deployment files fit together: Dockerfile, deploy/docker-compose.yml, deploy/k8s/.
+
+No container is started (there is no Docker engine in CI): these tests read the files and check
+what would otherwise fail only at `docker compose up` or `kubectl apply` time. Configs load with
+the daemon's own loader, commands parse with the real ``alma`` parser, and the ports, paths and
+names that one file expects of another agree (metrics port, scrape targets, mounts, topics).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import fnmatch
+import re
+import shlex
+import tomllib
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+import yaml
+
+from alma_daemon.cli import build_parser
+from alma_daemon.config import Config, build_config, load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+DEPLOY = ROOT / "deploy"
+COMPOSE_FILE = DEPLOY / "docker-compose.yml"
+COMPOSE_CONFIG = DEPLOY / "config.compose.yaml"
+K8S = DEPLOY / "k8s"
+#: Where every alma container reads its config.
+CONFIG_IN_CONTAINER = "/etc/alma/config.yaml"
+
+
+# -- helpers --------------------------------------------------------------------------------------
+def compose() -> dict:
+    return yaml.safe_load(COMPOSE_FILE.read_text())
+
+
+def services() -> dict[str, dict]:
+    return compose()["services"]
+
+
+def port_of(url: str) -> int:
+    return urlsplit(url).port
+
+
+def dockerfile_instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) pairs, continuation lines joined, comments dropped."""
+    lines, current = [], ""
+    for raw in (ROOT / "Dockerfile").read_text().splitlines():
+        stripped = raw.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        if stripped.endswith("\\"):
+            current += stripped[:-1] + " "
+            continue
+        lines.append(current + stripped)
+        current = ""
+    return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1] if " " in line else "") for line in lines]
+
+
+def dockerfile_healthcheck_port() -> int:
+    (check,) = [args for name, args in dockerfile_instructions() if name == "HEALTHCHECK"]
+    match = re.search(r"http://(?:127\.0\.0\.1|localhost):(\d+)/healthz", check)
+    assert match, f"the HEALTHCHECK does not ask /healthz on a local port: {check}"
+    return int(match.group(1))
+
+
+def interpolate(text: str) -> str:
+    """Compose's ``${VAR:-default}`` with VAR unset: the default (no default: empty)."""
+    return re.sub(r"\$\{\w+(?::?-([^}]*))?\}", lambda m: m.group(1) or "", text)
+
+
+def short_mounts(service: dict) -> list[tuple[str, str, str]]:
+    """(source, target, mode) of a compose service's volumes in the short syntax; a source the user
+    sets through a variable keeps its ``$`` form, so callers can tell it from a repository path."""
+    mounts = []
+    for volume in service.get("volumes", []):
+        assert isinstance(volume, str), f"use the short syntax for volumes, not {volume!r}"
+        variable = re.match(r"\$\{[^}]*\}", volume)
+        rest = volume[variable.end():] if variable else volume
+        parts = rest.split(":")
+        source = variable.group(0) + parts[0] if variable else parts[0]
+        mounts.append((source, parts[1], parts[2] if len(parts) > 2 else "rw"))
+    return mounts
+
+
+def is_bind(source: str) -> bool:
+    return interpolate(source).startswith((".", "/"))
+
+
+def parse_alma(argv: list[str]) -> argparse.Namespace:
+    try:
+        return build_parser().parse_args(argv)
+    except SystemExit:
+        pytest.fail(f"`alma {shlex.join(argv)}` is rejected by the alma command line")
+
+
+def container_config(argv: list[str], mounted: dict[str, Path]) -> Config:
+    """The config a `run` or `serve` container resolves: its --config file (a mounted one) + --set."""
+    args = parse_alma(argv)
+    assert args.config in mounted, f"`alma {shlex.join(argv)}` reads {args.config}, which nothing mounts"
+    return load_config(mounted[args.config], args.overrides)
+
+
+def compose_config_mounts(service: dict) -> dict[str, Path]:
+    return {target: (DEPLOY / source).resolve() for source, target, _ in short_mounts(service)
+            if is_bind(source) and "$" not in source}
+
+
+def k8s_documents() -> list[tuple[Path, dict]]:
+    docs = []
+    for path in sorted(K8S.rglob("*.yaml")):
+        docs.extend((path, doc) for doc in yaml.safe_load_all(path.read_text()) if doc is not None)
+    return docs
+
+
+def k8s_objects(kind: str) -> list[dict]:
+    return [doc for _, doc in k8s_documents() if doc["kind"] == kind]
+
+
+def k8s_config_data() -> dict:
+    (configmap,) = [c for c in k8s_objects("ConfigMap") if c["metadata"]["name"] == "alma-config"]
+    return yaml.safe_load(configmap["data"]["config.yaml"])
+
+
+def k8s_config() -> Config:
+    return build_config(k8s_config_data())
+
+
+def mounts_configmap(pod_spec: dict, path: str) -> bool:
+    """Whether ``path`` is config.yaml of the alma-config ConfigMap in this pod."""
+    volumes = {v["name"]: v for v in pod_spec.get("volumes", [])}
+    folder, name = path.rsplit("/", 1)
+    for mount in pod_spec["containers"][0]["volumeMounts"]:
+        volume = volumes.get(mount["name"], {})
+        if mount["mountPath"] == folder and volume.get("configMap", {}).get("name") == "alma-config":
+            return name == "config.yaml"
+    return False
+
+
+def k8s_container(kind: str, name: str) -> dict:
+    (workload,) = [w for w in k8s_objects(kind) if w["metadata"]["name"] == name]
+    (container,) = workload["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+# -- Dockerfile -----------------------------------------------------------------------------------
+def test_dockerfile_runs_alma_run_with_the_mounted_config():
+    instructions = dict(dockerfile_instructions())  # the last of each kind: the runtime stage's
+    assert yaml.safe_load(instructions["ENTRYPOINT"]) == ["alma"]
+    assert yaml.safe_load(instructions["CMD"]) == ["run", "--config", CONFIG_IN_CONTAINER]
+    assert instructions["USER"] not in ("root", "0"), "the image must not run as root"
+    assert "ALMA_DATA_DIR=/data" in instructions["ENV"]
+
+
+def test_dockerfile_pins_the_torch_of_pyproject():
+    pins = [d for d in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+            if re.match(r"torch\s*==", d)]
+    assert len(pins) == 1, "pyproject.toml no longer pins torch; the Dockerfile's pin must follow it"
+    installs = [args for name, args in dockerfile_instructions() if name == "RUN" and "--index-url" in args]
+    assert len(installs) == 1 and '"${TORCH_INDEX_URL}"' in installs[0]
+    assert re.search(r'"torch==([^"]+)"', installs[0]).group(1) == pins[0].split("==")[1].strip()
+
+
+def test_dockerfile_copies_only_what_the_build_context_keeps():
+    """A COPY of a path that .dockerignore drops fails the build ("not found"), only at build time."""
+    patterns = [p.strip().rstrip("/") for p in (ROOT / ".dockerignore").read_text().splitlines()
+                if p.strip() and not p.startswith("#")]
+    assert not any(p.startswith("!") for p in patterns), "negated patterns: extend this check first"
+
+    def ignored(path: str) -> bool:
+        prefixes = ["/".join(path.split("/")[: i + 1]) for i in range(path.count("/") + 1)]
+        return any(fnmatch.fnmatch(prefix, pattern.removeprefix("**/")) or fnmatch.fnmatch(prefix, pattern)
+                   for pattern in patterns for prefix in prefixes)
+
+    sources = []
+    for name, args in dockerfile_instructions():
+        if name == "COPY" and "--from=" not in args:
+            sources.extend(args.split()[:-1])
+    assert "pyproject.toml" in sources and "deploy/config.compose.yaml" in sources
+    for source in sources:
+        assert (ROOT / source).exists(), f"COPY {source}: no such file in the repository"
+        assert not ignored(source), f"COPY {source}: .dockerignore drops it from the build context"
+    for heavy in ("runs", "model_store", ".git", "data", "alma_daemon/__pycache__"):
+        assert ignored(heavy), f".dockerignore should drop {heavy}"
+    # pyproject.toml names README.md as the package's readme: the install fails without it.
+    assert "README.md" in sources
+
+
+def test_healthcheck_port_is_the_metrics_port_everywhere():
+    port = dockerfile_healthcheck_port()
+    assert load_config(COMPOSE_CONFIG).metrics.port == port
+    assert k8s_config().metrics.port == port
+    exposed = [args for name, args in dockerfile_instructions() if name == "EXPOSE"]
+    assert str(port) in " ".join(exposed).split()
+
+
+# -- docker compose -------------------------------------------------------------------------------
+def test_compose_services_all_have_an_image_and_known_dependencies():
+    found = services()
+    assert {"kafka", "kafka-init", "redis", "torchserve", "daemon", "replay", "prometheus", "grafana"} <= set(found)
+    for name, service in found.items():
+        assert service.get("image") or service.get("build"), f"service {name} has neither image nor build"
+        for dependency, condition in (service.get("depends_on") or {}).items():
+            assert dependency in found, f"{name} depends on unknown service {dependency}"
+            assert condition["condition"] in ("service_healthy", "service_completed_successfully", "service_started")
+            if condition["condition"] == "service_healthy":
+                assert found[dependency].get("healthcheck", {}).get("disable") is not True
+                assert "healthcheck" in found[dependency] or found[dependency].get("build"), (
+                    f"{name} waits for {dependency} to be healthy, but {dependency} has no healthcheck")
+    assert services()["replay"]["profiles"] == ["replay"]
+
+
+def test_compose_mounts_exist_and_named_volumes_are_declared():
+    declared = set(compose().get("volumes") or {})
+    binds = []
+    for name, service in services().items():
+        for source, target, mode in short_mounts(service):
+            if not is_bind(source):
+                assert source in declared, f"{name} mounts undeclared volume {source}"
+            elif "$" in source:
+                # The user's data folder (${ALMA_DATA:-../data}): not part of the repository.
+                assert mode == "ro" and target == "/data", f"{name}: {source} should be the read-only data mount"
+            else:
+                path = (DEPLOY / source).resolve()
+                assert path.exists(), f"{name} mounts {source}, which does not exist ({path})"
+                binds.append(path.relative_to(ROOT).as_posix())
+    for required in ("deploy/prometheus.yml", "deploy/grafana/provisioning", "deploy/grafana/dashboards",
+                     "deploy/config.compose.yaml"):
+        assert required in binds
+
+
+def test_compose_daemon_config_loads_and_names_the_compose_services():
+    config = load_config(COMPOSE_CONFIG)
+    found = services()
+    assert config.kafka.transport == "kafka"
+    assert config.kafka.bootstrap_servers.split(":")[0] == "kafka"
+    assert urlsplit(config.redis.url).hostname == "redis"
+    assert config.serving.kind == "torchserve"
+    for url in (config.serving.management_url, config.serving.inference_url, config.serving.metrics_url):
+        assert urlsplit(url).hostname == "torchserve" and "torchserve" in found
+    assert config.metrics.host == "0.0.0.0", "Prometheus scrapes from another container"
+    # The checkpoints TorchServe reads through file:// URLs are mounted at the same path in both.
+    mounts = {name: {target: source for source, target, _ in short_mounts(found[name])} for name in ("daemon", "torchserve")}
+    assert mounts["daemon"][config.daemon.checkpoint_dir] == mounts["torchserve"][config.daemon.checkpoint_dir]
+    assert config.daemon.state_dir in mounts["daemon"], "the daemon's state must be on a volume"
+
+
+def test_compose_commands_parse_and_the_daemon_reaches_torchserve_where_it_listens():
+    found = services()
+    daemon = container_config(found["daemon"]["command"], compose_config_mounts(found["daemon"]))
+    served = container_config(found["torchserve"]["command"], compose_config_mounts(found["torchserve"]))
+    for key in ("management_url", "inference_url", "metrics_url"):
+        assert urlsplit(getattr(served.serving, key)).hostname == "0.0.0.0", f"TorchServe's {key} must bind all interfaces"
+        assert port_of(getattr(served.serving, key)) == port_of(getattr(daemon.serving, key)), key
+    published = {p.rsplit(":", 2)[-1] for p in found["torchserve"].get("ports", [])}
+    assert str(port_of(daemon.serving.management_url)) not in published, "keep the management API unpublished"
+    assert all(p.startswith("127.0.0.1:") for s in found.values() for p in s.get("ports", []))
+    assert str(port_of(daemon.serving.inference_url)) in " ".join(found["torchserve"]["healthcheck"]["test"])
+
+
+def test_compose_replay_publishes_the_stream_the_daemon_consumes():
+    from alma_daemon.commands.replay import replay_config
+
+    found = services()
+    daemon = load_config(COMPOSE_CONFIG)
+    args = parse_alma(found["replay"]["command"])
+    assert args.command == "replay"
+    produced = replay_config(args)
+    assert produced.kafka.topic == daemon.kafka.topic
+    assert produced.kafka.bootstrap_servers == daemon.kafka.bootstrap_servers
+    assert produced.daemon.stream == daemon.daemon.stream
+    assert produced.dataset.name == daemon.dataset.name
+    assert produced.stream.megabatches == daemon.stream.megabatches
+    init = found["kafka-init"]["command"]
+    assert init[init.index("--topic") + 1] == daemon.kafka.topic
+
+
+def test_kafka_cluster_id_is_a_base64_uuid():
+    """KRaft's storage format refuses any other id, and the broker never starts."""
+    cluster_id = str(services()["kafka"]["environment"]["CLUSTER_ID"])
+    assert len(cluster_id) == 22
+    assert len(base64.urlsafe_b64decode(cluster_id + "==")) == 16
+
+
+def test_prometheus_and_grafana_files_fit_the_compose_services():
+    found = services()
+    daemon = load_config(COMPOSE_CONFIG)
+    served = container_config(found["torchserve"]["command"], compose_config_mounts(found["torchserve"]))
+    expected_ports = {"daemon": daemon.metrics.port, "torchserve": port_of(served.serving.metrics_url)}
+    prometheus = yaml.safe_load((DEPLOY / "prometheus.yml").read_text())
+    targets = [t for job in prometheus["scrape_configs"] for c in job.get("static_configs", []) for t in c["targets"]]
+    for target in targets:
+        host, port = target.rsplit(":", 1)
+        if host != "localhost":
+            assert host in found, f"prometheus.yml scrapes {target}, not a compose service"
+        if host in expected_ports:
+            assert int(port) == expected_ports[host], f"prometheus.yml scrapes {target}; the service listens on {expected_ports[host]}"
+    assert {"daemon", "torchserve"} <= {t.rsplit(":", 1)[0] for t in targets}
+
+    grafana_mounts = {source.rstrip("/"): target for source, target, _ in short_mounts(found["grafana"])}
+    provisioning = DEPLOY / "grafana" / "provisioning"
+    providers = [p for f in sorted((provisioning / "dashboards").glob("*.y*ml"))
+                 for p in yaml.safe_load(f.read_text())["providers"]]
+    assert providers, "no dashboard provider under deploy/grafana/provisioning/dashboards"
+    for provider in providers:
+        assert provider["options"]["path"] == grafana_mounts["./grafana/dashboards"]
+    for source in sorted((provisioning / "datasources").glob("*.y*ml")):
+        for datasource in yaml.safe_load(source.read_text())["datasources"]:
+            assert urlsplit(datasource["url"]).hostname in found
+
+
+# -- Kubernetes -----------------------------------------------------------------------------------
+def test_k8s_manifests_parse_and_are_named():
+    documents = k8s_documents()
+    assert len(documents) >= 8
+    for path, doc in documents:
+        where = path.relative_to(ROOT)
+        assert doc.get("apiVersion") and doc.get("kind"), f"{where}: a document without apiVersion or kind"
+        assert doc.get("metadata", {}).get("name"), f"{where}: a {doc['kind']} without metadata.name"
+        if doc["kind"] not in ("Namespace", "KafkaTopic"):
+            assert doc["metadata"].get("namespace") == "alma", f"{where}: {doc['kind']} outside namespace alma"
+
+
+def test_k8s_config_loads_and_points_at_the_torchserve_service():
+    config = k8s_config()
+    assert config.serving.kind == "torchserve" and config.metrics.host == "0.0.0.0"
+    (service,) = [s for s in k8s_objects("Service") if s["metadata"]["name"] == "alma-torchserve"]
+    ports = {p["port"] for p in service["spec"]["ports"]}
+    for url in (config.serving.management_url, config.serving.inference_url, config.serving.metrics_url):
+        assert urlsplit(url).hostname.startswith("alma-torchserve.alma.svc"), url
+        assert port_of(url) in ports
+
+
+def test_k8s_daemon_is_a_probed_singleton_with_persistent_state():
+    (daemon,) = [s for s in k8s_objects("StatefulSet") if s["metadata"]["name"] == "alma-daemon"]
+    assert daemon["spec"]["replicas"] == 1, "one daemon per stream"
+    container = k8s_container("StatefulSet", "alma-daemon")
+    config = k8s_config()
+    named = {p["name"]: p["containerPort"] for p in container["ports"]}
+    for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz"), ("startupProbe", "/healthz")):
+        get = container[probe]["httpGet"]
+        assert get["path"] == path
+        assert named.get(get["port"], get["port"]) == config.metrics.port
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    templates = {t["metadata"]["name"] for t in daemon["spec"]["volumeClaimTemplates"]}
+    assert mounts[config.daemon.state_dir] in templates, "the daemon's state must survive the pod"
+    assert config.daemon.checkpoint_dir in mounts and "/data" in mounts and "/etc/alma" in mounts
+
+
+def test_k8s_commands_parse_and_volumes_exist():
+    configmaps = {c["metadata"]["name"] for c in k8s_objects("ConfigMap")}
+    claims = {c["metadata"]["name"] for c in k8s_objects("PersistentVolumeClaim")}
+    daemon_config = k8s_config()
+    for kind, name in (("StatefulSet", "alma-daemon"), ("Deployment", "alma-torchserve")):
+        (workload,) = [w for w in k8s_objects(kind) if w["metadata"]["name"] == name]
+        spec = workload["spec"]["template"]["spec"]
+        templates = {t["metadata"]["name"] for t in workload["spec"].get("volumeClaimTemplates", [])}
+        volumes = {v["name"]: v for v in spec.get("volumes", [])}
+        for mount in spec["containers"][0]["volumeMounts"]:
+            volume = volumes.get(mount["name"])
+            if volume is None:
+                assert mount["name"] in templates, f"{name} mounts unknown volume {mount['name']}"
+            elif "configMap" in volume:
+                assert volume["configMap"]["name"] in configmaps
+            elif "persistentVolumeClaim" in volume:
+                assert volume["persistentVolumeClaim"]["claimName"] in claims
+        # Kubernetes expands $(VAR) in args from the container's env, and leaves it as is when VAR
+        # is not defined there; give each one a plausible value.
+        container = spec["containers"][0]
+        env = {e["name"] for e in container.get("env", [])}
+        argv = []
+        for arg in container["args"]:
+            for variable in re.findall(r"\$\((\w+)\)", arg):
+                assert variable in env, f"{name}: args use $({variable}), which the container's env lacks"
+                arg = arg.replace(f"$({variable})", "redis://:secret@redis:6379/0")
+            argv.append(arg)
+        args = parse_alma(argv)
+        assert args.config == CONFIG_IN_CONTAINER
+        assert mounts_configmap(spec, CONFIG_IN_CONTAINER)
+        config = build_config(k8s_config_data(), args.overrides)
+        if args.command == "serve":
+            for key in ("management_url", "inference_url", "metrics_url"):
+                assert urlsplit(getattr(config.serving, key)).hostname == "0.0.0.0"
+                assert port_of(getattr(config.serving, key)) == port_of(getattr(daemon_config.serving, key))
+        else:
+            assert args.command == "run" and config.redis.url.startswith("redis://:secret@")
