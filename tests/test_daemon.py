@@ -1,0 +1,282 @@
+"""The daemon: exact resume after a crash at any point, exactly-once across SIGKILL, dead letters, status, stop.
+
+Small MNIST streams (a few hundred examples, width-8 MLP, 1-3 epochs) against real servers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import safetensors.torch
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from alma_daemon.config import Config, build_config
+from alma_daemon.daemon import Daemon
+from alma_daemon.data.arrays import load_npz
+from alma_daemon.data.datasets import load_dataset
+from alma_daemon.data.streams import megabatch_stream, split_chunk
+from alma_daemon.data.wire import encode_chunk
+from alma_daemon.engine import EngineObserver
+from alma_daemon.ingest.redis_stream_source import encode_entry
+from alma_daemon.redis_buffer import RedisBuffer
+from alma_daemon.redis_keys import StreamKeys
+from alma_daemon.replay import KafkaPublisher, RedisStreamPublisher, dataset_chunks, labeled_chunks, replay
+from alma_daemon.simulate import run_simulation
+from tests.test_ingest import bad_records, records_of
+
+REPO = Path(__file__).resolve().parents[1]
+#: Fields of a step record that must not depend on interruptions (times excluded).
+EXACT_FIELDS = ("t", "chunk", "examples_seen", "trained", "decision", "test_error", "prequential_error",
+                "cumulative_error", "train_flops", "cumulative_train_flops", "parameters", "cumulative_parameters",
+                "model_version", "stage", "epochs", "best_epoch", "val_error")
+#: Generous limits for a loaded 2-core machine; they bound a hang, they do not measure anything.
+PROCESS_LIMIT_SECONDS = 300
+
+
+def service_config(tmp_path: Path, redis_url: str | None, name: str, **sections) -> dict:
+    data = {
+        "dataset": {"name": "mnist", "test_examples": 200},
+        "stream": {"megabatches": 4, "train_examples": 600},
+        "learner": {"width": 8},
+        "train": {"epochs": 1, "patience": 0},
+        "kafka": {"transport": "redis", "topic": f"alma.{name}"},
+        "redis": {"url": redis_url},
+        "daemon": {"stream": name, "state_dir": str(tmp_path / name / "state"),
+                   "checkpoint_dir": str(tmp_path / name / "model_store"), "poll_seconds": 0.2},
+    }
+    for section, values in sections.items():
+        data.setdefault(section, {}).update(values)
+    return data
+
+
+def exact(series: list[dict]) -> list[dict]:
+    return [{k: r.get(k) for k in EXACT_FIELDS} for r in series]
+
+
+def engine_state(client, stream: str) -> dict:
+    raw = client.get(StreamKeys(stream).engine)
+    return json.loads(raw) if raw else {}
+
+
+# -- in process: a crash at any point of a step -----------------------------------------------------
+class Crash(BaseException):
+    """Stands for the process dying at the point the observer is called."""
+
+
+class CrashOnce(EngineObserver):
+    def __init__(self, hook: str, at: int):
+        self.hook, self.at = hook, at
+
+    def on_checkpoint(self, version: int, path: str, metrics: dict, engine) -> None:
+        if self.hook == "checkpoint" and version == self.at:
+            raise Crash(f"after checkpoint {version} was written, before the step was committed")
+
+    def on_step(self, record: dict, engine) -> None:
+        if self.hook == "step" and record["chunk"] == self.at:
+            raise Crash(f"after results of chunk {self.at} were written, before the step was committed")
+
+
+def run_daemon(config: Config, client, until: int, observers=()) -> Daemon:
+    daemon = Daemon(config, client, until_chunks=until, observers=list(observers))
+    daemon.run()
+    return daemon
+
+
+@pytest.mark.integration
+def test_a_daemon_killed_at_any_point_resumes_to_the_uninterrupted_series(tmp_path, redis_db) -> None:
+    runs = {}
+    for stream in ("reference", "crashed"):
+        # The daemon is handed the client; redis.url is only read by `alma run`.
+        config = build_config(service_config(tmp_path, None, stream))
+        replay(dataset_chunks(config), RedisStreamPublisher(redis_db, config.kafka.topic), stream, progress=False)
+        runs[stream] = config
+    run_daemon(runs["reference"], redis_db, until=4)
+
+    crashed = runs["crashed"]
+    with pytest.raises(Crash):
+        run_daemon(crashed, redis_db, until=4, observers=[CrashOnce("checkpoint", 2)])
+    assert engine_state(redis_db, "crashed")["model_version"] == 1
+    with pytest.raises(Crash):
+        run_daemon(crashed, redis_db, until=4, observers=[CrashOnce("step", 3)])
+    assert engine_state(redis_db, "crashed")["chunks_seen"] == 2
+    run_daemon(crashed, redis_db, until=4)
+
+    reference, resumed = engine_state(redis_db, "reference"), engine_state(redis_db, "crashed")
+    assert [r["chunk"] for r in resumed["series"]] == [1, 2, 3, 4]
+    assert exact(resumed["series"]) == exact(reference["series"])
+    last = {s: Path(c.daemon.checkpoint_dir) / c.serving.model_name / "4" / "weights.safetensors" for s, c in runs.items()}
+    weights = {s: load_file(str(p)) for s, p in last.items()}
+    assert all(torch.equal(weights["reference"][k], weights["crashed"][k]) for k in weights["reference"])
+    assert sorted(os.listdir(last["crashed"].parents[1])) == ["1", "2", "3", "4"]
+    results = json.loads((Path(crashed.daemon.state_dir) / "results.json").read_text())
+    assert exact(results["series"]) == exact(reference["series"])
+
+
+# -- subprocesses against real servers ----------------------------------------------------------------
+def write_config(tmp_path: Path, data: dict) -> Path:
+    path = tmp_path / f"{data['daemon']['stream']}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def start_daemon(config_path: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "alma_daemon", "run", "--config", str(config_path), "--no-progress",
+                             *extra], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def wait_until(condition, what: str, process: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + PROCESS_LIMIT_SECONDS
+    while not condition():
+        if process is not None and process.poll() is not None:
+            pytest.fail(f"daemon exited with {process.returncode} before {what}:\n{process.stdout.read().decode()}")
+        assert time.monotonic() < deadline, f"not {what} within {PROCESS_LIMIT_SECONDS} s"
+        time.sleep(0.05)
+
+
+def sigkill(process: subprocess.Popen) -> None:
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+
+
+def finish(process: subprocess.Popen) -> str:
+    output, _ = process.communicate(timeout=PROCESS_LIMIT_SECONDS)
+    assert process.returncode == 0, output.decode()
+    return output.decode()
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_sigkill_during_ingestion_and_training_loses_no_example_and_trains_none_twice(
+        tmp_path, kafka_broker, redis_server, redis_db) -> None:
+    stream = "killed"
+    data = service_config(tmp_path, redis_server.url, stream, stream={"megabatches": 6, "train_examples": 900,
+                                                                     "replay": True},
+                          train={"epochs": 3, "patience": 3},
+                          kafka={"transport": "kafka", "bootstrap_servers": kafka_broker.bootstrap_servers})
+    config = build_config(data)
+    config_path = write_config(tmp_path, data)
+    keys = StreamKeys(stream)
+    publisher = KafkaPublisher(kafka_broker.bootstrap_servers, config.kafka.topic)
+    # ~20 KB parts: each 150-example chunk is 6 records, published at 2 chunks/s while the daemon ingests.
+    producer = threading.Thread(target=replay, args=(dataset_chunks(config), publisher, stream),
+                                kwargs={"rate": 2.0, "max_part_bytes": 20_000, "progress": False})
+    daemon = start_daemon(config_path)
+    wait_until(lambda: redis_db.hget(keys.daemon, "phase") == b"waiting", "waiting", daemon)
+    producer.start()
+    received = lambda: int(redis_db.hget(keys.ingest, "chunks_received") or 0)  # noqa: E731
+    wait_until(lambda: received() >= 2, "two chunks received", daemon)
+    sigkill(daemon)  # during ingestion: more records keep arriving
+    producer.join()
+
+    daemon = start_daemon(config_path)
+    processing = lambda: (redis_db.hget(keys.daemon, "phase") or b"").startswith(b"processing")  # noqa: E731
+    wait_until(lambda: engine_state(redis_db, stream).get("chunks_seen", 0) >= 2 and processing(),
+               "processing a chunk after two", daemon)
+    sigkill(daemon)  # while evaluating/training on a chunk: the step is not committed
+    finish(start_daemon(config_path, "--until-chunks", "6"))
+
+    produced = list(megabatch_stream(load_dataset("mnist").train, 6, 0, limit=900))
+    ingest = redis_db.hgetall(keys.ingest)
+    assert int(ingest[b"chunks_received"]) == 6 and int(ingest[b"examples_received"]) == 900
+    assert redis_db.xlen(keys.dead) == 0
+    buffer = RedisBuffer(redis_db, keys)
+    assert buffer.kept_chunks() == [1, 2, 3, 4, 5, 6] and buffer.pending_chunks() == []
+    for chunk in produced:  # every example buffered once, bit for bit, split as the simulator splits it
+        expected = split_chunk(chunk, config.stream.val_fraction, config.stream.seed)
+        train, val = redis_db.hmget(keys.split(chunk.index), ["train", "val"])
+        for blob, part in ((train, expected.train), (val, expected.val)):
+            tensors = safetensors.torch.load(blob)
+            assert torch.equal(tensors["x"], part.x) and torch.equal(tensors["y"], part.y)
+    state = engine_state(redis_db, stream)
+    assert state["chunks_seen"] == 6 and state["stages_done"] == 6 and state["model_version"] == 6
+    simulated = run_simulation(config, progress=False)
+    assert exact(state["series"]) == exact(simulated["series"])
+
+
+@pytest.mark.integration
+def test_bad_records_are_dead_lettered_while_the_daemon_runs_and_sigterm_stops_it(tmp_path, redis_server, redis_db) -> None:
+    stream = "deadletters"
+    data = service_config(tmp_path, redis_server.url, stream)
+    config_path = write_config(tmp_path, data)
+    keys = StreamKeys(stream)
+    daemon = start_daemon(config_path)
+    wait_until(lambda: redis_db.hget(keys.daemon, "phase") == b"waiting", "waiting", daemon)
+
+    mnist = {"stream": stream, "shape": (28, 28), "classes": 10}
+    bad = bad_records(max_part_bytes=900 * 1024, **mnist)
+    # Chunk 3 first, so that the bad part of chunk 2 comes after a newer chunk was completed.
+    records = records_of(3, n=20, max_part_bytes=900 * 1024, **mnist) + list(bad.values()) + records_of(
+        4, n=20, max_part_bytes=900 * 1024, **mnist)
+    for record in records:
+        redis_db.xadd(data["kafka"]["topic"], encode_entry(record))
+    wait_until(lambda: engine_state(redis_db, stream).get("chunks_seen") == 2, "chunks 3 and 4 processed", daemon)
+
+    status = json.loads(subprocess.run(
+        [sys.executable, "-m", "alma_daemon", "status", "--config", str(config_path), "--json"],
+        cwd=REPO, capture_output=True, check=True, timeout=PROCESS_LIMIT_SECONDS).stdout)
+    assert status["daemon"]["running"] is True
+    assert status["chunks_received"] == 2 and status["chunks_trained"] == 2 and status["model_version"] == 2
+    assert status["records_rejected"] == len(bad) and status["cer"] is not None
+    assert status["rejected_by_reason"] == {reason: 1 for reason in bad}
+    assert status["last_decision"]["action"] == "train"
+
+    daemon.send_signal(signal.SIGTERM)
+    assert daemon.wait(timeout=PROCESS_LIMIT_SECONDS) == 0, daemon.stdout.read().decode()
+    assert redis_db.hget(keys.daemon, "phase") == b"stopped"
+    assert (Path(data["daemon"]["state_dir"]) / "results.json").is_file()
+
+
+@pytest.mark.integration
+def test_embedded_run_with_replay_is_one_command(tmp_path) -> None:
+    state_dir = tmp_path / "state"
+    common = ["--set", f"daemon.state_dir={state_dir}", "--set", f"daemon.checkpoint_dir={tmp_path / 'ms'}",
+              "--set", "stream.megabatches=3", "--set", "stream.train_examples=300", "--set", "learner.width=4",
+              "--set", "train.epochs=1", "--set", "dataset.test_examples=100"]
+    run = subprocess.run([sys.executable, "-m", "alma_daemon", "run", "--embedded", "--replay", "mnist",
+                          "--until-chunks", "3", "--no-progress", *common], cwd=REPO, capture_output=True,
+                         timeout=PROCESS_LIMIT_SECONDS)
+    assert run.returncode == 0, run.stderr.decode()
+    status = json.loads(subprocess.run(
+        [sys.executable, "-m", "alma_daemon", "status", "--embedded", "--json", *common], cwd=REPO,
+        capture_output=True, check=True, timeout=PROCESS_LIMIT_SECONDS).stdout)
+    assert status["chunks_trained"] == 3 and status["model_version"] == 3 and status["daemon"]["running"] is False
+    settings = json.loads((state_dir / "redis.db.settings").read_text()) if (state_dir / "redis.db.settings").exists() else {}
+    assert not settings or not Path(settings["pidfile"]).exists(), "the embedded redis-server outlived its users"
+
+
+@pytest.mark.integration
+def test_a_users_npz_arrays_stream_through_the_daemon_with_the_declared_task(tmp_path, redis_db) -> None:
+    g = np.random.default_rng(0)
+    y = g.integers(0, 3, 90)
+    x = (g.random((90, 6)) * 50 + y[:, None] * 60).astype(np.float32)  # class written into the values
+    np.savez(tmp_path / "train.npz", x=x, y=y)
+    np.savez(tmp_path / "test.npz", x=x[:30], y=y[:30])
+    config = build_config(service_config(
+        tmp_path, None, "arrays", dataset={"name": "arrays", "input_shape": [6], "num_classes": 3,
+                                           "test_file": str(tmp_path / "test.npz")},
+        stream={"megabatches": 3, "train_examples": None}))
+    replay(labeled_chunks(load_npz(tmp_path / "train.npz"), config),
+           RedisStreamPublisher(redis_db, config.kafka.topic), "arrays", progress=False)
+    # Published before the daemon starts, so one poll reads all four records: the rejection is
+    # committed with chunk 1, before the daemon stops at chunk 3.
+    wrong_shape = {"x": torch.zeros(5, 7), "y": torch.zeros(5, dtype=torch.int64)}
+    for record in encode_chunk("arrays", 4, **wrong_shape):
+        redis_db.xadd(config.kafka.topic, encode_entry(record))
+    run_daemon(config, redis_db, until=3)
+
+    state = engine_state(redis_db, "arrays")
+    assert [r["chunk"] for r in state["series"]] == [1, 2, 3]
+    assert all(r["test_error"] is not None for r in state["series"])
+    dead = redis_db.xrange(StreamKeys("arrays").dead)
+    assert [fields[b"reason"] for _, fields in dead] == [b"shape"]

@@ -1,0 +1,267 @@
+"""Ingest: assembling parts (pure), and Kafka / Redis-stream -> Redis exactly once, with dead letters."""
+
+from __future__ import annotations
+
+import itertools
+import pickle
+import time
+
+import pytest
+import safetensors.torch
+import torch
+
+from alma_daemon import telemetry
+from alma_daemon.data.wire import (
+    HEADER_PART, HEADER_SCHEMA, HEADER_STREAM, REJECT_REASONS, DecodedPart, RejectedRecord, StreamSchema, WireRecord, decode_record, encode_chunk,
+)
+from alma_daemon.ingest.assembler import Assembler
+from alma_daemon.ingest.redis_stream_source import RedisStreamSource, encode_entry
+from alma_daemon.ingest.worker import IngestWorker
+from alma_daemon.redis_buffer import ReadyChunks
+from alma_daemon.redis_keys import StreamKeys
+
+STREAM = "tiny"
+SCHEMA = StreamSchema("labeled", (4, 4), num_classes=3, max_part_bytes=4096)
+#: Small parts, so a chunk of 40 examples travels as several records.
+PART_BYTES = 400
+_topics = itertools.count()
+
+
+def tiny_chunk(chunk_id: int, n: int = 40, shape: tuple[int, ...] = (4, 4), classes: int = 3):
+    g = torch.Generator().manual_seed(chunk_id)
+    return (torch.randint(0, 256, (n, *shape), generator=g, dtype=torch.uint8),
+            torch.randint(0, classes, (n,), generator=g))
+
+
+def records_of(chunk_id: int, n: int = 40, stream: str = STREAM, shape: tuple[int, ...] = (4, 4), classes: int = 3,
+               max_part_bytes: int = PART_BYTES) -> list[WireRecord]:
+    x, y = tiny_chunk(chunk_id, n, shape, classes)
+    return encode_chunk(stream, chunk_id, x, y, max_part_bytes=max_part_bytes)
+
+
+def with_header(record: WireRecord, name: str, value: bytes | None) -> WireRecord:
+    headers = [(k, v) for k, v in record.headers if k != name]
+    if value is not None:
+        headers.append((name, value))
+    return WireRecord(record.key, record.value, headers)
+
+
+def with_value(record: WireRecord, tensors: dict[str, torch.Tensor]) -> WireRecord:
+    return WireRecord(record.key, safetensors.torch.save(tensors), record.headers)
+
+
+def bad_records(stream: str = STREAM, shape: tuple[int, ...] = (4, 4), classes: int = 3,
+                max_part_bytes: int = SCHEMA.max_part_bytes) -> dict[str, WireRecord]:
+    """One record per rejection reason, built from a valid part of chunk 7 (chunk 2 for the order check,
+    which needs a newer chunk completed first)."""
+    x, y = tiny_chunk(7, 4, shape, classes)
+    good = encode_chunk(stream, 7, x, y)[0]
+    nan = x.float()
+    nan[0].view(-1)[0] = float("nan")
+    too_many = max_part_bytes // x[0].numel() + 1
+    return {
+        "schema": with_header(good, HEADER_SCHEMA, b"2"),
+        "headers": with_header(good, HEADER_PART, None),
+        "stream": WireRecord(b"other/7", good.value, [(k, b"other" if k == HEADER_STREAM else v)
+                                                     for k, v in good.headers]),
+        "part_numbering": with_header(good, HEADER_PART, b"5"),
+        "size": with_value(good, {"x": torch.zeros(too_many, *shape, dtype=torch.uint8),
+                                  "y": torch.zeros(too_many, dtype=torch.int64)}),
+        "decode": WireRecord(good.key, pickle.dumps({"x": [1, 2, 3]}), good.headers),
+        "dtype": with_value(good, {"x": x.to(torch.int16), "y": y}),
+        "shape": with_value(good, {"x": x.reshape(4, -1)[:, :-1].contiguous(), "y": y}),
+        "label_range": with_value(good, {"x": x, "y": y + classes}),
+        "non_finite": with_value(good, {"x": nan, "y": y}),
+        "chunk_order": encode_chunk(stream, 2, x, y)[0],
+    }
+
+
+# -- the assembler (pure logic) -------------------------------------------------------------------
+def decoded(records: list[WireRecord]):
+    return [decode_record(r.key, r.value, r.headers, SCHEMA, STREAM) for r in records]
+
+
+def test_assembler_completes_a_chunk_once_and_ignores_duplicates() -> None:
+    parts = decoded(records_of(1))
+    assert len(parts) > 2
+    assembler = Assembler(STREAM)
+    outcomes = [assembler.accept(p, 100) for p in parts[:-1]]
+    assert not any(o.duplicate or o.completed for o in outcomes)
+    assert assembler.accept(parts[0], 100).duplicate
+    last = assembler.accept(parts[-1], 100)
+    assert last.completed is not None and last.completed.examples == 40 and last.completed.parts == len(parts)
+    assert assembler.last_completed == 1 and not assembler.in_progress
+    assert assembler.accept(parts[1], 100).duplicate
+
+
+def test_assembler_rejects_contradicting_and_late_parts() -> None:
+    assembler = Assembler(STREAM, last_completed=3)
+    with pytest.raises(RejectedRecord) as late:
+        assembler.accept(decoded(records_of(2))[0], 100)
+    assert late.value.reason == "chunk_order"
+    first = decoded(records_of(5))[0]
+    assembler.accept(first, 100)
+    other_count = decoded(records_of(5, n=4))[0]
+    with pytest.raises(RejectedRecord) as numbering:
+        assembler.accept(other_count, 100)
+    assert numbering.value.reason == "part_numbering"
+    x, y = tiny_chunk(5, n=2)
+    floats = DecodedPart(STREAM, 5, 1, first.parts, x=x.float(), y=y)
+    with pytest.raises(RejectedRecord) as dtype:
+        assembler.accept(floats, 100)
+    assert dtype.value.reason == "dtype"
+
+
+def test_completing_a_newer_chunk_abandons_an_older_incomplete_one() -> None:
+    assembler = Assembler(STREAM)
+    older = decoded(records_of(1))
+    assembler.accept(older[0], 100)
+    outcome = None
+    for part in decoded(records_of(2)):
+        outcome = assembler.accept(part, 100)
+    assert outcome is not None and outcome.completed is not None
+    assert list(outcome.abandoned) == [1] and outcome.abandoned[1].got == {0}
+    assert not assembler.in_progress
+
+
+# -- Kafka and Redis streams into Redis (real servers) ---------------------------------------------
+def publish_kafka(broker, topic: str, records: list[WireRecord]) -> None:
+    from kafka import KafkaProducer
+
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap_servers, acks="all")
+    try:
+        for r in records:
+            producer.send(topic, key=r.key, value=r.value, headers=r.headers).get(timeout=30)
+    finally:
+        producer.close()
+
+
+def kafka_worker(broker, topic: str, client, **kwargs) -> IngestWorker:
+    from alma_daemon.ingest.kafka_source import KafkaSource
+
+    return IngestWorker(KafkaSource(broker.bootstrap_servers, topic), client, StreamKeys(STREAM), SCHEMA,
+                        max_buffer_bytes=kwargs.pop("max_buffer_bytes", 1 << 30), **kwargs)
+
+
+def drain(worker: IngestWorker, client, offset_reached: dict[str, str], limit_seconds: float = 60) -> None:
+    """Step until the stored offsets reach ``offset_reached`` (a safety limit, not a timing check)."""
+    keys = StreamKeys(STREAM)
+    deadline = time.monotonic() + limit_seconds
+    while True:
+        stored = {k.decode(): v.decode() for k, v in client.hgetall(keys.offsets).items()}
+        if all(stored.get(p) == o for p, o in offset_reached.items()):
+            return
+        assert time.monotonic() < deadline, f"offsets {stored} never reached {offset_reached}"
+        worker.step(timeout=0.5)
+
+
+def new_topic(broker) -> str:
+    topic = f"ingest-{next(_topics)}"
+    broker.create_topic(topic)
+    return topic
+
+
+@pytest.mark.integration
+def test_kafka_parts_are_stored_once_and_a_restart_continues_from_the_stored_offsets(kafka_broker, redis_db) -> None:
+    topic = new_topic(kafka_broker)
+    first, second = records_of(1), records_of(2)
+    resent = first[:2]  # a producer retry: the same parts again
+    publish_kafka(kafka_broker, topic, first + resent + second)
+    sent = len(first) + len(resent) + len(second)
+    worker = kafka_worker(kafka_broker, topic, redis_db)
+    drain(worker, redis_db, {"0": str(sent)})
+    worker.stop()
+
+    keys = StreamKeys(STREAM)
+    ready = ReadyChunks(redis_db, keys)
+    assert [int(c) for c in redis_db.zrange(keys.ready, 0, -1)] == [1, 2]
+    for chunk_id in (1, 2):
+        x, y = tiny_chunk(chunk_id)
+        chunk = ready.load(chunk_id)
+        assert torch.equal(chunk.data.x, x) and torch.equal(chunk.data.y, y)
+    ingest = redis_db.hgetall(keys.ingest)
+    assert int(ingest[b"chunks_received"]) == 2 and int(ingest[b"examples_received"]) == 80
+    assert int(ingest[b"queued_bytes"]) == sum(len(r.value) for r in first + second)
+    assert redis_db.xlen(keys.dead) == 0
+
+    # A restarted consumer seeks to the stored offset: nothing is read twice, new records are.
+    publish_kafka(kafka_broker, topic, records_of(3))
+    restarted = kafka_worker(kafka_broker, topic, redis_db)
+    drain(restarted, redis_db, {"0": str(sent + len(records_of(3)))})
+    restarted.stop()
+    assert [int(c) for c in redis_db.zrange(keys.ready, 0, -1)] == [1, 2, 3]
+    assert int(redis_db.hget(keys.ingest, "chunks_received")) == 3
+
+
+@pytest.mark.integration
+def test_each_kind_of_bad_record_is_dead_lettered_and_ingestion_continues(kafka_broker, redis_db) -> None:
+    topic = new_topic(kafka_broker)
+    bad = bad_records()
+    assert set(bad) == set(REJECT_REASONS), "a rejection reason has no bad record in this test"
+    before = {reason: telemetry.RECORDS_REJECTED.labels(reason)._value.get() for reason in bad}
+    # Chunk 3 completes first, so the part of chunk 2 among the bad records arrives out of order.
+    stream = records_of(3) + list(bad.values()) + records_of(4)
+    publish_kafka(kafka_broker, topic, stream)
+    worker = kafka_worker(kafka_broker, topic, redis_db)
+    drain(worker, redis_db, {"0": str(len(stream))})
+    worker.stop()
+
+    keys = StreamKeys(STREAM)
+    dead = redis_db.xrange(keys.dead)
+    assert sorted(fields[b"reason"].decode() for _, fields in dead) == sorted(bad)
+    assert all(fields[b"detail"] and fields[b"origin"].startswith(topic.encode()) for _, fields in dead)
+    assert [int(c) for c in redis_db.zrange(keys.ready, 0, -1)] == [3, 4]
+    assert int(redis_db.hget(keys.ingest, "records_rejected")) == len(bad)
+    for reason in bad:
+        assert int(redis_db.hget(keys.ingest, f"rejected:{reason}")) == 1
+        assert telemetry.RECORDS_REJECTED.labels(reason)._value.get() == before[reason] + 1
+
+
+@pytest.mark.integration
+def test_redis_stream_transport_stores_parts_and_trims_what_it_stored(redis_db) -> None:
+    transport = "alma.tiny"
+    entries = records_of(1) + records_of(1)[:1] + records_of(2)
+    for record in entries:
+        redis_db.xadd(transport, encode_entry(record))
+    redis_db.xadd(transport, {"key": b"tiny/9", "value": b"", "headers": b"not json"})
+    keys = StreamKeys(STREAM)
+    worker = IngestWorker(RedisStreamSource(redis_db, transport), redis_db, keys, SCHEMA, max_buffer_bytes=1 << 30)
+    deadline = time.monotonic() + 30
+    while redis_db.xlen(transport) and time.monotonic() < deadline:
+        worker.step(timeout=0.2)
+    assert redis_db.xlen(transport) == 0
+    assert [int(c) for c in redis_db.zrange(keys.ready, 0, -1)] == [1, 2]
+    assert [f[b"reason"] for _, f in redis_db.xrange(keys.dead)] == [b"headers"]
+
+    # A restart reads nothing twice: the stored offset is the last entry id.
+    for record in records_of(3):
+        redis_db.xadd(transport, encode_entry(record))
+    restarted = IngestWorker(RedisStreamSource(redis_db, transport), redis_db, keys, SCHEMA, max_buffer_bytes=1 << 30)
+    while redis_db.xlen(transport) and time.monotonic() < deadline:
+        restarted.step(timeout=0.2)
+    assert [int(c) for c in redis_db.zrange(keys.ready, 0, -1)] == [1, 2, 3]
+    assert int(redis_db.hget(keys.ingest, "chunks_received")) == 3
+
+
+@pytest.mark.integration
+def test_ingest_pauses_while_the_buffer_is_full(redis_db) -> None:
+    transport = "alma.tiny"
+    for chunk_id in (1, 2, 3):
+        for record in records_of(chunk_id):
+            redis_db.xadd(transport, encode_entry(record))
+    keys = StreamKeys(STREAM)
+    one_chunk = sum(len(r.value) for r in records_of(1))
+    worker = IngestWorker(RedisStreamSource(redis_db, transport), redis_db, keys, SCHEMA, max_buffer_bytes=one_chunk)
+    while not worker.paused:
+        worker.step(timeout=0.2)
+    worker.flush()
+    queued = int(redis_db.hget(keys.ingest, "queued_bytes"))
+    assert queued > one_chunk
+    assert worker.step(timeout=0.2) == 0 and int(redis_db.hget(keys.ingest, "queued_bytes")) == queued
+
+    ready = ReadyChunks(redis_db, keys)
+    while (chunk_id := ready.first()) is not None:  # the engine consumes what is ready
+        pipe = redis_db.pipeline(transaction=True)
+        ready.stage_consume(pipe, chunk_id)
+        pipe.execute()
+    assert worker.step(timeout=0.2) > 0 and not worker.paused
