@@ -161,7 +161,7 @@ class Engine:
         Returns the stage, or None. The stage's FLOPs and seconds are added to the totals here,
         since no step record carries them.
         """
-        if not self.buffer.pending_chunks():
+        if not self.policy.time_based or not self.buffer.pending_chunks():
             return None
         decision = self.decide()
         if not decision.train:

@@ -58,6 +58,9 @@ class Policy(ABC):
     """Decides when to train. One module per policy in ``policies/``, registered by ``name``."""
 
     name: ClassVar[str]
+    #: True when a decision can change with the clock alone; only such policies are asked between
+    #: chunks (the daemon's periodic check), so the others are not re-asked every second.
+    time_based: ClassVar[bool] = False
     #: The optional policy.* keys (:data:`OPTIONAL_KEYS`) this policy reads.
     config_keys: ClassVar[frozenset[str]] = frozenset()
 

@@ -23,6 +23,7 @@ class Budget(Policy):
     """Train when spending the next stage's estimated compute keeps the hourly average within budget."""
 
     name = "budget"
+    time_based = True
     config_keys = frozenset({"flops_per_hour", "gpu_seconds_per_hour"})
 
     def __init__(self, config: PolicyConfig):

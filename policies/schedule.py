@@ -27,6 +27,7 @@ class Schedule(Policy):
     """Train on a cron schedule or a fixed interval, once per period, if a new chunk has arrived."""
 
     name = "schedule"
+    time_based = True
     config_keys = frozenset({"cron", "interval_seconds"})
 
     def __init__(self, config: PolicyConfig):

@@ -106,3 +106,37 @@ def test_policies_see_the_last_stage_cost_even_after_waiting_steps():
     state = engine.policy_state()
     assert state.flops_per_example > 0 and state.train_seconds_per_example > 0
     assert state.chunks_pending == 1 and state.next_stage_examples == 54  # 60 examples, 10% held out
+
+
+class FakeClock:
+    """A settable wall clock: time-based policies become testable without sleeping."""
+
+    def __init__(self, now: float = 1_000_000.0):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_ticks_between_chunks_train_only_under_time_based_policies():
+    config = build_config({"train": {"epochs": 1, "patience": 0}, "learner": {"width": 8}})
+    chunks = [Chunk(i, part) for i, part in enumerate(partition(separable_data(MNIST_TASK, 120), 2, seed=0), 1)]
+
+    def engine_with(policy_overrides, clock):
+        policy_config = build_config({}, policy_overrides).policy
+        learner = build_learner("sm", MNIST_TASK, config.learner, 0)
+        return Engine(learner, build_policy(policy_config), MemoryBuffer(), config, torch.device("cpu"), clock=clock)
+
+    clock = FakeClock()
+    fixed = engine_with(["policy.wait=5"], clock)
+    fixed.on_chunk(chunks[0])
+    assert fixed.on_tick() is None  # a fixed wait never fires on the clock alone
+
+    clock = FakeClock()
+    scheduled = engine_with(["policy.name=schedule", "policy.interval_seconds=60"], clock)
+    scheduled.on_chunk(chunks[0])
+    assert scheduled.on_tick() is None  # the first period has not elapsed
+    clock.now += 3600
+    stage = scheduled.on_tick()
+    assert stage is not None and scheduled.state.stages_done >= 1
+    assert scheduled.state.cumulative_train_flops >= stage["train_flops"] > 0
