@@ -15,7 +15,7 @@ from alma_daemon.config import ConfigError
 from alma_daemon.logs import configure_logging
 
 #: Subcommand modules under alma_daemon.commands, in the order ``alma --help`` lists them.
-COMMANDS = ["simulate", "grid", "report"]
+COMMANDS = ["simulate", "grid", "report", "run", "replay", "status", "serve", "versions", "rollback", "ablate_iid"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -45,6 +45,8 @@ from alma_daemon.results import ResultsWriter
 from alma_daemon.runtime import resolve_device
 from alma_daemon.scheduler import build_scheduler
 from policies import build_policy
+from serving import build_publisher
+from serving.publisher import BackgroundPublisher
 
 log = logging.getLogger(__name__)
 
@@ -85,9 +87,30 @@ def daemon_observers(config: Config) -> list[EngineObserver]:
     return [ResultsWriter(config.daemon.state_dir, to_dict(config))]
 
 
+class CheckpointClock(EngineObserver):
+    """Remembers when each checkpoint was written. The daemon hands a version to the publisher only
+    once its step is committed: a crash before the commit deletes and redoes that checkpoint, so it
+    must not be served first."""
+
+    def __init__(self) -> None:
+        self.written_at: dict[int, float] = {}
+
+    def on_checkpoint(self, version: int, path: str, metrics: dict, engine: Engine) -> None:
+        self.written_at[version] = time.monotonic()
+
+    def take(self) -> list[tuple[int, float]]:
+        """The checkpoints written since the last call, oldest first."""
+        written, self.written_at = sorted(self.written_at.items()), {}
+        return written
+
+
 def load_json(client: Any, key: str) -> dict | None:
     raw = client.get(key)
     return json.loads(raw) if raw is not None else None
+
+
+#: How long a run that reached its --until-chunks target waits for the last version to be published.
+PUBLISH_DRAIN_SECONDS = 120.0
 
 
 # -- the daemon -----------------------------------------------------------------------------------
@@ -112,6 +135,8 @@ class Daemon:
         self.ingest: IngestWorker | None = None
         self.metrics = MetricsObserver()
         self.exporter: Exporter | None = None
+        self.publisher: BackgroundPublisher | None = build_publisher(config)
+        self.checkpoint_clock = CheckpointClock()
         self._in_step = False
         self._phase = "starting"
 
@@ -140,7 +165,8 @@ class Daemon:
             policy.load_state_dict(policy_state)
         self.buffer = RedisBuffer(self.client, self.keys)
         self.engine = Engine(learner, policy, self.buffer, config, device, test_set=test, checkpoints=store,
-                             observers=[*daemon_observers(config), self.metrics, *self.extra_observers], state=state)
+                             observers=[*daemon_observers(config), self.metrics, self.checkpoint_clock,
+                                        *self.extra_observers], state=state)
         self.metrics.sync(self.engine)
         log.info("engine restored", extra={"chunks_seen": self.engine.state.chunks_seen, "model_version": version,
                                            "pending": len(self.buffer.pending_chunks())})
@@ -171,6 +197,8 @@ class Daemon:
         if self.config.metrics.port:
             self.exporter = start_exporter(self.config.metrics.port, self.config.metrics.host)
         try:
+            if self.publisher is not None:
+                self.publisher.start()
             self.ingest.start()
             scheduler.start()
             if self.exporter is not None:
@@ -187,12 +215,18 @@ class Daemon:
                 else:
                     self.wake.wait(self.config.daemon.poll_seconds)
                     self.wake.clear()
+            if self.publisher is not None and not self.stop_requested.is_set():
+                # A scripted run (--until-chunks) ends with its last version published; a stop on a
+                # signal does not wait: the next start catches up on unpublished versions.
+                self.publisher.wait_idle(PUBLISH_DRAIN_SECONDS)
         finally:
             if self.exporter is not None:
                 self.exporter.stop()
             self._set_phase("stopping")
             scheduler.shutdown(wait=False)
             self.ingest.stop()
+            if self.publisher is not None:
+                self.publisher.close()
             self._restore_signal_handlers(previous)
             self._set_phase("stopped")
             self.write_status()
@@ -253,6 +287,9 @@ class Daemon:
         pipe.execute()
         buffer.committed()
         self._update_gauges()
+        for version, written_at in self.checkpoint_clock.take():
+            if self.publisher is not None:
+                self.publisher.submit(version, written_at=written_at)
 
     def _discard(self, chunk_id: int, rejection: RejectedRecord) -> None:
         pipe = self.client.pipeline(transaction=True)

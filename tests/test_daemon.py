@@ -118,7 +118,8 @@ def test_a_daemon_killed_at_any_point_resumes_to_the_uninterrupted_series(tmp_pa
     last = {s: Path(c.daemon.checkpoint_dir) / c.serving.model_name / "4" / "weights.safetensors" for s, c in runs.items()}
     weights = {s: load_file(str(p)) for s, p in last.items()}
     assert all(torch.equal(weights["reference"][k], weights["crashed"][k]) for k in weights["reference"])
-    assert sorted(os.listdir(last["crashed"].parents[1])) == ["1", "2", "3", "4"]
+    versions = [name for name in os.listdir(last["crashed"].parents[1]) if name.isdigit()]
+    assert sorted(versions) == ["1", "2", "3", "4"]  # the live pointer and its lock sit beside them
     results = json.loads((Path(crashed.daemon.state_dir) / "results.json").read_text())
     assert exact(results["series"]) == exact(reference["series"])
 
@@ -280,3 +281,16 @@ def test_a_users_npz_arrays_stream_through_the_daemon_with_the_declared_task(tmp
     assert all(r["test_error"] is not None for r in state["series"])
     dead = redis_db.xrange(StreamKeys("arrays").dead)
     assert [fields[b"reason"] for _, fields in dead] == [b"shape"]
+
+
+@pytest.mark.integration
+def test_only_committed_checkpoints_are_published(tmp_path, redis_db) -> None:
+    from serving import make_publisher
+
+    config = build_config(service_config(tmp_path, None, "published", serving={"kind": "local", "promotion_margin": 1.0}))
+    replay(dataset_chunks(config), RedisStreamPublisher(redis_db, config.kafka.topic), "published", progress=False)
+    with pytest.raises(Crash):
+        run_daemon(config, redis_db, until=4, observers=[CrashOnce("checkpoint", 2)])
+    assert make_publisher(config).live_version() in (None, 1)  # version 2 was written, never committed
+    run_daemon(config, redis_db, until=4)
+    assert make_publisher(config).live_version() == 4  # margin 1.0: the guard promotes every version

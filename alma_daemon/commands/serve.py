@@ -1,0 +1,55 @@
+"""``alma serve``: start (or ``--stop``) a TorchServe configured for the daemon.
+
+It runs in the background by default; ``--foreground`` keeps the command attached to it (a
+container's main process) and stops it on SIGTERM or Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+
+from alma_daemon.cli import add_config_arguments
+from alma_daemon.config import load_config
+from serving.torchserve_process import TorchServeProcess
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser("serve", help="start a TorchServe for the daemon in the background (or --stop it)")
+    add_config_arguments(parser)
+    parser.add_argument("--stop", action="store_true", help="stop the TorchServe started by `alma serve`")
+    parser.add_argument("--foreground", action="store_true",
+                        help="stay attached until TorchServe exits; SIGTERM or Ctrl-C stops it (containers)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    config = load_config(args.config, args.overrides)
+    process = TorchServeProcess(config)
+    if args.stop:
+        print("TorchServe stopped" if process.stop() else f"no TorchServe running from {process.folder}")
+        return 0
+    pgid = process.start()
+    if config.serving.kind != "torchserve":
+        print(f"note: serving.kind is {config.serving.kind!r}: the daemon publishes to TorchServe only with "
+              "serving.kind: torchserve", file=sys.stderr)
+    serving = config.serving
+    rows = [("inference", serving.inference_url), ("management", serving.management_url),
+            ("metrics", serving.metrics_url.rstrip("/") + "/metrics"), ("log", str(process.log_path)),
+            ("folder", str(process.folder))]
+    if serving.token_auth:
+        rows.append(("keys", str(process.key_path)))
+    print(f"TorchServe started (process group {pgid})")
+    for name, value in rows:
+        print(f"{name:<11} {value}", flush=True)
+    if not args.foreground:
+        return 0
+    # SIGTERM (docker stop) takes the same way out as Ctrl-C, so the whole group is stopped.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        return process.wait()
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        process.stop()

@@ -1,0 +1,46 @@
+"""Serving: every checkpoint the engine writes is guarded, published and made live (docs/serving.md).
+
+The daemon calls :func:`build_publisher` once and submits each checkpoint to it once the step that
+wrote it is committed; the ``alma versions`` and ``alma rollback`` commands use
+:func:`make_publisher` directly.
+
+Imports happen inside the factories: TorchServe workers import this package (through
+:mod:`serving.handler`) and must not pay for the publisher's dependencies at every start.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from alma_daemon.config import Config
+    from serving.publisher import BackgroundPublisher, Publisher
+
+
+def make_publisher(config: Config) -> Publisher | None:
+    """The synchronous publisher for ``serving.kind`` over ``daemon.checkpoint_dir`` (None for ``none``)."""
+    from alma_daemon.checkpoints import CheckpointStore
+
+    store = CheckpointStore(config.daemon.checkpoint_dir, config.serving.model_name)
+    if config.serving.kind == "local":
+        from serving.local_publisher import LocalPublisher
+
+        return LocalPublisher(store, config.serving.promotion_margin)
+    if config.serving.kind == "torchserve":
+        from serving.torchserve_process import key_file_path
+        from serving.torchserve_publisher import TokenKeys, TorchServeClient, TorchServePublisher
+
+        key_file = key_file_path(config)
+        client = TorchServeClient(config.serving.management_url, config.serving.inference_url,
+                                  TokenKeys(key_file) if key_file is not None else None)
+        return TorchServePublisher(store, config.serving, client)
+    return None
+
+
+def build_publisher(config: Config) -> BackgroundPublisher | None:
+    """The engine observer that publishes each checkpoint in the background; call ``start()`` and,
+    at shutdown, ``close()`` on it. None when ``serving.kind`` is ``none``."""
+    from serving.publisher import BackgroundPublisher
+
+    publisher = make_publisher(config)
+    return BackgroundPublisher(publisher) if publisher is not None else None

@@ -1,0 +1,224 @@
+"""Request and response formats for serving, one codec per task kind (``TaskInfo.kind``).
+
+A codec is used on both sides of the wire. Server side (the TorchServe handler), :meth:`Codec.answer`
+turns one request body into its response with the learner. Client side (the publisher's probe,
+tests, benchmarks), :meth:`Codec.encode_request` asks for a batch of examples taken from a
+validation sample, and :meth:`Codec.decode_response` turns a response into numbers, so a served
+answer can be compared with the same answer computed in process.
+
+Requests carry examples in the dataset's natural shape and raw units (MNIST 28x28 pixels 0-255,
+CIFAR 32x32x3 HWC 0-255, text as a string); the model normalizes them itself. To serve a new kind
+of task, subclass :class:`Codec` and decorate it with ``@register_codec("<kind>")``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Any
+
+import safetensors
+import safetensors.torch
+import torch
+
+from alma_daemon.data.datasets import TaskInfo
+from alma_daemon.data.text import tokenizer_from_task
+from alma_daemon.learners import Learner
+
+#: Content type of a safetensors request body (the same as the wire format's records).
+SAFETENSORS_CONTENT_TYPE = "application/vnd.alma.safetensors"
+#: Name of the examples tensor in a safetensors request body, as in wire-format records.
+SAFETENSORS_INPUT = "x"
+#: Examples per request the handler accepts; bounds the memory one request can take.
+MAX_INSTANCES = 4096
+
+CODECS: dict[str, type["Codec"]] = {}
+
+
+class RequestError(ValueError):
+    """A request body that does not describe a batch of valid examples (answered with HTTP 400)."""
+
+
+def register_codec(kind: str) -> Callable[[type["Codec"]], type["Codec"]]:
+    """Class decorator: serve tasks of ``kind`` with this codec."""
+
+    def register(cls: type[Codec]) -> type[Codec]:
+        if kind in CODECS:
+            raise ValueError(f"a codec for task kind {kind!r} is registered twice")
+        CODECS[kind] = cls
+        return cls
+
+    return register
+
+
+def codec_for(task: TaskInfo) -> "Codec":
+    """The codec that serves ``task``; a clear error for a kind that nobody registered."""
+    if task.kind not in CODECS:
+        raise KeyError(f"no serving codec for task kind {task.kind!r}; known: {', '.join(sorted(CODECS))}")
+    return CODECS[task.kind](task)
+
+
+class Codec(ABC):
+    """How one kind of task is asked and answered over HTTP."""
+
+    def __init__(self, task: TaskInfo):
+        self.task = task
+
+    @abstractmethod
+    def answer(self, learner: Learner, body: Any) -> dict:
+        """The JSON response to one request body (a parsed JSON value, bytes or text); raises RequestError."""
+
+    @abstractmethod
+    def encode_request(self, x: torch.Tensor) -> dict:
+        """A JSON request body asking about ``x``, examples as stored in a validation sample."""
+
+    @abstractmethod
+    def decode_response(self, payload: dict) -> torch.Tensor:
+        """The numbers a response carries, as a float tensor (one row per instance)."""
+
+
+def parse_json(body: Any) -> Any:
+    """A JSON body as TorchServe hands it over: already parsed, or bytes when its decoding is off."""
+    if isinstance(body, (bytes, bytearray)):
+        try:
+            return json.loads(body)
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise RequestError(f"body is not valid JSON: {err}") from None
+    return body
+
+
+def instances_of(body: Any) -> list:
+    """The ``instances`` list of a parsed KServe v1 style JSON body."""
+    instances = body.get("instances") if isinstance(body, dict) else None
+    if not isinstance(instances, list) or not instances:
+        raise RequestError('expected a JSON object {"instances": [example, ...]} with at least one example')
+    if len(instances) > MAX_INSTANCES:
+        raise RequestError(f"at most {MAX_INSTANCES} instances per request; got {len(instances)}")
+    return instances
+
+
+@register_codec("classification")
+class ClassificationCodec(Codec):
+    """Images or other fixed-shape inputs in raw units -> class probabilities.
+
+    Request: ``{"instances": [example, ...]}``, each example a nested list of shape
+    ``task.input_shape``, or a safetensors body holding ``x`` (uint8 or float32, N x input_shape).
+    Response: ``{"predictions": [[p_0, ..., p_{C-1}], ...]}``, one row of probabilities per example.
+    """
+
+    def answer(self, learner: Learner, body: Any) -> dict:
+        return {"predictions": learner.predict_proba(self.inputs(body)).tolist()}
+
+    def encode_request(self, x: torch.Tensor) -> dict:
+        return {"instances": x.tolist()}
+
+    def decode_response(self, payload: dict) -> torch.Tensor:
+        return torch.tensor(payload["predictions"], dtype=torch.float32)
+
+    def inputs(self, body: Any) -> torch.Tensor:
+        """The validated batch of raw examples a request carries."""
+        if isinstance(body, (bytes, bytearray)) and not bytes(body[:1]) == b"{":
+            x = self._from_safetensors(bytes(body))
+        else:
+            try:
+                x = torch.tensor(instances_of(parse_json(body)), dtype=torch.float32)
+            except (TypeError, ValueError) as err:
+                raise RequestError(f"instances must be nested lists of numbers of one shape: {err}") from None
+        shape = tuple(self.task.input_shape)
+        if x.dim() != len(shape) + 1 or tuple(x.shape[1:]) != shape:
+            raise RequestError(f"each example must have shape {list(shape)}; got a batch of shape {list(x.shape)}")
+        if len(x) > MAX_INSTANCES:
+            raise RequestError(f"at most {MAX_INSTANCES} examples per request; got {len(x)}")
+        if x.dtype.is_floating_point:
+            if not bool(torch.isfinite(x).all()):
+                raise RequestError("examples contain NaN or infinite values")
+            low, high = float(x.min()), float(x.max())
+            # Normalized inputs (mean 0, std 1) would be silently misread as raw pixels.
+            if low < 0 or high > 255:
+                raise RequestError(f"values must be raw units in [0, 255]; got min {low:g}, max {high:g}")
+        return x
+
+    @staticmethod
+    def _from_safetensors(body: bytes) -> torch.Tensor:
+        try:
+            tensors = safetensors.torch.load(body)
+        except (safetensors.SafetensorError, ValueError) as err:
+            raise RequestError(f"body is neither JSON nor safetensors: {err}") from None
+        if SAFETENSORS_INPUT not in tensors:
+            raise RequestError(f"safetensors body has no tensor {SAFETENSORS_INPUT!r} (found {sorted(tensors)})")
+        x = tensors[SAFETENSORS_INPUT]
+        if x.dtype not in (torch.uint8, torch.float32):
+            raise RequestError(f"tensor {SAFETENSORS_INPUT!r} must be uint8 or float32; got {x.dtype}")
+        return x
+
+
+@register_codec("language_model")
+class LanguageModelCodec(Codec):
+    """Text -> the top-k of the next-token distribution after it.
+
+    Request: ``{"instances": ["some text", ...], "top_k": 10}`` (``top_k`` optional), or a
+    ``text/plain`` body holding one text. Each text is encoded with the stream's tokenizer (saved in
+    the checkpoint's spec) and its last ``input_shape[0]`` tokens are the context.
+    Response: ``{"predictions": [{"tokens": [id, ...], "texts": [str, ...], "probabilities": [p, ...]}]}``,
+    the k most likely next tokens of each text, most likely first.
+    """
+
+    TOP_K = 10
+    MAX_TOP_K = 1000
+
+    def __init__(self, task: TaskInfo):
+        super().__init__(task)
+        self.tokenizer = tokenizer_from_task(task)
+        self.context = task.input_shape[0]
+
+    def answer(self, learner: Learner, body: Any) -> dict:
+        texts, top_k = self._texts_and_k(body)
+        predictions = []
+        for text in texts:
+            tokens = self._encode(text)
+            # One forward per text: texts have different lengths, and one short request stays cheap.
+            distribution = learner.predict_proba(tokens[None])[0, -1]
+            probabilities, ids = distribution.topk(min(top_k, len(distribution)))
+            predictions.append({"tokens": ids.tolist(), "texts": [self.tokenizer.decode([i]) for i in ids.tolist()],
+                                "probabilities": probabilities.tolist()})
+        return {"predictions": predictions}
+
+    def encode_request(self, x: torch.Tensor) -> dict:
+        return {"instances": [self.tokenizer.decode(row.tolist()) for row in x]}
+
+    def decode_response(self, payload: dict) -> torch.Tensor:
+        """One row per text over the whole vocabulary: the top-k probabilities, zeros elsewhere."""
+        dense = torch.zeros(len(payload["predictions"]), self.task.num_classes)
+        for row, prediction in enumerate(payload["predictions"]):
+            dense[row, prediction["tokens"]] = torch.tensor(prediction["probabilities"])
+        return dense
+
+    def _texts_and_k(self, body: Any) -> tuple[list[str], int]:
+        if isinstance(body, str):
+            return [body], self.TOP_K
+        body = parse_json(body)
+        texts = instances_of(body)
+        if not all(isinstance(text, str) for text in texts):
+            raise RequestError("each instance must be a string of text")
+        top_k = body.get("top_k", self.TOP_K)
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= self.MAX_TOP_K:
+            raise RequestError(f"top_k must be an integer in [1, {self.MAX_TOP_K}]; got {top_k!r}")
+        return texts, top_k
+
+    def _encode(self, text: str) -> torch.Tensor:
+        try:
+            ids = self.tokenizer.encode(text)
+        except KeyError as err:
+            raise RequestError(f"text cannot be encoded: {err}") from None
+        if not ids:
+            raise RequestError("text encodes to no token")
+        return torch.tensor(ids[-self.context:], dtype=torch.long)
+
+
+def max_abs_difference(expected: torch.Tensor, served: torch.Tensor) -> float:
+    """Largest absolute difference between in-process and served answers (inf if shapes differ)."""
+    if expected.shape != served.shape:
+        return math.inf
+    return float((expected.float() - served.float()).abs().max()) if expected.numel() else 0.0

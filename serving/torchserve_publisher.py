@@ -1,0 +1,254 @@
+"""Publishing to TorchServe 0.12 through its management and inference REST APIs.
+
+Each checkpoint version becomes a version of one TorchServe model: its archive is registered
+synchronously (the workers are loaded when the call returns), probed through
+``/predictions/<model>/<version>``, made the default with ``set-default`` (an atomic switch inside
+TorchServe, so clients of ``/predictions/<model>`` see no gap), and old versions are drained and
+unregistered, keeping ``serving.keep_versions`` besides the live one.
+
+TorchServe reads the archive through a ``file://`` URL, so it must see the model store at the same
+path as the daemon (one machine, or one shared volume mounted at the same place).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+from alma_daemon.checkpoints import CheckpointStore
+from alma_daemon.config import ServingConfig
+from serving.archiver import build_archive
+from serving.codecs import codec_for, max_abs_difference
+from serving.publisher import PROBE_EXAMPLES, Candidate, Publisher, PublishError, failing_as
+
+log = logging.getLogger(__name__)
+
+#: Largest difference allowed between served and in-process probabilities. Answers from the same
+#: weights differ only by float rounding (TF32 on a GPU worker); a wrong model, version or
+#: normalization differs by far more.
+PROBE_TOLERANCE = 1e-3
+#: Registration loads the workers before it returns; TorchServe's own startup timeout is 120 s.
+REGISTER_TIMEOUT_SECONDS = 180.0
+REQUEST_TIMEOUT_SECONDS = 30.0
+#: A version is unregistered once its queue has stayed empty this long, so that requests a worker
+#: has already taken from the queue (which ``pendingRequests`` does not count) can finish.
+DRAIN_QUIET_SECONDS = 1.0
+DRAIN_TIMEOUT_SECONDS = 60.0
+DRAIN_POLL_SECONDS = 0.05
+
+
+class TorchServeError(RuntimeError):
+    """TorchServe answered an error status, or could not be reached (``status`` None)."""
+
+    def __init__(self, method: str, url: str, status: int | None, detail: str):
+        super().__init__(f"{method} {url} -> {status if status is not None else 'unreachable'}: {detail}")
+        self.status = status
+
+
+class TokenKeys:
+    """The keys of TorchServe's token authorization, read from its ``key_file.json``.
+
+    The file is read at every request because TorchServe rewrites it when a key is renewed; an
+    expired key is renewed with the file's API key through the management API's ``/token``.
+    """
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    def key(self, api: str) -> str:
+        try:
+            return json.loads(self.path.read_text())[api]["key"]
+        except FileNotFoundError:
+            raise FileNotFoundError(f"TorchServe key file {self.path} not found (serving.key_file); "
+                                    "is TorchServe running with token authorization?") from None
+
+
+class TorchServeClient:
+    """The subset of TorchServe's REST APIs that publishing needs; errors raise TorchServeError."""
+
+    def __init__(self, management_url: str, inference_url: str, keys: TokenKeys | None = None):
+        self.management_url = management_url.rstrip("/")
+        self.inference_url = inference_url.rstrip("/")
+        self.keys = keys
+
+    def register(self, model: str, archive_url: str, workers: int) -> None:
+        query = urllib.parse.urlencode({"url": archive_url, "model_name": model, "synchronous": "true",
+                                        "initial_workers": workers})
+        self._call("POST", f"/models?{query}", timeout=REGISTER_TIMEOUT_SECONDS)
+
+    def versions(self, model: str) -> dict[int, dict]:
+        """Registered versions of ``model`` with their descriptions; empty if none."""
+        try:
+            described = self._call("GET", f"/models/{model}/all")
+        except TorchServeError as err:
+            if err.status == 404:
+                return {}
+            raise
+        return {int(entry["modelVersion"]): entry for entry in described}
+
+    def default_version(self, model: str) -> int | None:
+        try:
+            return int(self._call("GET", f"/models/{model}")[0]["modelVersion"])
+        except TorchServeError as err:
+            if err.status == 404:
+                return None
+            raise
+
+    def set_default(self, model: str, version: int) -> None:
+        self._call("PUT", f"/models/{model}/{version}/set-default")
+
+    def unregister(self, model: str, version: int) -> None:
+        self._call("DELETE", f"/models/{model}/{version}")
+
+    def pending_requests(self, model: str, version: int) -> int:
+        return int(self._call("GET", f"/models/{model}/{version}")[0]["jobQueueStatus"]["pendingRequests"])
+
+    def predict(self, model: str, version: int | None, payload: dict) -> dict:
+        path = f"/predictions/{model}" + (f"/{version}" if version is not None else "")
+        return self._call("POST", path, api="inference", body=json.dumps(payload).encode())
+
+    def _call(self, method: str, path: str, *, api: str = "management", body: bytes | None = None,
+              timeout: float = REQUEST_TIMEOUT_SECONDS) -> dict | list:
+        base = self.management_url if api == "management" else self.inference_url
+        url = base + path
+        for attempt in (1, 2):
+            headers = {"Content-Type": "application/json"} if body is not None else {}
+            if self.keys is not None:
+                headers["Authorization"] = f"Bearer {self.keys.key(api)}"
+            request = urllib.request.Request(url, data=body, headers=headers, method=method)
+            try:
+                with urllib.request.urlopen(request, timeout=timeout) as response:
+                    return json.loads(response.read() or b"{}")
+            except urllib.error.HTTPError as err:
+                detail = err.read().decode(errors="replace")
+                # TorchServe answers 400 InvalidKeyException for an expired key: renew it once.
+                if attempt == 1 and self.keys is not None and err.code == 400 and "InvalidKeyException" in detail:
+                    self._renew(api)
+                    continue
+                raise TorchServeError(method, url, err.code, _message(detail)) from None
+            except (urllib.error.URLError, OSError) as err:
+                raise TorchServeError(method, url, None, str(getattr(err, "reason", err))) from None
+        raise AssertionError("unreachable: the second attempt returns or raises")
+
+    def _renew(self, api: str) -> None:
+        request = urllib.request.Request(f"{self.management_url}/token?type={api}",
+                                         headers={"Authorization": f"Bearer {self.keys.key('API')}"})
+        try:
+            with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_SECONDS):
+                log.info("renewed TorchServe key", extra={"api": api})
+        except (urllib.error.URLError, OSError) as err:
+            raise TorchServeError("GET", f"{self.management_url}/token", getattr(err, "code", None),
+                                  f"renewing the {api} key failed: {err}") from None
+
+
+def _message(detail: str) -> str:
+    try:
+        return json.loads(detail).get("message", detail)
+    except (json.JSONDecodeError, AttributeError):
+        return detail.strip()
+
+
+class TorchServePublisher(Publisher):
+    """Hot-swaps checkpoint versions into a running TorchServe."""
+
+    kind = "torchserve"
+
+    def __init__(self, store: CheckpointStore, serving: ServingConfig, client: TorchServeClient):
+        super().__init__(store, serving.promotion_margin)
+        self.client = client
+        self.model = serving.model_name
+        self.workers = serving.workers
+        self.keep_versions = serving.keep_versions
+        self.archive_dir = store.folder / "archives"
+
+    def ensure_serving(self, live: int) -> None:
+        if live not in self.client.versions(self.model):
+            log.warning("live version not registered; registering it again", extra={"version": live})
+            self.stage(self.load_candidate(live))
+        with failing_as("set_default"):
+            if self.client.default_version(self.model) != live:
+                self.client.set_default(self.model, live)
+
+    def stage(self, candidate: Candidate) -> None:
+        version = candidate.version
+        with failing_as("archive"):
+            archive = build_archive(self.store.path(version), self.model, version, self.archive_dir)
+        with failing_as("register"):
+            if version not in self.client.versions(self.model):
+                self._register(archive)
+        try:
+            self._probe(candidate)
+        except PublishError:
+            self._unregister_quietly(version)
+            raise
+
+    def make_default(self, version: int) -> None:
+        with failing_as("set_default"):
+            self.client.set_default(self.model, version)
+
+    def retire(self, live: int) -> None:
+        with failing_as("delete"):
+            others = sorted(v for v in self.client.versions(self.model) if v != live)
+        kept = others[max(0, len(others) - self.keep_versions):] if self.keep_versions else []
+        for version in others:
+            if version not in kept:
+                self._drain(version)
+                with failing_as("delete"):
+                    self.client.unregister(self.model, version)
+                log.info("unregistered", extra={"version": version})
+
+    def served_versions(self) -> list[int]:
+        with failing_as("register"):
+            return sorted(self.client.versions(self.model))
+
+    def _register(self, archive: Path) -> None:
+        try:
+            self.client.register(self.model, archive.resolve().as_uri(), self.workers)
+        except TorchServeError as err:
+            # TorchServe copies a registered archive into its model store and deletes the copy on
+            # unregistering; a restart forgets the registration but keeps the copy, which it then
+            # refuses to overwrite. The copy is the same immutable version: register it by name.
+            if "already exists" not in str(err):
+                raise
+            self.client.register(self.model, archive.name, self.workers)
+
+    def _probe(self, candidate: Candidate) -> None:
+        """Ask the new version about a few validation examples; it must answer as the checkpoint does."""
+        codec = codec_for(candidate.learner.task)
+        request = codec.encode_request(candidate.sample.x[:PROBE_EXAMPLES])
+        with failing_as("probe"):
+            served = codec.decode_response(self.client.predict(self.model, candidate.version, request))
+            expected = codec.decode_response(codec.answer(candidate.learner, request))
+        difference = max_abs_difference(expected, served)
+        if not difference <= PROBE_TOLERANCE:
+            raise PublishError("probe", f"version {candidate.version} answered differently when served "
+                                        f"(largest difference {difference:.3g} > {PROBE_TOLERANCE:g})")
+
+    def _drain(self, version: int) -> None:
+        deadline = time.monotonic() + DRAIN_TIMEOUT_SECONDS
+        quiet_since: float | None = None
+        with failing_as("drain"):
+            while True:
+                now = time.monotonic()
+                if self.client.pending_requests(self.model, version) > 0:
+                    quiet_since = None
+                elif quiet_since is None:
+                    quiet_since = now
+                elif now - quiet_since >= DRAIN_QUIET_SECONDS:
+                    return
+                if now > deadline:
+                    raise PublishError("drain", f"version {version} still had queued requests after "
+                                                f"{DRAIN_TIMEOUT_SECONDS:.0f} s")
+                time.sleep(DRAIN_POLL_SECONDS)
+
+    def _unregister_quietly(self, version: int) -> None:
+        try:
+            self.client.unregister(self.model, version)
+        except TorchServeError as err:
+            log.warning("could not unregister a version that failed its probe",
+                        extra={"version": version, "error": str(err)})

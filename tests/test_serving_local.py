@@ -1,0 +1,270 @@
+"""The local publisher (pointer, guard, rollback), the background worker and the CLI, without servers.
+
+The checkpoint helpers here are shared with ``tests/test_serving_torchserve.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from alma_daemon import telemetry
+from alma_daemon.checkpoints import CheckpointStore
+from alma_daemon.chunk_buffer import MemoryBuffer
+from alma_daemon.cli import main
+from alma_daemon.config import LearnerConfig, TrainConfig, build_config
+from alma_daemon.data.datasets import MNIST_TASK, TaskInfo
+from alma_daemon.data.streams import Chunk, partition
+from alma_daemon.data.tensors import LabeledData
+from alma_daemon.engine import Engine
+from alma_daemon.learners import Learner, build_learner
+from alma_daemon.training.loop import Trainer
+from policies import build_policy
+from serving import build_publisher
+from serving.local_publisher import LocalPublisher
+from serving.publisher import BackgroundPublisher, Candidate, PublishError
+from tests.conftest import separable_data
+
+MODEL = "alma"
+
+
+# -- checkpoint helpers (shared with the TorchServe tests) ----------------------------------------
+def quick_trainer(seed: int = 0) -> Trainer:
+    return Trainer(TrainConfig(epochs=4, patience=4, batch_size=64), "adadelta", torch.device("cpu"), seed=seed)
+
+
+def new_learner(name: str = "sm", task: TaskInfo = MNIST_TASK, seed: int = 0) -> Learner:
+    return build_learner(name, task, LearnerConfig(width=8, members=2), seed)
+
+
+def save_version(store: CheckpointStore, version: int, learner: Learner, sample: LabeledData) -> Path:
+    """A checkpoint like the engine's: metrics.json with val_<measure>, and the validation sample."""
+    measure = learner.measure
+    return store.save(learner, version, {f"val_{measure}": learner.evaluate(sample)[measure], "kind": "finetune"},
+                      validation=sample)
+
+
+@pytest.fixture(scope="module")
+def good_and_bad() -> tuple[Learner, Learner, LabeledData]:
+    """A trained SM, an untrained one, and a validation sample on which the first is far better."""
+    good, bad = new_learner(seed=0), new_learner(seed=1)
+    good.fit(separable_data(MNIST_TASK, 600, seed=1), separable_data(MNIST_TASK, 100, seed=2), quick_trainer())
+    sample = separable_data(MNIST_TASK, 200, seed=3)
+    assert good.evaluate(sample)["error"] + 0.3 < bad.evaluate(sample)["error"], "fixture: good must beat bad"
+    return good, bad, sample
+
+
+def metric_value(name: str, **labels: str) -> float:
+    return telemetry.REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> CheckpointStore:
+    return CheckpointStore(tmp_path / "model_store", MODEL)
+
+
+# -- the local publisher --------------------------------------------------------------------------
+def test_first_version_is_promoted_and_the_pointer_names_it(store, good_and_bad):
+    good, bad, sample = good_and_bad
+    save_version(store, 1, bad, sample)
+    outcome = LocalPublisher(store, promotion_margin=0.0).publish(1)
+    assert (outcome.action, outcome.live_before) == ("promoted", None)
+    pointer = json.loads((store.folder / "live.json").read_text())
+    assert (pointer["live"], pointer["decided"]) == (1, 1)
+    assert metric_value("alma_live_model_version") == 1
+    assert [p.name for p in store.folder.iterdir() if p.name.startswith(".live-")] == []
+
+
+def test_guard_refuses_a_worse_version_and_the_live_one_stays(store, good_and_bad):
+    good, bad, sample = good_and_bad
+    save_version(store, 1, good, sample)
+    save_version(store, 2, bad, sample)
+    publisher = LocalPublisher(store, promotion_margin=0.05)
+    publisher.publish(1)
+    refused_before = metric_value("alma_promotions_refused_total")
+    outcome = publisher.publish(2)
+    assert outcome.action == "refused"
+    assert outcome.candidate_value > outcome.live_value + 0.05
+    assert publisher.live_version() == 1
+    assert publisher.pointer.read().decided == 2
+    assert metric_value("alma_promotions_refused_total") == refused_before + 1
+
+
+def test_guard_lets_a_worse_version_through_within_the_margin(store, good_and_bad):
+    good, bad, sample = good_and_bad
+    save_version(store, 1, good, sample)
+    save_version(store, 2, bad, sample)
+    publisher = LocalPublisher(store, promotion_margin=1.0)
+    publisher.publish(1)
+    assert publisher.publish(2).action == "promoted"
+    assert publisher.live_version() == 2
+
+
+def test_guard_evaluates_both_versions_on_the_candidates_sample_not_their_metrics(store, good_and_bad):
+    good, bad, sample = good_and_bad
+    other_sample = separable_data(MNIST_TASK, 50, seed=9)
+    save_version(store, 1, good, sample)
+    # metrics.json claims version 2 is perfect; the guard must not believe it.
+    store.save(bad, 2, {"val_error": 0.0}, validation=other_sample)
+    publisher = LocalPublisher(store, promotion_margin=0.0)
+    publisher.publish(1)
+    outcome = publisher.publish(2)
+    assert outcome.live_value == pytest.approx(good.evaluate(other_sample)["error"])
+    assert outcome.candidate_value == pytest.approx(bad.evaluate(other_sample)["error"])
+    assert outcome.action == "refused"
+
+
+def test_versions_at_or_below_the_last_decided_one_are_skipped(store, good_and_bad):
+    good, _, sample = good_and_bad
+    for version in (1, 2):
+        save_version(store, version, good, sample)
+    publisher = LocalPublisher(store, promotion_margin=0.0)
+    publisher.publish(2)
+    assert publisher.publish(1).action == "skipped"
+    assert publisher.publish(2).action == "skipped"
+    assert publisher.live_version() == 2
+
+
+def test_rollback_makes_an_earlier_version_live_without_the_guard(store, good_and_bad):
+    good, bad, sample = good_and_bad
+    save_version(store, 1, bad, sample)
+    save_version(store, 2, good, sample)
+    publisher = LocalPublisher(store, promotion_margin=0.0)
+    publisher.publish(1)
+    publisher.publish(2)
+    assert publisher.rollback(1) == 2
+    assert publisher.live_version() == 1
+    # Training goes on: the next checkpoint is guarded against the rolled-back version.
+    save_version(store, 3, good, sample)
+    assert publisher.publish(3).live_before == 1
+    with pytest.raises(ValueError, match="version 7 is not in"):
+        publisher.rollback(7)
+
+
+def test_a_version_answering_nan_is_never_made_live(store, good_and_bad):
+    good, bad, sample = good_and_bad
+    save_version(store, 1, good, sample)
+    broken = new_learner(seed=2)
+    with torch.no_grad():
+        for parameter in broken.model.parameters():
+            parameter.fill_(float("nan"))
+    save_version(store, 2, broken, sample)
+    publisher = LocalPublisher(store, promotion_margin=1.0)
+    publisher.publish(1)
+    with pytest.raises(PublishError) as caught:
+        publisher.publish(2)
+    assert (caught.value.stage, caught.value.retry) == ("probe", False)
+    assert publisher.live_version() == 1
+
+
+def test_a_version_without_a_validation_sample_fails_for_good(store, good_and_bad):
+    good, _, _ = good_and_bad
+    store.save(good, 1, {"val_error": 0.1})
+    with pytest.raises(PublishError) as caught:
+        LocalPublisher(store, promotion_margin=0.0).publish(1)
+    assert (caught.value.stage, caught.value.retry) == ("guard", False)
+
+
+# -- the background worker ------------------------------------------------------------------------
+class FlakyPublisher(LocalPublisher):
+    """A local publisher whose staging fails the first ``failures`` times, like an unreachable server."""
+
+    def __init__(self, store: CheckpointStore, failures: int):
+        super().__init__(store, promotion_margin=1.0)
+        self.failures = failures
+        self.staged: list[int] = []
+
+    def stage(self, candidate: Candidate) -> None:
+        if self.failures > 0:
+            self.failures -= 1
+            raise PublishError("register", "server unreachable")
+        self.staged.append(candidate.version)
+
+
+def test_background_publisher_publishes_only_the_newest_pending_version(store, good_and_bad):
+    good, _, sample = good_and_bad
+    for version in (1, 2, 3):
+        save_version(store, version, good, sample)
+    publisher = FlakyPublisher(store, failures=0)
+    worker = BackgroundPublisher(publisher)
+    for version in (1, 2, 3):
+        worker.submit(version)
+    worker.start()
+    try:
+        assert worker.wait_idle(timeout=60)
+    finally:
+        worker.close()
+    assert publisher.staged == [3]
+    assert publisher.live_version() == 3
+
+
+def test_background_publisher_retries_failures_until_they_pass(store, good_and_bad):
+    good, _, sample = good_and_bad
+    save_version(store, 1, good, sample)
+    publisher = FlakyPublisher(store, failures=2)
+    failures_before = metric_value("alma_swap_failures_total", stage="register")
+    swaps_before = metric_value("alma_swaps_total")
+    durations_before = metric_value("alma_swap_duration_seconds_count")
+    worker = BackgroundPublisher(publisher, retry_initial_seconds=0.01)
+    worker.submit(1, written_at=time.monotonic())
+    worker.start()
+    try:
+        assert worker.wait_idle(timeout=60)
+    finally:
+        worker.close()
+    assert publisher.staged == [1]
+    assert publisher.live_version() == 1
+    assert metric_value("alma_swap_failures_total", stage="register") == failures_before + 2
+    assert metric_value("alma_swaps_total") == swaps_before + 1
+    assert metric_value("alma_swap_duration_seconds_count") == durations_before + 1
+
+
+def test_the_engine_publishes_every_checkpoint_through_the_background_publisher(tmp_path):
+    config = build_config({"train": {"epochs": 2, "patience": 1, "batch_size": 64}, "learner": {"width": 8},
+                           "daemon": {"checkpoint_dir": str(tmp_path / "model_store")},
+                           "serving": {"kind": "local", "promotion_margin": 1.0}})
+    worker = build_publisher(config)
+    assert isinstance(worker, BackgroundPublisher) and isinstance(worker.publisher, LocalPublisher)
+    worker.start()
+    store = worker.publisher.store
+    engine = Engine(build_learner("sm", MNIST_TASK, config.learner, 0), build_policy(config.policy), MemoryBuffer(),
+                    config, torch.device("cpu"), checkpoints=store, observers=[worker])
+    try:
+        for i, part in enumerate(partition(separable_data(MNIST_TASK, 240, seed=1), 3, seed=0), start=1):
+            engine.on_chunk(Chunk(i, part))
+        assert worker.wait_idle(timeout=60)
+    finally:
+        worker.close()
+    assert store.versions() == [1, 2, 3]
+    assert worker.publisher.pointer.read().decided == 3
+    assert worker.publisher.live_version() == 3
+
+
+def test_build_publisher_is_none_when_serving_is_off():
+    assert build_publisher(build_config({"serving": {"kind": "none"}})) is None
+
+
+# -- the commands ---------------------------------------------------------------------------------
+def test_versions_and_rollback_commands(store, good_and_bad, capsys):
+    good, bad, sample = good_and_bad
+    save_version(store, 1, good, sample)
+    save_version(store, 2, bad, sample)
+    publisher = LocalPublisher(store, promotion_margin=1.0)
+    publisher.publish(2)
+    config = ["--set", f"daemon.checkpoint_dir={store.root}", "--set", "serving.kind=local"]
+
+    assert main(["versions", *config, "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["version"], r["live"]) for r in rows] == [(1, False), (2, True)]
+    assert rows[0]["validation_error"] == pytest.approx(good.evaluate(sample)["error"])
+
+    assert main(["rollback", *config, "--to", "1"]) == 0
+    assert "version 1 is live (was 2)" in capsys.readouterr().out
+    assert publisher.live_version() == 1
+
+    assert main(["rollback", *config, "--to", "5"]) == 1
+    assert "version 5 is not in" in capsys.readouterr().err
