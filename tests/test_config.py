@@ -52,3 +52,27 @@ def test_shipped_configs_are_valid(path):
 def test_missing_config_file_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="not found"):
         load_config(tmp_path / "nope.yaml")
+
+
+def dotted_keys(cls, prefix: str = "") -> list[str]:
+    import dataclasses
+
+    keys = []
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(f.default_factory if f.default_factory is not dataclasses.MISSING else None):
+            keys += dotted_keys(f.default_factory, prefix + f.name + ".")
+        else:
+            keys.append(prefix + f.name)
+    return keys
+
+
+def test_config_yaml_documents_every_key_with_its_default():
+    import re
+
+    from alma_daemon.config import Config
+
+    text = (ROOT / "config.yaml").read_text()
+    loaded = load_config(ROOT / "config.yaml")
+    assert loaded == Config()
+    for key in dotted_keys(Config):
+        assert re.search(rf"^\s*#?\s*{re.escape(key.split('.')[-1])}:", text, re.M), f"config.yaml lacks {key}"
