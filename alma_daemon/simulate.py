@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from tqdm import tqdm
 
@@ -15,6 +15,7 @@ from alma_daemon.config import Config, to_dict
 from alma_daemon.data.datasets import TaskInfo, load_dataset
 from alma_daemon.data.streams import Chunk, megabatch_stream
 from alma_daemon.data.tensors import LabeledData
+from alma_daemon.data.text import text_stream
 from alma_daemon.engine import Engine, EngineObserver
 from alma_daemon.learners import build_learner
 from alma_daemon.results import ResultsWriter, summarize
@@ -33,7 +34,12 @@ class SimulatedStream:
 
 
 def simulated_stream(config: Config) -> SimulatedStream:
-    """The paper's stream for ``config.dataset``: a seeded partition into B equal mega-batches."""
+    """The paper's stream for ``config.dataset``, built by the stream kind of that dataset."""
+    return STREAM_KINDS.get(config.dataset.name, labeled_stream)(config)
+
+
+def labeled_stream(config: Config) -> SimulatedStream:
+    """Labeled examples (images): a seeded random partition into B equal mega-batches."""
     dataset = load_dataset(config.dataset.name, config.dataset.root)
     test = dataset.test
     if config.dataset.test_examples is not None:
@@ -41,6 +47,17 @@ def simulated_stream(config: Config) -> SimulatedStream:
     chunks = megabatch_stream(dataset.train, config.stream.megabatches, config.stream.seed,
                               limit=config.stream.train_examples)
     return SimulatedStream(dataset.task, chunks, test, config.stream.megabatches)
+
+
+def contiguous_text_stream(config: Config) -> SimulatedStream:
+    """A corpus cut into B chunks of contiguous text, with one tokenizer for the whole stream."""
+    stream = text_stream(config.dataset, config.stream)
+    return SimulatedStream(stream.task, iter(stream.chunks), stream.test, len(stream.chunks))
+
+
+#: Datasets whose stream is not a random partition of labeled examples, by name.
+STREAM_KINDS: dict[str, Callable[[Config], SimulatedStream]] = {"ptb": contiguous_text_stream,
+                                                                "text": contiguous_text_stream}
 
 
 class ProgressBar(EngineObserver):

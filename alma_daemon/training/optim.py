@@ -32,3 +32,19 @@ def build_optimizer(name: str, params: Iterable[torch.nn.Parameter], config: Tra
     if name == "adam":
         return torch.optim.Adam(params, lr=lr, betas=(0.9, 0.98), eps=1e-8, weight_decay=wd)
     raise ValueError(f"unknown optimizer {name!r}")
+
+
+def warmup_linear_decay(optimizer: torch.optim.Optimizer, steps: int, warmup: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """The LM schedule of appendix B.2: linear warm-up over ``warmup`` steps, then linear decay towards 0.
+
+    Step ``s`` (0-based) runs at ``lr * (s + 1) / warmup`` during warm-up and ``lr * (steps - s) /
+    (steps - warmup)`` after, so the last of ``steps`` steps still moves (at ``lr / (steps - warmup)``).
+    """
+    warmup = min(warmup, steps)
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        return max(0.0, (steps - step) / max(1, steps - warmup))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)

@@ -1,0 +1,142 @@
+"""gMoE: a growing mixture of experts (paper section 4.2, appendix A, Algorithm 2).
+
+The first two layers of the backbone (the MLP's hidden layers, or VGG's first two blocks) are
+tree-gated mixtures of experts (:mod:`alma_daemon.models.moe`); the model starts as SM, with one
+expert per layer. A growth step computes, on the validation data, each expert's cumulative loss
+(the losses of the examples routed through it, weighted by its gating value with soft gating) and
+splits, at each mixture layer, the losing expert: the one with the largest cumulative loss.
+
+When to grow: Algorithm 2 grows after training on a stage, on that stage's validation data. The
+engine calls :meth:`grow` before training instead, so growth is skipped while the model has not
+trained yet (stage 1) and, from stage 2 on, happens on the new stage's validation data before
+training on it, which is the same sequence of steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from alma_daemon.config import LearnerConfig
+from alma_daemon.data.datasets import TaskInfo
+from alma_daemon.data.tensors import LabeledData
+from alma_daemon.learners import register_learner
+from alma_daemon.learners.base import Learner, seeded_build
+from alma_daemon.models.backbones import Backbone, Normalize, mlp_layers, vgg_layers
+from alma_daemon.models.moe import LEAF, TreeGatedMoE, binary_gate, count_experts
+from alma_daemon.training.flops import count_flops
+from alma_daemon.training.loop import EVAL_BATCH, FitReport, Trainer
+
+#: Backbone layers that are mixtures of experts (paper section 5: "at the first two layers").
+MIXTURE_LAYERS = 2
+
+
+def backbone_layers(task: TaskInfo, width: int) -> list[nn.Module]:
+    """The layers of the task's SM backbone (VGG blocks for images with channels, else the MLP's)."""
+    return vgg_layers(task, width) if len(task.input_shape) == 3 else mlp_layers(task, width)
+
+
+def layer_input_sizes(task: TaskInfo, layers: list[nn.Module], count: int) -> list[int]:
+    """Number of values per example entering each of the first ``count`` layers (a gate's input size)."""
+    sizes = []
+    with torch.no_grad():
+        z = Normalize(task)(torch.zeros(1, *task.input_shape))
+        for layer in layers[:count]:
+            sizes.append(z[0].numel())
+            z = layer.eval()(z)
+            layer.train()
+    return sizes
+
+
+def routed_forward(net: Backbone, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Logits and, for every mixture layer, the gating value of each expert for each example."""
+    z, weights = net.normalize(x), []
+    for layer in net.layers:
+        if isinstance(layer, TreeGatedMoE):
+            w = layer.leaf_weights(z)
+            weights.append(w)
+            z = layer.mix(z, w)
+        else:
+            z = layer(z)
+    return z, weights
+
+
+def cumulative_losses(net: Backbone, data: LabeledData) -> list[torch.Tensor]:
+    """Per mixture layer, each expert's summed loss on ``data``, weighted by its gating value."""
+    net.eval()
+    totals: list[torch.Tensor] = []
+    with torch.inference_mode():
+        for i in range(0, len(data), EVAL_BATCH):
+            logits, weights = routed_forward(net, data.x[i : i + EVAL_BATCH])
+            loss = F.cross_entropy(logits, data.y[i : i + EVAL_BATCH], reduction="none")
+            batch = [w.T @ loss for w in weights]
+            totals = batch if not totals else [t + b for t, b in zip(totals, batch)]
+    return totals
+
+
+@register_learner
+class GrowingMixtureOfExperts(Learner):
+    """SM whose first two layers are tree-gated mixtures that split their losing expert at each growth step.
+
+    ``arch``: ``{"trees": [gating tree per mixture layer], "trained": whether a stage has trained}``.
+    """
+
+    name = "gmoe"
+    grows = True
+
+    @classmethod
+    def contract_cases(cls) -> list[tuple[str, dict]]:
+        return [("mlp", {}), ("vgg", {"width": 4}), ("mlp", {"gating": "hard"})]
+
+    def __init__(self, task: TaskInfo, config: LearnerConfig, seed: int, arch: dict | None = None):
+        super().__init__(task, config, seed, arch)
+        #: FLOPs of the last growth step, charged to the next training stage.
+        self._growth_flops = 0
+
+    def initial_architecture(self) -> dict:
+        return {"trees": [LEAF] * MIXTURE_LAYERS, "trained": False}
+
+    def build(self, arch: dict) -> nn.Module:
+        layers = backbone_layers(self.task, self.config.width)
+        sizes = layer_input_sizes(self.task, layers, MIXTURE_LAYERS)
+        for i, tree in enumerate(arch["trees"]):
+            experts = [layers[i]] + [backbone_layers(self.task, self.config.width)[i]
+                                     for _ in range(count_experts(tree) - 1)]
+            gates = [binary_gate(sizes[i]) for _ in range(count_experts(tree) - 1)]
+            layers[i] = TreeGatedMoE(experts, gates, tree, self.config.gating == "hard", sizes[i])
+        return Backbone(self.task, layers)
+
+    def mixtures(self) -> list[TreeGatedMoE]:
+        return [layer for layer in self.model.layers if isinstance(layer, TreeGatedMoE)]
+
+    def grow(self, val: LabeledData, trainer: Trainer) -> dict:
+        """Split the losing expert of every mixture layer (skipped until a stage has trained)."""
+        if not self.arch["trained"]:
+            return {"split": [], "reason": "not trained yet"}
+        val = LabeledData(val.x.to(self.device), val.y.to(self.device))
+        losses, flops = count_flops(lambda: cumulative_losses(self.model, val))
+        splits = []
+        for i, (mixture, loss) in enumerate(zip(self.mixtures(), losses)):
+            losing = int(loss.argmax())
+            seed = int(torch.randint(0, 2**62, (1,), generator=trainer.generator("gmoe-gate", i)))
+            gate = seeded_build(seed, lambda: binary_gate(mixture.input_size)).to(self.device)
+            new = mixture.split(losing, gate)
+            splits.append({"layer": i, "losing_expert": losing, "new_expert": new,
+                           "cumulative_loss": [round(float(v), 4) for v in loss]})
+        self.arch = {"trees": [m.tree for m in self.mixtures()], "trained": True}
+        self._growth_flops = flops
+        return {"split": splits, "experts": [len(m.experts) for m in self.mixtures()], "flops": flops}
+
+    def fit(self, train: LabeledData, val: LabeledData, trainer: Trainer) -> FitReport:
+        report = trainer.fit(self.model, train, val)
+        self.arch = {**self.arch, "trained": True}
+        # The validation pass that chose the split is training compute too.
+        report = dataclasses.replace(report, flops=report.flops + self._growth_flops)
+        self._growth_flops = 0
+        return report
+
+    def forward_proba(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x).softmax(1)

@@ -1,0 +1,49 @@
+"""Ens for language modeling: ``learner.members`` Switch LMs trained independently, averaged in probability."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from alma_daemon.data.tensors import LabeledData
+from alma_daemon.learners import register_learner
+from alma_daemon.learners.base import seeded_build
+from alma_daemon.learners.switch_lm import LanguageModel
+from alma_daemon.models.switch import SwitchLM
+from alma_daemon.seeding import derive_seed
+from alma_daemon.training.loop import FitReport, Trainer
+
+
+def member_networks(learner: LanguageModel, indices: range) -> list[SwitchLM]:
+    """Members initialized from their own seeds (member index), so they differ and a grown one replays."""
+    return [seeded_build(derive_seed(learner.build_seed, "member", i), learner.new_network) for i in indices]
+
+
+def mixture_log_proba(members: nn.ModuleList, x: torch.Tensor) -> torch.Tensor:
+    """log of the members' mean next-token probability, computed stably in log space."""
+    log_probas = torch.stack([m(x).logits.log_softmax(-1) for m in members])
+    return log_probas.logsumexp(0) - math.log(len(members))
+
+
+@register_learner
+class SwitchLMEnsemble(LanguageModel):
+    """``learner.members`` Switch LMs, each trained on the same data for the same number of steps."""
+
+    name = "switch-lm-ens"
+
+    def build(self, arch: dict) -> nn.Module:
+        return nn.ModuleList(member_networks(self, range(self.config.members)))
+
+    def members_to_train(self) -> range:
+        return range(len(self.model))
+
+    def fit(self, train: LabeledData, val: LabeledData, trainer: Trainer) -> FitReport:
+        report = FitReport()
+        for i in self.members_to_train():
+            report = report.merge(self.train_network(self.model[i], train, val, trainer, purpose=("member", i)))
+        return report
+
+    def log_proba(self, x: torch.Tensor) -> torch.Tensor:
+        return mixture_log_proba(self.model, x)

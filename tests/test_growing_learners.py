@@ -1,0 +1,174 @@
+"""Growth steps of gEns, gMoE and Firefly (paper section 4.2); the shared contract covers the rest."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from alma_daemon.config import LearnerConfig, TrainConfig, from_dict
+from alma_daemon.data.datasets import MNIST_TASK
+from alma_daemon.learners import build_learner, learner_from_spec
+from alma_daemon.learners.firefly import Candidate, apply, propose, select, trace
+from alma_daemon.learners.gmoe import routed_forward
+from alma_daemon.models.firefly_net import parameter_count
+from alma_daemon.training.loop import Trainer
+from tests.conftest import separable_data
+from tests.test_learner_contract import CIFAR_LIKE
+
+TASKS = {"mlp": MNIST_TASK, "vgg": CIFAR_LIKE}
+
+
+def make(name: str, task_name: str = "mlp", n: int = 128, **overrides):
+    task = TASKS[task_name]
+    learner = build_learner(name, task, from_dict(LearnerConfig, {"width": 8, **overrides}), seed=0)
+    return learner, separable_data(task, n, seed=1), separable_data(task, n // 2, seed=2)
+
+
+def trainer(task_name: str = "mlp", stage: int = 1) -> Trainer:
+    config = TrainConfig(epochs=2, patience=1, batch_size=32)
+    return Trainer(config, "adadelta" if task_name == "mlp" else "sgd", torch.device("cpu"), seed=stage)
+
+
+def stage(learner, train, val, number: int, task_name: str = "mlp") -> dict:
+    """One engine stage: grow (as the engine asks at every stage), then train."""
+    t = trainer(task_name, number)
+    torch.manual_seed(number)
+    growth = learner.grow(val, t)
+    learner.architecture_changed()
+    learner.fit(train, val, t)
+    return growth
+
+
+def loss(learner, data) -> float:
+    learner.model.eval()
+    with torch.no_grad():
+        return float(F.cross_entropy(learner.model(data.x), data.y))
+
+
+def snapshot(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in module.state_dict().items()}
+
+
+def assert_rebuilt_exactly(learner, data) -> None:
+    rebuilt = learner_from_spec(json.loads(json.dumps(learner.spec())))
+    rebuilt.load_state_dict(learner.state_dict())
+    assert rebuilt.num_parameters() == learner.num_parameters()
+    torch.testing.assert_close(rebuilt.predict_proba(data.x), learner.predict_proba(data.x), rtol=0, atol=0)
+
+
+# -- gEns -------------------------------------------------------------------------------------------
+def test_gens_trains_only_the_new_members():
+    learner, train, val = make("gens", grow_members=2)
+    assert stage(learner, train, val, 1)["added"] == 0  # nothing trained yet to freeze
+    first = snapshot(learner.model[0])
+    growth = stage(learner, train, val, 2)
+    assert growth["added"] == 2 and len(learner.model) == 3
+    for key, value in learner.model[0].state_dict().items():
+        assert torch.equal(value, first[key]), key
+    initialized = learner_from_spec(learner.spec()).model[1]  # a new member as it was before training
+    assert not torch.equal(initialized.layers[0][1].weight, learner.model[1].layers[0][1].weight)
+
+
+def test_gens_inference_cost_grows_with_the_members():
+    learner, train, val = make("gens")
+    stage(learner, train, val, 1)
+    one = learner.inference_flops_per_example()
+    stage(learner, train, val, 2)
+    stage(learner, train, val, 3)
+    assert learner.arch["members"] == 3
+    assert learner.inference_flops_per_example() == pytest.approx(3 * one, rel=0.01)
+
+
+# -- gMoE -------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("task_name,gating", [("mlp", "soft"), ("mlp", "hard"), ("vgg", "soft")])
+def test_gmoe_split_keeps_the_function(task_name, gating):
+    learner, train, val = make("gmoe", task_name, n=64, gating=gating, width=4 if task_name == "vgg" else 8)
+    stage(learner, train, val, 1, task_name)
+    stage(learner, train, val, 2, task_name)  # a first split, so the second one splits a gated leaf
+    before_loss, before = loss(learner, train), learner.predict_proba(train.x)
+    growth = learner.grow(val, trainer(task_name, 3))
+    assert [len(m.experts) for m in learner.mixtures()] == [3, 3]
+    assert growth["experts"] == [3, 3]
+    assert loss(learner, train) == pytest.approx(before_loss, rel=1e-5)
+    torch.testing.assert_close(learner.predict_proba(train.x), before, rtol=0, atol=1e-5)
+    assert_rebuilt_exactly(learner, val)
+
+
+def test_gmoe_splits_the_expert_with_the_largest_validation_loss_not_the_most_used():
+    learner, train, val = make("gmoe")
+    stage(learner, train, val, 1)
+    stage(learner, train, val, 2)
+    mixture = learner.mixtures()[0]
+    assert len(mixture.experts) == 2
+    with torch.no_grad():
+        # The gate sends class-0 examples (bright first region) to expert 1, all others to expert 0...
+        gate = mixture.gates[0][1]
+        gate.weight.zero_()
+        gate.weight[1, : 784 // 10] = 1.0
+        gate.bias.copy_(torch.tensor([60.0, 0.0]))
+        # ...where they are mislabeled, and expert 1 makes the model very sure of its (wrong) answer.
+        mixture.experts[1][1].weight.mul_(100.0)
+    val = type(val)(val.x, torch.where(val.y == 0, 1, val.y))
+    learner.model.eval()
+    with torch.no_grad():
+        logits, weights = routed_forward(learner.model, val.x)
+    usage = weights[0].sum(0)
+    cumulative = weights[0].T @ F.cross_entropy(logits, val.y, reduction="none")
+    assert usage.argmax() == 0 and cumulative.argmax() == 1, "the case must tell the two rules apart"
+    growth = learner.grow(val, trainer(stage=3))
+    assert growth["split"][0]["losing_expert"] == 1
+    torch.testing.assert_close(mixture.experts[2].state_dict(), mixture.experts[1].state_dict())
+
+
+def test_gmoe_does_not_grow_before_training():
+    learner, train, val = make("gmoe")
+    assert stage(learner, train, val, 1)["split"] == []
+    assert learner.num_parameters() == build_learner("sm", MNIST_TASK, learner.config, 0).num_parameters()
+
+
+# -- Firefly ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("task_name", ["mlp", "vgg"])
+def test_firefly_step_barely_changes_the_loss_and_adds_the_configured_parameters(task_name):
+    small = {"mlp": {"n": 64, "width": 8}, "vgg": {"n": 32, "width": 4}}[task_name]
+    learner, train, val = make("firefly", task_name, growth_rate=0.5, **small)
+    initial = learner.num_parameters()
+    stage(learner, train, val, 1, task_name)
+    before = loss(learner, train)
+    growth = learner.grow(val, trainer(task_name, 2))
+    added = learner.num_parameters() - initial
+    assert added == growth["parameters_added"]
+    assert parameter_count(learner.task, learner.arch) == learner.num_parameters()
+    assert 0.9 * 0.5 * initial <= added <= 0.5 * initial
+    assert abs(loss(learner, train) - before) <= 0.05 * before + 1e-3
+    assert_rebuilt_exactly(learner, val)
+
+
+def test_firefly_width_and_depth_growth_rebuilds_from_spec():
+    learner, train, val = make("firefly", n=64)
+    stage(learner, train, val, 1)
+    net = learner.model
+    traces, _ = trace(net, val.x, val.y)
+    directions, candidates = propose(net, traces, budget=1000, g=torch.Generator().manual_seed(0))
+    pick = {(c.kind, c.layer): c for c in candidates}
+    chosen = [pick["split", 0], pick["new", 0], pick["new", 1], pick["layer", 1]]
+    before = loss(learner, train)
+    apply(net, chosen, directions, val.x)
+    learner.arch = {**net.architecture(), "trained": True}
+    assert learner.arch["widths"] == [10, 9, 9]
+    assert abs(loss(learner, train) - before) <= 0.05 * before + 1e-3
+    assert_rebuilt_exactly(learner, val)
+
+
+def test_firefly_inserts_a_layer_only_when_it_beats_the_width_it_would_displace():
+    width = [Candidate("new", 1, i, gain=1.0) for i in range(10)]
+
+    def count(added, inserted_after):  # units cost 10 parameters, a new layer 30: as much as 3 units
+        return 10 * sum(added.values()) + (30 if inserted_after is not None else 0)
+
+    worth_it = Candidate("layer", 0, 0, gain=3.5)
+    not_worth_it = Candidate("layer", 0, 0, gain=2.5)
+    assert select(width + [worth_it], 100, count) == [worth_it, *width[:7]]
+    assert select(width + [not_worth_it], 100, count) == width
