@@ -10,9 +10,9 @@ import torch
 
 from alma_daemon.ablation import ablate_iid
 from alma_daemon.checkpoints import CheckpointStore
-from alma_daemon.config import LearnerConfig, build_config, from_dict
+from alma_daemon.config import Config, LearnerConfig, build_config, from_dict
 from alma_daemon.data.datasets import DatasetError, resolve_data_root
-from alma_daemon.data.text import BPETokenizer, split_lines, text_stream, tokenizer_from_task
+from alma_daemon.data.text import BPETokenizer, WordVocabulary, split_lines, text_stream, tokenizer_from_task
 from alma_daemon.learners import build_learner
 from alma_daemon.simulate import run_simulation
 
@@ -30,7 +30,7 @@ def corpus(tmp_path: Path) -> list[str]:
     return [str(tmp_path / "one.txt"), str(tmp_path / "two.txt")]
 
 
-def text_config(tmp_path: Path, **sections) -> object:
+def text_config(tmp_path: Path, **sections: dict) -> Config:
     data = {"dataset": {"name": "text", "files": corpus(tmp_path), "vocab_size": 300},
             "stream": {"megabatches": 2, "seq_len": 16}, "learner": TINY_LM,
             "train": {"batch_size": 8, "steps_per_chunk": 3, "warmup_steps": 1}}
@@ -54,6 +54,13 @@ def test_split_lines_is_contiguous_balanced_and_at_line_ends():
     assert [len(p.splitlines()) for p in parts] == [25, 25, 25, 25]
     with pytest.raises(DatasetError):
         split_lines("one line\n", 2)
+
+
+def test_word_vocabulary_marks_each_newline_and_maps_unknown_words():
+    vocab = WordVocabulary.from_text("b a <unk>\nb b\n")
+    assert vocab.words == ["b", "<eos>", "<unk>", "a"]  # most frequent first, ties alphabetical
+    assert vocab.encode("a b\nzebra") == [3, 0, 1, 2]  # no <eos> after an unfinished last line
+    assert vocab.decode(vocab.encode("a b\nb\n")) == "a b\nb\n"
 
 
 @needs_ptb

@@ -51,7 +51,11 @@ class Tokenizer(Protocol):
 
 
 class WordVocabulary:
-    """Whitespace-separated words with ``<eos>`` closing every line; unknown words become ``<unk>``."""
+    """Whitespace-separated words, ``<eos>`` for every newline; unknown words become ``<unk>``.
+
+    A text that does not end with a newline gets no final ``<eos>``, so a prompt's next token is the
+    continuation of its last line.
+    """
 
     def __init__(self, words: list[str]):
         self.words = list(words)
@@ -61,14 +65,17 @@ class WordVocabulary:
     @classmethod
     def from_text(cls, text: str) -> "WordVocabulary":
         """Every word of ``text`` plus ``<eos>``, most frequent first (ties alphabetical), so ids are stable."""
-        counts = Counter(text.split())
-        counts[EOS] += len(text.splitlines())
+        counts = Counter(cls.words_of(text))
         return cls(sorted(counts, key=lambda w: (-counts[w], w)))
+
+    @staticmethod
+    def words_of(text: str) -> list[str]:
+        return text.replace("\n", f" {EOS} ").split()
 
     def encode(self, text: str) -> list[int]:
         unknown = self.index.get(UNK)
         ids = []
-        for word in itertools.chain.from_iterable(line.split() + [EOS] for line in text.splitlines()):
+        for word in self.words_of(text):
             i = self.index.get(word, unknown)
             if i is None:
                 raise KeyError(f"word {word!r} is not in the vocabulary, which has no {UNK} token")
@@ -173,7 +180,7 @@ def _read_ptb(root: Path, split: str) -> str:
     name = f"ptb.{split}.txt"
     for path in (root / "ptb" / name, root / name):
         if path.is_file():
-            return path.read_text()
+            return path.read_text(encoding="utf-8")
     raise DatasetError(f"PTB: {name} not found in {root / 'ptb'} or {root}; point dataset.root or "
                        f"$ALMA_DATA_DIR at the folder holding Mikolov's ptb.*.txt files")
 
@@ -186,7 +193,7 @@ def user_corpus(config: DatasetConfig, chunks: int) -> TextCorpus:
     for name in config.files:
         if not Path(name).is_file():
             raise DatasetError(f"dataset.files: {name} not found")
-        text = Path(name).read_text()
+        text = Path(name).read_text(encoding="utf-8")
         texts.append(text if text.endswith("\n") else text + "\n")
     *parts, test = split_lines("".join(texts), chunks + 1)
     if config.tokenizer:
