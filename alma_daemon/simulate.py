@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
+import torch
 from tqdm import tqdm
 
 from alma_daemon.checkpoints import CheckpointStore
@@ -20,6 +21,7 @@ from alma_daemon.engine import Engine, EngineObserver
 from alma_daemon.learners import build_learner
 from alma_daemon.results import ResultsWriter, summarize
 from alma_daemon.runtime import resolve_device
+from alma_daemon.seeding import generator
 from policies import build_policy
 
 
@@ -43,7 +45,10 @@ def labeled_stream(config: Config) -> SimulatedStream:
     dataset = load_dataset(config.dataset.name, config.dataset.root)
     test = dataset.test
     if config.dataset.test_examples is not None:
-        test = test.subset(slice(0, config.dataset.test_examples))
+        # A seeded random subset, not the first N: a test set may be sorted by class (the
+        # JPEG-decoded CIFAR-10 copy is), and its first N examples would all be one class.
+        order = torch.randperm(len(test), generator=generator(config.stream.seed, "test-subset"))
+        test = test.subset(order[: config.dataset.test_examples])
     chunks = megabatch_stream(dataset.train, config.stream.megabatches, config.stream.seed,
                               limit=config.stream.train_examples)
     return SimulatedStream(dataset.task, chunks, test, config.stream.megabatches)

@@ -107,3 +107,13 @@ def test_augmentation_flips_and_shifts_whole_batches():
         padded = [torch.nn.functional.pad(c.permute(2, 0, 1), (1, 1, 1, 1)).permute(1, 2, 0) for c in candidates]
         windows = [p[dy:dy + 4, dx:dx + 4] for p in padded for dy in range(3) for dx in range(3)]
         assert any(torch.equal(out[i], w) for w in windows)
+
+
+@pytest.mark.skipif(not have("cifar10"), reason="CIFAR-10 files not in the data folder (see README: data)")
+def test_a_test_subset_covers_every_class_even_when_the_test_set_is_sorted_by_class():
+    from alma_daemon.config import build_config
+    from alma_daemon.simulate import simulated_stream
+
+    stream = simulated_stream(build_config({"dataset": {"name": "cifar10", "test_examples": 200}}))
+    assert len(stream.test) == 200
+    assert len(set(stream.test.y.tolist())) == 10
