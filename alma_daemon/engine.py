@@ -16,6 +16,8 @@ uninterrupted one.
 
 from __future__ import annotations
 
+import dataclasses
+
 import logging
 import time
 from dataclasses import asdict, dataclass, field
@@ -192,6 +194,8 @@ class Engine:
             self.learner.architecture_changed()
             kind = "grow"
         report: FitReport = self.learner.fit(train, val, trainer)
+        # The passes that chose how to grow (validation losses, candidate scoring) are training compute.
+        report = dataclasses.replace(report, flops=report.flops + int((growth or {}).get("flops", 0)))
         self.buffer.mark_trained(self.config.stream.replay)
         val_measure = self.learner.evaluate(val)[self.learner.measure]
         self.state.stages_done = stage

@@ -55,6 +55,21 @@ def test_each_stage_trains_on_the_waited_chunks_or_on_everything_with_replay(rep
     assert [s["examples"] for s in spy.stages] == expected
 
 
+def test_growth_compute_is_charged_to_the_stage_it_precedes():
+    config = build_config({"train": {"epochs": 1, "patience": 0}, "learner": {"name": "gmoe", "width": 8}})
+    learner = build_learner("gmoe", MNIST_TASK, config.learner, 0)
+    fitted = []
+    fit = learner.fit
+    learner.fit = lambda *args: fitted.append(fit(*args)) or fitted[-1]
+    spy = StageSpy()
+    engine = Engine(learner, build_policy(config.policy), MemoryBuffer(), config, torch.device("cpu"),
+                    observers=[spy])
+    for i, part in enumerate(partition(separable_data(MNIST_TASK, 180, seed=1), 3, seed=0), start=1):
+        engine.on_chunk(Chunk(i, part))
+    growth_flops = [stage["growth"].get("flops", 0) for stage in spy.stages]
+    assert growth_flops[0] == 0 and all(f > 0 for f in growth_flops[1:])  # nothing to split before training
+    assert [s["train_flops"] for s in spy.stages] == [r.flops + g for r, g in zip(fitted, growth_flops)]
+
 def test_cer_is_the_running_sum_of_test_errors_and_compute_adds_up():
     series = run_stream(["policy.wait=2"]).state.series
     running = 0.0

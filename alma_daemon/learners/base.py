@@ -76,7 +76,10 @@ class Learner(ABC):
         return [("mlp", {}), ("vgg", {"width": 4})]
 
     def grow(self, val: LabeledData, trainer: Trainer) -> dict:
-        """Grow the architecture before a training stage; returns a JSON summary of what grew."""
+        """Grow the architecture before a training stage; returns a JSON summary of what grew.
+
+        A ``"flops"`` entry in the summary is charged to the stage's training compute.
+        """
         raise NotImplementedError(f"learner {self.name!r} does not grow")
 
     # -- shared behaviour -------------------------------------------------------------------------

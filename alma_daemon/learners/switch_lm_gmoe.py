@@ -5,19 +5,15 @@ carry the largest summed loss (their contribution to the total loss, as in secti
 expert FFN and router row, with :meth:`SwitchFFN.split_experts`, which leaves the model's function
 unchanged until training separates the copies. A growth before the first training stage does
 nothing: the paper's gMoE has E experts at t0, E + k at t1, ... The FLOPs of the validation pass
-that ranks the experts are added to the next stage's training FLOPs.
+that ranks the experts are charged to the stage's training FLOPs by the engine.
 """
 
 from __future__ import annotations
-
-import dataclasses
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from alma_daemon.config import LearnerConfig
-from alma_daemon.data.datasets import TaskInfo
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import register_learner
 from alma_daemon.learners.switch_lm import LM_EVAL_BATCH, SwitchLanguageModel
@@ -47,10 +43,6 @@ class GrowingSwitchLM(SwitchLanguageModel):
     name = "switch-lm-gmoe"
     grows = True
 
-    def __init__(self, task: TaskInfo, config: LearnerConfig, seed: int, arch: dict | None = None):
-        super().__init__(task, config, seed, arch)
-        self._growth_flops = 0
-
     def initial_architecture(self) -> dict:
         return {"experts": [self.config.experts] * self.config.layers, "trained": False}
 
@@ -60,21 +52,19 @@ class GrowingSwitchLM(SwitchLanguageModel):
     def fit(self, train: LabeledData, val: LabeledData, trainer: Trainer) -> FitReport:
         report = super().fit(train, val, trainer)
         self.arch["trained"] = True
-        report = dataclasses.replace(report, flops=report.flops + self._growth_flops)
-        self._growth_flops = 0
         return report
 
     def grow(self, val: LabeledData, trainer: Trainer) -> dict:
         if not self.arch["trained"]:
             return {"copied": [], "experts": list(self.arch["experts"]), "reason": "not trained yet"}
-        losses, self._growth_flops = count_flops(lambda: expert_losses(self.model, val, self.device))
+        losses, flops = count_flops(lambda: expert_losses(self.model, val, self.device))
         copied = []
         for block, loss in zip(self.model.blocks, losses):
             chosen = loss.topk(min(self.config.grow_experts, len(loss))).indices.tolist()
             block.ffn.split_experts(chosen)
             copied.append(chosen)
         self.arch["experts"] = [len(block.ffn.experts) for block in self.model.blocks]
-        return {"copied": copied, "experts": list(self.arch["experts"]), "flops": self._growth_flops}
+        return {"copied": copied, "experts": list(self.arch["experts"]), "flops": flops}
 
     def reinitialize(self, seed: int) -> None:
         self.arch["trained"] = False
