@@ -34,7 +34,8 @@ from alma_daemon.config import Config, ConfigError, to_dict
 from alma_daemon.data.datasets import TaskInfo
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.data.wire import RejectedRecord, StreamSchema
-from alma_daemon.engine import Engine, EngineObserver, EngineState
+from alma_daemon.engine import Engine, EngineObserver
+from alma_daemon.engine_store import EngineStateStore
 from alma_daemon.exporter import Exporter, MetricsObserver, start_exporter
 from alma_daemon.ingest import IngestWorker, build_source
 from alma_daemon.ingest.store import dead_letter
@@ -122,6 +123,7 @@ class Daemon:
         self.config = config
         self.client = client
         self.keys = StreamKeys(config.daemon.stream)
+        self.state_store = EngineStateStore(client, self.keys)
         self.until_chunks = until_chunks
         self.extra_observers = list(observers)
         self.ready = ReadyChunks(client, self.keys)
@@ -146,8 +148,7 @@ class Daemon:
         config = self.config
         task, test = stream_task(config)
         self.schema = stream_schema(task)
-        saved = load_json(self.client, self.keys.engine)
-        state = EngineState.from_dict(saved) if saved is not None else None
+        state = self.state_store.load()
         version = state.model_version if state is not None else 0
         store = CheckpointStore(config.daemon.checkpoint_dir, config.serving.model_name)
         self._drop_uncommitted_checkpoints(store, version)
@@ -282,10 +283,11 @@ class Daemon:
         if consumed is not None:
             self.ready.stage_consume(pipe, consumed)
         buffer.stage_commit(pipe)
-        pipe.set(self.keys.engine, json.dumps(engine.state.to_dict()))
+        self.state_store.stage_save(pipe, engine.state)
         pipe.set(self.keys.policy, json.dumps(engine.policy.state_dict()))
         pipe.execute()
         buffer.committed()
+        self.state_store.committed()
         self._update_gauges()
         for version, written_at in self.checkpoint_clock.take():
             if self.publisher is not None:

@@ -20,7 +20,7 @@ import dataclasses
 
 import logging
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import torch
 
@@ -55,7 +55,7 @@ class EngineObserver:
 
 @dataclass
 class EngineState:
-    """Everything the engine needs to continue a stream; JSON-able, persisted by the daemon."""
+    """Everything the engine needs to continue a stream; JSON-able, persisted by the daemon (engine_store.py)."""
 
     chunks_seen: int = 0
     last_chunk: int = 0
@@ -73,13 +73,6 @@ class EngineState:
     last_stage_seconds_per_example: float | None = None
     last_decision: dict = field(default_factory=dict)
     series: list[dict] = field(default_factory=list)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "EngineState":
-        return cls(**data)
 
 
 class Engine:

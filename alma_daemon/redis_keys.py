@@ -18,7 +18,8 @@ what the ingest assembler and the engine's buffer need to survive a restart.
     alma:{s}:split:<chunk>      (service) hash: train, val (safetensors), examples: a consumed chunk
     alma:{s}:pending            (service) zset of buffered chunks not yet trained on
     alma:{s}:kept               (service) zset of trained chunks kept for replay
-    alma:{s}:engine             engine state (EngineState.to_dict as JSON)
+    alma:{s}:engine             engine state: every EngineState field but the series, as JSON
+    alma:{s}:series             (service) list of the engine's per-chunk records (JSON), oldest first
     alma:{s}:policy             (service) the policy's state_dict as JSON
     alma:{s}:daemon             (service) hash: pid, phase, heartbeat, started_at, rss_bytes
 """
@@ -77,6 +78,10 @@ class StreamKeys:
     @property
     def engine(self) -> str:
         return f"{self.prefix}:engine"
+
+    @property
+    def series(self) -> str:
+        return f"{self.prefix}:series"
 
     @property
     def policy(self) -> str:

@@ -6,6 +6,7 @@ import json
 import time
 from typing import Any
 
+from alma_daemon.engine_store import last_record
 from alma_daemon.redis_keys import StreamKeys
 
 #: A daemon whose heartbeat is older than this many poll intervals is reported as not running.
@@ -18,8 +19,7 @@ def read_status(client: Any, keys: StreamKeys, poll_seconds: float = 1.0) -> dic
     daemon = {k.decode(): v.decode() for k, v in client.hgetall(keys.daemon).items()}
     raw_engine = client.get(keys.engine)
     engine = json.loads(raw_engine) if raw_engine is not None else {}
-    series = engine.get("series") or [{}]
-    last = series[-1]
+    last = last_record(client, keys) or {}
     counts = {name: int(client.zcard(key)) for name, key in (
         ("ready", keys.ready), ("assembling", keys.assembling), ("pending", keys.pending), ("kept", keys.kept))}
     heartbeat = float(daemon["heartbeat"]) if "heartbeat" in daemon else None

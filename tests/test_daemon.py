@@ -28,6 +28,7 @@ from alma_daemon.data.datasets import load_dataset
 from alma_daemon.data.streams import megabatch_stream, split_chunk
 from alma_daemon.data.wire import encode_chunk
 from alma_daemon.engine import EngineObserver
+from alma_daemon.engine_store import EngineStateStore, state_fields
 from alma_daemon.ingest.redis_stream_source import encode_entry
 from alma_daemon.redis_buffer import RedisBuffer
 from alma_daemon.redis_keys import StreamKeys
@@ -65,8 +66,8 @@ def exact(series: list[dict]) -> list[dict]:
 
 
 def engine_state(client, stream: str) -> dict:
-    raw = client.get(StreamKeys(stream).engine)
-    return json.loads(raw) if raw else {}
+    state = EngineStateStore(client, StreamKeys(stream)).load()
+    return state_fields(state) | {"series": state.series} if state is not None else {}
 
 
 # -- in process: a crash at any point of a step -----------------------------------------------------
