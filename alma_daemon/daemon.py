@@ -30,7 +30,7 @@ import psutil
 
 from alma_daemon import telemetry
 from alma_daemon.checkpoints import CheckpointStore
-from alma_daemon.config import Config, ConfigError, to_dict
+from alma_daemon.config import Config, to_dict
 from alma_daemon.data.datasets import TaskInfo
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.data.wire import RejectedRecord, StreamSchema
@@ -75,10 +75,10 @@ def stream_task(config: Config) -> tuple[TaskInfo, LabeledData | None]:
 
 
 def stream_schema(task: TaskInfo) -> StreamSchema:
-    """What ingest accepts: examples of the task's input shape with labels in its class range."""
-    if task.kind != "classification":
-        raise ConfigError(f"the daemon ingests labeled streams (mnist, cifar10, arrays); a {task.kind} stream "
-                          f"needs a text source (see alma_daemon/replay.py)")
+    """What ingest accepts: examples of the task's input shape with labels in its class range, or
+    token runs of the task's vocabulary for a language model."""
+    if task.kind == "language_model":
+        return StreamSchema("text", vocab_size=task.num_classes)
     return StreamSchema("labeled", task.input_shape, num_classes=task.num_classes)
 
 
@@ -148,6 +148,8 @@ class Daemon:
         config = self.config
         task, test = stream_task(config)
         self.schema = stream_schema(task)
+        if task.kind == "language_model":
+            self.ready = ReadyChunks(self.client, self.keys, seq_len=task.input_shape[0])
         state = self.state_store.load()
         version = state.model_version if state is not None else 0
         store = CheckpointStore(config.daemon.checkpoint_dir, config.serving.model_name)

@@ -18,18 +18,25 @@ from typing import Any
 
 import safetensors.torch
 
+from alma_daemon.data.datasets import DatasetError
 from alma_daemon.data.streams import Chunk, SplitChunk
 from alma_daemon.data.tensors import LabeledData
+from alma_daemon.data.text import sequences
 from alma_daemon.data.wire import DecodedPart, RejectedRecord, assemble_chunk
 from alma_daemon.redis_keys import StreamKeys
 
 
 class ReadyChunks:
-    """Complete chunks that ingest stored and the engine has not consumed yet."""
+    """Complete chunks that ingest stored and the engine has not consumed yet.
 
-    def __init__(self, client: Any, keys: StreamKeys):
+    A text stream's chunk is a run of tokens; :meth:`load` cuts it into sequences of ``seq_len``
+    tokens (and their next tokens), as the simulator does.
+    """
+
+    def __init__(self, client: Any, keys: StreamKeys, seq_len: int | None = None):
         self.client = client
         self.keys = keys
+        self.seq_len = seq_len
 
     def first(self) -> int | None:
         """The oldest ready chunk id, or None."""
@@ -51,10 +58,14 @@ class ReadyChunks:
             decoded.append(DecodedPart(self.keys.stream, chunk_id, i, parts, x=tensors.get("x"), y=tensors.get("y"),
                                        tokens=tensors.get("tokens")))
         assembled = assemble_chunk(decoded)
-        if not isinstance(assembled, tuple):
-            raise RejectedRecord("decode", f"chunk {chunk_id} holds text tokens; this daemon reads labeled streams")
-        x, y = assembled
-        return Chunk(chunk_id, LabeledData(x, y))
+        if isinstance(assembled, tuple):
+            return Chunk(chunk_id, LabeledData(*assembled))
+        if self.seq_len is None:
+            raise RejectedRecord("decode", f"chunk {chunk_id} holds text tokens; this daemon reads a labeled stream")
+        try:
+            return Chunk(chunk_id, sequences(assembled, self.seq_len))
+        except DatasetError as error:
+            raise RejectedRecord("shape", f"chunk {chunk_id}: {error}") from error
 
     def stage_consume(self, pipe: Any, chunk_id: int) -> None:
         """Add to ``pipe``: the chunk leaves ``ready`` and its parts are deleted."""

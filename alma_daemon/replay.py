@@ -5,9 +5,9 @@ A *chunk source* yields the stream's chunks in order; a *publisher* sends each c
 Redis stream. Dataset replays use the same seeded partition into mega-batches as ``alma simulate``,
 so the daemon sees exactly the chunks the simulator sees.
 
-Extension point: :data:`CHUNK_SOURCES` maps ``dataset.name`` to a source. A text corpus (PTB, a
-user's text files) becomes a source yielding ``{"tokens": int32}`` chunks once
-``alma_daemon/data/text.py`` provides token streams; ``encode_chunk`` already encodes them.
+:data:`CHUNK_SOURCES` maps ``dataset.name`` to a source. Image datasets send ``x``/``y``; text
+corpora (PTB, a user's text files) send each chunk as its run of ``tokens`` (int32), which the
+daemon cuts into the same sequences the simulator trains on.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from alma_daemon.config import Config
 from alma_daemon.data.datasets import load_dataset
 from alma_daemon.data.streams import megabatch_stream
 from alma_daemon.data.tensors import LabeledData
+from alma_daemon.data.text import text_stream, token_run
 from alma_daemon.data.wire import DEFAULT_MAX_PART_BYTES, HEADER_CHUNK, WireRecord, encode_chunk
 from alma_daemon.redis_keys import StreamKeys
 
@@ -50,10 +51,18 @@ def dataset_chunks(config: Config) -> Iterator[ReplayChunk]:
     return labeled_chunks(load_dataset(config.dataset.name, config.dataset.root).train, config)
 
 
-#: ``dataset.name`` -> the chunks of its stream. Add text sources here (see the module docstring).
+def text_chunks(config: Config) -> Iterator[ReplayChunk]:
+    """The corpus of ``dataset.name`` as the simulator streams it: each chunk's contiguous tokens."""
+    for chunk in text_stream(config.dataset, config.stream).chunks:
+        yield ReplayChunk(chunk.index, {"tokens": token_run(chunk.data).to(torch.int32)})
+
+
+#: ``dataset.name`` -> the chunks of its stream.
 CHUNK_SOURCES: dict[str, Callable[[Config], Iterator[ReplayChunk]]] = {
     "mnist": dataset_chunks,
     "cifar10": dataset_chunks,
+    "ptb": text_chunks,
+    "text": text_chunks,
 }
 
 

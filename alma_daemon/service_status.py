@@ -54,6 +54,7 @@ def read_status(client: Any, keys: StreamKeys, poll_seconds: float = 1.0) -> dic
         "last_decision": engine.get("last_decision") or None,
         "cer": last.get("cumulative_error"),
         "last_test_error": last.get("test_error"),
+        "last_test_perplexity": last.get("test_perplexity"),
         "cumulative_train_flops": int(engine.get("cumulative_train_flops", 0)),
         "offsets": {k.decode(): v.decode() for k, v in client.hgetall(keys.offsets).items()},
     }
@@ -78,8 +79,15 @@ def format_status(status: dict) -> str:
                            f"{status['stages']} stage(s)"),
         ("last decision", f"{decision.get('action')}: {decision.get('reason')}" if decision else "none yet"),
         ("model version", str(status["model_version"])),
-        ("CER so far", f"{cer:.4f}" if cer is not None else "n/a (no test set or no chunk yet)"),
+        measure_row(cer, status["last_test_perplexity"]),
         ("records rejected", f"{status['records_rejected']} ({rejected})"),
     ]
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+
+
+def measure_row(cer: float | None, perplexity: float | None) -> tuple[str, str]:
+    """A classifier's running CER, or a language model's latest test perplexity."""
+    if perplexity is not None:
+        return "test perplexity", f"{perplexity:.2f}"
+    return "CER so far", f"{cer:.4f}" if cer is not None else "n/a (no test set or no chunk yet)"

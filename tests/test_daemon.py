@@ -32,9 +32,12 @@ from alma_daemon.engine_store import EngineStateStore, state_fields
 from alma_daemon.ingest.redis_stream_source import encode_entry
 from alma_daemon.redis_buffer import RedisBuffer
 from alma_daemon.redis_keys import StreamKeys
-from alma_daemon.replay import KafkaPublisher, RedisStreamPublisher, dataset_chunks, labeled_chunks, replay
+from alma_daemon.replay import (KafkaPublisher, RedisStreamPublisher, ReplayChunk, dataset_chunks, labeled_chunks,
+                                replay, text_chunks)
+from alma_daemon.service_status import format_status, read_status
 from alma_daemon.simulate import run_simulation
 from tests.test_ingest import bad_records, records_of
+from tests.test_text_stream import TINY_LM, corpus
 
 REPO = Path(__file__).resolve().parents[1]
 #: Fields of a step record that must not depend on interruptions (times excluded).
@@ -295,3 +298,29 @@ def test_only_committed_checkpoints_are_published(tmp_path, redis_db) -> None:
     assert make_publisher(config).live_version() in (None, 1)  # version 2 was written, never committed
     run_daemon(config, redis_db, until=4)
     assert make_publisher(config).live_version() == 4  # margin 1.0: the guard promotes every version
+
+
+@pytest.mark.integration
+def test_a_text_corpus_streams_through_the_daemon_as_the_simulator_streams_it(tmp_path, redis_db) -> None:
+    config = build_config(service_config(
+        tmp_path, None, "text", dataset={"name": "text", "files": corpus(tmp_path), "vocab_size": 300},
+        stream={"megabatches": 2, "seq_len": 16, "train_examples": None}, learner=TINY_LM,
+        train={"batch_size": 8, "steps_per_chunk": 3, "warmup_steps": 1}))
+    chunks = list(text_chunks(config))
+    # Chunk 3 is a run of tokens too short for one sequence: it is dead-lettered and the stream goes
+    # on with chunk 4 (chunk 2's text again).
+    too_short = ReplayChunk(3, {"tokens": torch.zeros(4, dtype=torch.int32)})
+    replay([*chunks, too_short, ReplayChunk(4, chunks[1].tensors)], RedisStreamPublisher(redis_db, config.kafka.topic),
+           "text", progress=False)
+    run_daemon(config, redis_db, until=3)
+
+    served = engine_state(redis_db, "text")["series"]
+    simulated = run_simulation(config, progress=False)["series"]
+    assert [r["chunk"] for r in served] == [1, 2, 4] and served[-1]["test_perplexity"] > 1
+    keys = ("chunk", "examples_seen", "test_perplexity", "prequential_perplexity", "train_flops", "parameters")
+    assert [[r[k] for k in keys] for r in served[:2]] == [[r[k] for k in keys] for r in simulated]
+    dead = redis_db.xrange(StreamKeys("text").dead)
+    assert [fields[b"reason"] for _, fields in dead] == [b"shape"]
+    status = read_status(redis_db, StreamKeys("text"))
+    assert status["last_test_perplexity"] == served[-1]["test_perplexity"] and status["cer"] is None
+    assert f"test perplexity   {served[-1]['test_perplexity']:.2f}" in format_status(status)

@@ -24,7 +24,7 @@ FLAG_KEYS = {
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser("replay", help="publish a dataset as a stream of chunks (Kafka or embedded)")
     add_config_arguments(parser)
-    parser.add_argument("--dataset", help="dataset to stream (mnist, cifar10); default: dataset.name")
+    parser.add_argument("--dataset", help="dataset to stream (mnist, cifar10, ptb, text); default: dataset.name")
     parser.add_argument("--npz", metavar="FILE", help="stream your own arrays instead: a .npz with x (N x ...) and y (N)")
     parser.add_argument("--megabatches", type=int, help="number of chunks B (stream.megabatches)")
     parser.add_argument("--seed", type=int, help="seed of the partition into chunks (stream.seed)")

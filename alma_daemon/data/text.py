@@ -203,13 +203,18 @@ def user_corpus(config: DatasetConfig, chunks: int) -> TextCorpus:
     return TextCorpus(parts, test, tokenizer)
 
 
-def sequences(tokens: list[int], seq_len: int) -> LabeledData:
+def sequences(tokens: Sequence[int] | torch.Tensor, seq_len: int) -> LabeledData:
     """Non-overlapping inputs of ``seq_len`` tokens and their next tokens; the tail that does not fit is dropped."""
-    t = torch.tensor(tokens, dtype=torch.long)
+    t = torch.as_tensor(tokens, dtype=torch.long)
     n = (len(t) - 1) // seq_len
     if n < 1:
         raise DatasetError(f"a text of {len(t)} tokens is shorter than one sequence of {seq_len} + 1")
     return LabeledData(t[: n * seq_len].view(n, seq_len), t[1 : n * seq_len + 1].view(n, seq_len))
+
+
+def token_run(data: LabeledData) -> torch.Tensor:
+    """The contiguous tokens that :func:`sequences` cut into ``data`` (so ``sequences`` gives ``data`` back)."""
+    return torch.cat([data.x.reshape(-1), data.y.reshape(-1)[-1:]])
 
 
 @dataclass(frozen=True)
