@@ -55,6 +55,9 @@ class StreamConfig:
     val_fraction: float = 0.1
     #: Use only the first N examples of the shuffled training set (None = all), for quick runs.
     train_examples: int | None = None
+    #: Measure the prequential error (or perplexity) on at most N examples of each new chunk, a
+    #: seeded random sample (None = the whole chunk). Caps an evaluation cost that grows with chunk size.
+    prequential_examples: int | None = None
     #: Language modeling: tokens per training sequence.
     seq_len: int = 64
 
@@ -202,7 +205,7 @@ _POSITIVE = {
     "stream.megabatches", "stream.seq_len", "learner.width", "learner.members", "learner.grow_members",
     "learner.experts", "learner.layers", "learner.d_model", "learner.heads", "learner.d_ff",
     "learner.grow_experts", "train.epochs", "train.batch_size", "train.steps_per_chunk", "policy.wait",
-    "dataset.test_examples", "stream.train_examples", "dataset.vocab_size", "daemon.poll_seconds",
+    "dataset.test_examples", "stream.train_examples", "stream.prequential_examples", "dataset.vocab_size", "daemon.poll_seconds",
     "redis.max_buffer_bytes", "learner.capacity_factor", "dataset.num_classes", "serving.workers",
 }
 _NON_NEGATIVE = {

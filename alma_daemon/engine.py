@@ -27,7 +27,7 @@ import torch
 from alma_daemon.checkpoints import CheckpointStore
 from alma_daemon.chunk_buffer import ChunkBuffer
 from alma_daemon.config import Config
-from alma_daemon.data.streams import Chunk, split_chunk
+from alma_daemon.data.streams import Chunk, prequential_sample, split_chunk
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import Learner
 from alma_daemon.seeding import derive_seed
@@ -112,8 +112,9 @@ class Engine:
         if chunk.index <= self.state.last_chunk:
             raise ValueError(f"chunk {chunk.index} arrived after chunk {self.state.last_chunk}: ids must increase")
         measure = self.learner.measure
-        prequential = self.learner.evaluate(chunk.data)[measure]
-        self.buffer.add(split_chunk(chunk, self.config.stream.val_fraction, self.config.stream.seed))
+        stream = self.config.stream
+        prequential = self.learner.evaluate(prequential_sample(chunk, stream.prequential_examples, stream.seed))[measure]
+        self.buffer.add(split_chunk(chunk, stream.val_fraction, stream.seed))
         self.state.chunks_seen += 1
         self.state.last_chunk = chunk.index
         self.state.examples_seen += len(chunk)

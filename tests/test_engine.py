@@ -70,6 +70,16 @@ def test_growth_compute_is_charged_to_the_stage_it_precedes():
     assert growth_flops[0] == 0 and all(f > 0 for f in growth_flops[1:])  # nothing to split before training
     assert [s["train_flops"] for s in spy.stages] == [r.flops + g for r, g in zip(fitted, growth_flops)]
 
+def test_prequential_measure_can_be_taken_on_a_seeded_sample_of_each_chunk():
+    whole = run_stream(["policy.wait=2"]).state.series
+    sampled = run_stream(["policy.wait=2", "stream.prequential_examples=15"]).state.series
+    again = run_stream(["policy.wait=2", "stream.prequential_examples=15"]).state.series
+    assert [r["prequential_error"] for r in sampled] == [r["prequential_error"] for r in again]
+    assert [r["prequential_error"] * 15 % 1 for r in sampled] == pytest.approx([0] * B, abs=1e-9)  # k of 15
+    assert [r["prequential_error"] for r in sampled] != [r["prequential_error"] for r in whole]
+    # Sampling is evaluation only: training and the test error are those of the whole-chunk run.
+    assert [r["test_error"] for r in sampled] == [r["test_error"] for r in whole]
+
 def test_cer_is_the_running_sum_of_test_errors_and_compute_adds_up():
     series = run_stream(["policy.wait=2"]).state.series
     running = 0.0

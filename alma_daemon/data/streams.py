@@ -65,3 +65,11 @@ def split_chunk(chunk: Chunk, val_fraction: float, seed: int) -> SplitChunk:
     generator = torch.Generator().manual_seed(derive_seed(seed, "split", chunk.index))
     order = torch.randperm(n, generator=generator)
     return SplitChunk(chunk.index, chunk.data.subset(order[n_val:]), chunk.data.subset(order[:n_val]))
+
+
+def prequential_sample(chunk: Chunk, limit: int | None, seed: int) -> LabeledData:
+    """The examples of ``chunk`` its prequential measure is taken on: all, or a seeded sample of ``limit``."""
+    if limit is None or len(chunk) <= limit:
+        return chunk.data
+    generator = torch.Generator().manual_seed(derive_seed(seed, "prequential", chunk.index))
+    return chunk.data.subset(torch.randperm(len(chunk), generator=generator)[:limit])
