@@ -8,7 +8,9 @@ from contextlib import ExitStack
 from alma_daemon.cli import add_config_arguments
 from alma_daemon.config import load_config
 from alma_daemon.exporter import MetricsObserver, start_exporter
+from alma_daemon.runtime import resolve_device
 from alma_daemon.simulate import run_simulation
+from alma_daemon.training.distributed import join_process_group, leave_process_group
 
 
 def add_parser(subparsers) -> None:
@@ -43,15 +45,20 @@ def run(args: argparse.Namespace) -> int:
     if args.metrics_port is not None:
         overrides.append(f"metrics.port={args.metrics_port}")
     config = load_config(args.config, overrides)
+    world = join_process_group(resolve_device(config.device))
     with ExitStack() as stack:
+        stack.callback(leave_process_group)
         observers = []
-        if config.metrics.port:
+        if config.metrics.port and world.is_main:
             exporter = stack.enter_context(start_exporter(config.metrics.port, config.metrics.host))
             exporter.set_ready(True)
             observers.append(MetricsObserver(in_process_source=True))
-        results = run_simulation(config, args.out, progress=not args.no_progress, checkpoint_dir=args.checkpoints,
-                                 observers=observers)
-    print(format_summary(results["summary"]))
-    if args.out:
-        print(f"results: {args.out}/results.json")
+        # Every rank runs the whole stream (see training/distributed.py); rank 0 reports it.
+        results = run_simulation(config, args.out if world.is_main else None,
+                                 progress=world.is_main and not args.no_progress,
+                                 checkpoint_dir=args.checkpoints if world.is_main else None, observers=observers)
+    if world.is_main:
+        print(format_summary(results["summary"]))
+        if args.out:
+            print(f"results: {args.out}/results.json")
     return 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import nn
 
@@ -10,6 +12,7 @@ from alma_daemon.learners import register_learner
 from alma_daemon.learners.base import Learner, seeded_build
 from alma_daemon.models.backbones import build_backbone
 from alma_daemon.seeding import derive_seed
+from alma_daemon.training.distributed import train_members
 from alma_daemon.training.loop import FitReport, Trainer
 
 
@@ -20,6 +23,11 @@ def independent_members(learner: Learner, count: int, first: int = 0) -> list[nn
                      lambda: build_backbone(learner.task, learner.config.width))
         for i in range(first, first + count)
     ]
+
+
+def member_fitter(trainer: Trainer, train: LabeledData, val: LabeledData) -> Callable[[int, nn.Module], FitReport]:
+    """Trains one member on the stage's data with its own shuffling (``purpose`` = its index)."""
+    return lambda index, member: trainer.fit(member, train, val, purpose=("member", index))
 
 
 def average_member_proba(members: list[nn.Module] | nn.ModuleList, x: torch.Tensor) -> torch.Tensor:
@@ -36,10 +44,7 @@ class Ensemble(Learner):
         return nn.ModuleList(independent_members(self, self.config.members))
 
     def fit(self, train: LabeledData, val: LabeledData, trainer: Trainer) -> FitReport:
-        report = FitReport()
-        for i, member in enumerate(self.model):
-            report = report.merge(trainer.fit(member, train, val, purpose=("member", i)))
-        return report
+        return train_members(list(enumerate(self.model)), member_fitter(trainer, train, val), trainer.seed)
 
     def forward_proba(self, x: torch.Tensor) -> torch.Tensor:
         return average_member_proba(self.model, x)

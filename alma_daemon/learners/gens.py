@@ -19,7 +19,8 @@ from torch import nn
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import register_learner
 from alma_daemon.learners.base import Learner
-from alma_daemon.learners.ens import average_member_proba, independent_members
+from alma_daemon.learners.ens import average_member_proba, independent_members, member_fitter
+from alma_daemon.training.distributed import train_members
 from alma_daemon.training.loop import FitReport, Trainer
 
 
@@ -52,9 +53,8 @@ class GrowingEnsemble(Learner):
 
     def fit(self, train: LabeledData, val: LabeledData, trainer: Trainer) -> FitReport:
         """Train each non-frozen member on its own (the optimizer sees only that member's parameters)."""
-        report = FitReport()
-        for i in range(self.arch["frozen"], self.arch["members"]):
-            report = report.merge(trainer.fit(self.model[i], train, val, purpose=("member", i)))
+        trainable = [(i, self.model[i]) for i in range(self.arch["frozen"], self.arch["members"])]
+        report = train_members(trainable, member_fitter(trainer, train, val), trainer.seed)
         self.arch = {**self.arch, "trained": True}
         return report
 

@@ -13,6 +13,7 @@ from alma_daemon.learners.base import seeded_build
 from alma_daemon.learners.switch_lm import LanguageModel
 from alma_daemon.models.switch import SwitchLM
 from alma_daemon.seeding import derive_seed
+from alma_daemon.training.distributed import train_members
 from alma_daemon.training.loop import FitReport, Trainer
 
 
@@ -40,10 +41,10 @@ class SwitchLMEnsemble(LanguageModel):
         return range(len(self.model))
 
     def fit(self, train: LabeledData, val: LabeledData, trainer: Trainer) -> FitReport:
-        report = FitReport()
-        for i in self.members_to_train():
-            report = report.merge(self.train_network(self.model[i], train, val, trainer, purpose=("member", i)))
-        return report
+        members = [(i, self.model[i]) for i in self.members_to_train()]
+        return train_members(
+            members, lambda i, member: self.train_network(member, train, val, trainer, purpose=("member", i)),
+            trainer.seed)
 
     def log_proba(self, x: torch.Tensor) -> torch.Tensor:
         return mixture_log_proba(self.model, x)

@@ -1,0 +1,96 @@
+"""Independent ensemble members trained in parallel by the processes torchrun starts.
+
+``torchrun --nproc_per_node N -m alma_daemon simulate ...`` starts N ranks, and each runs the same
+engine on the same stream. Where a learner trains independent members (Ens, gEns and their language
+model versions), member i trains on rank i mod N; then every rank receives every member's weights and
+training report, so all ranks hold the same model, take the same decisions and record what a
+one-process run records. Each member's draws from torch's global RNG (dropout) are seeded by its
+index, so they do not depend on which rank trains it or on what trained before it. Rank 0 alone
+writes results and checkpoints. Collectives run on gloo for CPU models and NCCL for CUDA ones.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from alma_daemon.seeding import derive_seed
+from alma_daemon.training.loop import FitReport
+
+
+@dataclass(frozen=True)
+class World:
+    """This process's place among the ranks: ``rank`` of ``size`` (0 of 1 without torchrun)."""
+
+    rank: int = 0
+    size: int = 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def join_process_group(device: torch.device) -> World:
+    """Join the ranks torchrun started (its environment says how many); a lone process stays alone."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return current_world()
+
+
+def leave_process_group() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def current_world() -> World:
+    if dist.is_available() and dist.is_initialized():
+        return World(dist.get_rank(), dist.get_world_size())
+    return World()
+
+
+def train_members(members: Sequence[tuple[int, nn.Module]], fit_one: Callable[[int, nn.Module], FitReport],
+                  seed: int) -> FitReport:
+    """Train each ``(index, member)`` with ``fit_one``, spread over the ranks; the merged report, in index order."""
+    world = current_world()
+    reports: dict[int, FitReport] = {}
+    for index, member in members:
+        if index % world.size == world.rank:
+            torch.manual_seed(derive_seed(seed, "member", index))
+            reports[index] = fit_one(index, member)
+    if world.size > 1:
+        reports = _share(members, reports, world)
+    return functools.reduce(FitReport.merge, (reports[index] for index, _ in members), FitReport())
+
+
+#: The FitReport fields exchanged between ranks, in table column order.
+_REPORT_FIELDS = ("flops", "seconds", "steps", "epochs", "best_epoch", "val_error")
+
+
+def _share(members: Sequence[tuple[int, nn.Module]], reports: dict[int, FitReport], world: World) -> dict[int, FitReport]:
+    """Every member's weights from the rank that trained it, and every member's report, on every rank."""
+    device = next(members[0][1].parameters()).device
+    # float64 holds integers up to 2**53 exactly: FLOP counts of a stage stay far below.
+    table = torch.zeros(len(members), len(_REPORT_FIELDS), dtype=torch.float64, device=device)
+    for row, (index, _) in enumerate(members):
+        if index in reports:
+            values = [getattr(reports[index], name) for name in _REPORT_FIELDS]
+            table[row] = torch.tensor([math.nan if v is None else float(v) for v in values], dtype=torch.float64)
+    dist.all_reduce(table)
+    for index, member in members:
+        for tensor in member.state_dict().values():
+            dist.broadcast(tensor, src=index % world.size)
+    shared = {}
+    for row, (index, _) in enumerate(members):
+        flops, seconds, steps, epochs, best_epoch, val_error = table[row].tolist()
+        shared[index] = FitReport(flops=int(flops), seconds=seconds, steps=int(steps), epochs=int(epochs),
+                                  best_epoch=int(best_epoch), val_error=None if math.isnan(val_error) else val_error)
+    return shared

@@ -1,0 +1,83 @@
+"""Ensemble members spread over torchrun ranks (gloo, 2 processes) record exactly what one process records."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from alma_daemon.training.distributed import World, current_world, train_members
+from alma_daemon.training.loop import FitReport
+from tests.test_text_stream import TINY_LM, corpus
+
+REPO = Path(__file__).resolve().parents[1]
+PROCESS_LIMIT_SECONDS = 300
+#: Fields that must not depend on how many processes trained the members (times excluded).
+EXACT_FIELDS = ("t", "trained", "test_error", "prequential_error", "test_perplexity", "prequential_perplexity",
+                "train_flops", "cumulative_train_flops", "parameters", "epochs", "best_epoch", "val_error",
+                "val_perplexity", "growth")
+IMAGE_STREAM = {"dataset": {"name": "mnist", "test_examples": 200},
+                "stream": {"megabatches": 3, "train_examples": 450}, "train": {"epochs": 2, "patience": 0}}
+
+
+def simulate(config: Path, out: Path, ranks: int) -> str:
+    launcher = [sys.executable, "-m", "alma_daemon"] if ranks == 1 else [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}", "-m", "alma_daemon"]
+    # One thread per process: multi-threaded kernels reduce in another order, and results would differ.
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([*launcher, "simulate", "--config", str(config), "--out", str(out), "--no-progress"],
+                          cwd=REPO, env=env, capture_output=True, timeout=PROCESS_LIMIT_SECONDS)
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    return done.stdout.decode()
+
+
+def exact(results_file: Path) -> list[dict]:
+    series = json.loads(results_file.read_text())["series"]
+    return [{k: r.get(k) for k in EXACT_FIELDS} for r in series]
+
+
+def configs(tmp_path: Path) -> dict[str, dict]:
+    return {
+        "ens": {**IMAGE_STREAM, "learner": {"name": "ens", "width": 8, "members": 3}},
+        "gens": {**IMAGE_STREAM, "learner": {"name": "gens", "width": 8, "grow_members": 3}},
+        "switch-lm-ens": {"dataset": {"name": "text", "files": corpus(tmp_path), "vocab_size": 300},
+                          "stream": {"megabatches": 2, "seq_len": 16},
+                          "learner": {**TINY_LM, "name": "switch-lm-ens", "members": 3},
+                          "train": {"batch_size": 8, "steps_per_chunk": 3, "warmup_steps": 1}},
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("learner", ["ens", "gens", "switch-lm-ens"])
+def test_members_trained_on_two_ranks_give_the_one_process_series(tmp_path, learner) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(configs(tmp_path)[learner]))
+    simulate(config, tmp_path / "one", ranks=1)
+    printed = simulate(config, tmp_path / "two", ranks=2)
+    assert exact(tmp_path / "two" / "results.json") == exact(tmp_path / "one" / "results.json")
+    assert printed.count("cumulative training FLOPs") == 1  # rank 0 alone reports
+
+
+def test_alone_every_member_trains_here_in_index_order() -> None:
+    assert current_world() == World(0, 1)
+    trained = []
+
+    def fit_one(index, member):
+        trained.append(index)
+        return FitReport(flops=10 * index, steps=1, val_error=index / 10)
+
+    report = train_members([(3, None), (1, None), (2, None)], fit_one, seed=0)
+    assert trained == [3, 1, 2]
+    assert (report.flops, report.steps, report.val_error) == (60, 3, 0.3)
+
+
+def test_alma_run_refuses_to_start_under_torchrun(tmp_path) -> None:
+    env = {**os.environ, "WORLD_SIZE": "2"}
+    done = subprocess.run([sys.executable, "-m", "alma_daemon", "run", "--embedded", "--until-chunks", "1"],
+                          cwd=tmp_path, env=env, capture_output=True, timeout=PROCESS_LIMIT_SECONDS)
+    assert done.returncode != 0 and b"alma run is a single process" in done.stderr
