@@ -16,11 +16,9 @@ uninterrupted one.
 
 from __future__ import annotations
 
-import dataclasses
-
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -189,7 +187,7 @@ class Engine:
             kind = "grow"
         report: FitReport = self.learner.fit(train, val, trainer)
         # The passes that chose how to grow (validation losses, candidate scoring) are training compute.
-        report = dataclasses.replace(report, flops=report.flops + int((growth or {}).get("flops", 0)))
+        report = replace(report, flops=report.flops + int((growth or {}).get("flops", 0)))
         self.buffer.mark_trained(self.config.stream.replay)
         val_measure = self.learner.evaluate(val)[self.learner.measure]
         self.state.stages_done = stage
