@@ -13,6 +13,7 @@ import sys
 
 from alma_daemon.config import ConfigError
 from alma_daemon.logs import configure_logging
+from alma_daemon.training.distributed import launched_with_ranks
 
 #: Subcommand modules under alma_daemon.commands, in the order ``alma --help`` lists them.
 COMMANDS = ["simulate", "grid", "report", "run", "replay", "status", "serve", "versions", "rollback", "ablate_iid"]
@@ -35,9 +36,18 @@ def add_config_arguments(parser: argparse.ArgumentParser, required: bool = False
                         help="override a config key, e.g. --set learner.width=16 (repeatable)")
 
 
+#: Commands whose every rank has a part under torchrun (training/distributed.py); the others would
+#: run whole once per rank, consuming a stream or writing one folder N times.
+RANKED_COMMANDS = frozenset({"simulate"})
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     configure_logging(args.verbose, args.log_json)
+    if launched_with_ranks() and args.command not in RANKED_COMMANDS:
+        print(f"alma {args.command}: error: runs as one process; start it without torchrun (only "
+              f"`alma simulate` spreads ensemble members over ranks)", file=sys.stderr)
+        return 2
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:

@@ -18,9 +18,10 @@ from tests.test_text_stream import TINY_LM, corpus
 REPO = Path(__file__).resolve().parents[1]
 PROCESS_LIMIT_SECONDS = 300
 #: Fields that must not depend on how many processes trained the members (times excluded).
-EXACT_FIELDS = ("t", "trained", "test_error", "prequential_error", "test_perplexity", "prequential_perplexity",
-                "train_flops", "cumulative_train_flops", "parameters", "epochs", "best_epoch", "val_error",
-                "val_perplexity", "growth")
+EXACT_FIELDS = ("t", "trained", "decision", "test_error", "prequential_error", "cumulative_error",
+                "test_perplexity", "prequential_perplexity", "train_flops", "cumulative_train_flops", "parameters",
+                "cumulative_parameters", "inference_flops_per_example", "steps", "epochs", "best_epoch",
+                "val_error", "val_perplexity", "model_version", "growth")
 IMAGE_STREAM = {"dataset": {"name": "mnist", "test_examples": 200},
                 "stream": {"megabatches": 3, "train_examples": 450}, "train": {"epochs": 2, "patience": 0}}
 
@@ -63,7 +64,7 @@ def test_members_trained_on_two_ranks_give_the_one_process_series(tmp_path, lear
     assert printed.count("cumulative training FLOPs") == 1  # rank 0 alone reports
 
 
-def test_alone_every_member_trains_here_in_index_order() -> None:
+def test_alone_every_member_trains_here_in_the_given_order() -> None:
     assert current_world() == World(0, 1)
     trained = []
 
@@ -76,8 +77,19 @@ def test_alone_every_member_trains_here_in_index_order() -> None:
     assert (report.flops, report.steps, report.val_error) == (60, 3, 0.3)
 
 
-def test_alma_run_refuses_to_start_under_torchrun(tmp_path) -> None:
+@pytest.mark.parametrize("command", [["run", "--embedded", "--until-chunks", "1"], ["grid", "grid.yaml", "--out", "runs"],
+                                     ["ablate-iid", "--chunks", "2", "--out", "ablation.json"]])
+def test_commands_other_than_simulate_refuse_to_start_under_torchrun(tmp_path, command) -> None:
     env = {**os.environ, "WORLD_SIZE": "2"}
-    done = subprocess.run([sys.executable, "-m", "alma_daemon", "run", "--embedded", "--until-chunks", "1"],
-                          cwd=tmp_path, env=env, capture_output=True, timeout=PROCESS_LIMIT_SECONDS)
-    assert done.returncode != 0 and b"alma run is a single process" in done.stderr
+    done = subprocess.run([sys.executable, "-m", "alma_daemon", *command], cwd=tmp_path, env=env,
+                          capture_output=True, timeout=PROCESS_LIMIT_SECONDS)
+    assert done.returncode == 2 and b"start it without torchrun" in done.stderr
+    assert not any(tmp_path.iterdir())  # nothing started, nothing written
+
+
+def test_simulate_under_torchrun_refuses_a_policy_that_reads_the_clock(tmp_path) -> None:
+    env = {**os.environ, "WORLD_SIZE": "2"}
+    done = subprocess.run([sys.executable, "-m", "alma_daemon", "simulate", "--set", "policy.name=schedule",
+                           "--set", "policy.interval_seconds=60"], cwd=tmp_path, env=env, capture_output=True,
+                          timeout=PROCESS_LIMIT_SECONDS)
+    assert done.returncode == 2 and b"policy.name: 'schedule' decides from the clock" in done.stderr

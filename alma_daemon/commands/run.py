@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 import threading
 from typing import Any
@@ -37,10 +36,6 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        # One daemon owns the stream's offsets and commits; ranks would consume it N times.
-        raise RuntimeError("alma run is a single process; start it without torchrun (ensembles train across "
-                           "ranks under `torchrun ... -m alma_daemon simulate`)")
     overrides = list(args.overrides)
     if args.replay:
         overrides.append(f"dataset.name={args.replay}")

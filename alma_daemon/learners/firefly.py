@@ -334,7 +334,6 @@ class Firefly(Learner):
     name = "firefly"
     grows = True
 
-
     def initial_architecture(self) -> dict:
         return {**initial_architecture(self.task, self.config.width), "trained": False}
 

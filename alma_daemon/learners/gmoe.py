@@ -14,7 +14,6 @@ training on it, which is the same sequence of steps.
 
 from __future__ import annotations
 
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -88,7 +87,6 @@ class GrowingMixtureOfExperts(Learner):
     @classmethod
     def contract_cases(cls) -> list[tuple[str, dict]]:
         return [("mlp", {}), ("vgg", {"width": 4}), ("mlp", {"gating": "hard"})]
-
 
     def initial_architecture(self) -> dict:
         return {"trees": [LEAF] * MIXTURE_LAYERS, "trained": False}

@@ -15,6 +15,7 @@ import functools
 import math
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Callable, Sequence
 
 import torch
@@ -37,12 +38,23 @@ class World:
         return self.rank == 0
 
 
+#: How long a rank waits at a collective. A rank that trains one member more than another waits a
+#: whole member's training, hours at paper scale; a rank that fails is stopped by torchrun, which
+#: then stops the others, so a long wait never hides a failure.
+COLLECTIVE_TIMEOUT = timedelta(hours=24)
+
+
+def launched_with_ranks() -> bool:
+    """Whether torchrun started this process as one of several ranks."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
 def join_process_group(device: torch.device) -> World:
     """Join the ranks torchrun started (its environment says how many); a lone process stays alone."""
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
+    if launched_with_ranks() and not dist.is_initialized():
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=COLLECTIVE_TIMEOUT)
     return current_world()
 
 
@@ -59,7 +71,7 @@ def current_world() -> World:
 
 def train_members(members: Sequence[tuple[int, nn.Module]], fit_one: Callable[[int, nn.Module], FitReport],
                   seed: int) -> FitReport:
-    """Train each ``(index, member)`` with ``fit_one``, spread over the ranks; the merged report, in index order."""
+    """Train each ``(index, member)`` with ``fit_one``, spread over the ranks; their reports merged in the given order."""
     world = current_world()
     reports: dict[int, FitReport] = {}
     for index, member in members:
