@@ -173,7 +173,7 @@ class Engine:
             self.config.train, self.optimizer_name, self.device, seed=derive_seed(seed, "stage", stage),
             augment=self.learner.task.augment,
         )
-        # Dropout and other draws from torch's global RNG must also replay identically on resume.
+        # Draws from torch's global RNG (a user's learner may make some) must also replay identically on resume.
         torch.manual_seed(derive_seed(seed, "torch", stage))
         chunk_ids = self.buffer.pending_chunks()
         train, val = self.buffer.training_data(self.config.stream.replay)

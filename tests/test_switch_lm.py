@@ -166,3 +166,35 @@ def test_step_budget_runs_exactly_that_many_full_batches():
     data = LabeledData(torch.randn(40, 3), torch.randint(0, 2, (40,)))
     report = trainer(steps=7).fit(net, data, data, objective=objective, steps=7)
     assert report.steps == 7 and seen == [16] * 7  # 112 examples: three reshuffled passes, no short batch
+
+
+def test_dropout_masks_come_from_the_trainer_not_from_other_threads_building_models():
+    """The daemon's publisher builds models (reseeding torch's global RNG) while the main thread trains."""
+    import threading
+
+    from alma_daemon.learners.base import seeded_build
+
+    def train(with_builder: bool) -> dict:
+        learner = tiny_learner("switch-lm", dropout=0.3)
+        data = token_data(96, seed=1)
+        stop = threading.Event()
+
+        def build_models() -> None:
+            while not stop.is_set():
+                seeded_build(7, lambda: torch.nn.Linear(64, 64))
+
+        builder = threading.Thread(target=build_models)
+        if with_builder:
+            builder.start()
+        try:
+            learner.fit(data, token_data(24, seed=2), trainer(steps=30))
+        finally:
+            stop.set()
+            if with_builder:
+                builder.join()
+        return {k: v.clone() for k, v in learner.model.state_dict().items()}
+
+    alone, beside_a_builder = train(False), train(True)
+    assert all(torch.equal(alone[k], beside_a_builder[k]) for k in alone)
+    repeated = train(False)
+    assert all(torch.equal(alone[k], repeated[k]) for k in alone)

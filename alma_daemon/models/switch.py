@@ -32,6 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from alma_daemon.models.dropout import SeededDropout
+
 
 @dataclass(frozen=True)
 class SwitchLMConfig:
@@ -83,7 +85,7 @@ class SwitchFFN(nn.Module):
             for _ in range(experts)
         )
         self.register_buffer("gate_scale", torch.ones(experts))
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = SeededDropout(dropout)
 
     def capacity(self, tokens: int) -> int:
         return math.ceil(self.capacity_factor * tokens / len(self.experts))
@@ -145,8 +147,8 @@ class CausalSelfAttention(nn.Module):
         self.heads = config.heads
         self.qkv = nn.Linear(config.d_model, 3 * config.d_model)
         self.proj = nn.Linear(config.d_model, config.d_model)
-        self.attn_dropout = nn.Dropout(config.dropout)
-        self.resid_dropout = nn.Dropout(config.dropout)
+        self.attn_dropout = SeededDropout(config.dropout)
+        self.resid_dropout = SeededDropout(config.dropout)
         mask = torch.ones(config.block_size, config.block_size, dtype=torch.bool).tril()
         self.register_buffer("mask", mask, persistent=False)
 
@@ -183,7 +185,7 @@ class SwitchLM(nn.Module):
         self.config = config
         self.wte = nn.Embedding(config.vocab_size, config.d_model)
         self.wpe = nn.Embedding(config.block_size, config.d_model)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = SeededDropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config, experts) for experts in config.experts)
         self.ln_f = nn.LayerNorm(config.d_model)
         self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)

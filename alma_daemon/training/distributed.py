@@ -4,8 +4,9 @@
 engine on the same stream. Where a learner trains independent members (Ens, gEns and their language
 model versions), member i trains on rank i mod N; then every rank receives every member's weights and
 training report, so all ranks hold the same model, take the same decisions and record what a
-one-process run records. Each member's draws from torch's global RNG (dropout) are seeded by its
-index, so they do not depend on which rank trains it or on what trained before it. Rank 0 alone
+one-process run records. A member's shuffling, augmentation and dropout come from generators seeded
+by its index, and torch's global RNG is reseeded by its index too, so nothing it draws depends on
+which rank trains it or on what trained before it. Rank 0 alone
 writes results and checkpoints. Collectives run on gloo for CPU models and NCCL for CUDA ones.
 """
 

@@ -21,6 +21,7 @@ from torch import nn
 from alma_daemon.config import TrainConfig
 from alma_daemon.data.augment import flip_and_crop
 from alma_daemon.data.tensors import LabeledData
+from alma_daemon.models.dropout import draw_dropout_from
 from alma_daemon.seeding import generator as seeded_generator
 from alma_daemon.training.flops import FlopMeter
 from alma_daemon.training.optim import build_optimizer, warmup_linear_decay
@@ -97,6 +98,7 @@ class Trainer:
         """
         start = time.perf_counter()
         gen = self.generator("fit", purpose)
+        draw_dropout_from(net, seeded_generator(self.seed, "dropout", purpose, device=self.device))
         x, y = train.x.to(self.device), train.y.to(self.device)
         val = LabeledData(val.x.to(self.device), val.y.to(self.device))
         optimizer = build_optimizer(self.optimizer, net.parameters() if params is None else params, self.config)
