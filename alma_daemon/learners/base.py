@@ -151,5 +151,15 @@ class Learner(ABC):
         self.model.load_state_dict(state)
 
 
+class SingleNetwork(Learner):
+    """A learner whose model is one network giving class logits: trained whole, softmax at the output."""
+
+    def fit(self, train: LabeledData, val: LabeledData, trainer: Trainer) -> FitReport:
+        return trainer.fit(self.model, train, val)
+
+    def forward_proba(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x).softmax(1)
+
+
 def config_from_spec(spec: dict) -> tuple[TaskInfo, LearnerConfig]:
     return TaskInfo.from_dict(spec["task"]), from_dict(LearnerConfig, spec["config"], prefix="spec.config.")

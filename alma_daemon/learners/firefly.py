@@ -39,7 +39,7 @@ from torch import nn
 from alma_daemon.data.datasets import TaskInfo
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import register_learner
-from alma_daemon.learners.base import Learner
+from alma_daemon.learners.base import SingleNetwork
 from alma_daemon.models.firefly_net import (GrowableLayer, GrowableNet, apply_op, grown_architecture,
                                              initial_architecture, is_image_task, parameter_count)
 from alma_daemon.training.flops import count_flops
@@ -325,7 +325,7 @@ def firefly_step(net: GrowableNet, task: TaskInfo, data: LabeledData, budget: fl
 
 
 @register_learner
-class Firefly(Learner):
+class Firefly(SingleNetwork):
     """The SM backbone grown by Firefly steps, each adding about ``growth_rate`` x its initial parameters.
 
     ``arch``: the :class:`GrowableNet` architecture plus ``"trained"`` (whether a stage has trained).
@@ -355,9 +355,6 @@ class Firefly(Learner):
         return {**summary, "flops": flops}
 
     def fit(self, train: LabeledData, val: LabeledData, trainer: Trainer) -> FitReport:
-        report = trainer.fit(self.model, train, val)
+        report = super().fit(train, val, trainer)
         self.arch = {**self.arch, "trained": True}
         return report
-
-    def forward_proba(self, x: torch.Tensor) -> torch.Tensor:
-        return self.model(x).softmax(1)

@@ -21,7 +21,7 @@ from torch import nn
 from alma_daemon.data.datasets import TaskInfo
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import register_learner
-from alma_daemon.learners.base import Learner, seeded_build
+from alma_daemon.learners.base import SingleNetwork, seeded_build
 from alma_daemon.models.backbones import Backbone, Normalize, mlp_layers, vgg_layers
 from alma_daemon.models.moe import LEAF, TreeGatedMoE, binary_gate, count_experts
 from alma_daemon.training.flops import count_flops
@@ -75,7 +75,7 @@ def cumulative_losses(net: Backbone, data: LabeledData) -> list[torch.Tensor]:
 
 
 @register_learner
-class GrowingMixtureOfExperts(Learner):
+class GrowingMixtureOfExperts(SingleNetwork):
     """SM whose first two layers are tree-gated mixtures that split their losing expert at each growth step.
 
     ``arch``: ``{"trees": [gating tree per mixture layer], "trained": whether a stage has trained}``.
@@ -122,9 +122,6 @@ class GrowingMixtureOfExperts(Learner):
         return {"split": splits, "experts": [len(m.experts) for m in self.mixtures()], "flops": flops}
 
     def fit(self, train: LabeledData, val: LabeledData, trainer: Trainer) -> FitReport:
-        report = trainer.fit(self.model, train, val)
+        report = super().fit(train, val, trainer)
         self.arch = {**self.arch, "trained": True}
         return report
-
-    def forward_proba(self, x: torch.Tensor) -> torch.Tensor:
-        return self.model(x).softmax(1)

@@ -5,11 +5,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import register_learner
-from alma_daemon.learners.base import Learner
+from alma_daemon.learners.base import SingleNetwork
 from alma_daemon.learners.ens import independent_members
-from alma_daemon.training.loop import FitReport, Trainer
 
 
 class LogitAverage(nn.Module):
@@ -24,16 +22,10 @@ class LogitAverage(nn.Module):
 
 
 @register_learner
-class UniformMixture(Learner):
+class UniformMixture(SingleNetwork):
     """``learner.members`` backbones whose averaged logits are trained end to end."""
 
     name = "umix"
 
     def build(self, arch: dict) -> nn.Module:
         return LogitAverage(independent_members(self, self.config.members))
-
-    def fit(self, train: LabeledData, val: LabeledData, trainer: Trainer) -> FitReport:
-        return trainer.fit(self.model, train, val)
-
-    def forward_proba(self, x: torch.Tensor) -> torch.Tensor:
-        return self.model(x).softmax(1)
