@@ -185,6 +185,14 @@ class FlakyPublisher(LocalPublisher):
         self.staged.append(candidate.version)
 
 
+def run_until_idle(worker: BackgroundPublisher) -> None:
+    """Start the publisher's thread, wait until it has handled everything submitted, stop it."""
+    worker.start()
+    try:
+        assert worker.wait_idle(timeout=60)
+    finally:
+        worker.close()
+
 def test_background_publisher_publishes_only_the_newest_pending_version(store, good_and_bad):
     good, _, sample = good_and_bad
     for version in (1, 2, 3):
@@ -193,11 +201,7 @@ def test_background_publisher_publishes_only_the_newest_pending_version(store, g
     worker = BackgroundPublisher(publisher)
     for version in (1, 2, 3):
         worker.submit(version)
-    worker.start()
-    try:
-        assert worker.wait_idle(timeout=60)
-    finally:
-        worker.close()
+    run_until_idle(worker)
     assert publisher.staged == [3]
     assert publisher.live_version() == 3
 
@@ -211,11 +215,7 @@ def test_background_publisher_retries_failures_until_they_pass(store, good_and_b
     durations_before = metric_value("alma_swap_duration_seconds_count")
     worker = BackgroundPublisher(publisher, retry_initial_seconds=0.01)
     worker.submit(1, written_at=time.monotonic())
-    worker.start()
-    try:
-        assert worker.wait_idle(timeout=60)
-    finally:
-        worker.close()
+    run_until_idle(worker)
     assert publisher.staged == [1]
     assert publisher.live_version() == 1
     assert metric_value("alma_swap_failures_total", stage="register") == failures_before + 2
