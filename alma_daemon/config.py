@@ -125,6 +125,8 @@ class PolicyConfig:
     #: budget: training FLOPs allowed per hour of wall time, and GPU-seconds per hour.
     flops_per_hour: float | None = None
     gpu_seconds_per_hour: float | None = None
+    #: geometric: train once the pending chunks reach ratio x the chunks trained on (None = 0.5).
+    ratio: float | None = None
 
 
 @dataclass
@@ -204,7 +206,7 @@ class Config:
 _POSITIVE = {
     "stream.megabatches", "stream.seq_len", "learner.width", "learner.members", "learner.grow_members",
     "learner.experts", "learner.layers", "learner.d_model", "learner.heads", "learner.d_ff",
-    "learner.grow_experts", "train.epochs", "train.batch_size", "train.steps_per_chunk", "policy.wait",
+    "learner.grow_experts", "train.epochs", "train.batch_size", "train.steps_per_chunk", "policy.wait", "policy.ratio",
     "dataset.test_examples", "stream.train_examples", "stream.prequential_examples", "dataset.vocab_size", "daemon.poll_seconds",
     "redis.max_buffer_bytes", "learner.capacity_factor", "dataset.num_classes", "serving.workers",
 }

@@ -45,6 +45,27 @@ def test_fixed_trains_every_wait_chunks(wait, stages):
     assert trained_at == stages
 
 
+# -- geometric --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("ratio,stages", [(None, [1, 2, 3, 5, 8, 12, 18]), (1.0, [1, 2, 4, 8, 16]),
+                                          (2.0, [1, 3, 9])], ids=["default-0.5", "1", "2"])
+def test_geometric_waits_ratio_times_the_chunks_trained_on(ratio, stages):
+    p = policy("geometric", ratio=ratio)
+    trained_at, pending = [], 0
+    for chunk in range(1, 21):
+        pending += 1
+        decision = p.decide(state(pending=pending, chunks_seen=chunk, stages_done=len(trained_at)))
+        if decision.train:
+            trained_at.append(chunk)
+            pending = 0
+    assert trained_at == stages
+
+
+def test_geometric_reason_shows_the_threshold():
+    decision = policy("geometric").decide(state(pending=2, chunks_seen=7))
+    assert not decision.train
+    assert decision.reason == "2 chunk(s) pending < max(1, 0.5 x 5 chunk(s) trained on) = 3"
+
+
 # -- schedule ---------------------------------------------------------------------------------------
 def test_cron_fires_once_per_period_and_only_with_a_new_chunk():
     p = policy("schedule", cron="0 2 * * *")
@@ -183,6 +204,8 @@ def test_budget_counts_the_stage_duration_as_elapsed_time():
     ("budget", {}, "policy.flops_per_hour / policy.gpu_seconds_per_hour"),
     ("budget", {"gpu_seconds_per_hour": 0.0}, "policy.gpu_seconds_per_hour: must be > 0"),
     ("fixed", {"cron": "0 2 * * *"}, "policy.cron: not read by the 'fixed'"),
+    ("geometric", {"ratio": 0.0}, "policy.ratio: must be > 0"),
+    ("fixed", {"ratio": 0.5}, "policy.ratio: not read by the 'fixed'"),
 ])
 def test_config_errors_name_the_key(name, kwargs, key):
     with pytest.raises(ConfigError, match=key):
