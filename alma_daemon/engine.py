@@ -25,7 +25,7 @@ import torch
 from alma_daemon.checkpoints import CheckpointStore
 from alma_daemon.chunk_buffer import ChunkBuffer
 from alma_daemon.config import Config
-from alma_daemon.data.streams import Chunk, prequential_sample, split_chunk
+from alma_daemon.data.streams import Chunk, build_drift, prequential_sample, split_chunk
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import Learner
 from alma_daemon.seeding import derive_seed
@@ -103,6 +103,10 @@ class Engine:
         self.state = state or EngineState()
         self.clock = clock
         self.optimizer_name = resolve_optimizer_name(config.train, config.dataset.name)
+        # A drifting stream (stream.drift) changes the test set from the first drifted chunk on, as the
+        # source changes the chunks, so that CER measures the distribution the chunks come from.
+        self.drift = build_drift(config.stream.drift, learner.task, config.stream.seed)
+        self._drifted_test_set: LabeledData | None = None
 
     # -- the step ---------------------------------------------------------------------------------
     def on_chunk(self, chunk: Chunk) -> dict:
@@ -212,9 +216,18 @@ class Engine:
                 observer.on_checkpoint(self.state.model_version, str(path), metrics, self)
         return info
 
+    def test_set_at(self, chunk_index: int) -> LabeledData | None:
+        """The test set the model is measured on after chunk ``chunk_index``: drifted from ``stream.drift.at`` on."""
+        if self.test_set is None or self.drift is None or not self.drift.applies_to(chunk_index):
+            return self.test_set
+        if self._drifted_test_set is None:
+            self._drifted_test_set = self.drift.transform(self.test_set)
+        return self._drifted_test_set
+
     def record_step(self, chunk: Chunk, prequential: float, decision: Decision, stage: dict | None) -> dict:
         measure = self.learner.measure
-        test = self.learner.evaluate(self.test_set)[measure] if self.test_set is not None else None
+        test_set = self.test_set_at(chunk.index)
+        test = self.learner.evaluate(test_set)[measure] if test_set is not None else None
         s = self.state
         params = self.learner.num_parameters()
         train_flops = stage["train_flops"] if stage else 0

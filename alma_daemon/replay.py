@@ -21,9 +21,9 @@ from typing import Any, Callable, Iterable, Iterator, Protocol
 import torch
 from tqdm import tqdm
 
-from alma_daemon.config import Config
-from alma_daemon.data.datasets import load_dataset
-from alma_daemon.data.streams import megabatch_stream
+from alma_daemon.config import Config, ConfigError
+from alma_daemon.data.datasets import TaskInfo, load_dataset
+from alma_daemon.data.streams import build_drift, drifted, megabatch_stream
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.data.text import text_stream, token_run
 from alma_daemon.data.wire import DEFAULT_MAX_PART_BYTES, HEADER_CHUNK, WireRecord, encode_chunk
@@ -40,19 +40,31 @@ class ReplayChunk:
     tensors: dict[str, torch.Tensor]
 
 
-def labeled_chunks(data: LabeledData, config: Config) -> Iterator[ReplayChunk]:
-    """``data`` partitioned into ``stream.megabatches`` chunks exactly as the simulator does."""
-    for chunk in megabatch_stream(data, config.stream.megabatches, config.stream.seed, limit=config.stream.train_examples):
+def labeled_chunks(data: LabeledData, config: Config, task: TaskInfo | None = None) -> Iterator[ReplayChunk]:
+    """``data`` partitioned into ``stream.megabatches`` chunks exactly as the simulator does, drifted
+    from ``stream.drift.at`` on as the simulator drifts them. ``task`` describes the examples (None:
+    the arrays declared in ``dataset.*``)."""
+    drift = None
+    if config.stream.drift.kind != "none":
+        from alma_daemon.data.arrays import arrays_task
+
+        drift = build_drift(config.stream.drift, task or arrays_task(config.dataset), config.stream.seed)
+    chunks = megabatch_stream(data, config.stream.megabatches, config.stream.seed, limit=config.stream.train_examples)
+    for chunk in drifted(chunks, drift):
         yield ReplayChunk(chunk.index, {"x": chunk.data.x, "y": chunk.data.y})
 
 
 def dataset_chunks(config: Config) -> Iterator[ReplayChunk]:
     """The training set of ``dataset.name`` as the simulator streams it."""
-    return labeled_chunks(load_dataset(config.dataset.name, config.dataset.root).train, config)
+    dataset = load_dataset(config.dataset.name, config.dataset.root)
+    return labeled_chunks(dataset.train, config, dataset.task)
 
 
 def text_chunks(config: Config) -> Iterator[ReplayChunk]:
     """The corpus of ``dataset.name`` as the simulator streams it: each chunk's contiguous tokens."""
+    if config.stream.drift.kind != "none":
+        raise ConfigError(f"stream.drift.kind: {config.stream.drift.kind} needs labeled examples; "
+                          f"dataset {config.dataset.name!r} is text")
     for chunk in text_stream(config.dataset, config.stream).chunks:
         yield ReplayChunk(chunk.index, {"tokens": token_run(chunk.data).to(torch.int32)})
 

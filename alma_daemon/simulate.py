@@ -14,7 +14,7 @@ from alma_daemon.checkpoints import CheckpointStore
 from alma_daemon.chunk_buffer import MemoryBuffer
 from alma_daemon.config import Config, to_dict
 from alma_daemon.data.datasets import TaskInfo, load_dataset
-from alma_daemon.data.streams import Chunk, megabatch_stream
+from alma_daemon.data.streams import Chunk, build_drift, drifted, megabatch_stream
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.data.text import text_stream
 from alma_daemon.engine import Engine, EngineObserver
@@ -41,7 +41,8 @@ def simulated_stream(config: Config) -> SimulatedStream:
 
 
 def labeled_stream(config: Config) -> SimulatedStream:
-    """Labeled examples (images): a seeded random partition into B equal mega-batches."""
+    """Labeled examples (images): a seeded random partition into B equal mega-batches, drifting from
+    ``stream.drift.at`` on when asked (the engine drifts the test set alike)."""
     dataset = load_dataset(config.dataset.name, config.dataset.root)
     test = dataset.test
     if config.dataset.test_examples is not None:
@@ -51,7 +52,8 @@ def labeled_stream(config: Config) -> SimulatedStream:
         test = test.subset(order[: config.dataset.test_examples])
     chunks = megabatch_stream(dataset.train, config.stream.megabatches, config.stream.seed,
                               limit=config.stream.train_examples)
-    return SimulatedStream(dataset.task, chunks, test, config.stream.megabatches)
+    drift = build_drift(config.stream.drift, dataset.task, config.stream.seed)
+    return SimulatedStream(dataset.task, drifted(chunks, drift), test, config.stream.megabatches)
 
 
 def contiguous_text_stream(config: Config) -> SimulatedStream:

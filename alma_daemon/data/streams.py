@@ -4,17 +4,26 @@ The training set is randomly partitioned (seeded) into B mega-batches of equal s
 mega-batch arrives as a :class:`Chunk`. The engine later holds out ``val_fraction`` of each chunk
 as that chunk's validation set (:func:`split_chunk`), so a chunk from Kafka and a chunk from this
 simulator go through the same code.
+
+A stream may drift (``stream.drift``, :class:`Drift`): from chunk ``at`` on, every chunk and the
+test set are transformed alike, so the test error keeps measuring the distribution the chunks now
+come from. The data sources (``alma simulate``, ``alma replay``) drift the chunks; the engine drifts
+the test set it evaluates on after each chunk.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterable, Iterator
 
 import torch
+import torch.nn.functional as F
 
+from alma_daemon.config import ConfigError, DriftConfig
+from alma_daemon.data.datasets import TaskInfo
 from alma_daemon.data.tensors import LabeledData
-from alma_daemon.seeding import derive_seed
+from alma_daemon.seeding import derive_seed, generator
 
 
 @dataclass(frozen=True)
@@ -73,3 +82,101 @@ def prequential_sample(chunk: Chunk, limit: int | None, seed: int) -> LabeledDat
         return chunk.data
     generator = torch.Generator().manual_seed(derive_seed(seed, "prequential", chunk.index))
     return chunk.data.subset(torch.randperm(len(chunk), generator=generator)[:limit])
+
+
+# -- drift ----------------------------------------------------------------------------------------
+Transform = Callable[[LabeledData], LabeledData]
+
+
+@dataclass(frozen=True)
+class Drift:
+    """A change of distribution: from chunk ``at`` on, chunks and test set go through ``transform``."""
+
+    at: int
+    transform: Transform
+    description: str
+
+    def applies_to(self, chunk_index: int) -> bool:
+        return chunk_index >= self.at
+
+    def chunk(self, chunk: Chunk) -> Chunk:
+        """``chunk`` as the drifted stream delivers it."""
+        return Chunk(chunk.index, self.transform(chunk.data)) if self.applies_to(chunk.index) else chunk
+
+
+def build_drift(config: DriftConfig, task: TaskInfo, seed: int) -> Drift | None:
+    """The drift ``stream.drift`` asks for on a stream of ``task`` (None for ``kind: none``)."""
+    if config.kind == "none":
+        return None
+    if task.kind != "classification":
+        raise ConfigError(f"stream.drift.kind: {config.kind} needs labeled examples; this stream is a {task.kind}")
+    transform, description = DRIFT_KINDS[config.kind](config, task, seed)
+    return Drift(config.at, transform, f"{description} from chunk {config.at}")
+
+
+def drifted(chunks: Iterable[Chunk], drift: Drift | None) -> Iterator[Chunk]:
+    """The chunks of a stream as ``drift`` changes them."""
+    for chunk in chunks:
+        yield chunk if drift is None else drift.chunk(chunk)
+
+
+def label_permutation(num_classes: int, seed: int) -> torch.Tensor:
+    """A seeded permutation of the classes that moves every class (a derangement), so no label survives."""
+    gen = generator(seed, "drift", "permute_labels")
+    while True:
+        permutation = torch.randperm(num_classes, generator=gen)
+        if num_classes < 2 or not bool((permutation == torch.arange(num_classes)).any()):
+            return permutation
+
+
+def _permute_labels(config: DriftConfig, task: TaskInfo, seed: int) -> tuple[Transform, str]:
+    permutation = label_permutation(task.num_classes, seed)
+
+    def transform(data: LabeledData) -> LabeledData:
+        return LabeledData(data.x, permutation[data.y])
+
+    return transform, f"labels permuted {permutation.tolist()}"
+
+
+def _rotate(config: DriftConfig, task: TaskInfo, seed: int) -> tuple[Transform, str]:
+    shape = task.input_shape
+    if len(shape) not in (2, 3):
+        raise ConfigError(f"stream.drift.kind: rotate needs images (height x width [x channels]); inputs have shape {list(shape)}")
+    degrees = config.degrees
+
+    def transform(data: LabeledData) -> LabeledData:
+        return LabeledData(rotate_images(data.x, degrees, task.channels_last), data.y)
+
+    return transform, f"images rotated by {degrees:g} degrees"
+
+
+def rotate_images(x: torch.Tensor, degrees: float, channels_last: bool = False) -> torch.Tensor:
+    """Rotate a batch of images (N x H x W, N x C x H x W or N x H x W x C) counter-clockwise about
+    their centre, keeping dtype and shape; corners that come from outside the image are zero.
+
+    Multiples of 90 degrees are exact (``torch.rot90``); other angles are bilinearly interpolated.
+    """
+    images = x.unsqueeze(1) if x.dim() == 3 else (x.permute(0, 3, 1, 2) if channels_last else x)
+    quarter_turns = degrees / 90
+    if quarter_turns == round(quarter_turns):
+        rotated = torch.rot90(images, int(round(quarter_turns)) % 4, dims=(2, 3))
+    else:
+        theta = math.radians(degrees)
+        # affine_grid maps output to input coordinates, so the matrix is the inverse (clockwise) rotation.
+        matrix = torch.tensor([[math.cos(theta), -math.sin(theta), 0.0], [math.sin(theta), math.cos(theta), 0.0]])
+        grid = F.affine_grid(matrix.expand(len(images), 2, 3), list(images.shape), align_corners=False)
+        rotated = F.grid_sample(images.float(), grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+        if not images.dtype.is_floating_point:
+            info = torch.iinfo(images.dtype)
+            rotated = rotated.round().clamp(info.min, info.max)
+        rotated = rotated.to(images.dtype)
+    if x.dim() == 3:
+        return rotated.squeeze(1)
+    return rotated.permute(0, 2, 3, 1).contiguous() if channels_last else rotated
+
+
+#: ``stream.drift.kind`` -> a factory of (transform, description) from the drift config, the task and the stream seed.
+DRIFT_KINDS: dict[str, Callable[[DriftConfig, TaskInfo, int], tuple[Transform, str]]] = {
+    "permute_labels": _permute_labels,
+    "rotate": _rotate,
+}
