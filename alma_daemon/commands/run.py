@@ -10,6 +10,7 @@ from typing import Any
 
 from alma_daemon.cli import add_config_arguments
 from alma_daemon.config import Config, load_config
+from alma_daemon.connections import kafka_security
 from alma_daemon.daemon import Daemon, StepAbandoned
 from alma_daemon.embedded import EMBEDDED_OVERRIDES, close_redis, connect_redis
 from alma_daemon.redis_keys import StreamKeys
@@ -83,7 +84,9 @@ class ReplayThread:
         if config.kafka.transport == "redis":
             first = resume_point(self.client, keys, config.kafka.topic)
             return RedisStreamPublisher(self.client, config.kafka.topic, stop=self.stopping.is_set), first
-        return KafkaPublisher(config.kafka.bootstrap_servers, config.kafka.topic), resume_point(self.client, keys)
+        publisher = KafkaPublisher(config.kafka.bootstrap_servers, config.kafka.topic,
+                                   security=kafka_security(config.kafka))
+        return publisher, resume_point(self.client, keys)
 
     def _run(self) -> None:
         try:

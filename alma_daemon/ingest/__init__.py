@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from alma_daemon.config import Config
+from alma_daemon.connections import kafka_security
 from alma_daemon.ingest.source import RecordSource, SourceRecord
 from alma_daemon.ingest.worker import IngestWorker
 
@@ -22,7 +23,7 @@ def build_source(config: Config, client: Any) -> RecordSource:
         return RedisStreamSource(client, config.kafka.topic)
     from alma_daemon.ingest.kafka_source import KafkaSource
 
-    return KafkaSource(config.kafka.bootstrap_servers, config.kafka.topic)
+    return KafkaSource(config.kafka.bootstrap_servers, config.kafka.topic, kafka_security(config.kafka))
 
 
 __all__ = ["IngestWorker", "RecordSource", "SourceRecord", "build_source"]

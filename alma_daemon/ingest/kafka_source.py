@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any, Mapping
 
 from kafka import KafkaConsumer, TopicPartition
 
+from alma_daemon.connections import kafka_client
 from alma_daemon.ingest.source import SourceRecord
 
 log = logging.getLogger(__name__)
@@ -27,12 +29,13 @@ CONSUMER_SETTINGS = {
 
 
 class KafkaSource:
-    """Every partition of one topic, read from the offsets the caller stores."""
+    """Every partition of one topic, read from the offsets the caller stores; ``security`` holds the
+    TLS and SASL keywords of ``connections.kafka_security``."""
 
-    def __init__(self, bootstrap_servers: str, topic: str):
+    def __init__(self, bootstrap_servers: str, topic: str, security: Mapping[str, Any] | None = None):
         self.topic = topic
-        self.consumer = KafkaConsumer(
-            bootstrap_servers=bootstrap_servers, group_id=None, enable_auto_commit=False,
+        self.consumer = kafka_client(
+            KafkaConsumer, bootstrap_servers, security or {}, group_id=None, enable_auto_commit=False,
             allow_auto_create_topics=False, client_id="alma-ingest", **CONSUMER_SETTINGS,
         )
         self.partitions: list[TopicPartition] = []

@@ -1,0 +1,116 @@
+"""Clients for the configured Redis and Kafka, each built in one place.
+
+:func:`redis_client` turns ``redis.*`` into a redis-py client (the buffer, the engine state, the
+Redis-stream transport, ``alma status``); :func:`kafka_security` turns ``kafka.*`` into the
+kafka-python keywords that the consumer (ingest), the producer and the admin client (replay) share;
+:func:`kafka_client` builds any of the three with them. Passwords are read from their files here, at
+connection time (alma_daemon/credentials.py), so they live in the client objects only.
+
+A server that refuses the login or the TLS handshake fails here, at start-up, with one line naming
+the server and the keys to check (a :class:`ConfigError`, which the CLI prints without a traceback).
+A server that is down or unreachable is left to the caller.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import ssl
+from typing import Any, Mapping, TypeVar
+from urllib.parse import urlsplit
+
+import redis
+
+from alma_daemon.config import ConfigError, KafkaConfig, RedisConfig
+from alma_daemon.credentials import read_secret
+
+log = logging.getLogger(__name__)
+
+ClientT = TypeVar("ClientT")
+
+#: redis.* keys that go to redis-py unchanged (TLS files, for rediss:// URLs).
+REDIS_TLS_KEYS = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile")
+#: kafka.* keys that go to kafka-python unchanged (TLS files, for SSL and SASL_SSL).
+KAFKA_TLS_KEYS = ("ssl_cafile", "ssl_certfile", "ssl_keyfile")
+
+
+def redis_server(url: str) -> str:
+    """Where ``url`` points (host:port, or the socket path), for messages: never its credentials."""
+    parts = urlsplit(url)
+    if parts.scheme == "unix":
+        return parts.path
+    return f"{parts.hostname}:{parts.port or 6379}"
+
+
+def redis_client(config: RedisConfig) -> redis.Redis:
+    """A client for ``config.url`` with the ACL user, the password from ``password_file`` and the TLS
+    files; the login is checked once, so wrong credentials fail here rather than mid-run."""
+    if not config.url:
+        raise ValueError("redis_client needs redis.url (the embedded server: alma_daemon/embedded.py)")
+    options: dict[str, Any] = {"socket_timeout": 30, "socket_connect_timeout": 10}
+    if config.username:
+        options["username"] = config.username
+    if config.password_file:
+        options["password"] = read_secret(config.password_file, "redis.password_file")
+    options.update({key: getattr(config, key) for key in REDIS_TLS_KEYS if getattr(config, key)})
+    client = redis.Redis.from_url(config.url, **options)
+    try:
+        _check_login(client, config)
+    except ConfigError:
+        client.close()
+        raise
+    return client
+
+
+def _check_login(client: redis.Redis, config: RedisConfig) -> None:
+    server = redis_server(config.url)
+    try:
+        client.ping()
+    except redis.AuthenticationError as exc:
+        raise ConfigError(f"Redis at {server} refused the login ({exc}); check redis.username and "
+                          f"redis.password_file") from None
+    except redis.ConnectionError as exc:
+        reason = _tls_failure(exc)
+        if reason is None:
+            return
+        raise ConfigError(f"Redis at {server}: TLS handshake failed ({reason}); check redis.url (rediss://), "
+                          f"redis.ssl_ca_certs, redis.ssl_certfile and redis.ssl_keyfile") from None
+    log.info("redis connected", extra={"server": server, "user": config.username or "default",
+                                       "tls": urlsplit(config.url).scheme == "rediss"})
+
+
+def _tls_failure(exc: BaseException) -> str | None:
+    """Why the TLS handshake behind a redis-py error failed, or None when the error is not about TLS.
+
+    redis-py raises its own ConnectionError with the ``ssl`` error as its context: a server certificate
+    the CA file does not vouch for, or a client certificate the server requires and did not get."""
+    inner = exc.__cause__ or exc.__context__
+    if isinstance(inner, ssl.SSLError):
+        return re.sub(r"^\[[^\]]*\]\s*|\s*\(_ssl\.c:\d+\)$", "", str(inner)) or repr(inner)
+    return None
+
+
+def kafka_security(config: KafkaConfig) -> dict[str, Any]:
+    """kafka-python keywords for ``kafka.security_protocol`` and its SASL and TLS keys (the SASL
+    password read from ``kafka.sasl_password_file``); empty for PLAINTEXT."""
+    if config.security_protocol == "PLAINTEXT":
+        return {}
+    settings: dict[str, Any] = {"security_protocol": config.security_protocol}
+    if config.security_protocol.startswith("SASL_"):
+        settings.update(sasl_mechanism=config.sasl_mechanism, sasl_plain_username=config.sasl_username,
+                        sasl_plain_password=read_secret(config.sasl_password_file, "kafka.sasl_password_file"))
+    settings.update({key: getattr(config, key) for key in KAFKA_TLS_KEYS if getattr(config, key)})
+    return settings
+
+
+def kafka_client(client_class: type[ClientT], bootstrap_servers: str, security: Mapping[str, Any],
+                 **options: Any) -> ClientT:
+    """``client_class`` (KafkaConsumer, KafkaProducer or KafkaAdminClient) on ``bootstrap_servers``
+    with ``security`` (:func:`kafka_security`); a refused SASL login fails with one line."""
+    from kafka.errors import SaslAuthenticationFailedError
+
+    try:
+        return client_class(bootstrap_servers=bootstrap_servers, **security, **options)
+    except SaslAuthenticationFailedError as exc:
+        raise ConfigError(f"Kafka at {bootstrap_servers} refused the SASL login ({exc}); check "
+                          f"kafka.sasl_mechanism, kafka.sasl_username and kafka.sasl_password_file") from None
