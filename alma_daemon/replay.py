@@ -132,7 +132,7 @@ class KafkaPublisher:
 
 def ensure_topic(bootstrap_servers: str, topic: str, partitions: int, security: Mapping[str, Any] | None = None) -> None:
     from kafka.admin import KafkaAdminClient, NewTopic
-    from kafka.errors import TopicAlreadyExistsError
+    from kafka.errors import AuthorizationError, TopicAlreadyExistsError
 
     admin = kafka_client(KafkaAdminClient, bootstrap_servers, security or {}, client_id="alma-replay-admin")
     try:
@@ -140,6 +140,9 @@ def ensure_topic(bootstrap_servers: str, topic: str, partitions: int, security: 
         log.info("topic created", extra={"topic": topic, "partitions": partitions})
     except TopicAlreadyExistsError:
         pass
+    except AuthorizationError:
+        # Managed clusters usually let a producer write to a topic, not create one: it was made beforehand.
+        log.info("not allowed to create topics; publishing to an existing one", extra={"topic": topic})
     finally:
         admin.close()
 

