@@ -130,7 +130,8 @@ class KafkaPublisher:
         self.producer.close()
 
 
-def ensure_topic(bootstrap_servers: str, topic: str, partitions: int, security: Mapping[str, Any] | None = None) -> None:
+def ensure_topic(bootstrap_servers: str, topic: str, partitions: int,
+                 security: Mapping[str, Any] | None = None) -> None:
     from kafka.admin import KafkaAdminClient, NewTopic
     from kafka.errors import AuthorizationError, TopicAlreadyExistsError
 

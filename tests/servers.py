@@ -306,7 +306,8 @@ class TestCA:
     def _sign(self, name: str, common_name: str, extensions: str) -> None:
         request, extfile = self.folder / f"{name}.csr", self.folder / f"{name}.ext"
         extfile.write_text(f"{extensions}\nauthorityKeyIdentifier=keyid\nsubjectKeyIdentifier=hash\n")
-        self._openssl("req", *self._new_key(self.folder / f"{name}.key"), "-out", request, "-subj", f"/CN={common_name}")
+        self._openssl("req", *self._new_key(self.folder / f"{name}.key"), "-out", request,
+                      "-subj", f"/CN={common_name}")
         self._openssl("x509", "-req", "-in", request, "-CA", self.ca, "-CAkey", self.ca_key, "-CAcreateserial",
                       "-out", self.folder / f"{name}.pem", "-days", "2", "-extfile", extfile)
 

@@ -75,7 +75,8 @@ def write_config(tmp_path: Path, data: dict) -> str:
     ({"kafka": {"security_protocol": "SSL", "sasl_mechanism": "GSSAPI"}}, "kafka.sasl_mechanism"),
     ({"kafka": {"security_protocol": "TLS"}}, "kafka.security_protocol"),
     ({"redis": {"url": "redis://127.0.0.1:6379/0", "ssl_ca_certs": "ca.pem"}}, "redis.ssl_ca_certs"),
-    ({"redis": {"url": "redis://:inline@127.0.0.1:6379/0", "password_file": "/run/secrets/redis"}}, "redis.password_file"),
+    ({"redis": {"url": "redis://:inline@127.0.0.1:6379/0", "password_file": "/run/secrets/redis"}},
+     "redis.password_file"),
     ({"redis": {"url": "redis://alma@127.0.0.1:6379/0", "username": "other"}}, "redis.username"),
 ])
 def test_inconsistent_security_keys_fail_at_start_up_naming_the_key(data, key) -> None:
