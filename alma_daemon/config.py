@@ -123,6 +123,10 @@ class TrainConfig:
     #: Language modeling: gradient steps per training stage (same compute per chunk), warm-up steps.
     steps_per_chunk: int = 200
     warmup_steps: int = 20
+    #: Compile the training forward passes with torch.compile (CUDA graphs on GPU); eager where no compiler is present.
+    compile: bool = False
+    #: "bf16": forward passes under bfloat16 autocast (weights and optimizer stay fp32); "fp32": none.
+    precision: Literal["fp32", "bf16"] = "fp32"
 
 
 @dataclass
@@ -222,6 +226,9 @@ class DaemonConfig:
     stream: str = "mnist"
     #: Seconds between policy checks and status refreshes.
     poll_seconds: float = 1.0
+    #: An outage of Redis or the Kafka broker longer than this ends the daemon (exit 1); shorter ones
+    #: it rides out (docs/service.md, "Outages").
+    outage_limit_seconds: float = 300.0
 
 
 @dataclass
@@ -369,6 +376,8 @@ def _validate(config: Config) -> Config:
     drift = config.stream.drift
     if drift.kind != "none" and drift.at is None:
         raise ConfigError(f"stream.drift.at: stream.drift.kind={drift.kind} needs the first drifted chunk (1-based)")
+    if not config.daemon.outage_limit_seconds > 0:
+        raise ConfigError(f"daemon.outage_limit_seconds: must be > 0; got {config.daemon.outage_limit_seconds!r}")
     if config.learner.gating not in ("soft", "hard"):
         raise ConfigError(f"learner.gating: must be soft or hard; got {config.learner.gating!r}")
     return config

@@ -1,4 +1,8 @@
-"""Ens: N independent members, each trained on the same data; predictions average probabilities."""
+"""Ens: N independent members, each trained on the same data; predictions average probabilities.
+
+MLP members train together as one stacked model (:mod:`alma_daemon.training.members`), each with its
+own initialization, shuffling and early stopping, with the results of training them one by one.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from alma_daemon.models.backbones import build_backbone
 from alma_daemon.seeding import derive_seed
 from alma_daemon.training.distributed import train_members
 from alma_daemon.training.loop import FitReport, Trainer
+from alma_daemon.training.members import stacked_fitter
 
 
 def independent_members(learner: Learner, count: int, first: int = 0) -> list[nn.Module]:
@@ -30,6 +35,13 @@ def member_fitter(trainer: Trainer, train: LabeledData, val: LabeledData) -> Cal
     return lambda index, member: trainer.fit(member, train, val, purpose=("member", index))
 
 
+def train_independent_members(members: list[tuple[int, nn.Module]], trainer: Trainer, train: LabeledData,
+                              val: LabeledData) -> FitReport:
+    """Train ``(index, member)`` pairs, stacked into one batched model where they allow it, spread over ranks."""
+    return train_members(members, member_fitter(trainer, train, val), trainer.seed,
+                         fit_together=stacked_fitter(trainer, train, val))
+
+
 def average_member_proba(members: list[nn.Module] | nn.ModuleList, x: torch.Tensor) -> torch.Tensor:
     return torch.stack([m(x).softmax(1) for m in members]).mean(0)
 
@@ -44,7 +56,7 @@ class Ensemble(Learner):
         return nn.ModuleList(independent_members(self, self.config.members))
 
     def fit(self, train: LabeledData, val: LabeledData, trainer: Trainer) -> FitReport:
-        return train_members(list(enumerate(self.model)), member_fitter(trainer, train, val), trainer.seed)
+        return train_independent_members(list(enumerate(self.model)), trainer, train, val)
 
     def forward_proba(self, x: torch.Tensor) -> torch.Tensor:
         return average_member_proba(self.model, x)

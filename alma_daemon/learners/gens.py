@@ -19,8 +19,7 @@ from torch import nn
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import register_learner
 from alma_daemon.learners.base import Learner
-from alma_daemon.learners.ens import average_member_proba, independent_members, member_fitter
-from alma_daemon.training.distributed import train_members
+from alma_daemon.learners.ens import average_member_proba, independent_members, train_independent_members
 from alma_daemon.training.loop import FitReport, Trainer
 
 
@@ -52,9 +51,9 @@ class GrowingEnsemble(Learner):
         return {"added": added, "members": count + added, "frozen": count}
 
     def fit(self, train: LabeledData, val: LabeledData, trainer: Trainer) -> FitReport:
-        """Train each non-frozen member on its own (the optimizer sees only that member's parameters)."""
+        """Train the non-frozen members, each independently (stacked where they allow it, as in Ens)."""
         trainable = [(i, self.model[i]) for i in range(self.arch["frozen"], self.arch["members"])]
-        report = train_members(trainable, member_fitter(trainer, train, val), trainer.seed)
+        report = train_independent_members(trainable, trainer, train, val)
         self.arch = {**self.arch, "trained": True}
         return report
 

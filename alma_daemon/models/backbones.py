@@ -6,6 +6,9 @@ channels-last images as stored on the wire) and serving needs no separate prepro
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from typing import Iterator
+
 import torch
 from torch import nn
 
@@ -17,24 +20,63 @@ VGG19_BLOCKS = (2, 2, 4, 4, 4)
 
 
 class Normalize(nn.Module):
-    """Raw inputs (0-255, channels-last images as on the wire) -> standardized floats (NCHW images)."""
+    """Raw inputs (0-255, channels-last images as on the wire) -> standardized floats (NCHW images).
+
+    The work is split in two so that a training loop can standardize a stage's data once
+    (:meth:`standardize`, elementwise, in the data's own layout) and hand the model batches that
+    :meth:`arrange` only re-views; inside :func:`inputs_standardized_outside` the module then
+    passes its input through.
+    """
 
     def __init__(self, task: TaskInfo):
         super().__init__()
         mean = torch.tensor(task.mean or (0.0,), dtype=torch.float32) * 255.0
         std = torch.tensor(task.std or (1.0,), dtype=torch.float32) * 255.0
         self.channels_last = task.channels_last
-        self.per_channel = len(task.input_shape) == 3
-        if self.per_channel:
-            mean, std = mean.reshape(1, -1, 1, 1), std.reshape(1, -1, 1, 1)
+        per_channel = len(task.input_shape) == 3
+        if per_channel and not self.channels_last:
+            mean, std = mean.reshape(-1, 1, 1), std.reshape(-1, 1, 1)
         self.register_buffer("mean", mean, persistent=False)
         self.register_buffer("std", std, persistent=False)
+        self.passthrough = False
+
+    def standardize(self, x: torch.Tensor) -> torch.Tensor:
+        """Raw units -> standardized floats, same layout (elementwise: rows may be gathered before or after)."""
+        return (x.float() - self.mean) / self.std
+
+    def arrange(self, z: torch.Tensor) -> torch.Tensor:
+        """Standardized inputs -> the layout the layers take (a view: channels-last images become NCHW)."""
+        return z.permute(0, 3, 1, 2) if self.channels_last else z
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.float()
-        if self.channels_last:
-            x = x.permute(0, 3, 1, 2)
-        return (x - self.mean) / self.std
+        if self.passthrough:
+            return x
+        return self.arrange(self.standardize(x))
+
+    def same_transform(self, other: "Normalize") -> bool:
+        return (self.channels_last == other.channels_last and torch.equal(self.mean, other.mean)
+                and torch.equal(self.std, other.std))
+
+
+@contextmanager
+def inputs_standardized_outside(net: nn.Module) -> Iterator[Normalize | None]:
+    """Inside, every :class:`Normalize` of ``net`` passes its input through; yields the transform to apply.
+
+    The caller then feeds ``normalize.arrange(batch of normalize.standardize(data))``, the same floats
+    in the same layout as ``normalize(raw batch)``. Yields None (and changes nothing) when ``net``
+    has no Normalize, or several that do not agree.
+    """
+    found = [m for m in net.modules() if isinstance(m, Normalize)]
+    if not found or not all(found[0].same_transform(m) for m in found[1:]):
+        yield None
+        return
+    for m in found:
+        m.passthrough = True
+    try:
+        yield found[0]
+    finally:
+        for m in found:
+            m.passthrough = False
 
 
 def mlp_layers(task: TaskInfo, width: int) -> list[nn.Module]:

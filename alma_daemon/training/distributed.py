@@ -70,13 +70,23 @@ def current_world() -> World:
     return World()
 
 
+#: ``fit_together(members) -> {index: report}`` trains several members at once, or returns None where it cannot.
+FitTogether = Callable[[Sequence[tuple[int, nn.Module]]], "dict[int, FitReport] | None"]
+
+
 def train_members(members: Sequence[tuple[int, nn.Module]], fit_one: Callable[[int, nn.Module], FitReport],
-                  seed: int) -> FitReport:
-    """Train each ``(index, member)`` with ``fit_one``, spread over the ranks; their reports merged in the given order."""
+                  seed: int, fit_together: FitTogether | None = None) -> FitReport:
+    """Train each ``(index, member)``, spread over the ranks; their reports merged in the given order.
+
+    A rank trains its members together with ``fit_together`` where it can (stacked, see
+    :mod:`alma_daemon.training.members`), else one after another with ``fit_one``. Either gives each
+    member the same result, so the split over ranks does not change it.
+    """
     world = current_world()
-    reports: dict[int, FitReport] = {}
-    for index, member in members:
-        if index % world.size == world.rank:
+    local = [(index, member) for index, member in members if index % world.size == world.rank]
+    reports = (fit_together(local) if fit_together is not None and local else None) or {}
+    for index, member in local:
+        if index not in reports:
             torch.manual_seed(derive_seed(seed, "member", index))
             reports[index] = fit_one(index, member)
     if world.size > 1:

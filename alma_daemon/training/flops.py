@@ -28,11 +28,17 @@ class FlopMeter:
         self.total = 0
         self._per_key: dict[Hashable, int] = {}
 
-    def run(self, key: Hashable, fn: Callable[[], T]) -> T:
+    def run(self, key: Hashable, fn: Callable[[], T], counted: Callable[[], T] | None = None) -> T:
+        """Run ``fn`` and add its FLOPs; the first time ``key`` is seen, run ``counted`` (default ``fn``)
+        under the counter instead: an eager twin of a compiled ``fn``, whose kernels the counter cannot see."""
         if key in self._per_key:
             result = fn()
         else:
-            result, flops = count_flops(fn)
+            result, flops = count_flops(counted or fn)
             self._per_key[key] = flops
         self.total += self._per_key[key]
         return result
+
+    def share(self, key: Hashable) -> int:
+        """FLOPs counted for one run of ``key`` (0 if never run)."""
+        return self._per_key.get(key, 0)

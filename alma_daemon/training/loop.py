@@ -5,14 +5,24 @@ stage's data with mini-batches, evaluates on the stage's validation set after ev
 early after ``patience`` epochs without improvement and restores the best epoch. With a step budget
 (``steps``, language models) the stage is instead exactly that many steps under a warm-up then
 linear-decay learning rate, validated once at the end. Learners differ in *what* they hand to the
-loop, never in the loop itself.
+loop, never in the loop itself (:mod:`alma_daemon.training.members` runs the same epochs for
+several ensemble members at once).
+
+Where its time goes, and what the loop does about it (``benchmarks/bench_training.py`` measures it
+against a hand-written loop): the stage's inputs are standardized once, not per batch
+(:func:`~alma_daemon.models.backbones.inputs_standardized_outside`); the optimizer updates every
+parameter as one flat tensor (:class:`~alma_daemon.training.optim.FlatOptimizer`); batch indices
+move to the device once per epoch and evaluation reads one count back per pass, so a GPU is not
+stalled by host synchronizations; ``train.compile`` and ``train.precision`` are opt-in. None of
+this changes a CPU result: the series are bit for bit those of the plain loop.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator
+from typing import Callable, ContextManager, Iterable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -21,8 +31,10 @@ from torch import nn
 from alma_daemon.config import TrainConfig
 from alma_daemon.data.augment import flip_and_crop
 from alma_daemon.data.tensors import LabeledData
+from alma_daemon.models.backbones import Normalize, inputs_standardized_outside
 from alma_daemon.models.dropout import draw_dropout_from
 from alma_daemon.seeding import generator as seeded_generator
+from alma_daemon.training.compile import compiled
 from alma_daemon.training.flops import FlopMeter
 from alma_daemon.training.optim import build_optimizer, warmup_linear_decay
 
@@ -63,6 +75,62 @@ class FitReport:
         )
 
 
+class EarlyStopping:
+    """The best validation measure so far, the weights that reached it, and whether to stop."""
+
+    def __init__(self, patience: int):
+        self.patience = patience
+        self.best_error, self.best_epoch, self.bad_epochs = float("inf"), 0, 0
+        self.best_state: dict[str, torch.Tensor] | None = None
+
+    def update(self, error: float, epoch: int, net: nn.Module) -> bool:
+        """Record epoch ``epoch``'s measure; True when training should stop."""
+        if error < self.best_error:
+            self.best_error, self.best_epoch, self.bad_epochs = error, epoch, 0
+            self.best_state = {k: v.detach().clone() for k, v in net.state_dict().items()}
+            return False
+        self.bad_epochs += 1
+        return self.bad_epochs > self.patience
+
+    def restore(self, net: nn.Module) -> None:
+        if self.best_state is not None:
+            net.load_state_dict(self.best_state)
+
+
+class StageInputs:
+    """A stage's examples on the training device, standardized once where the model allows it.
+
+    Without augmentation every example is standardized once per stage and a batch is a gather of
+    rows. With augmentation (flips and padded crops work in raw units, padding black) a batch is
+    gathered raw, augmented, then standardized: the same floats as the model's own Normalize gives.
+    """
+
+    def __init__(self, data: LabeledData, normalize: Normalize | None, device: torch.device, augment: bool):
+        self.normalize, self.augment = normalize, augment
+        x = data.x.to(device)
+        self.x = x if normalize is None or augment else normalize.standardize(x)
+        self.y = data.y.to(device)
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def batch(self, index: torch.Tensor, gen: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Examples ``index`` as the model takes them; ``gen`` draws the augmentation, if any."""
+        x = self.x.index_select(0, index)
+        if self.augment:
+            x = flip_and_crop(x, gen)
+            if self.normalize is not None:
+                x = self.normalize.standardize(x)
+        return (x if self.normalize is None else self.normalize.arrange(x)), self.y.index_select(0, index)
+
+    def whole(self) -> LabeledData:
+        """Every example, as the model takes it (for evaluation passes)."""
+        x = self.x
+        if self.normalize is not None:
+            x = self.normalize.arrange(self.normalize.standardize(x) if self.augment else x)
+        return LabeledData(x, self.y)
+
+
 class Trainer:
     """Runs the training loop for one stage; seeded by (run seed, stage index) for exact resumes."""
 
@@ -76,6 +144,12 @@ class Trainer:
     def generator(self, *purpose: object) -> torch.Generator:
         """A CPU generator for shuffling/augmentation that depends only on the stage seed and ``purpose``."""
         return seeded_generator(self.seed, *purpose)
+
+    def autocast(self) -> ContextManager:
+        """``train.precision``: bfloat16 autocast around forward passes, or nothing."""
+        if self.config.precision == "bf16":
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
 
     def fit(
         self,
@@ -99,72 +173,76 @@ class Trainer:
         start = time.perf_counter()
         gen = self.generator("fit", purpose)
         draw_dropout_from(net, seeded_generator(self.seed, "dropout", purpose, device=self.device))
-        x, y = train.x.to(self.device), train.y.to(self.device)
-        val = LabeledData(val.x.to(self.device), val.y.to(self.device))
-        optimizer = build_optimizer(self.optimizer, net.parameters() if params is None else params, self.config)
+        optimizer = build_optimizer(self.optimizer, [net.parameters() if params is None else params], self.config)
         schedule = warmup_linear_decay(optimizer, steps, self.config.warmup_steps) if steps is not None else None
         validate = validate or self.validation_error
+        fast = compiled(net, self.device) if self.config.compile else net
         meter = FlopMeter()
-        best_error, best_state, best_epoch, bad_epochs, steps_done = float("inf"), None, 0, 0, 0
-        epoch = 0
-        for epoch in range(1, (1 if steps is not None else self.config.epochs) + 1):
-            net.train()
-            for index in self._batches(len(y), gen, steps):
-                index = index.to(self.device)
-                xb, yb = x[index], y[index]
-                if self.augment:
-                    xb = flip_and_crop(xb, gen)
-                meter.run(("train", tuple(xb.shape)), lambda: self._step(net, optimizer, objective, xb, yb))
-                if schedule is not None:
-                    schedule.step()
-                steps_done += 1
-            net.eval()
-            with torch.inference_mode():
-                error = validate(net, val, meter)
-            if error < best_error:
-                best_error, best_epoch, bad_epochs = error, epoch, 0
-                best_state = {k: v.detach().clone() for k, v in net.state_dict().items()}
-            else:
-                bad_epochs += 1
-                if bad_epochs > self.config.patience:
-                    break
-        if best_state is not None:
-            net.load_state_dict(best_state)
+        stopping = EarlyStopping(self.config.patience)
+        steps_done = epoch = 0
+        try:
+            with inputs_standardized_outside(net) as normalize:
+                inputs = StageInputs(train, normalize, self.device, self.augment)
+                val_inputs = StageInputs(val, normalize, self.device, augment=False).whole()
+                for epoch in range(1, (1 if steps is not None else self.config.epochs) + 1):
+                    net.train()
+                    for index in self.batches(len(inputs), gen, steps):
+                        xb, yb = inputs.batch(index, gen)
+                        meter.run(("train", tuple(xb.shape)), lambda: self.step(fast, optimizer, objective, xb, yb),
+                                  counted=lambda: self.step(net, optimizer, objective, xb, yb))
+                        if schedule is not None:
+                            schedule.step()
+                        steps_done += 1
+                    net.eval()
+                    with torch.inference_mode(), self.autocast():
+                        error = validate(net, val_inputs, meter)
+                    if stopping.update(error, epoch, net):
+                        break
+        finally:
+            optimizer.release()
+        stopping.restore(net)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return FitReport(
             flops=meter.total, seconds=time.perf_counter() - start, steps=steps_done, epochs=epoch,
-            best_epoch=best_epoch, val_error=best_error,
+            best_epoch=stopping.best_epoch, val_error=stopping.best_error,
         )
 
-    def _batches(self, n: int, gen: torch.Generator, steps: int | None) -> Iterator[torch.Tensor]:
-        """Index batches: one shuffled pass, or ``steps`` full batches from consecutive shuffled passes."""
+    def batches(self, n: int, gen: torch.Generator, steps: int | None) -> Iterator[torch.Tensor]:
+        """Index batches on the device: one shuffled pass, or ``steps`` full batches from consecutive shuffled passes.
+
+        Each pass's order is drawn when the pass begins (on the CPU generator, so the order does not
+        depend on the device) and moved to the device in one copy.
+        """
         batch = self.config.batch_size
         if steps is None:
-            yield from torch.randperm(n, generator=gen).split(batch)
+            yield from torch.randperm(n, generator=gen).to(self.device).split(batch)
             return
-        queue = torch.empty(0, dtype=torch.long)
+        queue = torch.empty(0, dtype=torch.long, device=self.device)
         for _ in range(steps):
             while len(queue) < batch:
-                queue = torch.cat([queue, torch.randperm(n, generator=gen)])
+                queue = torch.cat([queue, torch.randperm(n, generator=gen).to(self.device)])
             yield queue[:batch]
             queue = queue[batch:]
 
-    @staticmethod
-    def _step(net: nn.Module, optimizer: torch.optim.Optimizer, objective: Objective,
-              x: torch.Tensor, y: torch.Tensor) -> None:
-        optimizer.zero_grad(set_to_none=True)
-        objective(net, x, y).backward()
+    def step(self, net: nn.Module, optimizer, objective: Objective, x: torch.Tensor, y: torch.Tensor) -> None:
+        optimizer.zero_grad()
+        with self.autocast():
+            loss = objective(net, x, y)
+        loss.backward()
         optimizer.step()
 
     @staticmethod
     def validation_error(net: nn.Module, val: LabeledData, meter: FlopMeter | None = None) -> float:
-        """Classification error of ``net`` on ``val`` (validation passes count as training compute)."""
+        """Classification error of ``net`` on ``val`` (validation passes count as training compute).
+
+        Wrong predictions are counted on the device and read back once, not once per batch.
+        """
         net.eval()
-        wrong = 0
+        wrong = torch.zeros((), dtype=torch.long, device=val.y.device)
         with torch.inference_mode():
             for i in range(0, len(val), EVAL_BATCH):
                 xb, yb = val.x[i : i + EVAL_BATCH], val.y[i : i + EVAL_BATCH]
                 logits = meter.run(("val", tuple(xb.shape)), lambda: net(xb)) if meter else net(xb)
-                wrong += int((logits.argmax(1) != yb).sum())
-        return wrong / max(1, len(val))
+                wrong += (logits.argmax(1) != yb).sum()
+        return int(wrong) / max(1, len(val))

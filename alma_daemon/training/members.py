@@ -1,0 +1,122 @@
+"""Independent ensemble members trained together, as one stacked model (:mod:`alma_daemon.models.stacked`).
+
+:func:`fit_stacked` runs :meth:`Trainer.fit`'s epochs for several members at once, and keeps
+everything that makes each member independent: member i draws its shuffling from the generator
+``Trainer.fit`` would give it (``purpose=("member", i)``), is validated after every epoch on its own,
+and stops early on its own patience; a member that stops leaves the stack with its best weights
+and the others go on. Its optimizer state is its own too (one flat group per member in the
+:class:`~alma_daemon.training.optim.FlatOptimizer`). Since the stacked products are those of the
+member alone, each member's weights, and its report, are bit for bit what ``Trainer.fit`` gives it
+(tests/test_stacked_members.py); only the wall time is shared, split by steps.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from alma_daemon.data.tensors import LabeledData
+from alma_daemon.models.backbones import inputs_standardized_outside
+from alma_daemon.models.stacked import stackable, stacked_forward
+from alma_daemon.training.flops import FlopMeter
+from alma_daemon.training.loop import EVAL_BATCH, EarlyStopping, FitReport, StageInputs, Trainer
+from alma_daemon.training.optim import build_optimizer
+
+def stacked_fitter(trainer: Trainer, train: LabeledData, val: LabeledData) -> Callable[[Sequence[tuple[int, nn.Module]]], dict[int, FitReport] | None]:
+    """Trains ``(index, member)`` pairs stacked where they allow it (MLP backbones, no augmentation); None otherwise."""
+    def fit_together(members: Sequence[tuple[int, nn.Module]]) -> dict[int, FitReport] | None:
+        if trainer.augment or not stackable([m for _, m in members]):
+            return None
+        return fit_stacked(trainer, members, train, val)
+
+    return fit_together
+
+
+class _Member:
+    """One member's place in a stacked fit: its generator, its early stopping, what it did."""
+
+    def __init__(self, index: int, net: nn.Module, trainer: Trainer):
+        self.index, self.net = index, net
+        self.gen = trainer.generator("fit", ("member", index))
+        self.stopping = EarlyStopping(trainer.config.patience)
+        self.flops = self.steps = self.epochs = 0
+
+
+def fit_stacked(trainer: Trainer, members: Sequence[tuple[int, nn.Module]], train: LabeledData,
+                val: LabeledData) -> dict[int, FitReport]:
+    """Train stackable members together for ``train.epochs`` epochs with per-member early stopping."""
+    start = time.perf_counter()
+    state = [_Member(index, net, trainer) for index, net in members]
+    optimizer = build_optimizer(trainer.optimizer, [m.net.parameters() for m in state], trainer.config)
+    meter = FlopMeter()
+    active = list(state)
+    try:
+        with inputs_standardized_outside(nn.ModuleList([m.net for m in state])) as normalize:
+            inputs = StageInputs(train, normalize, trainer.device, augment=False)
+            val_inputs = StageInputs(val, normalize, trainer.device, augment=False).whole()
+            for epoch in range(1, trainer.config.epochs + 1):
+                for m in active:
+                    m.net.train()
+                # Every member's pass has the same batch sizes: one stacked step per batch position.
+                passes = [list(trainer.batches(len(inputs), m.gen, None)) for m in active]
+                for position in range(len(passes[0])):
+                    index = torch.stack([p[position] for p in passes])
+                    xb, yb = inputs.batch(index.reshape(-1))
+                    xb, yb = xb.view(*index.shape, *xb.shape[1:]), yb.view(index.shape)
+                    nets = [m.net for m in active]
+                    key = ("train", len(nets), tuple(xb.shape))
+                    meter.run(key, lambda: _stacked_step(trainer, nets, optimizer, xb, yb))
+                    for m in active:
+                        m.flops += meter.share(key) // len(active)
+                        m.steps += 1
+                errors = _validation_errors(trainer, active, val_inputs, meter)
+                still = []
+                for m, error in zip(active, errors):
+                    m.epochs = epoch
+                    if not m.stopping.update(error, epoch, m.net):
+                        still.append(m)
+                active = still
+                if not active:
+                    break
+    finally:
+        optimizer.release()
+    for m in state:
+        m.stopping.restore(m.net)
+    if trainer.device.type == "cuda":
+        torch.cuda.synchronize(trainer.device)
+    seconds = time.perf_counter() - start
+    total_steps = max(1, sum(m.steps for m in state))
+    return {m.index: FitReport(flops=m.flops, seconds=seconds * m.steps / total_steps, steps=m.steps,
+                               epochs=m.epochs, best_epoch=m.stopping.best_epoch, val_error=m.stopping.best_error)
+            for m in state}
+
+
+def _stacked_step(trainer: Trainer, nets: list[nn.Module], optimizer, x: torch.Tensor, y: torch.Tensor) -> None:
+    """One optimizer step of every member on its own batch; the loss is the sum of the members' mean losses."""
+    optimizer.zero_grad()
+    with trainer.autocast():
+        logits = stacked_forward(nets, x)
+        loss = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view(y.shape).mean(1).sum()
+    loss.backward()
+    optimizer.step()
+
+
+def _validation_errors(trainer: Trainer, members: list[_Member], val: LabeledData, meter: FlopMeter) -> list[float]:
+    """Each member's classification error on ``val``, from stacked passes (counted per member, as Trainer.fit counts)."""
+    nets = [m.net for m in members]
+    for net in nets:
+        net.eval()
+    wrong = torch.zeros(len(nets), dtype=torch.long, device=val.y.device)
+    with torch.inference_mode(), trainer.autocast():
+        for i in range(0, len(val), EVAL_BATCH):
+            xb, yb = val.x[i : i + EVAL_BATCH], val.y[i : i + EVAL_BATCH]
+            key = ("val", len(nets), tuple(xb.shape))
+            logits = meter.run(key, lambda: stacked_forward(nets, xb.expand(len(nets), *xb.shape)))
+            for m in members:
+                m.flops += meter.share(key) // len(members)
+            wrong += (logits.argmax(2) != yb).sum(1)
+    return [w / max(1, len(val)) for w in wrong.tolist()]

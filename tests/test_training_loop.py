@@ -1,0 +1,137 @@
+"""The training loop's speed features change no result: flat optimizer, inputs standardized once, compile fallback."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from alma_daemon.config import TrainConfig
+from alma_daemon.data.augment import flip_and_crop
+from alma_daemon.data.datasets import MNIST_TASK, TaskInfo
+from alma_daemon.models.backbones import build_backbone
+from alma_daemon.seeding import generator
+from alma_daemon.training import compile as compile_module
+from alma_daemon.training.loop import EVAL_BATCH, Trainer
+from alma_daemon.training.optim import DEFAULT_LR, FlatOptimizer, optimizer_factory
+from tests.conftest import separable_data
+
+CIFAR_LIKE = TaskInfo("classification", (32, 32, 3), 4, mean=(0.5, 0.4, 0.3), std=(0.25, 0.2, 0.3),
+                      channels_last=True, augment=True)
+CONFIG = TrainConfig(epochs=3, patience=3, batch_size=32)
+
+
+def plain_fit(net, train, val, config: TrainConfig, optimizer: torch.optim.Optimizer, augment: bool, seed: int):
+    """The textbook loop on the batches Trainer.fit draws: per-parameter optimizer, the model's own Normalize.
+
+    Returns the best validation error and the weights of its epoch.
+    """
+    gen = generator(seed, "fit", "model")
+    best_error, best_state = float("inf"), None
+    for _ in range(config.epochs):
+        net.train()
+        for index in torch.randperm(len(train), generator=gen).split(config.batch_size):
+            xb = train.x[index]
+            if augment:
+                xb = flip_and_crop(xb, gen)
+            optimizer.zero_grad(set_to_none=True)
+            F.cross_entropy(net(xb), train.y[index]).backward()
+            optimizer.step()
+        net.eval()
+        with torch.inference_mode():
+            error = int((net(val.x[:EVAL_BATCH]).argmax(1) != val.y[:EVAL_BATCH]).sum()) / len(val)
+        if error < best_error:
+            best_error, best_state = error, copy.deepcopy(net.state_dict())
+    return best_error, best_state
+
+
+@pytest.mark.parametrize("task,width,optimizer", [(MNIST_TASK, 16, "adadelta"), (CIFAR_LIKE, 4, "sgd")])
+def test_trainer_gives_the_textbook_loops_weights_bit_for_bit(task, width, optimizer) -> None:
+    train, val = separable_data(task, 160, seed=1), separable_data(task, 40, seed=2)
+    torch.manual_seed(0)
+    net = build_backbone(task, width)
+    twin = copy.deepcopy(net)
+    report = Trainer(CONFIG, optimizer, torch.device("cpu"), seed=5, augment=task.augment).fit(net, train, val)
+    lr = DEFAULT_LR[optimizer]
+    plain_optimizer = (torch.optim.Adadelta(twin.parameters(), lr=lr) if optimizer == "adadelta" else
+                       torch.optim.SGD(twin.parameters(), lr=lr, momentum=0.9, weight_decay=1e-4))
+    best_error, best_state = plain_fit(twin, train, val, CONFIG, plain_optimizer, task.augment, seed=5)
+    assert report.val_error == best_error
+    for key, value in net.state_dict().items():
+        assert torch.equal(value, best_state[key]), key
+
+
+@pytest.mark.parametrize("name", ["adadelta", "sgd", "adam"])
+def test_flat_optimizer_steps_exactly_like_the_per_parameter_one_even_when_gradients_go_missing(name) -> None:
+    """Groups skip when wholly without gradients and split per parameter when partly without: as PyTorch does."""
+    torch.manual_seed(0)
+    nets = [torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.ReLU(), torch.nn.Linear(7, 3)) for _ in range(2)]
+    twins = copy.deepcopy(nets)
+    config = TrainConfig(lr=0.1, weight_decay=0.01)
+    flat = FlatOptimizer([list(n.parameters()) for n in nets], optimizer_factory(name, config, torch.device("cpu")))
+    params = [p for n in twins for p in n.parameters()]
+    reference = {"adadelta": lambda: torch.optim.Adadelta(params, lr=0.1, weight_decay=0.01),
+                 "sgd": lambda: torch.optim.SGD(params, lr=0.1, momentum=0.9, weight_decay=0.01),
+                 "adam": lambda: torch.optim.Adam(params, lr=0.1, betas=(0.9, 0.98), eps=1e-8, weight_decay=0.01)}[name]()
+    x = torch.randn(4, 5)
+    for step in range(6):
+        for optimizer, models in ((flat, nets), (reference, twins)):
+            optimizer.zero_grad()
+            for i, net in enumerate(models):
+                if step == 2 and i == 1:
+                    continue  # the second model gets no gradient at all: its group is skipped
+                if step >= 4 and i == 0:
+                    net[2](x[:, :3].repeat(1, 3)[:, :7]).sum().backward()  # only the last layer: a partial group
+                    continue
+                net(x).pow(2).sum().backward()
+            optimizer.step()
+        for a, b in zip([p for n in nets for p in n.parameters()], [p for n in twins for p in n.parameters()]):
+            assert torch.equal(a, b), f"step {step}"
+    assert len(flat.flats) == 8  # the partial step split the groups per parameter (2 x 4)
+    flat.release()
+    assert all(p.data.untyped_storage().nbytes() == p.numel() * 4 for n in nets for p in n.parameters())
+
+
+def test_without_a_compiler_train_compile_runs_eager_with_the_eager_results(monkeypatch, caplog) -> None:
+    monkeypatch.setenv("CXX", "no-such-compiler-anywhere")
+    train, val = separable_data(MNIST_TASK, 96, seed=1), separable_data(MNIST_TASK, 32, seed=2)
+    reports = []
+    for compile_flag in (False, True):
+        torch.manual_seed(0)
+        net = build_backbone(MNIST_TASK, 8)
+        config = dataclasses.replace(CONFIG, compile=compile_flag)
+        reports.append((Trainer(config, "adadelta", torch.device("cpu"), seed=1).fit(net, train, val), net))
+    (eager, eager_net), (fallback, fallback_net) = reports
+    assert (fallback.val_error, fallback.flops, fallback.steps) == (eager.val_error, eager.flops, eager.steps)
+    assert all(torch.equal(a, b) for a, b in zip(eager_net.parameters(), fallback_net.parameters()))
+    assert compile_module.compiler_missing(torch.device("cpu")) == "no C++ compiler ('no-such-compiler-anywhere') on PATH"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(compile_module.compiler_missing(torch.device("cpu")) is not None,
+                    reason=f"torch.compile cannot build CPU kernels here: {compile_module.compiler_missing(torch.device('cpu'))}")
+def test_train_compile_trains_and_counts_the_flops_of_the_eager_model() -> None:
+    """Compiled kernels round differently (fused multiply-adds), so results are close, not equal; FLOPs are equal."""
+    train, val = separable_data(MNIST_TASK, 256, seed=1), separable_data(MNIST_TASK, 64, seed=2)
+    reports = []
+    for compile_flag in (False, True):
+        torch.manual_seed(0)
+        net = build_backbone(MNIST_TASK, 8)
+        config = dataclasses.replace(CONFIG, epochs=4, patience=4, compile=compile_flag)
+        reports.append(Trainer(config, "adadelta", torch.device("cpu"), seed=1).fit(net, train, val))
+    eager, compiled = reports
+    assert compiled.flops == eager.flops and compiled.steps == eager.steps
+    assert compiled.val_error <= 0.2 and abs(compiled.val_error - eager.val_error) <= 0.1
+
+
+def test_bf16_precision_trains_under_autocast_and_keeps_fp32_weights() -> None:
+    train, val = separable_data(MNIST_TASK, 256, seed=1), separable_data(MNIST_TASK, 64, seed=2)
+    torch.manual_seed(0)
+    net = build_backbone(MNIST_TASK, 16)
+    config = dataclasses.replace(CONFIG, epochs=4, patience=4, precision="bf16")
+    report = Trainer(config, "adadelta", torch.device("cpu"), seed=1).fit(net, train, val)
+    assert report.val_error <= 0.2
+    assert all(p.dtype == torch.float32 for p in net.parameters())
