@@ -107,6 +107,8 @@ class Engine:
         # source changes the chunks, so that CER measures the distribution the chunks come from.
         self.drift = build_drift(config.stream.drift, learner.task, config.stream.seed)
         self._drifted_test_set: LabeledData | None = None
+        #: (model version, test set, measure) of the last test-set measurement: see :meth:`test_measure`.
+        self._last_test: tuple[int, LabeledData, float] | None = None
 
     # -- the step ---------------------------------------------------------------------------------
     def on_chunk(self, chunk: Chunk) -> dict:
@@ -115,17 +117,19 @@ class Engine:
             raise ValueError(f"chunk {chunk.index} arrived after chunk {self.state.last_chunk}: ids must increase")
         measure = self.learner.measure
         stream = self.config.stream
-        prequential = self.learner.evaluate(prequential_sample(chunk, stream.prequential_examples, stream.seed))[measure]
+        sample = prequential_sample(chunk, stream.prequential_examples, stream.seed)
+        prequential = self.learner.evaluate(sample)[measure]
         self.buffer.add(split_chunk(chunk, stream.val_fraction, stream.seed))
         self.state.chunks_seen += 1
         self.state.last_chunk = chunk.index
         self.state.examples_seen += len(chunk)
 
-        decision = self.decide()
+        decision = self.decide(prequential, len(sample))
         stage = self.train_stage(decision) if decision.train else None
         return self.record_step(chunk, prequential, decision, stage)
 
-    def policy_state(self) -> PolicyState:
+    def policy_state(self, prequential: float | None = None, prequential_examples: int = 0) -> PolicyState:
+        """What the policy sees; ``prequential`` is the newest chunk's measure (None between chunks)."""
         pending = self.buffer.pending_examples()
         kept = self.state.examples_seen if self.config.stream.replay else pending
         return PolicyState(
@@ -143,12 +147,16 @@ class Engine:
             # The validation share of each chunk is held out from training.
             next_stage_examples=round(kept * (1 - self.config.stream.val_fraction)),
             learner_grows=self.learner.grows,
+            prequential=prequential,
+            prequential_examples=prequential_examples,
+            measure=self.learner.measure,
         )
 
-    def decide(self) -> Decision:
-        decision = self.policy.decide(self.policy_state())
-        self.state.last_decision = {"action": decision.action, "reason": decision.reason, "at": self.clock()}
-        log.info("policy decision", extra={"action": decision.action, "reason": decision.reason})
+    def decide(self, prequential: float | None = None, prequential_examples: int = 0) -> Decision:
+        decision = self.policy.decide(self.policy_state(prequential, prequential_examples))
+        self.state.last_decision = {"action": decision.action, "reason": decision.reason, "at": self.clock(),
+                                    "estimates": decision.estimates}
+        log.info("policy decision", extra={"action": decision.action, "reason": decision.reason, **decision.estimates})
         for observer in self.observers:
             observer.on_decision(decision, self)
         return decision
@@ -224,10 +232,24 @@ class Engine:
             self._drifted_test_set = self.drift.transform(self.test_set)
         return self._drifted_test_set
 
+    def test_measure(self, test_set: LabeledData | None) -> float | None:
+        """The model's measure on ``test_set``, taken again only when the model or the test set changed.
+
+        Only a training stage changes the model, and each one bumps ``model_version``: with a waiting
+        time w, w - 1 of every w chunks would otherwise measure the same model on the same examples.
+        """
+        if test_set is None:
+            return None
+        last = self._last_test
+        if last is not None and last[0] == self.state.model_version and last[1] is test_set:
+            return last[2]
+        value = self.learner.evaluate(test_set)[self.learner.measure]
+        self._last_test = (self.state.model_version, test_set, value)
+        return value
+
     def record_step(self, chunk: Chunk, prequential: float, decision: Decision, stage: dict | None) -> dict:
         measure = self.learner.measure
-        test_set = self.test_set_at(chunk.index)
-        test = self.learner.evaluate(test_set)[measure] if test_set is not None else None
+        test = self.test_measure(self.test_set_at(chunk.index))
         s = self.state
         params = self.learner.num_parameters()
         train_flops = stage["train_flops"] if stage else 0

@@ -10,7 +10,7 @@ from policies.base import Decision, Policy, PolicyState
 POLICIES: dict[str, type[Policy]] = {}
 
 #: Modules whose import registers the built-in policies; add a line here for a new policy.
-BUILTIN_MODULES: list[str] = ["fixed", "schedule", "budget", "geometric"]
+BUILTIN_MODULES: list[str] = ["fixed", "schedule", "budget", "geometric", "adaptive"]
 
 
 def register_policy(cls: type[Policy]) -> type[Policy]:

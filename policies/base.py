@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from alma_daemon.config import ConfigError, PolicyConfig
@@ -37,15 +37,26 @@ class PolicyState:
     next_stage_examples: int | None = None
     #: Whether the learner can grow; policies never ask a fixed architecture to grow.
     learner_grows: bool = False
+    #: The live model's measure on the newest chunk before training on it (its prequential error, or
+    #: perplexity), the examples it was taken on, and which measure it is. None on a check between
+    #: chunks, where no chunk is new.
+    prequential: float | None = None
+    prequential_examples: int = 0
+    measure: str = "error"
 
 
 @dataclass(frozen=True)
 class Decision:
-    """A policy's answer, with the reason that is logged and shown by ``alma status``."""
+    """A policy's answer, with the reason that is logged and shown by ``alma status``.
+
+    ``estimates`` holds the numbers a policy decided from, by name (exported as metrics where
+    :data:`alma_daemon.telemetry.POLICY_ESTIMATES` names them); most policies have none.
+    """
 
     train: bool
     grow: bool
     reason: str
+    estimates: dict[str, float] = field(default_factory=dict)
 
     @property
     def action(self) -> str:
@@ -63,6 +74,9 @@ class Policy(ABC):
     time_based: ClassVar[bool] = False
     #: The optional policy.* keys (:data:`OPTIONAL_KEYS`) this policy reads.
     config_keys: ClassVar[frozenset[str]] = frozenset()
+    #: True when the policy decides itself when a growing learner grows; ``policy.grow_every: 0``
+    #: still turns growth off. Otherwise growth follows ``policy.grow_every`` (:meth:`train_decision`).
+    decides_growth: ClassVar[bool] = False
 
     def __init__(self, config: PolicyConfig):
         self.config = config

@@ -1,0 +1,315 @@
+"""Waiting-time policies against the schedules chosen in hindsight (issue 13's targets).
+
+For each setting (a stream and a learner) and seed, every schedule of the grid runs once: fixed
+waits w in W and geometric ratios in {0.25, 0.5, 1, 2}, then the adaptive policy. A setting's best
+schedule is the one with the lowest CER averaged over the seeds. The targets, per setting:
+
+- CER within 5 % of the best schedule's, with cumulative training FLOPs at most 1.5 x its;
+- CER never above greedy (w = 1) nor geometric 0.5;
+- on the drifting stream, a CER below every schedule;
+- growing learners: the adaptive growth timing no worse than the best ``grow_every`` in {1, 2, 5}.
+
+Runs are cached in ``--runs`` (JSON, rewritten after every run), so an interrupted benchmark resumes
+where it stopped, and ``--report-only`` rebuilds the table and the figure from the cache alone. Each
+run uses one torch thread, so its results do not depend on ``--jobs`` and repeat bit for bit on one
+machine (the thread count changes the order of floating-point sums, hence the figures).
+
+    nice python benchmarks/bench_policy.py --settings mnist-sm4 mnist-sm64 mnist-sm64-drift --jobs 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+FIGURE = Path(__file__).resolve().parents[1] / "docs" / "figures" / "policy-decisions.png"
+
+WAITS_500 = [1, 2, 5, 10, 25, 50]
+WAITS_100 = [1, 2, 5, 10, 25]
+RATIOS = [0.25, 0.5, 1.0, 2.0]
+GROW_EVERY = [1, 2, 5]
+#: Policies whose series (first seed) the cache keeps, for the figure of decisions along one stream.
+FIGURE_POLICIES = ("fixed w=1", "geometric 0.5", "adaptive")
+
+#: name -> (config overrides, waits of the fixed schedules, what the setting is)
+SETTINGS: dict[str, tuple[dict, list[int], str]] = {
+    "mnist-sm4": ({"learner.name": "sm", "learner.width": 4, "stream.megabatches": 500}, WAITS_500,
+                  "MNIST, B = 500, SM width 4"),
+    "mnist-sm64": ({"learner.name": "sm", "learner.width": 64, "stream.megabatches": 500}, WAITS_500,
+                   "MNIST, B = 500, SM width 64"),
+    "mnist-ens8": ({"learner.name": "ens", "learner.width": 8, "learner.members": 5, "stream.megabatches": 500},
+                   WAITS_500, "MNIST, B = 500, Ens of 5 width 8"),
+    "mnist-sm16": ({"learner.name": "sm", "learner.width": 16, "stream.megabatches": 500}, WAITS_500,
+                   "MNIST, B = 500, SM width 16 (held out: not run while the rules were designed)"),
+    "mnist-sm64-rotate": ({"learner.name": "sm", "learner.width": 64, "stream.megabatches": 100,
+                           "stream.drift.kind": "rotate", "stream.drift.degrees": 90.0, "stream.drift.at": 50},
+                          WAITS_100, "MNIST, B = 100, SM width 64, images rotated 90 degrees from chunk 50 (held out)"),
+    "mnist-sm64-drift": ({"learner.name": "sm", "learner.width": 64, "stream.megabatches": 100,
+                          "stream.drift.kind": "permute_labels", "stream.drift.at": 50}, WAITS_100,
+                         "MNIST, B = 100, SM width 64, labels permuted from chunk 50"),
+    "cifar-sm16": ({"dataset.name": "cifar10", "learner.name": "sm", "learner.width": 16, "stream.megabatches": 100},
+                   WAITS_100, "CIFAR-10, B = 100, SM (VGG) width 16"),
+    "mnist-gens8": ({"learner.name": "gens", "learner.width": 8, "stream.megabatches": 500}, [],
+                    "MNIST, B = 500, gEns width 8: growth timing"),
+    "mnist-gmoe8": ({"learner.name": "gmoe", "learner.width": 8, "stream.megabatches": 500}, [],
+                    "MNIST, B = 500, gMoE width 8: growth timing"),
+}
+#: Settings where the adaptive policy is compared on growth timing (grow_every), not waiting time.
+GROWTH_SETTINGS = {"mnist-gens8", "mnist-gmoe8"}
+
+
+def schedules(setting: str) -> list[dict]:
+    """The policies a setting runs: its schedule grid, then the adaptive policy."""
+    if setting in GROWTH_SETTINGS:
+        # The growth baselines wait geometrically (the default 0.5) and grow every k-th stage.
+        grid = [{"policy.name": "geometric", "policy.grow_every": k} for k in GROW_EVERY]
+    else:
+        grid = [{"policy.name": "fixed", "policy.wait": w} for w in SETTINGS[setting][1]]
+        grid += [{"policy.name": "geometric", "policy.ratio": r} for r in RATIOS]
+    return [*grid, {"policy.name": "adaptive"}]
+
+
+def policy_label(policy: dict) -> str:
+    if policy["policy.name"] == "fixed":
+        return f"fixed w={policy['policy.wait']}"
+    if policy["policy.name"] == "geometric":
+        if "policy.grow_every" in policy:
+            return f"geometric 0.5, grow_every={policy['policy.grow_every']}"
+        return f"geometric {policy['policy.ratio']:g}"
+    return policy["policy.name"]
+
+
+def run_key(setting: str, policy: dict, seed: int, common: dict) -> str:
+    return json.dumps({"setting": setting, "policy": policy, "seed": seed, "common": common}, sort_keys=True)
+
+
+def run_one(setting: str, policy: dict, seed: int, common: dict, keep_series: bool) -> dict:
+    """One simulated stream in this (worker) process; returns its compact record."""
+    import torch
+
+    torch.set_num_threads(1)
+    from alma_daemon.config import build_config
+    from alma_daemon.simulate import run_simulation
+
+    values = {**SETTINGS[setting][0], **common, **policy, "seed": seed, "stream.seed": seed}
+    config = build_config({}, [f"{key}={json.dumps(value)}" for key, value in values.items()])
+    start = time.perf_counter()
+    results = run_simulation(config, progress=False)
+    series = results["series"]
+    record = {
+        "setting": setting, "policy": policy_label(policy), "seed": seed, "torch": torch.__version__,
+        "cer": results["summary"]["cer"], "final_test_error": results["summary"]["final_test_error"],
+        "cumulative_train_flops": results["summary"]["cumulative_train_flops"],
+        "stages": results["summary"]["stages"], "seconds": round(time.perf_counter() - start, 1),
+        "trained_at": [r["t"] for r in series if r["trained"]],
+        "grew_at": [r["t"] for r in series if r["decision"] == "grow+train"],
+    }
+    if keep_series:
+        record["test_error"] = [round(r["test_error"], 4) for r in series]
+        record["prequential_error"] = [round(r["prequential_error"], 4) for r in series]
+        record["reasons"] = {r["t"]: r["reason"] for r in series if r["trained"]}
+    return record
+
+
+# -- cache ----------------------------------------------------------------------------------------
+def load_runs(path: Path) -> dict:
+    return json.loads(path.read_text())["runs"] if path.is_file() else {}
+
+
+def save_runs(path: Path, runs: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"runs": dict(sorted(runs.items()))}, indent=0) + "\n")
+    os.replace(tmp, path)
+
+
+# -- report ---------------------------------------------------------------------------------------
+def mean(values: list[float]) -> float:
+    return statistics.fmean(values)
+
+
+def summarize(runs: dict, settings: list[str], seeds: list[int], common: dict) -> dict:
+    """Per setting: each policy's mean CER and FLOPs over the seeds, and the targets' verdicts."""
+    report = {}
+    for setting in settings:
+        rows = {}
+        for policy in schedules(setting):
+            records = [runs.get(run_key(setting, policy, seed, common)) for seed in seeds]
+            if any(r is None for r in records):
+                rows[policy_label(policy)] = None
+                continue
+            rows[policy_label(policy)] = {
+                "cer": mean([r["cer"] for r in records]),
+                "cer_per_seed": [r["cer"] for r in records],
+                "flops": mean([r["cumulative_train_flops"] for r in records]),
+                "stages": mean([r["stages"] for r in records]),
+                "final_test_error": mean([r["final_test_error"] for r in records]),
+            }
+        report[setting] = {"what": SETTINGS[setting][2], "policies": rows, "targets": targets(setting, rows)}
+    return report
+
+
+def targets(setting: str, rows: dict) -> dict | None:
+    adaptive = rows.get("adaptive")
+    grid = {name: row for name, row in rows.items() if name != "adaptive"}
+    if adaptive is None or any(row is None for row in grid.values()):
+        return None
+    best_name = min(grid, key=lambda name: grid[name]["cer"])
+    best = grid[best_name]
+    verdict = {
+        "best_schedule": best_name,
+        "cer_ratio_to_best": adaptive["cer"] / best["cer"],
+        "flops_ratio_to_best": adaptive["flops"] / best["flops"],
+    }
+    if setting in GROWTH_SETTINGS:
+        verdict["no_worse_than_the_best_grow_every"] = adaptive["cer"] <= best["cer"]
+        verdict["met"] = verdict["no_worse_than_the_best_grow_every"]
+        return verdict
+    verdict["within_5pct_and_1.5x_flops"] = verdict["cer_ratio_to_best"] <= 1.05 and verdict["flops_ratio_to_best"] <= 1.5
+    verdict["not_above_greedy_or_geometric_0.5"] = (adaptive["cer"] <= grid["fixed w=1"]["cer"]
+                                                    and adaptive["cer"] <= grid["geometric 0.5"]["cer"])
+    if SETTINGS[setting][0].get("stream.drift.kind", "none") != "none":
+        verdict["below_every_schedule"] = adaptive["cer"] < best["cer"]
+    verdict["met"] = all(v for k, v in verdict.items() if isinstance(v, bool))
+    return verdict
+
+
+def markdown(report: dict, meta: dict) -> str:
+    lines = [
+        "# Waiting-time policies: benchmark",
+        "",
+        f"`{meta['command']}`  ",
+        f"{meta['machine']}; seeds {meta['seeds']}; {meta['common']}",
+        "",
+    ]
+    for setting, entry in report.items():
+        lines += [f"## {setting}: {entry['what']}", ""]
+        rows = entry["policies"]
+        if all(row is None for row in rows.values()):
+            lines += ["not run", ""]
+            continue
+        lines += ["| policy | CER (mean) | CER per seed | final error | training FLOPs | stages |",
+                  "|---|---:|---|---:|---:|---:|"]
+        for name, row in rows.items():
+            if row is None:
+                lines.append(f"| {name} | not run | | | | |")
+                continue
+            seeds = ", ".join(f"{c:.1f}" for c in row["cer_per_seed"])
+            lines.append(f"| {name} | {row['cer']:.2f} | {seeds} | {row['final_test_error']:.4f} | "
+                         f"{row['flops']:.3g} | {row['stages']:.1f} |")
+        verdict = entry["targets"]
+        lines.append("")
+        if verdict is None:
+            lines += ["Targets: not all runs done.", ""]
+            continue
+        text = (f"Best schedule in hindsight: {verdict['best_schedule']}. Adaptive: CER x{verdict['cer_ratio_to_best']:.3f}, "
+                f"FLOPs x{verdict['flops_ratio_to_best']:.2f} of it. ")
+        checks = {k: v for k, v in verdict.items() if isinstance(v, bool) and k != "met"}
+        text += "; ".join(f"{k.replace('_', ' ')}: {'yes' if v else 'NO'}" for k, v in checks.items())
+        lines += [text + f". Targets {'met' if verdict['met'] else 'MISSED'}.", ""]
+    return "\n".join(lines)
+
+
+def figure(runs: dict, setting: str, seed: int, common: dict, path: Path) -> bool:
+    """Test and prequential error along one stream, with each policy's training stages marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shown = [p for p in schedules(setting) if policy_label(p) in FIGURE_POLICIES]
+    records = [runs.get(run_key(setting, p, seed, common)) for p in shown]
+    if any(r is None or "test_error" not in r for r in records):
+        return False
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 5.5), sharex=True, gridspec_kw={"height_ratios": [3, 1]})
+    for row, record in enumerate(records):
+        t = range(1, len(record["test_error"]) + 1)
+        line, = top.plot(t, record["test_error"], label=f"{record['policy']} (CER {record['cer']:.1f})", lw=1.2)
+        bottom.scatter(record["trained_at"], [row] * len(record["trained_at"]), marker="|", s=120, color=line.get_color())
+    adaptive = records[-1]
+    top.plot(range(1, len(adaptive["prequential_error"]) + 1), adaptive["prequential_error"], lw=0.6, alpha=0.5,
+             color="grey", label="adaptive: prequential error of each chunk")
+    top.set_ylabel("test error")
+    top.set_yscale("log")
+    top.legend(fontsize=8)
+    top.set_title(f"{SETTINGS[setting][2]}, seed {seed}")
+    bottom.set_yticks(range(len(records)), [r["policy"] for r in records], fontsize=8)
+    bottom.set_ylim(-0.5, len(records) - 0.5)
+    bottom.set_xlabel("chunk t (training stages marked below)")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--settings", nargs="+", default=["mnist-sm4", "mnist-sm64", "mnist-sm64-drift"],
+                        choices=sorted(SETTINGS))
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--epochs", type=int, default=10, help="train.epochs cap (default 10)")
+    parser.add_argument("--test-examples", type=int, default=1000, help="dataset.test_examples (default 1000)")
+    parser.add_argument("--jobs", type=int, default=1, help="runs in parallel, one torch thread each")
+    parser.add_argument("--runs", type=Path, default=RESULTS / "policy_runs.json", help="cache of finished runs")
+    parser.add_argument("--out", type=Path, default=RESULTS / "policy.json")
+    parser.add_argument("--figure-setting", default="mnist-sm64-drift", choices=[*sorted(SETTINGS), "none"],
+                        help="the stream drawn in docs/figures/policy-decisions.png (first seed); none: no figure")
+    parser.add_argument("--report-only", action="store_true", help="only rebuild the table and figure from --runs")
+    parser.add_argument("--machine", help="where the cached runs ran, for the report (default: this machine)")
+    args = parser.parse_args()
+
+    common = {"train.epochs": args.epochs, "dataset.test_examples": args.test_examples, "device": "cpu"}
+    runs = load_runs(args.runs)
+    todo = [(setting, policy, seed) for setting in args.settings for seed in args.seeds for policy in schedules(setting)
+            if run_key(setting, policy, seed, common) not in runs]
+    if todo and not args.report_only:
+        print(f"{len(todo)} run(s) to do, {args.jobs} at a time")
+        with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+            futures = {pool.submit(run_one, setting, policy, seed, common,
+                                   seed == args.seeds[0] and policy_label(policy) in FIGURE_POLICIES):
+                       (setting, policy, seed) for setting, policy, seed in todo}
+            for future in as_completed(futures):
+                setting, policy, seed = futures[future]
+                try:
+                    record = future.result()
+                except Exception as exc:  # noqa: BLE001 - one failed run is reported, the others go on
+                    print(f"FAILED {setting} {policy_label(policy)} seed {seed}: {exc!r}")
+                    continue
+                runs[run_key(setting, policy, seed, common)] = record
+                save_runs(args.runs, runs)
+                print(f"{setting:18} {record['policy']:32} seed {seed}: CER {record['cer']:7.2f}  "
+                      f"FLOPs {record['cumulative_train_flops']:.3g}  stages {record['stages']:3}  {record['seconds']} s")
+
+    report = summarize(runs, list(SETTINGS), args.seeds, common)
+    versions = sorted({r.get("torch", "?") for r in runs.values()})
+    meta = {
+        "command": "nice python benchmarks/bench_policy.py " + " ".join(
+            [f"--settings {' '.join(args.settings)}", f"--seeds {' '.join(map(str, args.seeds))}",
+             f"--epochs {args.epochs}", f"--test-examples {args.test_examples}", f"--runs {args.runs}"]),
+        "machine": f"{args.machine or f'{platform.machine()}, {os.cpu_count()} cores'}, torch {', '.join(versions)} "
+                   f"(CPU, one thread per run)",
+        "seeds": args.seeds, "common": common,
+    }
+    args.out.write_text(json.dumps({"meta": meta, "settings": report}, indent=1, default=_json_safe))
+    table = markdown(report, meta)
+    args.out.with_suffix(".md").write_text(table + "\n")
+    print(table)
+    if args.figure_setting != "none" and figure(runs, args.figure_setting, args.seeds[0], common, FIGURE):
+        print(f"figure: {FIGURE}")
+
+
+def _json_safe(value):
+    return None if isinstance(value, float) and not math.isfinite(value) else str(value)
+
+
+if __name__ == "__main__":
+    main()

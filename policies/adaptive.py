@@ -1,0 +1,214 @@
+"""adaptive: decide when to train (and grow) from what the live service measures on each new chunk.
+
+Three rules, checked on every new chunk, with one configuration for every stream (docs/policies.md
+explains the reasoning and shows the benchmark):
+
+1. **A growing wait.** Train once the pending chunks reach ``max(1, 0.5 x chunks trained on)``, the
+   ``geometric`` policy's rule: under a power-law learning curve the value of one more chunk falls
+   with the data already trained on, so the wait grows in proportion to it. The count starts again
+   at a detected drift, because the data before it no longer describes the stream.
+2. **Stages must have an effect.** The live model's prequential error (its error on each new chunk
+   before training on it, averaged since its stage) is compared with the previous model's. When the
+   last stage moved it by less than 1 standard error either way, a stage of that size no longer
+   matters: the next stage waits for at least twice as many chunks, which saves compute on a
+   plateau. A growing learner grows at that stage (its capacity, not its data, limits it), unless
+   ``policy.grow_every`` is 0. A stage that made the model clearly worse is bad luck of one stage,
+   not a plateau: the next one comes on schedule.
+3. **Drift trains at once.** A new chunk whose error is at least 0.1 above the live model's (and 4
+   standard errors) means the stream changed: train now on what is pending, and start the growing
+   wait again from that chunk, so that the first stages after it come quickly.
+
+For language models the same rules run on the log of the perplexity (a rise of 0.1 is about 10 %),
+with a standard error of 1 % of the perplexity, since a chunk's tokens are not independent draws.
+The policy never reads the clock or the stream's length, so a replay and a live stream of unknown
+length decide alike. Its counts and error sums are its persisted state.
+"""
+
+from __future__ import annotations
+
+import math
+
+from policies import register_policy
+from policies.base import Decision, Policy, PolicyState
+
+#: The growing wait: train once the pending chunks reach RATIO x the chunks trained on since the last drift.
+RATIO = 0.5
+#: A stage had a measurable effect when the live model's error is this many standard errors away from
+#: the previous model's (below: it paid off; above: it made the model worse, bad luck of one stage).
+GAIN_SIGNIFICANCE = 1.0
+#: A new chunk signals a drift when its error is this many standard errors above the live model's ...
+DRIFT_SIGNIFICANCE = 4.0
+#: ... and at least this much higher (an error rate, or the log of a perplexity).
+DRIFT_JUMP = 0.1
+#: Standard error of a log-perplexity measured on one chunk.
+LOG_PERPLEXITY_ERROR = 0.01
+
+
+def _value(measure: float, kind: str) -> float:
+    """The scale the rules run on: error rates as they are, perplexities as their log."""
+    return math.log(measure) if kind == "perplexity" else measure
+
+
+def _variance(mean: float, examples: int, kind: str) -> float:
+    """Variance of a mean measure taken on ``examples`` examples."""
+    if kind == "perplexity":
+        return LOG_PERPLEXITY_ERROR**2
+    # Binomial, floored as if at least one of the examples were misclassified (a zero error is not certain).
+    examples = max(1, examples)
+    return max(mean * (1 - mean), 1 / examples) / examples
+
+
+class _Errors:
+    """A model's measures on the chunks it met before training on them: their example-weighted mean."""
+
+    def __init__(self, data: dict | None = None):
+        data = data or {}
+        self.total = float(data.get("total", 0.0))
+        self.examples = int(data.get("examples", 0))
+        self.chunks = int(data.get("chunks", 0))
+
+    def add(self, value: float, examples: int) -> None:
+        examples = max(1, examples)
+        self.total += value * examples
+        self.examples += examples
+        self.chunks += 1
+
+    @property
+    def mean(self) -> float:
+        return self.total / self.examples
+
+    def to_dict(self) -> dict:
+        return {"total": self.total, "examples": self.examples, "chunks": self.chunks}
+
+
+def _shown(value: float, kind: str) -> str:
+    return f"perplexity {math.exp(value):.2f}" if kind == "perplexity" else f"error {value:.3f}"
+
+
+@register_policy
+class Adaptive(Policy):
+    """Waits a number of chunks that grows with the data trained on, and longer when stages stop having
+    an effect; trains at once when the newest chunk's error jumps (a drift)."""
+
+    name = "adaptive"
+    decides_growth = True
+
+    def __init__(self, config):
+        super().__init__(config)
+        #: chunks_seen at the last new chunk counted, so that a check between chunks counts nothing twice.
+        self.seen = 0
+        #: Chunks trained on since the start of the stream or the last drift.
+        self.trained = 0
+        #: The chunk the current regime started at (1 = the stream's start, else the drifted chunk).
+        self.regime_start = 1
+        self.live = _Errors()
+        self.previous: _Errors | None = None
+        #: The last stage: its size in chunks, and whether a drift triggered it.
+        self.last_stage: dict | None = None
+        self.drifts = 0
+
+    # -- persistence ------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {
+            "seen": self.seen, "trained": self.trained, "regime_start": self.regime_start,
+            "live": self.live.to_dict(), "previous": self.previous.to_dict() if self.previous else None,
+            "last_stage": self.last_stage, "drifts": self.drifts,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.seen = int(state.get("seen", 0))
+        self.trained = int(state.get("trained", 0))
+        self.regime_start = int(state.get("regime_start", 1))
+        self.live = _Errors(state.get("live"))
+        self.previous = _Errors(state["previous"]) if state.get("previous") else None
+        self.last_stage = state.get("last_stage")
+        self.drifts = int(state.get("drifts", 0))
+
+    # -- the decision -----------------------------------------------------------------------------
+    def decide(self, state: PolicyState) -> Decision:
+        new_chunk = state.prequential is not None and state.chunks_seen > self.seen
+        if not new_chunk:
+            return Decision(False, False, f"{state.chunks_pending} chunk(s) pending; no new chunk measured since the "
+                                          f"last decision (this policy decides on new chunks)")
+        self.seen = state.chunks_seen
+        kind = state.measure
+        value = _value(state.prequential, kind)
+        estimates: dict[str, float] = {}
+
+        drift_reason = self._drift(value, state.prequential_examples, kind, estimates)
+        self.live.add(value, state.prequential_examples)
+        if kind == "error":
+            estimates["live_error"] = self.live.mean
+            if self.previous is not None:
+                estimates["previous_error"] = self.previous.mean
+        if drift_reason is not None:
+            return self._train(state, drift_reason, estimates, value, drift=True)
+
+        threshold = max(1, math.ceil(RATIO * self.trained - 1e-9))
+        rule = (f"max(1, {RATIO:g} x {self.trained} chunk(s) trained on since chunk {self.regime_start}) = {threshold}")
+        gain, plateau = self._stage_gain(kind, estimates)
+        if plateau:
+            doubled = 2 * self.last_stage["chunks"]
+            if doubled > threshold:
+                threshold = doubled
+                rule = f"{doubled}, twice the last stage, which had no measurable effect"
+        estimates["wait_chunks"] = float(threshold)
+        pending = state.chunks_pending
+        facts = f"live model {_shown(self.live.mean, kind)} on {self.live.chunks} chunk(s){gain}"
+        if pending >= threshold:
+            reason = f"{pending} chunk(s) pending >= {rule}; {facts}"
+            return self._train(state, reason, estimates, value, drift=False, grow=plateau)
+        return Decision(False, False, f"{pending} chunk(s) pending < {rule}; {facts}", estimates)
+
+    def _drift(self, value: float, examples: int, kind: str, estimates: dict) -> str | None:
+        """Why the newest chunk signals a drift, or None. It is compared with the live model's errors
+        so far, or right after a stage (none yet) with the previous model's."""
+        reference = self.live if self.live.chunks else self.previous
+        if reference is None:
+            return None
+        jump = value - reference.mean
+        spread = math.sqrt(_variance(value, examples, kind) + _variance(reference.mean, reference.examples, kind))
+        score = jump / spread
+        estimates["drift_score"] = score
+        if score < DRIFT_SIGNIFICANCE or jump < DRIFT_JUMP:
+            return None
+        whose = "live model's" if reference is self.live else "model before the last stage's"
+        return (f"drift: the newest chunk's {_shown(value, kind)} is {jump:.3g} above the {whose} "
+                f"{_shown(reference.mean, kind)} ({score:.1f} standard errors)")
+
+    def _stage_gain(self, kind: str, estimates: dict) -> tuple[str, bool]:
+        """The last stage's measured gain as text, and whether it had no measurable effect (a plateau)."""
+        if self.previous is None or self.last_stage is None or self.last_stage["drift"]:
+            return "", False
+        gain = self.previous.mean - self.live.mean
+        spread = math.sqrt(_variance(self.previous.mean, self.previous.examples, kind)
+                           + _variance(self.live.mean, self.live.examples, kind))
+        score = gain / spread
+        estimates["stage_gain_score"] = score
+        plateau = abs(score) < GAIN_SIGNIFICANCE
+        verdict = "no measurable effect" if plateau else ("paid off" if score > 0 else "made it worse")
+        text = (f", previous model {_shown(self.previous.mean, kind)}: the last stage gained {gain:.3g} "
+                f"({score:.1f} standard errors: {verdict})")
+        return text, plateau
+
+    def _train(self, state: PolicyState, reason: str, estimates: dict, value: float, *, drift: bool,
+               grow: bool = False) -> Decision:
+        pending = state.chunks_pending
+        grow = grow and state.learner_grows and self.config.grow_every > 0
+        if drift:
+            self.drifts += 1
+            self.regime_start = state.chunks_seen
+            # Only the newest chunk comes from the new distribution; the old model's error on it is
+            # what the next stage must improve on.
+            self.trained = 1
+            self.previous = _Errors()
+            self.previous.add(value, state.prequential_examples)
+            reason += f"; training now on {pending} pending chunk(s) and waiting again from chunk {state.chunks_seen}"
+        else:
+            self.trained += pending
+            self.previous = self.live
+        if grow:
+            reason += "; grow first: the last stage had no measurable effect, so capacity, not data, limits the model"
+        self.live = _Errors()
+        self.last_stage = {"chunks": pending, "drift": drift}
+        return Decision(True, grow, reason, estimates)

@@ -1,0 +1,182 @@
+"""The adaptive waiting-time policy: its rules on scripted streams, and its place in the engine
+(prequential errors in, reasons and estimates out, state across a restart)."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from alma_daemon.chunk_buffer import MemoryBuffer
+from alma_daemon.config import PolicyConfig, build_config
+from alma_daemon.data.datasets import MNIST_TASK
+from alma_daemon.data.streams import Chunk, partition
+from alma_daemon.engine import Engine, EngineState
+from alma_daemon.learners import build_learner
+from policies import build_policy
+from policies.base import PolicyState
+from tests.conftest import separable_data
+
+EXAMPLES = 1000  # per chunk: a standard error of about 0.01 at an error of 0.1
+
+
+def drive(error_of, chunks: int, *, grows: bool = False, grow_every: int = 1, measure: str = "error"):
+    """Feed ``chunks`` chunks whose prequential measure is ``error_of(chunk, stages done)``."""
+    policy = build_policy(PolicyConfig(name="adaptive", grow_every=grow_every))
+    trained_at, decisions, pending, stages = [], [], 0, 0
+    for chunk in range(1, chunks + 1):
+        pending += 1
+        decision = policy.decide(PolicyState(
+            chunks_seen=chunk, chunks_pending=pending, examples_pending=pending * EXAMPLES, stages_done=stages,
+            stream_length=None, now=0.0, started_at=0.0, train_flops_total=0.0, train_seconds_total=0.0,
+            learner_grows=grows, prequential=error_of(chunk, stages), prequential_examples=EXAMPLES, measure=measure,
+        ))
+        decisions.append(decision)
+        if decision.train:
+            trained_at.append(chunk)
+            stages += 1
+            pending = 0
+    return trained_at, decisions
+
+
+def learning(chunk: int, stages: int) -> float:
+    """Every stage pays off: the error halves with each one."""
+    return 0.8 * 0.5**stages
+
+
+def test_while_stages_pay_off_the_wait_grows_like_the_geometric_policy():
+    trained_at, decisions = drive(learning, 20)
+    assert trained_at == [1, 2, 3, 5, 8, 12, 18]
+    assert decisions[3].reason.startswith("1 chunk(s) pending < max(1, 0.5 x 3 chunk(s) trained on since chunk 1) = 2")
+    assert "the last stage gained" in decisions[4].reason and "paid off" in decisions[4].reason
+    assert decisions[4].estimates["wait_chunks"] == 2
+
+
+def test_a_stage_with_no_measurable_effect_doubles_the_next_one():
+    trained_at, decisions = drive(lambda chunk, stages: 0.5, 20)
+    assert trained_at == [1, 3, 7, 15]
+    assert "twice the last stage, which had no measurable effect" in decisions[2].reason
+    assert "(0.0 standard errors: no measurable effect)" in decisions[2].reason
+    assert decisions[2].estimates["stage_gain_score"] == pytest.approx(0.0)
+
+
+def test_a_stage_that_made_the_model_worse_is_followed_on_schedule():
+    # Every stage doubles the error: bad luck, not a plateau, so no longer wait.
+    trained_at, decisions = drive(lambda chunk, stages: 0.01 * 2**stages, 8)
+    assert trained_at == [1, 2, 3, 5, 8]
+    assert "made it worse" in decisions[1].reason
+
+
+def test_a_jump_in_the_prequential_error_trains_at_once_and_restarts_the_wait():
+    def labels_permuted_at_30(chunk: int, stages: int) -> float:
+        # Eight stages happen before chunk 30; from there the model starts over at a high error.
+        return learning(chunk, stages) if chunk < 30 else 0.9 * 0.5 ** (stages - 8)
+
+    trained_at, decisions = drive(labels_permuted_at_30, 40)
+    before = [t for t in trained_at if t < 30]
+    assert before == [1, 2, 3, 5, 8, 12, 18, 27]
+    assert trained_at[len(before):] == [30, 31, 32, 34, 37]
+    drift = decisions[29]
+    assert drift.train and drift.reason.startswith("drift: the newest chunk's error 0.9")
+    assert "waiting again from chunk 30" in drift.reason and drift.estimates["drift_score"] > 4
+    assert "since chunk 30" in decisions[30].reason
+
+
+def test_noise_around_a_steady_error_is_no_drift():
+    wobble = [0.10, 0.12, 0.09, 0.13, 0.11, 0.08, 0.12]
+    _, decisions = drive(lambda chunk, stages: wobble[chunk % len(wobble)], 60)
+    assert not any(d.reason.startswith("drift") for d in decisions)
+
+
+def test_a_growing_learner_grows_after_a_stage_with_no_effect_and_only_then():
+    flat = lambda chunk, stages: 0.5  # noqa: E731 - no stage ever changes the error
+    trained_at, decisions = drive(flat, 20, grows=True)
+    grew = [t for t, d in zip(range(1, 21), decisions) if d.grow]
+    assert grew == [3, 7, 15] and all(decisions[t - 1].action == "grow+train" for t in grew)
+    assert "grow first" in decisions[2].reason
+    assert not any(d.grow for d in drive(learning, 20, grows=True)[1])
+    assert not any(d.grow for d in drive(flat, 20, grows=True, grow_every=0)[1])
+    assert not any(d.grow for d in drive(flat, 20, grows=False)[1])
+
+
+def test_language_models_are_judged_on_log_perplexity():
+    trained_at, decisions = drive(lambda chunk, stages: 200.0 if chunk < 10 else 260.0, 14, measure="perplexity")
+    assert 10 in trained_at and decisions[9].reason.startswith("drift: the newest chunk's perplexity 260.00")
+    assert "live_error" not in decisions[9].estimates  # an error gauge never shows a perplexity
+
+
+def test_a_check_between_chunks_counts_nothing():
+    policy = build_policy(PolicyConfig(name="adaptive"))
+    before = policy.state_dict()
+    tick = PolicyState(chunks_seen=3, chunks_pending=2, examples_pending=200, stages_done=1, stream_length=None,
+                       now=0.0, started_at=0.0, train_flops_total=0.0, train_seconds_total=0.0)
+    decision = policy.decide(tick)
+    assert not decision.train and "no new chunk measured" in decision.reason
+    assert policy.state_dict() == before
+
+
+# -- in the engine ----------------------------------------------------------------------------------
+def engine_run(chunks: range, *, engine: Engine | None = None, observers=()) -> Engine:
+    config = build_config({"train": {"epochs": 2, "patience": 1, "batch_size": 64}, "learner": {"width": 8},
+                           "policy": {"name": "adaptive"}})
+    if engine is None:
+        learner = build_learner("sm", MNIST_TASK, config.learner, config.seed)
+        engine = Engine(learner, build_policy(config.policy), MemoryBuffer(), config, torch.device("cpu"),
+                        test_set=separable_data(MNIST_TASK, 100, seed=2), observers=list(observers))
+    parts = partition(separable_data(MNIST_TASK, 60 * 12, seed=1), 12, seed=0)
+    for i in chunks:
+        engine.on_chunk(Chunk(i, parts[i - 1]))
+    return engine
+
+
+def test_the_engine_hands_the_prequential_error_over_and_records_reasons_and_estimates():
+    engine = engine_run(range(1, 13))
+    series = engine.state.series
+    assert series[0]["trained"] and sum(r["trained"] for r in series) >= 3
+    assert f"live model error {series[1]['prequential_error']:.3f} on 1 chunk(s)" in series[1]["reason"]
+    last = engine.state.last_decision
+    assert last["reason"] == series[-1]["reason"]
+    assert set(last["estimates"]) >= {"live_error", "wait_chunks", "drift_score"}
+
+
+def test_a_restarted_engine_with_the_saved_policy_state_continues_the_same_series():
+    whole = engine_run(range(1, 13)).state.series
+    first = engine_run(range(1, 7))
+    # What the daemon saves at a commit and loads after a restart: engine state and policy state as JSON,
+    # the model as its checkpoint (here a copy), the buffer in Redis (here the same buffer).
+    state = EngineState(**json.loads(json.dumps(dataclasses.asdict(first.state))))
+    policy = build_policy(first.policy.config)
+    policy.load_state_dict(json.loads(json.dumps(first.policy.state_dict())))
+    resumed = Engine(copy.deepcopy(first.learner), policy, first.buffer, first.config, torch.device("cpu"),
+                     test_set=first.test_set, state=state)
+    engine_run(range(7, 13), engine=resumed)
+    keys = ("trained", "reason", "test_error", "prequential_error", "train_flops")
+    assert [[r[k] for k in keys] for r in resumed.state.series] == [[r[k] for k in keys] for r in whole]
+
+
+# -- in the daemon ----------------------------------------------------------------------------------
+@pytest.mark.integration
+@pytest.mark.slow
+def test_a_crashed_daemon_resumes_the_adaptive_policy_and_equals_the_simulator_on_a_drifting_stream(
+        tmp_path, redis_db) -> None:
+    from alma_daemon.replay import RedisStreamPublisher, dataset_chunks, replay
+    from alma_daemon.simulate import run_simulation
+    from tests.test_daemon import Crash, CrashOnce, engine_state, exact, run_daemon, service_config
+
+    # Chunks of 1,000 images: enough for the model to learn before the labels change at chunk 4.
+    drifting = {"megabatches": 6, "train_examples": 6000, "drift": {"kind": "permute_labels", "at": 4}}
+    config = build_config(service_config(tmp_path, None, "adaptive", stream=drifting, policy={"name": "adaptive"},
+                                         train={"epochs": 5, "patience": 5}, learner={"width": 16}))
+    replay(dataset_chunks(config), RedisStreamPublisher(redis_db, config.kafka.topic), "adaptive", progress=False)
+    with pytest.raises(Crash):  # after the drift's stage, before its step is committed
+        run_daemon(config, redis_db, until=6, observers=[CrashOnce("step", 4)])
+    run_daemon(config, redis_db, until=6)
+
+    served = engine_state(redis_db, "adaptive")["series"]
+    simulated = run_simulation(config, progress=False)["series"]
+    assert served[3]["reason"].startswith("drift: ")
+    assert [r["reason"] for r in served] == [r["reason"] for r in simulated]
+    assert exact(served) == exact(simulated)
