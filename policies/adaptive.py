@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 
+from alma_daemon.config import PolicyConfig
 from policies import register_policy
 from policies.base import Decision, Policy, PolicyState
 
@@ -93,7 +94,7 @@ class Adaptive(Policy):
     name = "adaptive"
     decides_growth = True
 
-    def __init__(self, config):
+    def __init__(self, config: PolicyConfig):
         super().__init__(config)
         #: chunks_seen at the last new chunk counted, so that a check between chunks counts nothing twice.
         self.seen = 0
@@ -105,14 +106,13 @@ class Adaptive(Policy):
         self.previous: _Errors | None = None
         #: The last stage: its size in chunks, and whether a drift triggered it.
         self.last_stage: dict | None = None
-        self.drifts = 0
 
     # -- persistence ------------------------------------------------------------------------------
     def state_dict(self) -> dict:
         return {
             "seen": self.seen, "trained": self.trained, "regime_start": self.regime_start,
             "live": self.live.to_dict(), "previous": self.previous.to_dict() if self.previous else None,
-            "last_stage": self.last_stage, "drifts": self.drifts,
+            "last_stage": self.last_stage,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -122,7 +122,6 @@ class Adaptive(Policy):
         self.live = _Errors(state.get("live"))
         self.previous = _Errors(state["previous"]) if state.get("previous") else None
         self.last_stage = state.get("last_stage")
-        self.drifts = int(state.get("drifts", 0))
 
     # -- the decision -----------------------------------------------------------------------------
     def decide(self, state: PolicyState) -> Decision:
@@ -196,7 +195,6 @@ class Adaptive(Policy):
         pending = state.chunks_pending
         grow = grow and state.learner_grows and self.config.grow_every > 0
         if drift:
-            self.drifts += 1
             self.regime_start = state.chunks_seen
             # Only the newest chunk comes from the new distribution; the old model's error on it is
             # what the next stage must improve on.
