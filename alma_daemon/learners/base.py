@@ -9,6 +9,7 @@ also implement :meth:`grow` and :meth:`architecture`. Everything else has a defa
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
@@ -18,6 +19,7 @@ from torch import nn
 from alma_daemon.config import LearnerConfig, from_dict
 from alma_daemon.data.datasets import TaskInfo
 from alma_daemon.data.tensors import LabeledData
+from alma_daemon.models.backbones import Normalize, inputs_standardized_outside
 from alma_daemon.training.flops import count_flops
 from alma_daemon.training.loop import EVAL_BATCH, FitReport, Trainer
 
@@ -40,6 +42,10 @@ class Learner(ABC):
     measure: ClassVar[str] = "error"
 
     def __init__(self, task: TaskInfo, config: LearnerConfig, seed: int, arch: dict | None = None):
+        # torch imports its compiler stack (over a second) when the first FLOP counter or optimizer is
+        # made; importing it with the learner keeps that cost out of the first chunk of a stream.
+        import torch._dynamo  # noqa: F401
+
         self.task = task
         self.config = config
         self.seed = seed
@@ -48,6 +54,7 @@ class Learner(ABC):
         self.build_seed = seed
         self.model: nn.Module = seeded_build(seed, lambda: self.build(self.arch))
         self._inference_flops: float | None = None
+        self._standardized_inputs: dict[tuple[int, torch.device], torch.Tensor] = {}
 
     # -- what subclasses provide ------------------------------------------------------------------
     def initial_architecture(self) -> dict:
@@ -112,11 +119,30 @@ class Learner(ABC):
         return torch.cat(out) if out else torch.empty(0, self.task.num_classes)
 
     def evaluate(self, data: LabeledData) -> dict[str, float]:
-        """``{"error": share of wrong predictions}`` on ``data``."""
+        """``{"error": share of wrong predictions}`` on ``data``.
+
+        The inputs are standardized once per tensor (the test set: once per stream, see
+        :meth:`_standardized`) and wrong predictions are counted on the model's device.
+        """
         if len(data) == 0:
             return {"error": float("nan")}
-        predictions = self.predict_proba(data.x).argmax(1)
-        return {"error": int((predictions != data.y).sum()) / len(data)}
+        self.model.eval()
+        with inputs_standardized_outside(self.model) as normalize, torch.inference_mode():
+            x = data.x if normalize is None else self._standardized(data.x, normalize)
+            wrong = torch.zeros((), dtype=torch.long, device=self.device)
+            for i in range(0, len(data), EVAL_BATCH):
+                proba = self.forward_proba(x[i : i + EVAL_BATCH].to(self.device))
+                wrong += (proba.argmax(1) != data.y[i : i + EVAL_BATCH].to(self.device)).sum()
+        return {"error": int(wrong) / len(data)}
+
+    def _standardized(self, x: torch.Tensor, normalize: Normalize) -> torch.Tensor:
+        """``x`` as the model's layers take it, kept while ``x`` lives: the engine measures one test set
+        after every chunk, and standardizing it cost more than the model's forward pass."""
+        key = (id(x), self.device)
+        if key not in self._standardized_inputs:
+            self._standardized_inputs[key] = normalize.arrange(normalize.standardize(x.to(self.device)))
+            weakref.finalize(x, self._standardized_inputs.pop, key, None)
+        return self._standardized_inputs[key]
 
     def example_input(self) -> torch.Tensor:
         return torch.zeros((1, *self.task.input_shape), dtype=torch.uint8, device=self.device)

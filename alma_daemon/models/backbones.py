@@ -41,8 +41,14 @@ class Normalize(nn.Module):
         self.passthrough = False
 
     def standardize(self, x: torch.Tensor) -> torch.Tensor:
-        """Raw units -> standardized floats, same layout (elementwise: rows may be gathered before or after)."""
-        return (x.float() - self.mean) / self.std
+        """Raw units -> standardized floats, same layout (elementwise: rows may be gathered before or after).
+
+        Integer pixels are converted inside the subtraction (exactly, as ``x.float()`` would) and the
+        division runs in place: two passes over the data instead of three, the same floats.
+        """
+        if x.is_floating_point():
+            x = x.float()
+        return (x - self.mean).div_(self.std)
 
     def arrange(self, z: torch.Tensor) -> torch.Tensor:
         """Standardized inputs -> the layout the layers take (a view: channels-last images become NCHW)."""

@@ -102,8 +102,10 @@ class SwitchFFN(nn.Module):
         shape = x.shape
         x = x.reshape(-1, shape[-1])
         # fp32 router even under mixed precision: bf16 softmaxes make routing unstable (Fedus et al. 2.4).
-        logits = F.linear(x.float(), self.router.weight.float(), self.router.bias.float())
-        probs = logits.softmax(-1)
+        # Autocast would cast the router's matmul to bf16 whatever its inputs are, so it is off here.
+        with torch.autocast(x.device.type, enabled=False):
+            logits = F.linear(x.float(), self.router.weight.float(), self.router.bias.float())
+            probs = logits.softmax(-1)
         gate, expert = (probs * self.gate_scale).max(-1)
         route = torch.where(self.within_capacity(expert), expert, -1)
         out = torch.zeros_like(x)  # dropped tokens add nothing: the residual carries them
