@@ -23,6 +23,7 @@ import redis
 
 from alma_daemon.config import ConfigError, KafkaConfig, RedisConfig
 from alma_daemon.credentials import read_secret
+from alma_daemon.outages import redis_retry
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ def redis_client(config: RedisConfig) -> redis.Redis:
     files; the login is checked once, so wrong credentials fail here rather than mid-run."""
     if not config.url:
         raise ValueError("redis_client needs redis.url (the embedded server: alma_daemon/embedded.py)")
-    options: dict[str, Any] = {"socket_timeout": 30, "socket_connect_timeout": 10}
+    options: dict[str, Any] = {"socket_timeout": 30, "socket_connect_timeout": 10, "retry": redis_retry()}
     if config.username:
         options["username"] = config.username
     if config.password_file:

@@ -11,8 +11,15 @@ state, deletes the checkpoint an uncommitted stage may have written (version = c
 loads the checkpoint of the committed version and redoes the interrupted step. Every stage's
 randomness derives from (seed, stage), so the redone step and the series equal an uninterrupted run.
 
+Outages (docs/service.md, "Outages"): while Redis or the Kafka broker cannot be reached the daemon
+keeps its process, reports itself degraded and waits with backoff (``outages.py``); when Redis is
+back it checks that Redis still holds the stream (``stream_identity.py``) and resumes exactly as
+after a crash, from the last committed step, in process. An outage longer than
+``daemon.outage_limit_seconds`` ends the run with :class:`~alma_daemon.outages.OutageTooLong`.
+
 Stopping: SIGTERM or Ctrl-C finishes the current step, then stops; a second signal abandons the
-step at once (safe: it was not committed and is redone on restart).
+step at once (safe: it was not committed and is redone on restart). Every thread is stopped and
+joined before :meth:`Daemon.run` returns, whatever failed.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import shutil
 import signal
 import threading
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 import psutil
@@ -38,13 +46,15 @@ from alma_daemon.engine import Engine, EngineObserver
 from alma_daemon.engine_store import EngineStateStore
 from alma_daemon.exporter import Exporter, MetricsObserver, start_exporter
 from alma_daemon.ingest import IngestWorker, build_source
-from alma_daemon.ingest.store import dead_letter
+from alma_daemon.ingest.store import dead_letter, watched_transaction
 from alma_daemon.learners import build_learner
+from alma_daemon.outages import REDIS_UNREACHABLE, OutageBoard, one_line, retry_delays
 from alma_daemon.redis_buffer import ReadyChunks, RedisBuffer
 from alma_daemon.redis_keys import StreamKeys
-from alma_daemon.results import ResultsWriter
+from alma_daemon.results import ResultsWriter, write_json_atomic
 from alma_daemon.runtime import resolve_device
 from alma_daemon.scheduler import build_scheduler
+from alma_daemon.stream_identity import RedisRestarted, StreamIdentity
 from policies import build_policy
 from serving import build_publisher
 from serving.publisher import BackgroundPublisher
@@ -112,6 +122,19 @@ def load_json(client: Any, key: str) -> dict | None:
 
 #: How long a run that reached its --until-chunks target waits for the last version to be published.
 PUBLISH_DRAIN_SECONDS = 120.0
+#: ``<daemon.state_dir>/STATUS_FILE``: the daemon's status, readable by ``alma status`` while Redis is down.
+STATUS_FILE = "daemon-status.json"
+
+
+def redis_name(config: Config) -> str:
+    """Where Redis is, for messages: host:port, or the embedded server's database file."""
+    if config.redis.url:
+        from alma_daemon.connections import redis_server
+
+        return redis_server(config.redis.url)
+    from alma_daemon.embedded import embedded_db_path
+
+    return f"the embedded server ({embedded_db_path(config)})"
 
 
 # -- the daemon -----------------------------------------------------------------------------------
@@ -139,6 +162,10 @@ class Daemon:
         self.exporter: Exporter | None = None
         self.publisher: BackgroundPublisher | None = build_publisher(config)
         self.checkpoint_clock = CheckpointClock()
+        self.outages = OutageBoard(config.daemon.outage_limit_seconds)
+        self._riding_out = threading.Event()
+        self.identity: StreamIdentity | None = None
+        self._task: tuple[TaskInfo, LabeledData | None] | None = None
         self._in_step = False
         self._phase = "starting"
 
@@ -146,13 +173,18 @@ class Daemon:
     def restore(self) -> Engine:
         """The engine as the last committed step left it (a fresh one on first start)."""
         config = self.config
-        task, test = stream_task(config)
+        if self._task is None:
+            self._task = stream_task(config)
+        task, test = self._task
         self.schema = stream_schema(task)
         if task.kind == "language_model":
             self.ready = ReadyChunks(self.client, self.keys, seq_len=task.input_shape[0])
+        store = CheckpointStore(config.daemon.checkpoint_dir, config.serving.model_name)
+        if self.identity is None:
+            self.identity = StreamIdentity(self.client, self.keys, store, redis_name(config))
+            self.identity.establish()
         state = self.state_store.load()
         version = state.model_version if state is not None else 0
-        store = CheckpointStore(config.daemon.checkpoint_dir, config.serving.model_name)
         self._drop_uncommitted_checkpoints(store, version)
         device = resolve_device(config.device)
         if version:
@@ -182,7 +214,8 @@ class Daemon:
             return
         if newer != [version + 1]:
             raise RuntimeError(f"{store.folder} holds versions {newer} newer than the committed model version "
-                               f"{version}: they belong to another run; use another daemon.checkpoint_dir")
+                               f"{version}: Redis has lost recent commits (restore it with its AOF), or the "
+                               f"versions belong to another run (use another daemon.checkpoint_dir)")
         # Written by a stage whose step was never committed; the redone step writes it again.
         log.warning("removing checkpoint of an uncommitted stage", extra={"version": newer[0]})
         shutil.rmtree(store.path(newer[0]))
@@ -190,10 +223,12 @@ class Daemon:
     # -- the main loop ----------------------------------------------------------------------------
     def run(self) -> None:
         """Serve until stopped (signal, :meth:`request_stop`) or ``until_chunks`` chunks are processed."""
-        engine = self.engine or self.restore()
+        if self.engine is None:
+            self.restore()
         assert self.schema is not None
         self.ingest = IngestWorker(build_source(self.config, self.client), self.client, self.keys, self.schema,
-                                   max_buffer_bytes=self.config.redis.max_buffer_bytes, on_chunk_ready=self.wake.set)
+                                   max_buffer_bytes=self.config.redis.max_buffer_bytes, on_chunk_ready=self.wake.set,
+                                   outages=self.outages)
         scheduler = build_scheduler(self, self.config.daemon.poll_seconds)
         previous = self._install_signal_handlers()
         self.client.hset(self.keys.daemon, mapping={"pid": os.getpid(), "started_at": f"{time.time():.3f}"})
@@ -207,35 +242,123 @@ class Daemon:
             if self.exporter is not None:
                 self.exporter.set_ready(True)
             self._set_phase("waiting")
-            while not self.stop_requested.is_set() and not self._target_reached(engine):
-                self._check_ingest()
-                chunk_id = self.ready.first()
-                if chunk_id is not None:
-                    self._step(lambda: self._process_chunk(chunk_id))
-                elif self.policy_check_due.is_set():
-                    self.policy_check_due.clear()
-                    self._step(self._policy_tick)
-                else:
-                    self.wake.wait(self.config.daemon.poll_seconds)
-                    self.wake.clear()
+            while not self.stop_requested.is_set() and not self._target_reached():
+                try:
+                    self._serve_once()
+                except REDIS_UNREACHABLE as error:
+                    self._ride_out_redis(error)
+                except Exception:
+                    # A step can fail on data that a restarted Redis no longer holds (a buffered
+                    # chunk, say) before its commit checks the restart: then the restart is the
+                    # error to act on, and the step is redone or the stream refused.
+                    if not self._redis_restarted_beneath():
+                        raise
             if self.publisher is not None and not self.stop_requested.is_set():
                 # A scripted run (--until-chunks) ends with its last version published; a stop on a
                 # signal does not wait: the next start catches up on unpublished versions.
                 self.publisher.wait_idle(PUBLISH_DRAIN_SECONDS)
         finally:
-            if self.exporter is not None:
-                self.exporter.stop()
-            self._set_phase("stopping")
-            scheduler.shutdown(wait=False)
-            self.ingest.stop()
-            if self.publisher is not None:
-                self.publisher.close()
-            self._restore_signal_handlers(previous)
-            self._set_phase("stopped")
-            self.write_status()
+            self._shut_down(scheduler, previous)
 
-    def _target_reached(self, engine: Engine) -> bool:
-        return self.until_chunks is not None and engine.state.chunks_seen >= self.until_chunks
+    def _serve_once(self) -> None:
+        """One turn of the main loop: a ready chunk, a due policy check, or a short wait."""
+        self.outages.check_limit()
+        self._check_ingest()
+        assert self.identity is not None
+        if self.identity.restarted():
+            # Redis may have lost its last second of writes (AOF everysec): continue from what it holds.
+            log.warning("Redis restarted: resuming from its last committed step")
+            self._reload_committed()
+        chunk_id = self.ready.first()
+        if chunk_id is not None:
+            self._step(lambda: self._process_chunk(chunk_id))
+        elif self.policy_check_due.is_set():
+            self.policy_check_due.clear()
+            self._step(self._policy_tick)
+        else:
+            self.wake.wait(self.config.daemon.poll_seconds)
+            self.wake.clear()
+
+    def _shut_down(self, scheduler: Any, previous_handlers: dict) -> None:
+        """Stop and join every thread, each step on its own, so that one failing (Redis being down,
+        say) does not leave a thread running. A thread still inside torch when the interpreter
+        exits is ended mid-call by CPython (``pthread_exit``), which aborts the process in C++
+        ("terminate called without an active exception")."""
+        steps: list[tuple[str, Callable[[], Any]]] = [
+            ("exporter", lambda: self.exporter.stop() if self.exporter is not None else None),
+            ("phase", lambda: self._set_phase("stopping")),
+            ("scheduler", lambda: scheduler.shutdown(wait=True)),
+            ("ingest", lambda: self.ingest.stop() if self.ingest is not None else None),
+            ("publisher", lambda: self.publisher.close(PUBLISH_DRAIN_SECONDS) if self.publisher is not None else None),
+            ("signals", lambda: self._restore_signal_handlers(previous_handlers)),
+            ("phase", lambda: self._set_phase("stopped")),
+            ("status", self.write_status),
+        ]
+        for name, step in steps:
+            try:
+                step()
+            except Exception as exc:  # noqa: BLE001 - the remaining steps must still run
+                log.warning("shutdown step failed", extra={"step": name, "error": one_line(exc)})
+
+    # -- outages ----------------------------------------------------------------------------------
+    def _ride_out_redis(self, error: BaseException) -> None:
+        """Redis failed mid-loop: stay degraded until it answers again, then reload the committed
+        state and continue as a restarted daemon would (the interrupted step is redone)."""
+        self._in_step = False
+        self._riding_out.set()
+        try:
+            self._wait_for_redis(error)
+        finally:
+            self._riding_out.clear()
+        self._report_health()
+
+    def _wait_for_redis(self, error: BaseException) -> None:
+        outage = self.outages.down("redis", error)
+        log.warning("Redis unreachable: the daemon is degraded and waits for it",
+                    extra={"redis": redis_name(self.config), "error": outage.reason,
+                           "limit_seconds": self.config.daemon.outage_limit_seconds})
+        self._report_health()
+        delays, failures = retry_delays(), 0
+        while True:
+            self.outages.check_limit()
+            if self.stop_requested.wait(delays.compute(failures)):
+                return
+            failures += 1
+            try:
+                assert self.identity is not None
+                self.identity.restarted()
+                self._reload_committed()
+            except REDIS_UNREACHABLE as again:
+                self.outages.down("redis", again)
+                continue
+            break
+        ended = self.outages.up("redis")
+        log.warning("Redis is back: resumed from the last committed step",
+                    extra={"outage_seconds": round(time.time() - ended.since, 1) if ended else None,
+                           "chunks_seen": self.engine.state.chunks_seen if self.engine else None})
+
+    def _redis_restarted_beneath(self) -> bool:
+        assert self.identity is not None
+        try:
+            restarted = self.identity.restarted()
+        except REDIS_UNREACHABLE:
+            return False
+        if restarted:
+            log.warning("Redis restarted during the step: redoing it from the last committed step")
+            self._reload_committed()
+        return restarted
+
+    def _reload_committed(self) -> None:
+        """The engine, buffer and checkpoints as the last committed step left them, as at start-up."""
+        self.checkpoint_clock.take()  # written by the interrupted step: deleted now and redone
+        self.engine = None
+        engine = self.restore()
+        if self.publisher is not None and engine.state.model_version:
+            self.publisher.submit(engine.state.model_version)  # in case the commit's hand-off was cut
+
+    def _target_reached(self) -> bool:
+        return (self.until_chunks is not None and self.engine is not None
+                and self.engine.state.chunks_seen >= self.until_chunks)
 
     def _check_ingest(self) -> None:
         assert self.ingest is not None
@@ -281,7 +404,11 @@ class Daemon:
         assert engine is not None and buffer is not None
         # From here the step is as good as done: a second signal must not cut the transaction short.
         self._in_step = False
-        pipe = self.client.pipeline(transaction=True)
+        assert self.identity is not None
+        pipe = watched_transaction(self.client, self.keys.engine)
+        if self.identity.restarted():
+            # This step's chunk and the buffer it trained on may be gone: redo it from what Redis holds.
+            raise RedisRestarted("Redis restarted while the step ran; the step is redone")
         if consumed is not None:
             self.ready.stage_consume(pipe, consumed)
         buffer.stage_commit(pipe)
@@ -296,7 +423,7 @@ class Daemon:
                 self.publisher.submit(version, written_at=written_at)
 
     def _discard(self, chunk_id: int, rejection: RejectedRecord) -> None:
-        pipe = self.client.pipeline(transaction=True)
+        pipe = watched_transaction(self.client, self.keys.engine)
         self.ready.stage_consume(pipe, chunk_id)
         dead_letter(pipe, self.keys, rejection.reason, rejection.detail, f"chunk {chunk_id}")
         pipe.execute()
@@ -311,13 +438,20 @@ class Daemon:
         self.wake.set()
 
     def write_status(self) -> None:
-        """Heartbeat and phase in ``alma:{s}:daemon`` (read by ``alma status``), and buffer gauges."""
-        self.client.hset(self.keys.daemon, mapping={
-            "pid": os.getpid(), "phase": self._phase, "heartbeat": f"{time.time():.3f}",
-            "rss_bytes": psutil.Process().memory_info().rss, "healthy": int(self.healthy),
-            "ingest": self._ingest_state(),
-        })
-        self._update_gauges()
+        """Heartbeat, phase and health in ``alma:{s}:daemon`` (read by ``alma status``) and in
+        ``<state_dir>/daemon-status.json`` (read by ``alma status`` while Redis is down)."""
+        try:
+            self.client.hset(self.keys.daemon, mapping=self._status())
+            self._update_gauges()
+        except REDIS_UNREACHABLE as exc:
+            self.outages.down("redis", exc)
+        self._report_health()
+        write_json_atomic(Path(self.config.daemon.state_dir) / STATUS_FILE, self._status())
+
+    def _status(self) -> dict:
+        return {"pid": os.getpid(), "phase": self._phase, "heartbeat": f"{time.time():.3f}",
+                "rss_bytes": psutil.Process().memory_info().rss, "healthy": int(self.healthy),
+                "ingest": self._ingest_state(), "degraded": json.dumps(self.outages.as_status())}
 
     def _ingest_state(self) -> str:
         if self.ingest is None or not self.ingest.alive:
@@ -325,17 +459,26 @@ class Daemon:
         return "paused" if self.ingest.paused else "running"
 
     def check_health(self) -> None:
-        """Healthy while Redis answers and the ingest thread runs."""
+        """Healthy while Redis answers, the ingest thread runs and no server is down; ``/readyz``
+        says the same."""
         try:
-            redis_ok = bool(self.client.ping())
-        except Exception:  # noqa: BLE001 - any failure to reach Redis means unhealthy
-            redis_ok = False
+            self.client.ping()
+        except REDIS_UNREACHABLE as exc:
+            self.outages.down("redis", exc)
+        else:
+            if not self._riding_out.is_set():  # the main loop declares Redis back after reloading
+                self.outages.up("redis")
+        self._report_health()
+
+    def _report_health(self) -> None:
         ingest_ok = self.ingest is not None and self.ingest.alive
-        if self.healthy != (redis_ok and ingest_ok):
-            log.warning("health changed", extra={"redis": redis_ok, "ingest": ingest_ok})
-        self.healthy = redis_ok and ingest_ok
+        healthy = ingest_ok and not self.outages.degraded
+        if self.healthy != healthy and self._phase not in ("stopping", "stopped"):
+            log.warning("health changed", extra={"healthy": healthy, "ingest": ingest_ok,
+                                                 **self.outages.as_status()})
+        self.healthy = healthy
         if self.exporter is not None:
-            self.exporter.set_ready(self.healthy)
+            self.exporter.set_ready(healthy)
 
     def _update_gauges(self) -> None:
         buffered = self.ready.count()
@@ -345,7 +488,11 @@ class Daemon:
 
     def _set_phase(self, phase: str) -> None:
         self._phase = phase
-        self.client.hset(self.keys.daemon, mapping={"phase": phase, "phase_since": f"{time.time():.3f}"})
+        try:
+            self.client.hset(self.keys.daemon, mapping={"phase": phase, "phase_since": f"{time.time():.3f}"})
+        except REDIS_UNREACHABLE as exc:
+            # Status only: the main loop notices the outage at its next Redis call.
+            self.outages.down("redis", exc)
 
     # -- signals ----------------------------------------------------------------------------------
     def request_stop(self) -> None:

@@ -21,7 +21,10 @@ what the ingest assembler and the engine's buffer need to survive a restart.
     alma:{s}:engine             engine state: every EngineState field but the series, as JSON
     alma:{s}:series             (service) list of the engine's per-chunk records (JSON), oldest first
     alma:{s}:policy             (service) the policy's state_dict as JSON
-    alma:{s}:daemon             (service) hash: pid, phase, heartbeat, started_at, rss_bytes
+    alma:{s}:daemon             (service) hash: pid, phase, heartbeat, started_at, rss_bytes, healthy,
+                                degraded (JSON: the outages under way, stream_identity.py)
+    alma:{s}:identity           (service) the stream's identity, also kept beside the model versions,
+                                so that a Redis that came back empty is refused (stream_identity.py)
 """
 
 from __future__ import annotations
@@ -90,3 +93,7 @@ class StreamKeys:
     @property
     def daemon(self) -> str:
         return f"{self.prefix}:daemon"
+
+    @property
+    def identity(self) -> str:
+        return f"{self.prefix}:identity"

@@ -1,9 +1,11 @@
-"""What ``alma status`` shows, read from Redis alone (so it works whether the daemon runs or not)."""
+"""What ``alma status`` shows, read from Redis (so it works whether the daemon runs or not), or, while
+Redis is down, from the daemon's status file (``<daemon.state_dir>/daemon-status.json``)."""
 
 from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 from alma_daemon.engine_store import last_record
@@ -36,6 +38,7 @@ def read_status(client: Any, keys: StreamKeys, poll_seconds: float = 1.0) -> dic
             "rss_bytes": int(daemon["rss_bytes"]) if "rss_bytes" in daemon else None,
             "ingest": daemon.get("ingest"),
             "healthy": daemon.get("healthy") == "1" if "healthy" in daemon else None,
+            **degradation(daemon),
         },
         "chunks_received": int(ingest.get("chunks_received", 0)),
         "examples_received": int(ingest.get("examples_received", 0)),
@@ -60,6 +63,47 @@ def read_status(client: Any, keys: StreamKeys, poll_seconds: float = 1.0) -> dic
     }
 
 
+def degradation(daemon: dict) -> dict:
+    """The daemon's outages as it last reported them (``degraded``, ``degraded_since``, ``outages``)."""
+    reported = json.loads(daemon["degraded"]) if daemon.get("degraded") else {}
+    return {"degraded": bool(reported.get("degraded")), "degraded_since": reported.get("degraded_since"),
+            "outages": reported.get("outages", [])}
+
+
+def local_status(path: Path, redis_error: str) -> dict:
+    """What ``alma status`` can tell while Redis is down: the daemon's own status file."""
+    daemon = json.loads(path.read_text()) if path.is_file() else {}
+    heartbeat = float(daemon["heartbeat"]) if "heartbeat" in daemon else None
+    return {"redis_unreachable": redis_error, "status_file": str(path), "daemon": {
+        "running": heartbeat is not None and daemon.get("phase") != "stopped" and time.time() - heartbeat < 60,
+        "pid": daemon.get("pid"), "phase": daemon.get("phase"),
+        "heartbeat_age_seconds": round(time.time() - heartbeat, 3) if heartbeat is not None else None,
+        **degradation(daemon)}}
+
+
+def format_local_status(status: dict) -> str:
+    daemon = status["daemon"]
+    rows = [("redis", f"unreachable: {status['redis_unreachable']}")]
+    if daemon["phase"] is None:
+        rows.append(("daemon", f"unknown (no {status['status_file']})"))
+    else:
+        state = "running" if daemon["running"] else "not running"
+        rows.append(("daemon", f"{state} ({daemon['phase']}, pid {daemon['pid']}, heartbeat "
+                               f"{daemon['heartbeat_age_seconds']:.0f} s ago, from {status['status_file']})"))
+        rows.append(degraded_row(daemon))
+    width = max(len(name) for name, _ in rows)
+    return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+
+
+def degraded_row(daemon: dict) -> tuple[str, str]:
+    if not daemon.get("degraded"):
+        return "degraded", "no"
+    since = daemon["degraded_since"]
+    why = "; ".join(f"{o['server']}: {o['reason']}" for o in daemon["outages"])
+    return "degraded", (f"since {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(since))} "
+                        f"({time.time() - since:.0f} s): {why}")
+
+
 def format_status(status: dict) -> str:
     """A few human-readable lines."""
     daemon = status["daemon"]
@@ -72,6 +116,7 @@ def format_status(status: dict) -> str:
     rows = [
         ("stream", status["stream"]),
         ("daemon", state),
+        degraded_row(daemon),
         ("chunks received", f"{status['chunks_received']} ({status['examples_received']} examples)"),
         ("chunks buffered", f"{status['chunks_buffered']} (ready {status['chunks_ready']}, pending "
                             f"{status['chunks_pending']}, assembling {status['chunks_assembling']})"),

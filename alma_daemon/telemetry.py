@@ -35,6 +35,8 @@ ERROR_SETS: tuple[str, ...] = ("test", "prequential")
 UPDATE_KINDS: tuple[str, ...] = ("finetune", "grow", "scratch")
 #: ``alma_policy_decisions_total{action}``: :attr:`policies.Decision.action`.
 DECISION_ACTIONS: tuple[str, ...] = ("wait", "train", "grow+train")
+#: ``alma_server_up{server}``: the servers the daemon depends on (alma_daemon/outages.py).
+SERVERS: tuple[str, ...] = ("redis", "kafka")
 #: ``alma_swap_failures_total{stage}``: the publishing steps of DESIGN.md section 8.
 SWAP_STAGES: tuple[str, ...] = ("archive", "guard", "register", "probe", "set_default", "drain", "delete")
 
@@ -80,6 +82,12 @@ PROMOTIONS_REFUSED = Counter("alma_promotions_refused", "Versions refused by the
 MODEL_VERSION = Gauge("alma_model_version", "Latest trained model version", registry=REGISTRY)
 LIVE_VERSION = Gauge("alma_live_model_version", "Version currently served as default", registry=REGISTRY)
 
+# -- the service's own health -------------------------------------------------------------------
+SERVER_UP = Gauge("alma_server_up", "1 while the daemon reaches the server (redis, kafka), 0 during an outage",
+                  ["server"], registry=REGISTRY)
+DEGRADED_SINCE = Gauge("alma_degraded_since_timestamp_seconds",
+                       "Unix time since which a server has been unreachable; 0 while none is", registry=REGISTRY)
+
 
 def _create_known_series() -> None:
     for reason in REJECT_REASONS:
@@ -90,6 +98,8 @@ def _create_known_series() -> None:
         POLICY_DECISIONS.labels(action)
     for stage in SWAP_STAGES:
         SWAP_FAILURES.labels(stage)
+    for server in SERVERS:
+        SERVER_UP.labels(server).set(math.nan)
     for name in ERROR_SETS:
         ERROR_RATIO.labels(name).set(math.nan)
         PERPLEXITY.labels(name).set(math.nan)

@@ -39,6 +39,7 @@ from alma_daemon.checkpoints import CheckpointStore
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.engine import Engine, EngineObserver
 from alma_daemon.learners import Learner
+from alma_daemon.runtime import run_beside_training
 
 log = logging.getLogger(__name__)
 
@@ -362,6 +363,7 @@ class BackgroundPublisher(EngineObserver):
             return True
 
     def _run(self) -> None:
+        run_beside_training()
         delay = self.retry_initial_seconds
         next_resync = time.monotonic() + self.resync_seconds
         while True:

@@ -34,7 +34,7 @@ DESIGN_METRICS = {
     "alma_model_version": "gauge", "alma_ingest_lag_records": "gauge",
 }
 #: The only label names allowed: small fixed vocabularies (and ``le`` of histogram buckets).
-ALLOWED_LABELS = {"set", "kind", "action", "reason", "stage", "le"}
+ALLOWED_LABELS = {"set", "kind", "action", "reason", "stage", "server", "le"}
 
 
 def scrape(url: str) -> dict[tuple[str, tuple], float]:
@@ -127,6 +127,7 @@ def test_labelled_series_exist_before_any_event(exporter):
         ("action", telemetry.DECISION_ACTIONS, "alma_policy_decisions_total"),
         ("stage", telemetry.SWAP_STAGES, "alma_swap_failures_total"),
         ("reason", telemetry.REJECT_REASONS, "alma_records_rejected_total"),
+        ("server", telemetry.SERVERS, "alma_server_up"),
     ]:
         found = {dict(labels)[label] for sample, labels in samples if sample == name}
         assert found == set(values), name

@@ -14,6 +14,7 @@ from alma_daemon.connections import kafka_security
 from alma_daemon.daemon import Daemon, StepAbandoned
 from alma_daemon.embedded import EMBEDDED_OVERRIDES, close_redis, connect_redis
 from alma_daemon.redis_keys import StreamKeys
+from alma_daemon.runtime import run_beside_training
 from alma_daemon.replay import KafkaPublisher, Publisher, RedisStreamPublisher, chunk_source, replay, resume_point
 from alma_daemon.service_status import format_status, read_status
 from alma_daemon.simulate import ProgressBar
@@ -89,6 +90,7 @@ class ReplayThread:
         return publisher, resume_point(self.client, keys)
 
     def _run(self) -> None:
+        run_beside_training()
         try:
             publisher, first = self._publisher()
             replay(chunk_source(self.config), publisher, self.config.daemon.stream, first_chunk=first,

@@ -1,15 +1,19 @@
-"""``alma status``: what the daemon is doing, read from Redis."""
+"""``alma status``: what the daemon is doing, read from Redis (or, while Redis is down, from the
+daemon's status file, with exit status 1)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from alma_daemon.cli import add_config_arguments
 from alma_daemon.config import load_config
 from alma_daemon.embedded import EMBEDDED_OVERRIDES, close_redis, connect_redis, embedded_db_path
 from alma_daemon.redis_keys import StreamKeys
-from alma_daemon.service_status import format_status, read_status
+from alma_daemon.daemon import STATUS_FILE
+from alma_daemon.outages import REDIS_UNREACHABLE, one_line
+from alma_daemon.service_status import format_local_status, format_status, local_status, read_status
 
 
 def add_parser(subparsers) -> None:
@@ -24,10 +28,16 @@ def run(args: argparse.Namespace) -> int:
     config = load_config(args.config, [*args.overrides, *(EMBEDDED_OVERRIDES if args.embedded else ())])
     if not config.redis.url and not embedded_db_path(config).parent.is_dir():
         raise FileNotFoundError(f"no daemon state under {config.daemon.state_dir} (set redis.url or daemon.state_dir)")
-    client = connect_redis(config)
     try:
-        status = read_status(client, StreamKeys(config.daemon.stream), config.daemon.poll_seconds)
-    finally:
-        close_redis(client)
+        client = connect_redis(config)
+        try:
+            status = read_status(client, StreamKeys(config.daemon.stream), config.daemon.poll_seconds)
+        finally:
+            close_redis(client)
+    except REDIS_UNREACHABLE as exc:
+        # Exit 1: the full status lives in Redis; print what the daemon's own file says meanwhile.
+        local = local_status(Path(config.daemon.state_dir) / STATUS_FILE, one_line(exc))
+        print(json.dumps(local, indent=1) if args.json else format_local_status(local))
+        return 1
     print(json.dumps(status, indent=1) if args.json else format_status(status))
     return 0

@@ -13,6 +13,8 @@ import time
 from typing import Any, Mapping
 
 from kafka import KafkaConsumer, TopicPartition
+from kafka.errors import (BrokerNotAvailableError, KafkaConnectionError, KafkaTimeoutError, NodeNotReadyError,
+                          RequestTimedOutError)
 
 from alma_daemon.connections import kafka_client
 from alma_daemon.ingest.source import SourceRecord
@@ -28,9 +30,18 @@ CONSUMER_SETTINGS = {
 }
 
 
+#: How long the lag query, which doubles as the broker's health probe, waits for an answer.
+LAG_TIMEOUT_MS = 2000
+
+
 class KafkaSource:
     """Every partition of one topic, read from the offsets the caller stores; ``security`` holds the
     TLS and SASL keywords of ``connections.kafka_security``."""
+
+    server = "kafka"
+    #: What kafka-python raises while no broker answers (it reconnects by itself meanwhile).
+    unreachable = (KafkaTimeoutError, KafkaConnectionError, BrokerNotAvailableError, NodeNotReadyError,
+                   RequestTimedOutError)
 
     def __init__(self, bootstrap_servers: str, topic: str, security: Mapping[str, Any] | None = None):
         self.topic = topic
@@ -89,7 +100,7 @@ class KafkaSource:
     def lag(self) -> int | None:
         if not self.partitions:
             return None
-        ends = self.consumer.end_offsets(self.partitions)
+        ends = self.consumer.end_offsets(self.partitions, timeout_ms=LAG_TIMEOUT_MS)
         return sum(max(0, ends[tp] - self.consumer.position(tp)) for tp in self.partitions)
 
     def close(self) -> None:

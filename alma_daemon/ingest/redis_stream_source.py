@@ -13,6 +13,7 @@ from typing import Any
 
 from alma_daemon.data.wire import WireRecord
 from alma_daemon.ingest.source import SourceRecord
+from alma_daemon.outages import REDIS_UNREACHABLE
 
 #: The one position of a Redis stream in the offsets hash.
 POSITION = "stream"
@@ -40,6 +41,9 @@ def decode_entry(fields: dict[bytes, bytes]) -> tuple[bytes | None, bytes | None
 
 class RedisStreamSource:
     """One Redis stream read with XREAD from the last stored entry id."""
+
+    server = "redis"
+    unreachable = REDIS_UNREACHABLE
 
     def __init__(self, client: Any, name: str):
         self.client = client

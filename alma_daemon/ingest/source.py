@@ -31,6 +31,11 @@ class SourceRecord:
 class RecordSource(Protocol):
     """An ordered supply of records that can resume from offsets stored elsewhere."""
 
+    #: The server behind the transport, as the outage board names it ("kafka" or "redis").
+    server: str
+    #: What the transport raises while its server cannot be reached (an outage, not a bug).
+    unreachable: tuple[type[BaseException], ...]
+
     def seek(self, offsets: dict[str, str]) -> None:
         """Continue every position from its stored offset (positions absent: from the beginning)."""
         ...

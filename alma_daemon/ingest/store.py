@@ -66,7 +66,7 @@ class IngestStore:
     def commit(self, batch: IngestBatch) -> None:
         keys = self.keys
         now = f"{time.time():.3f}"
-        pipe = self.client.pipeline(transaction=True)
+        pipe = watched_transaction(self.client, keys.offsets)
         for part, record in batch.parts:
             assert record.value is not None
             chunk_key = keys.chunk(part.chunk_id)
@@ -108,3 +108,16 @@ def dead_letter(pipe: Any, keys: StreamKeys, reason: str, detail: str, origin: s
     pipe.xadd(keys.dead, entry, maxlen=DEAD_LETTER_MAXLEN, approximate=True)
     pipe.hincrby(keys.ingest, "records_rejected", 1)
     pipe.hincrby(keys.ingest, f"rejected:{reason}", 1)
+
+
+def watched_transaction(client: Any, key: str) -> Any:
+    """A MULTI/EXEC pipeline that WATCHes ``key``, which only its caller writes.
+
+    redis-py retries a failed command on a new connection, a transaction included: one cut after
+    Redis ran it would then run twice, and HINCRBY, RPUSH and XADD are not idempotent. redis-py
+    never retries a watched transaction; the caller rereads Redis instead (docs/service.md, "Outages").
+    """
+    pipe = client.pipeline(transaction=True)
+    pipe.watch(key)
+    pipe.multi()
+    return pipe

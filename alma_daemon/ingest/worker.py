@@ -5,6 +5,11 @@ the two meet only in Redis (complete chunks in ``alma:{s}:ready``). A second thr
 transactions, in order, while the next poll is read. Memory stays bounded: at most
 ``MAX_IN_FLIGHT + 1`` polls of records are held, and polling pauses while more than
 ``max_buffer_bytes`` of parts wait for the engine.
+
+Outages (docs/service.md, "Outages"): while Redis is unreachable the thread waits with backoff and
+then resyncs from what Redis holds; while the transport is, kafka-python reconnects on its own and
+the periodic lag query, which then fails, reports the outage. Both go on the daemon's
+:class:`~alma_daemon.outages.OutageBoard`.
 """
 
 from __future__ import annotations
@@ -16,13 +21,13 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable
 
-import redis
-
 from alma_daemon import telemetry
 from alma_daemon.data.wire import RejectedRecord, StreamSchema, decode_record
 from alma_daemon.ingest.source import RecordSource, SourceRecord
 from alma_daemon.ingest.store import IngestBatch, IngestStore
+from alma_daemon.outages import REDIS_UNREACHABLE, OutageBoard, one_line, retry_delays
 from alma_daemon.redis_keys import StreamKeys
+from alma_daemon.runtime import run_beside_training
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +43,12 @@ class IngestWorker:
     """Moves records of one stream from a :class:`RecordSource` into the Redis buffer, exactly once."""
 
     def __init__(self, source: RecordSource, client: Any, keys: StreamKeys, schema: StreamSchema, *,
-                 max_buffer_bytes: int, on_chunk_ready: Callable[[], None] = lambda: None):
+                 max_buffer_bytes: int, on_chunk_ready: Callable[[], None] = lambda: None,
+                 outages: OutageBoard | None = None):
         self.source = source
+        #: Where this thread reports Redis and transport outages (the daemon's board).
+        self.outages = outages or OutageBoard(limit_seconds=float("inf"))
+        self._delays = retry_delays()
         self.store = IngestStore(client, keys)
         self.keys = keys
         self.schema = schema
@@ -55,7 +64,8 @@ class IngestWorker:
         # The first lag query waits one period: at start-up the gauge matters less than the first poll.
         self._next_lag = time.monotonic() + LAG_REFRESH_SECONDS
         # A single committer thread runs the transactions one at a time, in submission order.
-        self._committer = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"ingest-commit-{keys.stream}")
+        self._committer = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"ingest-commit-{keys.stream}",
+                                             initializer=run_beside_training)
         self._in_flight: deque[Future] = deque()
         self._commit_failed = False
 
@@ -149,7 +159,18 @@ class IngestWorker:
         if now < self._next_lag:
             return
         self._next_lag = now + LAG_REFRESH_SECONDS
-        lag = self.source.lag()
+        # The lag query is also the transport's health probe: a Kafka consumer's poll returns nothing,
+        # without an error, while the broker is down (kafka-python reconnects on its own).
+        try:
+            lag = self.source.lag()
+        except self.source.unreachable as exc:
+            if not self.outages.is_down(self.source.server):
+                log.warning("ingest: transport unreachable, waiting for it",
+                            extra={"server": self.source.server, "error": one_line(exc)})
+            self.outages.down(self.source.server, exc)
+            return
+        if self.outages.up(self.source.server) is not None:
+            log.warning("ingest: transport back", extra={"server": self.source.server})
         if lag is not None:
             telemetry.INGEST_LAG.set(lag)
 
@@ -169,16 +190,21 @@ class IngestWorker:
         self._thread.start()
 
     def _run(self) -> None:
+        run_beside_training()
+        failures = 0
         while not self._stop.is_set():
             try:
+                if failures:
+                    self.resync()  # a transaction may have been cut: continue from what Redis holds
+                    self.outages.up("redis")
+                    failures = 0
                 self.step()
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
-                log.warning("ingest: Redis unavailable, retrying", extra={"error": str(exc)})
-                self._stop.wait(1.0)
-                try:
-                    self.resync()
-                except (redis.ConnectionError, redis.TimeoutError):
-                    continue
+            except REDIS_UNREACHABLE as exc:
+                if not failures:
+                    log.warning("ingest: Redis unreachable, retrying", extra={"error": one_line(exc)})
+                self.outages.down("redis", exc)
+                self._stop.wait(self._delays.compute(failures))
+                failures += 1
             except BaseException as exc:  # noqa: BLE001 - handed to the daemon, which stops with it
                 self.error = exc
                 log.error("ingest stopped by an error", exc_info=True)

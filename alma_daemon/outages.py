@@ -1,0 +1,123 @@
+"""Outages of the servers the daemon depends on: which are down, since when, why, and for how long.
+
+An outage of Redis or of the Kafka broker is weather, not death (docs/service.md, "Outages"):
+the daemon keeps its process, stops taking chunks, reports itself degraded (``/readyz``,
+``alma status``, ``alma_server_up`` and ``alma_degraded_since_timestamp_seconds``), waits with
+exponential backoff, and continues from the last committed step once the server is back. Only an
+outage longer than ``daemon.outage_limit_seconds`` ends it, with :class:`OutageTooLong`.
+
+The ingest thread, the scheduler's health check and the main loop all report here, so the board is
+thread-safe.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
+from alma_daemon import telemetry
+
+SERVERS = telemetry.SERVERS
+#: What redis-py raises when the server is unreachable, restarting, or still loading its data.
+REDIS_UNREACHABLE: tuple[type[BaseException], ...] = (redis.ConnectionError, redis.TimeoutError)
+#: First and longest wait between attempts to reach a server that is down.
+RETRY_FIRST_SECONDS = 0.5
+RETRY_MAX_SECONDS = 10.0
+
+
+class OutageTooLong(RuntimeError):
+    """A server stayed unreachable for longer than ``daemon.outage_limit_seconds``."""
+
+
+@dataclass(frozen=True)
+class Outage:
+    """One server that cannot be reached."""
+
+    server: str
+    #: The last error, one line, without credentials (redis-py and kafka-python never print them).
+    reason: str
+    #: ``time.time()`` of the first failure.
+    since: float
+
+
+def redis_retry() -> Retry:
+    """redis-py's retry for every command: absorbs a blip of about a second (a failover, a dropped
+    connection); a longer outage surfaces as an error, and the daemon rides it out (docs/service.md)."""
+    return Retry(ExponentialBackoff(cap=1.0, base=0.1), retries=3)
+
+
+def retry_delays() -> ExponentialBackoff:
+    """The waits between attempts (redis-py's backoff: 0.5 s doubling up to 10 s)."""
+    return ExponentialBackoff(cap=RETRY_MAX_SECONDS, base=RETRY_FIRST_SECONDS)
+
+
+def one_line(error: BaseException) -> str:
+    text = " ".join(str(error).split()) or type(error).__name__
+    return f"{type(error).__name__}: {text}"[:300]
+
+
+class OutageBoard:
+    """The servers currently down; the daemon is degraded while any is."""
+
+    def __init__(self, limit_seconds: float):
+        self.limit_seconds = limit_seconds
+        self._lock = threading.Lock()
+        self._down: dict[str, Outage] = {}
+        for server in SERVERS:
+            telemetry.SERVER_UP.labels(server).set(1)
+        telemetry.DEGRADED_SINCE.set(0)
+
+    def down(self, server: str, error: BaseException | str) -> Outage:
+        """``server`` failed; an outage already under way keeps its start and takes the new reason."""
+        reason = error if isinstance(error, str) else one_line(error)
+        with self._lock:
+            since = self._down[server].since if server in self._down else time.time()
+            self._down[server] = outage = Outage(server, reason, since)
+            self._export()
+        return outage
+
+    def up(self, server: str) -> Outage | None:
+        """``server`` answered again; returns the outage that ended, if there was one."""
+        with self._lock:
+            ended = self._down.pop(server, None)
+            self._export()
+        return ended
+
+    def is_down(self, server: str) -> bool:
+        with self._lock:
+            return server in self._down
+
+    def outages(self) -> list[Outage]:
+        with self._lock:
+            return sorted(self._down.values(), key=lambda o: o.since)
+
+    @property
+    def degraded(self) -> bool:
+        with self._lock:
+            return bool(self._down)
+
+    def check_limit(self) -> None:
+        """Raise :class:`OutageTooLong` if a server has been down for longer than the limit."""
+        now = time.time()
+        for outage in self.outages():
+            if now - outage.since > self.limit_seconds:
+                raise OutageTooLong(
+                    f"{outage.server} unreachable for {now - outage.since:.0f} s, longer than "
+                    f"daemon.outage_limit_seconds ({self.limit_seconds:g} s); last error: {outage.reason}")
+
+    def as_status(self) -> dict:
+        """For ``alma status`` and the local status file."""
+        outages = self.outages()
+        return {"degraded": bool(outages),
+                "degraded_since": outages[0].since if outages else None,
+                "outages": [{"server": o.server, "reason": o.reason, "since": o.since} for o in outages]}
+
+    def _export(self) -> None:
+        for server in SERVERS:
+            telemetry.SERVER_UP.labels(server).set(0 if server in self._down else 1)
+        telemetry.DEGRADED_SINCE.set(min((o.since for o in self._down.values()), default=0))
