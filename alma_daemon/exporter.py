@@ -125,6 +125,13 @@ def _or_nan(value: float | None) -> float:
     return math.nan if value is None else value
 
 
+def _set_policy_estimates(estimates: dict[str, float]) -> None:
+    for name, value in estimates.items():
+        gauge = telemetry.POLICY_ESTIMATES.get(name)
+        if gauge is not None:
+            gauge.set(value)
+
+
 class MetricsObserver(EngineObserver):
     """Feeds the engine's decisions, training stages and per-chunk records into the metrics.
 
@@ -151,10 +158,12 @@ class MetricsObserver(EngineObserver):
         # Stages started between chunks (time-based policies) are newer than the last record.
         telemetry.MODEL_VERSION.set(state.model_version)
         telemetry.PARAMETERS.set(engine.learner.num_parameters())
+        _set_policy_estimates(state.last_decision.get("estimates", {}))
         self._examples_seen = state.examples_seen
 
     def on_decision(self, decision: Decision, engine: Engine) -> None:
         telemetry.POLICY_DECISIONS.labels(decision.action).inc()
+        _set_policy_estimates(decision.estimates)
 
     def on_stage(self, stage: dict, engine: Engine) -> None:
         telemetry.MODEL_UPDATES.labels(stage["kind"]).inc()

@@ -71,6 +71,23 @@ POLICY_DECISIONS = Counter("alma_policy_decisions", "Policy decisions by outcome
 TRAIN_DURATION = Histogram("alma_train_duration_seconds", "Duration of a training stage",
                            buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600), registry=REGISTRY)
 
+# -- the waiting-time policy's estimates (Decision.estimates; the adaptive policy's) -------------
+#: Estimate name -> its gauge, set from each decision that carries it.
+POLICY_ESTIMATES: dict[str, Gauge] = {
+    "live_error": Gauge("alma_policy_live_error_ratio",
+                        "Policy estimate: the live model's mean prequential error since its training stage",
+                        registry=REGISTRY),
+    "previous_error": Gauge("alma_policy_previous_error_ratio",
+                            "Policy estimate: the same for the model before the latest stage", registry=REGISTRY),
+    "stage_gain_score": Gauge("alma_policy_stage_gain_score",
+                              "Policy estimate: the latest stage's error gain, in standard errors", registry=REGISTRY),
+    "drift_score": Gauge("alma_policy_drift_score",
+                         "Policy estimate: the newest chunk's error above the live model's, in standard errors",
+                         registry=REGISTRY),
+    "wait_chunks": Gauge("alma_policy_wait_chunks", "Policy estimate: pending chunks the next stage waits for",
+                         registry=REGISTRY),
+}
+
 # -- serving ------------------------------------------------------------------------------------
 SWAP_DURATION = Histogram("alma_swap_duration_seconds", "Checkpoint written to new version live",
                           buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 30, 60), registry=REGISTRY)
@@ -100,6 +117,8 @@ def _create_known_series() -> None:
         SWAP_FAILURES.labels(stage)
     for server in SERVERS:
         SERVER_UP.labels(server).set(math.nan)
+    for gauge in POLICY_ESTIMATES.values():
+        gauge.set(math.nan)
     for name in ERROR_SETS:
         ERROR_RATIO.labels(name).set(math.nan)
         PERPLEXITY.labels(name).set(math.nan)

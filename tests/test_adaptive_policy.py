@@ -1,20 +1,24 @@
 """The adaptive waiting-time policy: its rules on scripted streams, and its place in the engine
-(prequential errors in, reasons and estimates out, state across a restart)."""
+(prequential errors in, reasons and estimates out, state across a restart, metrics)."""
 
 from __future__ import annotations
 
 import copy
 import dataclasses
 import json
+import math
+import urllib.request
 
 import pytest
 import torch
+from prometheus_client.parser import text_string_to_metric_families
 
 from alma_daemon.chunk_buffer import MemoryBuffer
 from alma_daemon.config import PolicyConfig, build_config
 from alma_daemon.data.datasets import MNIST_TASK
 from alma_daemon.data.streams import Chunk, partition
 from alma_daemon.engine import Engine, EngineState
+from alma_daemon.exporter import MetricsObserver, start_exporter
 from alma_daemon.learners import build_learner
 from policies import build_policy
 from policies.base import PolicyState
@@ -155,6 +159,19 @@ def test_a_restarted_engine_with_the_saved_policy_state_continues_the_same_serie
     engine_run(range(7, 13), engine=resumed)
     keys = ("trained", "reason", "test_error", "prequential_error", "train_flops")
     assert [[r[k] for k in keys] for r in resumed.state.series] == [[r[k] for k in keys] for r in whole]
+
+
+def test_the_policy_estimates_are_exported_as_metrics():
+    with start_exporter(0) as exporter:
+        engine = engine_run(range(1, 7), observers=[MetricsObserver(in_process_source=True)])
+        with urllib.request.urlopen(f"{exporter.url}/metrics", timeout=10) as response:
+            text = response.read().decode()
+    samples = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    estimates = engine.state.last_decision["estimates"]
+    assert samples["alma_policy_live_error_ratio"] == estimates["live_error"]
+    assert samples["alma_policy_wait_chunks"] == estimates["wait_chunks"]
+    assert samples["alma_policy_drift_score"] == estimates["drift_score"]
+    assert not math.isnan(samples["alma_policy_previous_error_ratio"])
 
 
 # -- in the daemon ----------------------------------------------------------------------------------
