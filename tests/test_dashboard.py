@@ -36,8 +36,9 @@ TINY = ["stream.train_examples=1200", "stream.megabatches=4", "train.epochs=2", 
 #: Grafana 9.4 (36) to 11.x (41) read these JSON models without migrating them.
 SCHEMA_VERSIONS = range(36, 42)
 #: Panels allowed to hold only NaN on an image-classification stream in process: perplexity is for
-#: LMs, server reachability for the daemon.
-NAN_PANELS = {"Perplexity (language models)", "Servers reachable (Redis, Kafka)"}
+#: LMs, server reachability for the daemon, the policy's estimates for the adaptive policy.
+NAN_PANELS = {"Perplexity (language models)", "Servers reachable (Redis, Kafka)",
+              "Policy: live and previous model's error", "Policy: stage gain, drift score, wait"}
 #: Label values each labelled family must show in full (from telemetry's fixed vocabularies).
 KNOWN_VALUES = {"set": telemetry.ERROR_SETS, "kind": telemetry.UPDATE_KINDS, "action": telemetry.DECISION_ACTIONS,
                 "stage": telemetry.SWAP_STAGES, "reason": telemetry.REJECT_REASONS, "server": telemetry.SERVERS}
