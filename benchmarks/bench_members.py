@@ -29,15 +29,17 @@ from alma_daemon.learners import build_learner, ens
 from alma_daemon.training.loop import Trainer
 
 
-def stage_seconds(members: int, stacked: bool, split, config: TrainConfig, seed: int) -> float:
-    learner = build_learner("ens", MNIST_TASK, LearnerConfig(name="ens", width=64, members=members), seed)
-    trainer = Trainer(config, "adadelta", torch.device("cpu"), seed=seed)
+def stage_seconds(members: int, stacked: bool, split, config: TrainConfig, seed: int, device: torch.device) -> float:
+    learner = build_learner("ens", MNIST_TASK, LearnerConfig(name="ens", width=64, members=members), seed).to(device)
+    trainer = Trainer(config, "adadelta", device, seed=seed)
     original = ens.stacked_fitter
     if not stacked:
         ens.stacked_fitter = lambda *args: (lambda members: None)
     try:
         start = time.perf_counter()
         learner.fit(split.train, split.val, trainer)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
         return time.perf_counter() - start
     finally:
         ens.stacked_fitter = original
@@ -48,24 +50,27 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--members", type=int, default=5)
-    parser.add_argument("--out", default="benchmarks/results/members.json")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--out", default=None, help="default benchmarks/results/members.json (members-DEVICE.json off the CPU)")
     args = parser.parse_args()
     dataset = load_dataset("mnist")
     split = split_chunk(Chunk(1, partition(dataset.train, 1, seed=0, limit=6000)[0]), 0.1, seed=0)
     config = TrainConfig(epochs=args.epochs, patience=args.epochs, batch_size=128)
     load_before = os.getloadavg()
     runs = {"one": [], "stacked": [], "one_by_one": []}
-    stage_seconds(1, True, split, config, seed=0)  # warm-up: imports, allocator
+    device = torch.device(args.device)
+    stage_seconds(1, True, split, config, 0, device)  # warm-up: imports, allocator, kernels
     for r in range(args.repeats):
-        runs["one"].append(stage_seconds(1, True, split, config, seed=r))
-        runs["stacked"].append(stage_seconds(args.members, True, split, config, seed=r))
-        runs["one_by_one"].append(stage_seconds(args.members, False, split, config, seed=r))
+        runs["one"].append(stage_seconds(1, True, split, config, r, device))
+        runs["stacked"].append(stage_seconds(args.members, True, split, config, r, device))
+        runs["one_by_one"].append(stage_seconds(args.members, False, split, config, r, device))
     ratios = {k: statistics.median(t / o for t, o in zip(runs[k], runs["one"])) for k in ("stacked", "one_by_one")}
     print(f"{args.members} members / 1 member: stacked {ratios['stacked']:.2f}x, one by one {ratios['one_by_one']:.2f}x "
           f"(1 member: {statistics.median(runs['one']):.2f} s)")
-    out = Path(args.out)
+    out = Path(args.out or f"benchmarks/results/members{'' if device.type == 'cpu' else '-' + device.type}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"machine": platform.processor() or platform.machine(), "torch": torch.__version__,
+    machine = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
+    out.write_text(json.dumps({"machine": machine, "torch": torch.__version__,
                                "threads": torch.get_num_threads(), "load_average_before": load_before,
                                "load_average_after": os.getloadavg(), "members": args.members, "epochs": args.epochs,
                                "train_examples": len(split.train), "ratio_stacked_median": ratios["stacked"],

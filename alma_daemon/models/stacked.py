@@ -1,7 +1,7 @@
 """Several MLP backbones of one shape run as one batched model: member m's inputs through member m's weights.
 
 An ensemble of five small MLPs is five small matrix products per layer, each too small to keep a
-CPU or a GPU busy. :func:`stacked_forward` stacks the members' weights at every call (a copy of a
+CPU or a GPU busy. :class:`StackedMLP` stacks the members' weights at every call (a copy of a
 few hundred kilobytes) and runs each layer as one batched product (``torch.baddbmm``), so the
 per-kernel costs are paid once for all members. Gradients flow back through the stack into each
 member's own parameters: members keep their own parameters, optimizer state and checkpoint layout.
@@ -65,25 +65,38 @@ class StackedLinear(torch.autograd.Function):
         grad_x = grad.bmm(weight) if ctx.needs_input_grad[0] else None
         # One product per member, as F.linear computes it: MKL's batched product of these shapes can
         # sum in another order than its single one for small outputs (a classifier's 10 rows).
-        grad_weight = torch.stack([g.t().mm(xm) for g, xm in zip(grad, x)]) if ctx.needs_input_grad[1] else None
+        grad_weight = (torch.stack([g.t().mm(xm) for g, xm in zip(grad.unbind(), x.unbind())])
+                       if ctx.needs_input_grad[1] else None)
         grad_bias = grad.sum(1) if ctx.needs_input_grad[2] else None
         return grad_x, grad_weight, grad_bias
 
 
-def stacked_forward(members: Sequence[Backbone], x: torch.Tensor) -> torch.Tensor:
-    """Logits ``(M, B, classes)`` of member m on ``x[m]``, for standardized inputs ``x`` of shape ``(M, B, ...)``.
+class StackedMLP:
+    """Members of one shape run as one batched model; built once per set of members (a training stage)."""
 
-    ``x`` may be one batch expanded to all members (``x.expand(M, ...)``) for evaluation.
-    """
-    z = x
-    for layers in zip(*(_leaf_layers(m) for m in members)):
-        first = layers[0]
-        if isinstance(first, nn.Flatten):
-            z = z.flatten(2)
-        elif isinstance(first, nn.ReLU):
-            z = torch.relu(z)
-        else:
-            weight = torch.stack([layer.weight for layer in layers])
-            bias = torch.stack([layer.bias for layer in layers])
-            z = StackedLinear.apply(z, weight, bias)
-    return z
+    def __init__(self, members: Sequence[Backbone]):
+        self.members = list(members)
+        self.plan = list(zip(*(_leaf_layers(m) for m in members)))
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits ``(M, B, classes)`` of member m on ``x[m]``, for standardized inputs ``x`` of shape ``(M, B, ...)``.
+
+        ``x`` may be one batch expanded to all members (``x.expand(M, ...)``) for evaluation.
+        """
+        z = x
+        for layers in self.plan:
+            first = layers[0]
+            if isinstance(first, nn.Flatten):
+                z = z.flatten(2)
+            elif isinstance(first, nn.ReLU):
+                z = torch.relu(z)
+            else:
+                weight = torch.stack([layer.weight for layer in layers])
+                bias = torch.stack([layer.bias for layer in layers])
+                z = StackedLinear.apply(z, weight, bias)
+        return z
+
+
+def stacked_forward(members: Sequence[Backbone], x: torch.Tensor) -> torch.Tensor:
+    """:class:`StackedMLP` of ``members`` on ``x``, once."""
+    return StackedMLP(members)(x)

@@ -21,7 +21,7 @@ from torch import nn
 
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.models.backbones import inputs_standardized_outside
-from alma_daemon.models.stacked import stackable, stacked_forward
+from alma_daemon.models.stacked import StackedMLP, stackable
 from alma_daemon.training.flops import FlopMeter
 from alma_daemon.training.loop import EVAL_BATCH, EarlyStopping, FitReport, StageInputs, Trainer
 from alma_daemon.training.optim import build_optimizer
@@ -61,19 +61,19 @@ def fit_stacked(trainer: Trainer, members: Sequence[tuple[int, nn.Module]], trai
             for epoch in range(1, trainer.config.epochs + 1):
                 for m in active:
                     m.net.train()
+                model = StackedMLP([m.net for m in active])
                 # Every member's pass has the same batch sizes: one stacked step per batch position.
                 passes = [list(trainer.batches(len(inputs), m.gen, None)) for m in active]
                 for position in range(len(passes[0])):
                     index = torch.stack([p[position] for p in passes])
                     xb, yb = inputs.batch(index.reshape(-1))
                     xb, yb = xb.view(*index.shape, *xb.shape[1:]), yb.view(index.shape)
-                    nets = [m.net for m in active]
-                    key = ("train", len(nets), tuple(xb.shape))
-                    meter.run(key, lambda: _stacked_step(trainer, nets, optimizer, xb, yb))
+                    key = ("train", len(active), tuple(xb.shape))
+                    meter.run(key, lambda: _stacked_step(trainer, model, optimizer, xb, yb))
                     for m in active:
                         m.flops += meter.share(key) // len(active)
                         m.steps += 1
-                errors = _validation_errors(trainer, active, val_inputs, meter)
+                errors = _validation_errors(trainer, model, active, val_inputs, meter)
                 still = []
                 for m, error in zip(active, errors):
                     m.epochs = epoch
@@ -95,27 +95,27 @@ def fit_stacked(trainer: Trainer, members: Sequence[tuple[int, nn.Module]], trai
             for m in state}
 
 
-def _stacked_step(trainer: Trainer, nets: list[nn.Module], optimizer, x: torch.Tensor, y: torch.Tensor) -> None:
+def _stacked_step(trainer: Trainer, model: StackedMLP, optimizer, x: torch.Tensor, y: torch.Tensor) -> None:
     """One optimizer step of every member on its own batch; the loss is the sum of the members' mean losses."""
     optimizer.zero_grad()
     with trainer.autocast():
-        logits = stacked_forward(nets, x)
+        logits = model(x)
         loss = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view(y.shape).mean(1).sum()
     loss.backward()
     optimizer.step()
 
 
-def _validation_errors(trainer: Trainer, members: list[_Member], val: LabeledData, meter: FlopMeter) -> list[float]:
+def _validation_errors(trainer: Trainer, model: StackedMLP, members: list[_Member], val: LabeledData,
+                       meter: FlopMeter) -> list[float]:
     """Each member's classification error on ``val``, from stacked passes (counted per member, as Trainer.fit counts)."""
-    nets = [m.net for m in members]
-    for net in nets:
-        net.eval()
-    wrong = torch.zeros(len(nets), dtype=torch.long, device=val.y.device)
+    for m in members:
+        m.net.eval()
+    wrong = torch.zeros(len(members), dtype=torch.long, device=val.y.device)
     with torch.inference_mode(), trainer.autocast():
         for i in range(0, len(val), EVAL_BATCH):
             xb, yb = val.x[i : i + EVAL_BATCH], val.y[i : i + EVAL_BATCH]
-            key = ("val", len(nets), tuple(xb.shape))
-            logits = meter.run(key, lambda: stacked_forward(nets, xb.expand(len(nets), *xb.shape)))
+            key = ("val", len(members), tuple(xb.shape))
+            logits = meter.run(key, lambda: model(xb.expand(len(members), *xb.shape)))
             for m in members:
                 m.flops += meter.share(key) // len(members)
             wrong += (logits.argmax(2) != yb).sum(1)

@@ -23,19 +23,27 @@ def resolve_optimizer_name(config: TrainConfig, dataset: str) -> str:
 def optimizer_factory(name: str, config: TrainConfig, device: torch.device) -> Callable[[list[torch.Tensor]], torch.optim.Optimizer]:
     """Builds the named optimizer over given tensors, in PyTorch's fastest exact form for ``device``.
 
-    On the CPU the multi-tensor (``foreach``) kernels, which give bit for bit the single-tensor
-    results (tests/test_training_speed.py checks); on CUDA the fused kernels where PyTorch has them
-    (SGD, Adam), which round differently in the last bits but a GPU run is not bit-reproducible anyway.
+    On the CPU the single-tensor or multi-tensor (``foreach``) kernels, which give the same results
+    bit for bit (tests/test_training_loop.py checks); on CUDA the fused kernels where PyTorch has them
+    (SGD, Adam), which round differently in the last bits, but a GPU run is not bit-reproducible anyway.
     """
     lr = config.lr if config.lr is not None else DEFAULT_LR[name]
     wd = config.weight_decay if config.weight_decay is not None else DEFAULT_WEIGHT_DECAY[name]
-    fast = {"fused": True} if device.type == "cuda" and name in ("sgd", "adam") else {"foreach": True}
+
+    def kernels(params: list[torch.Tensor]) -> dict:
+        if device.type == "cuda" and name in ("sgd", "adam"):
+            return {"fused": True}
+        # One tensor (a flat group) steps fastest on the single-tensor path, several on the multi-tensor one.
+        return {"foreach": len(params) > 1}
+
     if name == "adadelta":
-        return lambda params: torch.optim.Adadelta(params, lr=lr, weight_decay=wd, foreach=True)
+        return lambda params: torch.optim.Adadelta(params, lr=lr, weight_decay=wd, **kernels(params))
     if name == "sgd":
-        return lambda params: torch.optim.SGD(params, lr=lr, momentum=config.momentum, weight_decay=wd, **fast)
+        return lambda params: torch.optim.SGD(params, lr=lr, momentum=config.momentum, weight_decay=wd,
+                                              **kernels(params))
     if name == "adam":
-        return lambda params: torch.optim.Adam(params, lr=lr, betas=(0.9, 0.98), eps=1e-8, weight_decay=wd, **fast)
+        return lambda params: torch.optim.Adam(params, lr=lr, betas=(0.9, 0.98), eps=1e-8, weight_decay=wd,
+                                               **kernels(params))
     raise ValueError(f"unknown optimizer {name!r}")
 
 
