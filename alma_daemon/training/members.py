@@ -7,7 +7,8 @@ and stops early on its own patience; a member that stops leaves the stack with i
 and the others go on. Its optimizer state is its own too (one flat group per member in the
 :class:`~alma_daemon.training.optim.FlatOptimizer`). Since the stacked products are those of the
 member alone, each member's weights, and its report, are bit for bit what ``Trainer.fit`` gives it
-(tests/test_stacked_members.py); only the wall time is shared, split by steps.
+(tests/test_stacked_members.py); only the wall time is shared, split by steps. Stacked members
+run eager whatever ``train.compile`` says.
 """
 
 from __future__ import annotations
