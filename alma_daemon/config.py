@@ -243,6 +243,9 @@ class ServingConfig:
     promotion_margin: float = 0.01
     #: TorchServe workers started for each registered version.
     workers: int = 1
+    #: Nice value (0-19) of the TorchServe that `alma serve` starts: 19 lets training keep the cores of a
+    #: machine it shares with serving (swaps take longer); 0 for a machine that only serves.
+    niceness: int = 19
     #: TorchServe's Prometheus metrics endpoint (where `alma serve` makes it listen).
     metrics_url: str = "http://127.0.0.1:8082"
     #: Keep TorchServe's token authorization on (`alma serve`); the publisher then sends keys from key_file.
@@ -376,6 +379,8 @@ def _validate(config: Config) -> Config:
     drift = config.stream.drift
     if drift.kind != "none" and drift.at is None:
         raise ConfigError(f"stream.drift.at: stream.drift.kind={drift.kind} needs the first drifted chunk (1-based)")
+    if not 0 <= config.serving.niceness <= 19:
+        raise ConfigError(f"serving.niceness: must be in 0..19; got {config.serving.niceness!r}")
     if not config.daemon.outage_limit_seconds > 0:
         raise ConfigError(f"daemon.outage_limit_seconds: must be > 0; got {config.daemon.outage_limit_seconds!r}")
     if config.learner.gating not in ("soft", "hard"):

@@ -115,11 +115,17 @@ class TorchServeProcess:
                    LOG_LOCATION=str(self.folder / "logs"), METRICS_LOCATION=str(self.folder / "logs"))
         command = [sys.executable, "-m", "ts.model_server", "--start", "--foreground", "--ncs",
                    "--model-store", str(self.folder / "model_store"), "--ts-config", str(config_path)]
+        if self.serving.niceness:
+            # Inherited by the JVM and every worker it forks: on a machine it shares with training,
+            # serving (and the model loads of each swap) yields the cores (docs/serving.md).
+            command = ["nice", "-n", str(self.serving.niceness), *command]
         with open(self.log_path, "ab") as log_file:
             process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
                                        cwd=self.folder, env=env, start_new_session=True)
         self.pid_path.write_text(str(process.pid))
         self._process = process
+        if self.serving.niceness:
+            yield_to_training(process.pid, self.serving.niceness)
         try:
             self._wait_ready(process, timeout)
         except BaseException:
@@ -222,3 +228,17 @@ def _tail(path: Path, lines: int = 20) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except FileNotFoundError:
         return "(no log)"
+
+
+def yield_to_training(pid: int, niceness: int) -> None:
+    """Lower the scheduling priority of the session that ``pid`` leads (TorchServe's, with ``nice``).
+
+    Linux's autogroup scheduling (on by default) shares the CPU fairly between sessions first and
+    applies nice values only within one, so TorchServe, which runs in a session of its own, would
+    still take half of the cores from training during each swap however nice its processes are.
+    The session's own nice value, in ``/proc/<pid>/autogroup``, is what counts between sessions.
+    """
+    try:
+        Path(f"/proc/{pid}/autogroup").write_text(f"{niceness}\n")
+    except OSError:
+        pass  # no autogroup scheduling here: the processes' own nice value applies
