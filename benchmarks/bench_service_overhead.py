@@ -28,7 +28,6 @@ import json
 import os
 import platform
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -39,16 +38,6 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 #: Series fields that must agree for the two runs to have done the same work.
 SAME_WORK = ("test_error", "prequential_error", "train_flops", "model_version")
-
-
-def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    for sock in sockets:
-        sock.bind(("127.0.0.1", 0))
-    ports = [sock.getsockname()[1] for sock in sockets]
-    for sock in sockets:
-        sock.close()
-    return ports
 
 
 def timed(command: list[str]) -> float:
@@ -71,6 +60,8 @@ def serving_overrides(kind: str, folder: Path) -> tuple[list[str], object | None
     """``--set`` overrides for the daemon, and the TorchServe process to stop afterwards (if any)."""
     if kind != "torchserve":
         return [f"serving.kind={kind}"], None
+    from bench_swap import free_ports  # this script's folder is on sys.path when it runs
+
     from alma_daemon.config import build_config
     from serving.torchserve_process import TorchServeProcess
 
