@@ -438,8 +438,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
 
 def to_dict(config: Any) -> dict:
     """The resolved config as plain data, as saved next to every run's results: a password written in
-    a URL is masked (secrets come from files; alma_daemon/credentials.py)."""
-    from alma_daemon.credentials import mask_secrets  # it imports ConfigError from this module
+    a URL is masked (secrets come from files; alma_daemon/service/credentials.py)."""
+    from alma_daemon.service.credentials import mask_secrets  # it imports ConfigError from this module
 
     return mask_secrets(dataclasses.asdict(config))
 

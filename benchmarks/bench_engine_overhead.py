@@ -21,9 +21,9 @@ from pathlib import Path
 
 import torch
 
-from alma_daemon import simulate
+from alma_daemon.research import simulate
 from alma_daemon.config import build_config
-from alma_daemon.engine import Engine
+from alma_daemon.core.engine import Engine
 
 
 class MeasureEveryChunk(Engine):

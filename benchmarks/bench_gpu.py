@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from alma_daemon import simulate
+from alma_daemon.research import simulate
 from alma_daemon.config import DatasetConfig, LearnerConfig, StreamConfig, TrainConfig, load_config
 from alma_daemon.data.datasets import load_dataset
 from alma_daemon.data.streams import Chunk, partition, split_chunk

@@ -97,7 +97,7 @@ def run_one(setting: str, policy: dict, seed: int, common: dict, keep_series: bo
 
     torch.set_num_threads(1)
     from alma_daemon.config import build_config
-    from alma_daemon.simulate import run_simulation
+    from alma_daemon.research.simulate import run_simulation
 
     values = {**SETTINGS[setting][0], **common, **policy, "seed": seed, "stream.seed": seed}
     config = build_config({}, [f"{key}={json.dumps(value)}" for key, value in values.items()])

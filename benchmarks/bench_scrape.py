@@ -29,9 +29,9 @@ from prometheus_client.openmetrics.exposition import generate_latest as generate
 from prometheus_client.parser import text_string_to_metric_families
 
 from alma_daemon.config import build_config
-from alma_daemon.exporter import MetricsObserver, start_exporter
-from alma_daemon.simulate import run_simulation
-from alma_daemon.telemetry import REGISTRY
+from alma_daemon.observability.exporter import MetricsObserver, start_exporter
+from alma_daemon.research.simulate import run_simulation
+from alma_daemon.observability.telemetry import REGISTRY
 
 STREAM = ["stream.train_examples=1200", "stream.megabatches=4", "train.epochs=2", "learner.width=8",
           "dataset.test_examples=300", "device=cpu"]

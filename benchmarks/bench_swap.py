@@ -43,7 +43,7 @@ from pathlib import Path
 
 import torch
 
-from alma_daemon.checkpoints import CheckpointStore
+from alma_daemon.core.checkpoints import CheckpointStore
 from alma_daemon.config import TrainConfig, build_config
 from alma_daemon.data.datasets import load_dataset
 from alma_daemon.learners import Learner, build_learner

@@ -13,12 +13,12 @@ import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
-from alma_daemon.chunk_buffer import MemoryBuffer
+from alma_daemon.core.chunk_buffer import MemoryBuffer
 from alma_daemon.config import PolicyConfig, build_config
 from alma_daemon.data.datasets import MNIST_TASK
 from alma_daemon.data.streams import Chunk, partition
-from alma_daemon.engine import Engine, EngineState
-from alma_daemon.exporter import MetricsObserver, start_exporter
+from alma_daemon.core.engine import Engine, EngineState
+from alma_daemon.observability.exporter import MetricsObserver, start_exporter
 from alma_daemon.learners import build_learner
 from policies import build_policy
 from policies.base import PolicyState
@@ -179,8 +179,9 @@ def test_the_policy_estimates_are_exported_as_metrics():
 @pytest.mark.slow
 def test_a_crashed_daemon_resumes_the_adaptive_policy_and_equals_the_simulator_on_a_drifting_stream(
         tmp_path, redis_db) -> None:
-    from alma_daemon.replay import RedisStreamPublisher, dataset_chunks, replay
-    from alma_daemon.simulate import run_simulation
+    from alma_daemon.transports.redis_stream import RedisStreamPublisher
+    from alma_daemon.transports.replay import dataset_chunks, replay
+    from alma_daemon.research.simulate import run_simulation
     from tests.test_daemon import Crash, CrashOnce, engine_state, exact, run_daemon, service_config
 
     # Chunks of 1,000 images: enough for the model to learn before the labels change at chunk 4.

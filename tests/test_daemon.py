@@ -22,20 +22,21 @@ import yaml
 from safetensors.torch import load_file
 
 from alma_daemon.config import Config, build_config
-from alma_daemon.daemon import Daemon
+from alma_daemon.service.daemon import Daemon
 from alma_daemon.data.arrays import load_npz
 from alma_daemon.data.datasets import load_dataset
 from alma_daemon.data.streams import megabatch_stream, split_chunk
 from alma_daemon.data.wire import encode_chunk
-from alma_daemon.engine import EngineObserver
-from alma_daemon.engine_store import EngineStateStore, state_fields
-from alma_daemon.ingest.redis_stream_source import encode_entry
-from alma_daemon.redis_buffer import RedisBuffer
-from alma_daemon.redis_keys import StreamKeys
-from alma_daemon.replay import (KafkaPublisher, RedisStreamPublisher, ReplayChunk, dataset_chunks, labeled_chunks,
-                                replay, text_chunks)
-from alma_daemon.service_status import format_status, read_status
-from alma_daemon.simulate import run_simulation
+from alma_daemon.core.engine import EngineObserver
+from alma_daemon.service.engine_store import EngineStateStore, state_fields
+from alma_daemon.transports.redis_stream import encode_entry
+from alma_daemon.service.redis_buffer import RedisBuffer
+from alma_daemon.service.redis_keys import StreamKeys
+from alma_daemon.transports.kafka import KafkaPublisher
+from alma_daemon.transports.redis_stream import RedisStreamPublisher
+from alma_daemon.transports.replay import ReplayChunk, dataset_chunks, labeled_chunks, replay, text_chunks
+from alma_daemon.service.status import format_status, read_status
+from alma_daemon.research.simulate import run_simulation
 from tests.test_ingest import bad_records, records_of
 from tests.test_text_stream import TINY_LM, corpus
 

@@ -21,11 +21,11 @@ import yaml
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from alma_daemon import telemetry
+from alma_daemon.observability import telemetry
 from alma_daemon.config import build_config
-from alma_daemon.engine import Engine, EngineObserver
-from alma_daemon.exporter import MetricsObserver, start_exporter
-from alma_daemon.simulate import run_simulation
+from alma_daemon.core.engine import Engine, EngineObserver
+from alma_daemon.observability.exporter import MetricsObserver, start_exporter
+from alma_daemon.research.simulate import run_simulation
 from tests.servers import PrometheusServer, http_request
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"

@@ -112,7 +112,7 @@ def test_augmentation_flips_and_shifts_whole_batches():
 @pytest.mark.skipif(not have("cifar10"), reason="CIFAR-10 files not in the data folder (see README: data)")
 def test_a_test_subset_covers_every_class_even_when_the_test_set_is_sorted_by_class():
     from alma_daemon.config import build_config
-    from alma_daemon.simulate import simulated_stream
+    from alma_daemon.research.simulate import simulated_stream
 
     stream = simulated_stream(build_config({"dataset": {"name": "cifar10", "test_examples": 200}}))
     assert len(stream.test) == 200

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from alma_daemon.chunk_buffer import MemoryBuffer
+from alma_daemon.core.chunk_buffer import MemoryBuffer
 from alma_daemon.config import ConfigError, DriftConfig, build_config
 from alma_daemon.data.datasets import MNIST_TASK, TaskInfo, resolve_data_root
 from alma_daemon.data.streams import Chunk, build_drift, drifted, label_permutation, partition, rotate_images
-from alma_daemon.engine import Engine
+from alma_daemon.core.engine import Engine
 from alma_daemon.learners import build_learner
 from policies import build_policy
 from tests.conftest import separable_data
@@ -99,8 +99,8 @@ def test_drift_needs_its_first_chunk_and_labeled_images():
 
 @pytest.mark.skipif(not (resolve_data_root(None) / "mnist").is_dir(), reason="MNIST files not in the data folder")
 def test_replay_publishes_the_drifted_chunks_the_simulator_trains_on():
-    from alma_daemon.replay import chunk_source
-    from alma_daemon.simulate import simulated_stream
+    from alma_daemon.transports.replay import chunk_source
+    from alma_daemon.research.simulate import simulated_stream
 
     config = build_config({"stream": {"megabatches": 50, "train_examples": 500,
                                       "drift": {"kind": "rotate", "degrees": 30.0, "at": 3}}})

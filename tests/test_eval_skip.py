@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from alma_daemon.chunk_buffer import MemoryBuffer
+from alma_daemon.core.chunk_buffer import MemoryBuffer
 from alma_daemon.config import build_config
 from alma_daemon.data.datasets import MNIST_TASK
 from alma_daemon.data.streams import Chunk, partition
-from alma_daemon.engine import Engine
+from alma_daemon.core.engine import Engine
 from alma_daemon.learners import build_learner
 from policies import build_policy
 from tests.conftest import separable_data

@@ -12,13 +12,13 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from alma_daemon import telemetry
+from alma_daemon.observability import telemetry
 from alma_daemon.cli import main
 from alma_daemon.commands import simulate as simulate_command
 from alma_daemon.config import build_config
-from alma_daemon.engine import Engine, EngineObserver
-from alma_daemon.exporter import MetricsObserver, start_exporter
-from alma_daemon.simulate import run_simulation
+from alma_daemon.core.engine import Engine, EngineObserver
+from alma_daemon.observability.exporter import MetricsObserver, start_exporter
+from alma_daemon.research.simulate import run_simulation
 from tests.servers import free_ports, http_request, port_open
 
 TINY = ["stream.train_examples=1200", "stream.megabatches=4", "train.epochs=2", "learner.width=8",
@@ -235,8 +235,9 @@ def test_simulate_metrics_port_zero_turns_the_config_port_off(monkeypatch):
 
 @pytest.mark.integration
 def test_daemon_serves_metrics_while_running_and_resumes_from_its_state(tmp_path, redis_db):
-    from alma_daemon.daemon import Daemon
-    from alma_daemon.replay import RedisStreamPublisher, dataset_chunks, replay
+    from alma_daemon.service.daemon import Daemon
+    from alma_daemon.transports.redis_stream import RedisStreamPublisher
+    from alma_daemon.transports.replay import dataset_chunks, replay
 
     port = free_ports(1)[0]
     url = f"http://127.0.0.1:{port}"

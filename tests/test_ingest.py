@@ -10,15 +10,15 @@ import pytest
 import safetensors.torch
 import torch
 
-from alma_daemon import telemetry
+from alma_daemon.observability import telemetry
 from alma_daemon.data.wire import (
     HEADER_PART, HEADER_SCHEMA, HEADER_STREAM, REJECT_REASONS, DecodedPart, RejectedRecord, StreamSchema, WireRecord, decode_record, encode_chunk,
 )
 from alma_daemon.ingest.assembler import Assembler
-from alma_daemon.ingest.redis_stream_source import RedisStreamSource, encode_entry
+from alma_daemon.transports.redis_stream import RedisStreamSource, encode_entry
 from alma_daemon.ingest.worker import IngestWorker
-from alma_daemon.redis_buffer import ReadyChunks
-from alma_daemon.redis_keys import StreamKeys
+from alma_daemon.service.redis_buffer import ReadyChunks
+from alma_daemon.service.redis_keys import StreamKeys
 
 STREAM = "tiny"
 SCHEMA = StreamSchema("labeled", (4, 4), num_classes=3, max_part_bytes=4096)
@@ -137,7 +137,7 @@ def publish_kafka(broker, topic: str, records: list[WireRecord]) -> None:
 
 
 def kafka_worker(broker, topic: str, client, **kwargs) -> IngestWorker:
-    from alma_daemon.ingest.kafka_source import KafkaSource
+    from alma_daemon.transports.kafka import KafkaSource
 
     return IngestWorker(KafkaSource(broker.bootstrap_servers, topic), client, StreamKeys(STREAM), SCHEMA,
                         max_buffer_bytes=kwargs.pop("max_buffer_bytes", 1 << 30), **kwargs)

@@ -12,7 +12,7 @@ import json
 import pytest
 import torch
 
-from alma_daemon.checkpoints import CheckpointStore
+from alma_daemon.core.checkpoints import CheckpointStore
 from alma_daemon.config import TrainConfig, from_dict, LearnerConfig
 from alma_daemon.data.datasets import MNIST_TASK, TaskInfo
 from alma_daemon.data.tensors import LabeledData

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from alma_daemon.chunk_buffer import MemoryBuffer
+from alma_daemon.core.chunk_buffer import MemoryBuffer
 from alma_daemon.data.streams import Chunk, split_chunk
 from alma_daemon.data.tensors import LabeledData
-from alma_daemon.redis_buffer import RedisBuffer
-from alma_daemon.redis_keys import StreamKeys
+from alma_daemon.service.redis_buffer import RedisBuffer
+from alma_daemon.service.redis_keys import StreamKeys
 
 KEYS = StreamKeys("tiny")
 

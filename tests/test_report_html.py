@@ -8,10 +8,10 @@ from pathlib import Path
 
 from alma_daemon.cli import main
 from alma_daemon.config import build_config, to_dict
-from alma_daemon.engine import Engine, EngineObserver
-from alma_daemon.report import TABLE_HEADER, cer_target, find_runs, write_report
-from alma_daemon.results import ResultsWriter, read_results
-from alma_daemon.simulate import build_engine, run_simulation, simulated_stream
+from alma_daemon.core.engine import Engine, EngineObserver
+from alma_daemon.observability.report import TABLE_HEADER, cer_target, find_runs, write_report
+from alma_daemon.observability.results import ResultsWriter, read_results
+from alma_daemon.research.simulate import build_engine, run_simulation, simulated_stream
 
 TINY = ["stream.train_examples=1200", "stream.megabatches=4", "train.epochs=2", "learner.width=8",
         "dataset.test_examples=300", "device=cpu"]

@@ -22,9 +22,9 @@ import yaml
 from kafka import KafkaConsumer, KafkaProducer
 
 from alma_daemon.config import ConfigError, KafkaConfig, RedisConfig, build_config, to_dict
-from alma_daemon.connections import kafka_client, kafka_security, redis_client
-from alma_daemon.credentials import MASK, mask_url, read_secret
-from alma_daemon.redis_keys import StreamKeys
+from alma_daemon.service.connections import kafka_client, kafka_security, redis_client
+from alma_daemon.service.credentials import MASK, mask_url, read_secret
+from alma_daemon.service.redis_keys import StreamKeys
 from tests.servers import free_port
 
 REPO = Path(__file__).resolve().parents[1]

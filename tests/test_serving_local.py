@@ -12,15 +12,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from alma_daemon import telemetry
-from alma_daemon.checkpoints import CheckpointStore
-from alma_daemon.chunk_buffer import MemoryBuffer
+from alma_daemon.observability import telemetry
+from alma_daemon.core.checkpoints import CheckpointStore
+from alma_daemon.core.chunk_buffer import MemoryBuffer
 from alma_daemon.cli import main
 from alma_daemon.config import LearnerConfig, TrainConfig, build_config
 from alma_daemon.data.datasets import MNIST_TASK, TaskInfo
 from alma_daemon.data.streams import Chunk, partition
 from alma_daemon.data.tensors import LabeledData
-from alma_daemon.engine import Engine
+from alma_daemon.core.engine import Engine
 from alma_daemon.learners import Learner, build_learner
 from alma_daemon.training.loop import Trainer
 from policies import build_policy

@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from alma_daemon.ablation import ablate_iid
-from alma_daemon.checkpoints import CheckpointStore
+from alma_daemon.research.ablation import ablate_iid
+from alma_daemon.core.checkpoints import CheckpointStore
 from alma_daemon.config import Config, LearnerConfig, build_config, from_dict
 from alma_daemon.data.datasets import DatasetError, resolve_data_root
 from alma_daemon.data.text import BPETokenizer, WordVocabulary, split_lines, text_stream, tokenizer_from_task
 from alma_daemon.learners import build_learner
-from alma_daemon.simulate import run_simulation
+from alma_daemon.research.simulate import run_simulation
 
 PTB = resolve_data_root(None) / "ptb"
 needs_ptb = pytest.mark.skipif(not (PTB / "ptb.train.txt").is_file(), reason=f"PTB not found in {PTB}")

@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from alma_daemon.ablation import ablate_iid
+from alma_daemon.research.ablation import ablate_iid
 from alma_daemon.cli import add_config_arguments
 from alma_daemon.config import load_config
-from alma_daemon.results import write_json_atomic
+from alma_daemon.observability.results import write_json_atomic
 
 
 def add_parser(subparsers) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from alma_daemon.grid import run_grid
+from alma_daemon.research.grid import run_grid
 
 
 def add_parser(subparsers) -> None:

@@ -6,14 +6,13 @@ import argparse
 
 from alma_daemon.cli import add_config_arguments
 from alma_daemon.config import Config, load_config
-from alma_daemon.connections import kafka_security
+from alma_daemon.service.connections import kafka_security
 from alma_daemon.data.wire import DEFAULT_MAX_PART_BYTES
-from alma_daemon.embedded import EMBEDDED_OVERRIDES, close_redis, connect_redis
-from alma_daemon.redis_keys import StreamKeys
-from alma_daemon.replay import (
-    KafkaPublisher, RedisStreamPublisher, ReplayReport, chunk_source, labeled_chunks, parse_rate, replay,
-    resume_point,
-)
+from alma_daemon.service.embedded_redis import EMBEDDED_OVERRIDES, close_redis, connect_redis
+from alma_daemon.service.redis_keys import StreamKeys
+from alma_daemon.transports.kafka import KafkaPublisher
+from alma_daemon.transports.redis_stream import RedisStreamPublisher
+from alma_daemon.transports.replay import ReplayReport, chunk_source, labeled_chunks, parse_rate, replay, resume_point
 
 #: Command-line flags that are shorthands for config keys.
 FLAG_KEYS = {

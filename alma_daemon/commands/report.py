@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from alma_daemon.report import write_report
+from alma_daemon.observability.report import write_report
 
 
 def add_parser(subparsers) -> None:

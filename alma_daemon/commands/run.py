@@ -10,14 +10,16 @@ from typing import Any
 
 from alma_daemon.cli import add_config_arguments
 from alma_daemon.config import Config, load_config
-from alma_daemon.connections import kafka_security
-from alma_daemon.daemon import Daemon, StepAbandoned
-from alma_daemon.embedded import EMBEDDED_OVERRIDES, close_redis, connect_redis
-from alma_daemon.redis_keys import StreamKeys
+from alma_daemon.service.connections import kafka_security
+from alma_daemon.service.daemon import Daemon, StepAbandoned
+from alma_daemon.service.embedded_redis import EMBEDDED_OVERRIDES, close_redis, connect_redis
+from alma_daemon.service.redis_keys import StreamKeys
 from alma_daemon.runtime import run_beside_training
-from alma_daemon.replay import KafkaPublisher, Publisher, RedisStreamPublisher, chunk_source, replay, resume_point
-from alma_daemon.service_status import format_status, read_status
-from alma_daemon.simulate import ProgressBar
+from alma_daemon.transports.kafka import KafkaPublisher
+from alma_daemon.transports.redis_stream import RedisStreamPublisher
+from alma_daemon.transports.replay import Publisher, chunk_source, replay, resume_point
+from alma_daemon.service.status import format_status, read_status
+from alma_daemon.research.simulate import ProgressBar
 
 log = logging.getLogger(__name__)
 

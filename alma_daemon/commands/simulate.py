@@ -7,9 +7,9 @@ from contextlib import ExitStack
 
 from alma_daemon.cli import add_config_arguments
 from alma_daemon.config import ConfigError, load_config
-from alma_daemon.exporter import MetricsObserver, start_exporter
+from alma_daemon.observability.exporter import MetricsObserver, start_exporter
 from alma_daemon.runtime import resolve_device
-from alma_daemon.simulate import run_simulation
+from alma_daemon.research.simulate import run_simulation
 from alma_daemon.training.distributed import join_process_group, launched_with_ranks, leave_process_group
 from policies import build_policy
 

@@ -13,8 +13,8 @@ from typing import Any
 
 from alma_daemon.data.wire import DecodedPart, RejectedRecord
 from alma_daemon.ingest.assembler import Assembler, ChunkProgress, part_dtype
-from alma_daemon.ingest.source import SourceRecord
-from alma_daemon.redis_keys import StreamKeys
+from alma_daemon.transports.source import SourceRecord
+from alma_daemon.service.redis_keys import StreamKeys
 
 #: The dead-letter stream keeps about this many entries (XADD MAXLEN ~), so bad input cannot fill Redis.
 DEAD_LETTER_MAXLEN = 10_000

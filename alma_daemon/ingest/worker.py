@@ -9,7 +9,7 @@ transactions, in order, while the next poll is read. Memory stays bounded: at mo
 Outages (docs/service.md, "Outages"): while Redis is unreachable the thread waits with backoff and
 then resyncs from what Redis holds; while the transport is, kafka-python reconnects on its own and
 the periodic lag query, which then fails, reports the outage. Both go on the daemon's
-:class:`~alma_daemon.outages.OutageBoard`.
+:class:`~alma_daemon.service.outages.OutageBoard`.
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable
 
-from alma_daemon import telemetry
+from alma_daemon.observability import telemetry
 from alma_daemon.data.wire import RejectedRecord, StreamSchema, decode_record
-from alma_daemon.ingest.source import RecordSource, SourceRecord
+from alma_daemon.transports.source import RecordSource, SourceRecord
 from alma_daemon.ingest.store import IngestBatch, IngestStore
-from alma_daemon.outages import REDIS_UNREACHABLE, OutageBoard, one_line, retry_delays
-from alma_daemon.redis_keys import StreamKeys
+from alma_daemon.service.outages import REDIS_UNREACHABLE, OutageBoard, one_line, retry_delays
+from alma_daemon.service.redis_keys import StreamKeys
 from alma_daemon.runtime import run_beside_training
 
 log = logging.getLogger(__name__)

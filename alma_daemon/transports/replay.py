@@ -16,19 +16,19 @@ import logging
 import re
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol
+from typing import Any, Callable, Iterable, Iterator, Protocol
 
 import torch
 from tqdm import tqdm
 
 from alma_daemon.config import Config, ConfigError
-from alma_daemon.connections import kafka_client
 from alma_daemon.data.datasets import TaskInfo, load_dataset
 from alma_daemon.data.streams import build_drift, drifted, megabatch_stream
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.data.text import text_stream, token_run
 from alma_daemon.data.wire import DEFAULT_MAX_PART_BYTES, HEADER_CHUNK, WireRecord, encode_chunk
-from alma_daemon.redis_keys import StreamKeys
+from alma_daemon.service.redis_keys import StreamKeys
+from alma_daemon.transports.redis_stream import decode_entry
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ def chunk_source(config: Config) -> Iterator[ReplayChunk]:
     return CHUNK_SOURCES[config.dataset.name](config)
 
 
-# -- publishers -----------------------------------------------------------------------------------
+# -- the transport's producer side ---------------------------------------------------------------------------------
 class Publisher(Protocol):
     """Sends wire records to a transport."""
 
@@ -97,57 +97,6 @@ class Publisher(Protocol):
         ...
 
 
-class KafkaPublisher:
-    """Publishes to a Kafka topic (created with ``partitions`` partitions if it does not exist);
-    ``security`` holds the TLS and SASL keywords of ``connections.kafka_security``."""
-
-    def __init__(self, bootstrap_servers: str, topic: str, partitions: int = 1,
-                 security: Mapping[str, Any] | None = None):
-        from kafka import KafkaProducer
-
-        self.topic = topic
-        ensure_topic(bootstrap_servers, topic, partitions, security)
-        self.producer = kafka_client(KafkaProducer, bootstrap_servers, security or {}, acks="all", linger_ms=5,
-                                     client_id="alma-replay")
-        self._futures: list[Any] = []
-
-    def send(self, records: list[WireRecord]) -> None:
-        for record in records:
-            self._futures.append(self.producer.send(self.topic, key=record.key, value=record.value,
-                                                    headers=record.headers))
-        self._raise_failures()
-
-    def _raise_failures(self) -> None:
-        done = [f for f in self._futures if f.is_done]
-        for future in done:
-            if future.failed():
-                raise RuntimeError(f"publishing to {self.topic} failed: {future.exception}")
-        self._futures = [f for f in self._futures if not f.is_done]
-
-    def close(self) -> None:
-        self.producer.flush()
-        self._raise_failures()
-        self.producer.close()
-
-
-def ensure_topic(bootstrap_servers: str, topic: str, partitions: int,
-                 security: Mapping[str, Any] | None = None) -> None:
-    from kafka.admin import KafkaAdminClient, NewTopic
-    from kafka.errors import AuthorizationError, TopicAlreadyExistsError
-
-    admin = kafka_client(KafkaAdminClient, bootstrap_servers, security or {}, client_id="alma-replay-admin")
-    try:
-        admin.create_topics([NewTopic(topic, partitions, 1)])
-        log.info("topic created", extra={"topic": topic, "partitions": partitions})
-    except TopicAlreadyExistsError:
-        pass
-    except AuthorizationError:
-        # Managed clusters usually let a producer write to a topic, not create one: it was made beforehand.
-        log.info("not allowed to create topics; publishing to an existing one", extra={"topic": topic})
-    finally:
-        admin.close()
-
-
 def resume_point(client: Any, keys: StreamKeys, transport_stream: str | None = None) -> int:
     """The first chunk a replay into a running service still has to send.
 
@@ -155,8 +104,6 @@ def resume_point(client: Any, keys: StreamKeys, transport_stream: str | None = N
     the newest chunk still waiting in ``transport_stream`` may be partial (an interrupted replay): it
     is sent again whole, and its parts already there are duplicates, stored once.
     """
-    from alma_daemon.ingest.redis_stream_source import decode_entry
-
     first = int(client.hget(keys.ingest, "last_completed") or 0) + 1
     newest = client.xrevrange(transport_stream, count=1) if transport_stream else []
     if newest:
@@ -166,35 +113,6 @@ def resume_point(client: Any, keys: StreamKeys, transport_stream: str | None = N
         if chunk.isdigit():
             first = max(first, int(chunk))
     return first
-
-
-class RedisStreamPublisher:
-    """Publishes to a Redis stream (the embedded transport), waiting while the daemon is behind.
-
-    Kafka keeps what consumers have not read on disk; a Redis stream keeps it in memory, so the
-    publisher holds back while more than ``max_queued`` records are unread.
-    """
-
-    def __init__(self, client: Any, name: str, max_queued: int = 64, poll_seconds: float = 0.2,
-                 stop: Callable[[], bool] = lambda: False):
-        self.client = client
-        self.name = name
-        self.max_queued = max_queued
-        self.poll_seconds = poll_seconds
-        self.stop = stop
-
-    def send(self, records: list[WireRecord]) -> None:
-        from alma_daemon.ingest.redis_stream_source import encode_entry
-
-        while self.client.xlen(self.name) > self.max_queued and not self.stop():
-            time.sleep(self.poll_seconds)
-        pipe = self.client.pipeline(transaction=False)
-        for record in records:
-            pipe.xadd(self.name, encode_entry(record))
-        pipe.execute()
-
-    def close(self) -> None:
-        """XADD is acknowledged when it returns; the client belongs to the caller."""
 
 
 # -- the replay loop ------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """The Prometheus exporter: an HTTP server for ``/metrics``, ``/healthz`` and ``/readyz``, and the
-engine observer that feeds the engine's measures into :mod:`alma_daemon.telemetry`.
+engine observer that feeds the engine's measures into :mod:`alma_daemon.observability.telemetry`.
 
 The daemon (``alma run``) and ``alma simulate --metrics-port P`` start it the same way::
 
@@ -24,8 +24,8 @@ from prometheus_client import make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 
-from alma_daemon import telemetry
-from alma_daemon.engine import Engine, EngineObserver
+from alma_daemon.observability import telemetry
+from alma_daemon.core.engine import Engine, EngineObserver
 from policies import Decision
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ import itertools
 
 from alma_daemon.config import Config, to_dict
 from alma_daemon.learners import learner_class
-from alma_daemon.simulate import ProgressBar, SimulatedStream, build_engine, simulated_stream
+from alma_daemon.research.simulate import ProgressBar, SimulatedStream, build_engine, simulated_stream
 
 
 def ablate_iid(config: Config, chunks: int, progress: bool = True) -> dict:

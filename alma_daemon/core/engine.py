@@ -22,8 +22,8 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from alma_daemon.checkpoints import CheckpointStore
-from alma_daemon.chunk_buffer import ChunkBuffer
+from alma_daemon.core.checkpoints import CheckpointStore
+from alma_daemon.core.chunk_buffer import ChunkBuffer
 from alma_daemon.config import Config
 from alma_daemon.data.streams import Chunk, build_drift, prequential_sample, split_chunk
 from alma_daemon.data.tensors import LabeledData

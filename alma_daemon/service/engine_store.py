@@ -11,8 +11,8 @@ import dataclasses
 import json
 from typing import Any
 
-from alma_daemon.engine import EngineState
-from alma_daemon.redis_keys import StreamKeys
+from alma_daemon.core.engine import EngineState
+from alma_daemon.service.redis_keys import StreamKeys
 
 
 def state_fields(state: EngineState) -> dict:

@@ -12,7 +12,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from alma_daemon.engine import Engine, EngineObserver
+from alma_daemon.core.engine import Engine, EngineObserver
 
 #: Columns of series.csv, in order; other fields stay in results.json only.
 CSV_COLUMNS = [

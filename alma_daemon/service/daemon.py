@@ -15,7 +15,7 @@ Outages (docs/service.md, "Outages"): while Redis or the Kafka broker cannot be 
 keeps its process, reports itself degraded and waits with backoff (``outages.py``); when Redis is
 back it checks that Redis still holds the stream (``stream_identity.py``) and resumes exactly as
 after a crash, from the last committed step, in process. An outage longer than
-``daemon.outage_limit_seconds`` ends the run with :class:`~alma_daemon.outages.OutageTooLong`.
+``daemon.outage_limit_seconds`` ends the run with :class:`~alma_daemon.service.outages.OutageTooLong`.
 
 Stopping: SIGTERM or Ctrl-C finishes the current step, then stops; a second signal abandons the
 step at once (safe: it was not committed and is redone on restart). Every thread is stopped and
@@ -36,25 +36,26 @@ from typing import Any, Callable
 
 import psutil
 
-from alma_daemon import telemetry
-from alma_daemon.checkpoints import CheckpointStore
+from alma_daemon.observability import telemetry
+from alma_daemon.core.checkpoints import CheckpointStore
 from alma_daemon.config import Config, to_dict
 from alma_daemon.data.datasets import TaskInfo
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.data.wire import RejectedRecord, StreamSchema
-from alma_daemon.engine import Engine, EngineObserver
-from alma_daemon.engine_store import EngineStateStore
-from alma_daemon.exporter import Exporter, MetricsObserver, start_exporter
-from alma_daemon.ingest import IngestWorker, build_source
+from alma_daemon.core.engine import Engine, EngineObserver
+from alma_daemon.service.engine_store import EngineStateStore
+from alma_daemon.observability.exporter import Exporter, MetricsObserver, start_exporter
+from alma_daemon.ingest.worker import IngestWorker
+from alma_daemon.transports import build_source
 from alma_daemon.ingest.store import dead_letter, watched_transaction
 from alma_daemon.learners import build_learner
-from alma_daemon.outages import REDIS_UNREACHABLE, OutageBoard, one_line, retry_delays
-from alma_daemon.redis_buffer import ReadyChunks, RedisBuffer
-from alma_daemon.redis_keys import StreamKeys
-from alma_daemon.results import ResultsWriter, write_json_atomic
+from alma_daemon.service.outages import REDIS_UNREACHABLE, OutageBoard, one_line, retry_delays
+from alma_daemon.service.redis_buffer import ReadyChunks, RedisBuffer
+from alma_daemon.service.redis_keys import StreamKeys
+from alma_daemon.observability.results import ResultsWriter, write_json_atomic
 from alma_daemon.runtime import resolve_device
-from alma_daemon.scheduler import build_scheduler
-from alma_daemon.stream_identity import RedisRestarted, StreamIdentity
+from alma_daemon.service.scheduler import build_scheduler
+from alma_daemon.service.stream_identity import RedisRestarted, StreamIdentity
 from policies import build_policy
 from serving import build_publisher
 from serving.publisher import BackgroundPublisher
@@ -78,7 +79,7 @@ def stream_task(config: Config) -> tuple[TaskInfo, LabeledData | None]:
 
         test = load_npz(config.dataset.test_file) if config.dataset.test_file else None
         return arrays_task(config.dataset), test
-    from alma_daemon.simulate import simulated_stream
+    from alma_daemon.research.simulate import simulated_stream
 
     stream = simulated_stream(config)
     return stream.task, stream.test
@@ -129,10 +130,10 @@ STATUS_FILE = "daemon-status.json"
 def redis_name(config: Config) -> str:
     """Where Redis is, for messages: host:port, or the embedded server's database file."""
     if config.redis.url:
-        from alma_daemon.connections import redis_server
+        from alma_daemon.service.connections import redis_server
 
         return redis_server(config.redis.url)
-    from alma_daemon.embedded import embedded_db_path
+    from alma_daemon.service.embedded_redis import embedded_db_path
 
     return f"the embedded server ({embedded_db_path(config)})"
 

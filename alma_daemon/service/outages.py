@@ -20,7 +20,7 @@ import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
-from alma_daemon import telemetry
+from alma_daemon.observability import telemetry
 
 SERVERS = telemetry.SERVERS
 #: What redis-py raises when the server is unreachable, restarting, or still loading its data.

@@ -1,6 +1,6 @@
 """One self-contained HTML page for ``alma report DIR --html``, for people who do not run Grafana.
 
-Pure rendering: the caller (:func:`alma_daemon.report.write_report`) gives the table and the PNG
+Pure rendering: the caller (:func:`alma_daemon.observability.report.write_report`) gives the table and the PNG
 bytes; the plots are inlined as base64 ``data:`` URIs, so the page is a single file that can be
 mailed or attached to a ticket, and it loads nothing from the network.
 """

@@ -4,7 +4,7 @@
 Redis-stream transport, ``alma status``); :func:`kafka_security` turns ``kafka.*`` into the
 kafka-python keywords that the consumer (ingest), the producer and the admin client (replay) share;
 :func:`kafka_client` builds any of the three with them. Passwords are read from their files here, at
-connection time (alma_daemon/credentials.py), so they live in the client objects only.
+connection time (alma_daemon/service/credentials.py), so they live in the client objects only.
 
 A server that refuses the login or the TLS handshake fails here, at start-up, with one line naming
 the server and the keys to check (a :class:`ConfigError`, which the CLI prints without a traceback).
@@ -22,8 +22,8 @@ from urllib.parse import urlsplit
 import redis
 
 from alma_daemon.config import ConfigError, KafkaConfig, RedisConfig
-from alma_daemon.credentials import read_secret
-from alma_daemon.outages import redis_retry
+from alma_daemon.service.credentials import read_secret
+from alma_daemon.service.outages import redis_retry
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ def redis_client(config: RedisConfig) -> redis.Redis:
     """A client for ``config.url`` with the ACL user, the password from ``password_file`` and the TLS
     files; the login is checked once, so wrong credentials fail here rather than mid-run."""
     if not config.url:
-        raise ValueError("redis_client needs redis.url (the embedded server: alma_daemon/embedded.py)")
+        raise ValueError("redis_client needs redis.url (the embedded server: alma_daemon/service/embedded_redis.py)")
     options: dict[str, Any] = {"socket_timeout": 30, "socket_connect_timeout": 10, "retry": redis_retry()}
     if config.username:
         options["username"] = config.username

@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from alma_daemon.engine_store import last_record
-from alma_daemon.redis_keys import StreamKeys
+from alma_daemon.service.engine_store import last_record
+from alma_daemon.service.redis_keys import StreamKeys
 
 #: A daemon whose heartbeat is older than this many poll intervals is reported as not running.
 STALE_HEARTBEATS = 5

@@ -10,16 +10,16 @@ from typing import Callable, Iterator
 import torch
 from tqdm import tqdm
 
-from alma_daemon.checkpoints import CheckpointStore
-from alma_daemon.chunk_buffer import MemoryBuffer
+from alma_daemon.core.checkpoints import CheckpointStore
+from alma_daemon.core.chunk_buffer import MemoryBuffer
 from alma_daemon.config import Config, to_dict
 from alma_daemon.data.datasets import TaskInfo, load_dataset
 from alma_daemon.data.streams import Chunk, build_drift, drifted, megabatch_stream
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.data.text import text_stream
-from alma_daemon.engine import Engine, EngineObserver
+from alma_daemon.core.engine import Engine, EngineObserver
 from alma_daemon.learners import build_learner
-from alma_daemon.results import ResultsWriter, summarize
+from alma_daemon.observability.results import ResultsWriter, summarize
 from alma_daemon.runtime import resolve_device
 from alma_daemon.seeding import generator
 from policies import build_policy

@@ -1,4 +1,5 @@
-"""Records from a Kafka topic with kafka-python, positioned by offsets stored in Redis.
+"""The Kafka transport: :class:`KafkaPublisher` sends wire records to a topic, :class:`KafkaSource`
+reads them back, positioned by offsets stored in Redis.
 
 The consumer uses ``assign()`` + ``seek()`` and no consumer group: the offsets that count are the
 ones written to Redis together with the data (DESIGN.md section 10: a group join against Tansu
@@ -16,8 +17,9 @@ from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import (BrokerNotAvailableError, KafkaConnectionError, KafkaTimeoutError, NodeNotReadyError,
                           RequestTimedOutError)
 
-from alma_daemon.connections import kafka_client
-from alma_daemon.ingest.source import SourceRecord
+from alma_daemon.data.wire import WireRecord
+from alma_daemon.service.connections import kafka_client
+from alma_daemon.transports.source import SourceRecord
 
 log = logging.getLogger(__name__)
 
@@ -105,3 +107,54 @@ class KafkaSource:
 
     def close(self) -> None:
         self.consumer.close()
+
+
+class KafkaPublisher:
+    """Publishes to a Kafka topic (created with ``partitions`` partitions if it does not exist);
+    ``security`` holds the TLS and SASL keywords of ``connections.kafka_security``."""
+
+    def __init__(self, bootstrap_servers: str, topic: str, partitions: int = 1,
+                 security: Mapping[str, Any] | None = None):
+        from kafka import KafkaProducer
+
+        self.topic = topic
+        ensure_topic(bootstrap_servers, topic, partitions, security)
+        self.producer = kafka_client(KafkaProducer, bootstrap_servers, security or {}, acks="all", linger_ms=5,
+                                     client_id="alma-replay")
+        self._futures: list[Any] = []
+
+    def send(self, records: list[WireRecord]) -> None:
+        for record in records:
+            self._futures.append(self.producer.send(self.topic, key=record.key, value=record.value,
+                                                    headers=record.headers))
+        self._raise_failures()
+
+    def _raise_failures(self) -> None:
+        done = [f for f in self._futures if f.is_done]
+        for future in done:
+            if future.failed():
+                raise RuntimeError(f"publishing to {self.topic} failed: {future.exception}")
+        self._futures = [f for f in self._futures if not f.is_done]
+
+    def close(self) -> None:
+        self.producer.flush()
+        self._raise_failures()
+        self.producer.close()
+
+
+def ensure_topic(bootstrap_servers: str, topic: str, partitions: int,
+                 security: Mapping[str, Any] | None = None) -> None:
+    from kafka.admin import KafkaAdminClient, NewTopic
+    from kafka.errors import AuthorizationError, TopicAlreadyExistsError
+
+    admin = kafka_client(KafkaAdminClient, bootstrap_servers, security or {}, client_id="alma-replay-admin")
+    try:
+        admin.create_topics([NewTopic(topic, partitions, 1)])
+        log.info("topic created", extra={"topic": topic, "partitions": partitions})
+    except TopicAlreadyExistsError:
+        pass
+    except AuthorizationError:
+        # Managed clusters usually let a producer write to a topic, not create one: it was made beforehand.
+        log.info("not allowed to create topics; publishing to an existing one", extra={"topic": topic})
+    finally:
+        admin.close()

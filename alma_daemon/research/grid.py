@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from alma_daemon.config import ConfigError, build_config, read_yaml, set_dotted
-from alma_daemon.results import write_json_atomic
-from alma_daemon.simulate import run_simulation
+from alma_daemon.observability.results import write_json_atomic
+from alma_daemon.research.simulate import run_simulation
 
 log = logging.getLogger(__name__)
 

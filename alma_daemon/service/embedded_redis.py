@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from alma_daemon.config import Config
-from alma_daemon.outages import redis_retry
-from alma_daemon.connections import redis_client
+from alma_daemon.service.outages import redis_retry
+from alma_daemon.service.connections import redis_client
 
 log = logging.getLogger(__name__)
 

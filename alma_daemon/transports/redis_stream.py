@@ -1,4 +1,5 @@
-"""Records from a Redis stream: the embedded transport, so a new user needs no Kafka broker.
+"""The Redis-stream transport (the embedded default, so a new user needs no Kafka broker):
+:class:`RedisStreamPublisher` adds wire records to a stream, :class:`RedisStreamSource` reads them.
 
 The stream is named like the Kafka topic (``kafka.topic``). Each entry is one wire record with
 fields ``key``, ``value`` and ``headers`` (JSON list of ``[name, value]`` pairs, values as
@@ -9,11 +10,12 @@ so its length is the ingest lag and its memory stays bounded.
 from __future__ import annotations
 
 import json
-from typing import Any
+import time
+from typing import Any, Callable
 
 from alma_daemon.data.wire import WireRecord
-from alma_daemon.ingest.source import SourceRecord
-from alma_daemon.outages import REDIS_UNREACHABLE
+from alma_daemon.transports.source import SourceRecord
+from alma_daemon.service.outages import REDIS_UNREACHABLE
 
 #: The one position of a Redis stream in the offsets hash.
 POSITION = "stream"
@@ -81,3 +83,30 @@ class RedisStreamSource:
 
     def close(self) -> None:
         """The client belongs to the daemon, which closes it."""
+
+
+class RedisStreamPublisher:
+    """Publishes to a Redis stream (the embedded transport), waiting while the daemon is behind.
+
+    Kafka keeps what consumers have not read on disk; a Redis stream keeps it in memory, so the
+    publisher holds back while more than ``max_queued`` records are unread.
+    """
+
+    def __init__(self, client: Any, name: str, max_queued: int = 64, poll_seconds: float = 0.2,
+                 stop: Callable[[], bool] = lambda: False):
+        self.client = client
+        self.name = name
+        self.max_queued = max_queued
+        self.poll_seconds = poll_seconds
+        self.stop = stop
+
+    def send(self, records: list[WireRecord]) -> None:
+        while self.client.xlen(self.name) > self.max_queued and not self.stop():
+            time.sleep(self.poll_seconds)
+        pipe = self.client.pipeline(transaction=False)
+        for record in records:
+            pipe.xadd(self.name, encode_entry(record))
+        pipe.execute()
+
+    def close(self) -> None:
+        """XADD is acknowledged when it returns; the client belongs to the caller."""

@@ -3,7 +3,7 @@
 One convention: a secret is the content of a file named by a ``*_file`` key
 (``redis.password_file``, ``kafka.sasl_password_file``), which is where Kubernetes and docker compose
 mount secrets. The config, and everything made from it (``results.json``, logs, ``alma status``), holds
-the path only; :mod:`alma_daemon.connections` reads the value and hands it to the client.
+the path only; :mod:`alma_daemon.service.connections` reads the value and hands it to the client.
 
 The one place a value can still be written into a config is a URL's password
 (``redis://user:password@host``, kept because redis-py reads it). :func:`mask_secrets` replaces every

@@ -21,9 +21,9 @@ from typing import Any
 
 import redis
 
-from alma_daemon.checkpoints import CheckpointStore
-from alma_daemon.redis_keys import StreamKeys
-from alma_daemon.results import write_json_atomic
+from alma_daemon.core.checkpoints import CheckpointStore
+from alma_daemon.service.redis_keys import StreamKeys
+from alma_daemon.observability.results import write_json_atomic
 
 IDENTITY_FILE = "stream-identity.json"
 

@@ -19,8 +19,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from alma_daemon.report_html import html_page  # noqa: E402
-from alma_daemon.results import read_results  # noqa: E402
+from alma_daemon.observability.report_html import html_page  # noqa: E402
+from alma_daemon.observability.results import read_results  # noqa: E402
 
 #: The plots of a report: file name, caption.
 PLOTS = (

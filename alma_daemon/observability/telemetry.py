@@ -1,7 +1,7 @@
 """The Prometheus metrics of alma-daemon (DESIGN.md section 9), in one registry.
 
 Every part of the service (ingest, buffer, engine, publisher) updates these objects; the exporter
-(``/metrics``, :mod:`alma_daemon.exporter`) renders :data:`REGISTRY`. Base units, ``_total`` for
+(``/metrics``, :mod:`alma_daemon.observability.exporter`) renders :data:`REGISTRY`. Base units, ``_total`` for
 counters (prometheus_client appends it), and only small fixed label sets: no ids or offsets as
 label values.
 
@@ -12,7 +12,7 @@ NaN, which Prometheus stores and Grafana draws as a gap, rather than a misleadin
 
 Counters count since the process started, as usual, except ``alma_train_flops_total``: it counts
 the whole stream (Eq. 2's cumulative FLOPs), because a restarted daemon's
-:meth:`alma_daemon.exporter.MetricsObserver.sync` starts it from the engine's saved total, which
+:meth:`alma_daemon.observability.exporter.MetricsObserver.sync` starts it from the engine's saved total, which
 Prometheus sees as an ordinary increase, not a reset.
 """
 
@@ -35,7 +35,7 @@ ERROR_SETS: tuple[str, ...] = ("test", "prequential")
 UPDATE_KINDS: tuple[str, ...] = ("finetune", "grow", "scratch")
 #: ``alma_policy_decisions_total{action}``: :attr:`policies.Decision.action`.
 DECISION_ACTIONS: tuple[str, ...] = ("wait", "train", "grow+train")
-#: ``alma_server_up{server}``: the servers the daemon depends on (alma_daemon/outages.py).
+#: ``alma_server_up{server}``: the servers the daemon depends on (alma_daemon/service/outages.py).
 SERVERS: tuple[str, ...] = ("redis", "kafka")
 #: ``alma_swap_failures_total{stage}``: the publishing steps of DESIGN.md section 8.
 SWAP_STAGES: tuple[str, ...] = ("archive", "guard", "register", "probe", "set_default", "drain", "delete")
