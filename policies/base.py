@@ -50,7 +50,7 @@ class Decision:
     """A policy's answer, with the reason that is logged and shown by ``alma status``.
 
     ``estimates`` holds the numbers a policy decided from, by name (exported as metrics where
-    :data:`alma_daemon.telemetry.POLICY_ESTIMATES` names them); most policies have none.
+    :data:`alma_daemon.observability.telemetry.POLICY_ESTIMATES` names them); most policies have none.
     """
 
     train: bool

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 def make_publisher(config: Config) -> Publisher | None:
     """The synchronous publisher for ``serving.kind`` over ``daemon.checkpoint_dir`` (None for ``none``)."""
-    from alma_daemon.checkpoints import CheckpointStore
+    from alma_daemon.core.checkpoints import CheckpointStore
 
     store = CheckpointStore(config.daemon.checkpoint_dir, config.serving.model_name)
     if config.serving.kind == "local":

@@ -13,7 +13,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from alma_daemon.checkpoints import SPEC, WEIGHTS
+from alma_daemon.core.checkpoints import SPEC, WEIGHTS
 
 HANDLER = Path(__file__).with_name("handler.py")
 

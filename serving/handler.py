@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from alma_daemon.checkpoints import load_checkpoint
+from alma_daemon.core.checkpoints import load_checkpoint
 from serving.codecs import RequestError, codec_for
 
 log = logging.getLogger(__name__)

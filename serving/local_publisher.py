@@ -3,7 +3,7 @@
 Checkpoint folders are immutable once written, so publishing a version copies nothing: the
 guard decides, and ``<model_store>/<model>/live.json`` is atomically replaced to name the live
 version. A process that serves predictions reads the pointer and loads that version's folder
-with :func:`alma_daemon.checkpoints.load_checkpoint`.
+with :func:`alma_daemon.core.checkpoints.load_checkpoint`.
 """
 
 from __future__ import annotations

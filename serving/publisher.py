@@ -34,10 +34,10 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from alma_daemon import telemetry
-from alma_daemon.checkpoints import CheckpointStore
+from alma_daemon.observability import telemetry
+from alma_daemon.core.checkpoints import CheckpointStore
 from alma_daemon.data.tensors import LabeledData
-from alma_daemon.engine import Engine, EngineObserver
+from alma_daemon.core.engine import Engine, EngineObserver
 from alma_daemon.learners import Learner
 from alma_daemon.runtime import run_beside_training
 

@@ -20,7 +20,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from alma_daemon.checkpoints import CheckpointStore
+from alma_daemon.core.checkpoints import CheckpointStore
 from alma_daemon.config import ServingConfig
 from serving.archiver import build_archive
 from serving.codecs import codec_for, max_abs_difference
