@@ -32,8 +32,14 @@ def build_parser() -> argparse.ArgumentParser:
 def add_config_arguments(parser: argparse.ArgumentParser, required: bool = False) -> None:
     """``--config FILE`` and repeatable ``--set key=value`` overrides."""
     parser.add_argument("--config", "-c", required=required, help="YAML config (default: built-in defaults)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a config key, e.g. --set learner.width=16 (repeatable)")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key, e.g. --set learner.width=16 (repeatable)",
+    )
 
 
 #: Commands whose every rank has a part under torchrun (training/distributed.py); the others would
@@ -45,8 +51,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     configure_logging(args.verbose, args.log_json)
     if launched_with_ranks() and args.command not in RANKED_COMMANDS:
-        print(f"alma {args.command}: error: runs as one process; start it without torchrun (only "
-              f"`alma simulate` spreads ensemble members over ranks)", file=sys.stderr)
+        print(
+            f"alma {args.command}: error: runs as one process; start it without torchrun (only "
+            f"`alma simulate` spreads ensemble members over ranks)",
+            file=sys.stderr,
+        )
         return 2
     try:
         return int(args.func(args) or 0)
@@ -56,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"alma {args.command}: config error: {exc}", file=sys.stderr)
         return 2
-    except Exception as exc:  # noqa: BLE001 - the CLI's contract: one line, non-zero, no traceback
+    except Exception as exc:
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
         print(f"alma {args.command}: error: {type(exc).__name__}: {message}", file=sys.stderr)
         logging.getLogger("alma").debug("traceback", exc_info=True)

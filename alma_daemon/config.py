@@ -176,13 +176,17 @@ class KafkaConfig:
             if sasl and not getattr(self, key):
                 raise ConfigError(f"kafka.{key}: kafka.security_protocol {self.security_protocol} needs it")
             if not sasl and getattr(self, key):
-                raise ConfigError(f"kafka.{key}: used only with kafka.security_protocol SASL_SSL or "
-                                  f"SASL_PLAINTEXT (it is {self.security_protocol})")
+                raise ConfigError(
+                    f"kafka.{key}: used only with kafka.security_protocol SASL_SSL or "
+                    f"SASL_PLAINTEXT (it is {self.security_protocol})"
+                )
         if not self.security_protocol.endswith("SSL"):
             for key in ("ssl_cafile", "ssl_certfile", "ssl_keyfile"):
                 if getattr(self, key):
-                    raise ConfigError(f"kafka.{key}: used only with kafka.security_protocol SSL or SASL_SSL "
-                                      f"(it is {self.security_protocol})")
+                    raise ConfigError(
+                        f"kafka.{key}: used only with kafka.security_protocol SSL or SASL_SSL "
+                        f"(it is {self.security_protocol})"
+                    )
 
 
 @dataclass
@@ -283,17 +287,48 @@ class Config:
 
 
 _POSITIVE = {
-    "stream.megabatches", "stream.seq_len", "learner.width", "learner.members", "learner.grow_members",
-    "learner.experts", "learner.layers", "learner.d_model", "learner.heads", "learner.d_ff",
-    "learner.grow_experts", "train.epochs", "train.batch_size", "train.steps_per_chunk", "policy.wait",
-    "policy.ratio", "stream.drift.at",
-    "dataset.test_examples", "stream.train_examples", "stream.prequential_examples", "dataset.vocab_size", "daemon.poll_seconds",
-    "redis.max_buffer_bytes", "learner.capacity_factor", "dataset.num_classes", "serving.workers",
+    "stream.megabatches",
+    "stream.seq_len",
+    "learner.width",
+    "learner.members",
+    "learner.grow_members",
+    "learner.experts",
+    "learner.layers",
+    "learner.d_model",
+    "learner.heads",
+    "learner.d_ff",
+    "learner.grow_experts",
+    "train.epochs",
+    "train.batch_size",
+    "train.steps_per_chunk",
+    "policy.wait",
+    "policy.ratio",
+    "stream.drift.at",
+    "dataset.test_examples",
+    "stream.train_examples",
+    "stream.prequential_examples",
+    "dataset.vocab_size",
+    "daemon.poll_seconds",
+    "redis.max_buffer_bytes",
+    "learner.capacity_factor",
+    "dataset.num_classes",
+    "serving.workers",
 }
 _NON_NEGATIVE = {
-    "train.patience", "policy.grow_every", "train.warmup_steps", "serving.keep_versions", "metrics.port",
-    "serving.promotion_margin", "learner.balance_loss_weight", "learner.growth_rate", "learner.dropout",
-    "train.momentum", "train.weight_decay", "train.lr", "policy.interval_seconds", "policy.flops_per_hour",
+    "train.patience",
+    "policy.grow_every",
+    "train.warmup_steps",
+    "serving.keep_versions",
+    "metrics.port",
+    "serving.promotion_margin",
+    "learner.balance_loss_weight",
+    "learner.growth_rate",
+    "learner.dropout",
+    "train.momentum",
+    "train.weight_decay",
+    "train.lr",
+    "policy.interval_seconds",
+    "policy.flops_per_hour",
     "policy.gpu_seconds_per_hour",
 }
 
@@ -356,9 +391,7 @@ def from_dict(cls: type, data: Any, prefix: str = "") -> Any:
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - known)
     if unknown:
-        raise ConfigError(
-            f"unknown config key '{prefix}{unknown[0]}' (known keys here: {', '.join(sorted(known))})"
-        )
+        raise ConfigError(f"unknown config key '{prefix}{unknown[0]}' (known keys here: {', '.join(sorted(known))})")
     kwargs = {name: _convert(value, hints[name], prefix + name) for name, value in data.items()}
     obj = cls(**kwargs)
     for name in known:

@@ -19,8 +19,16 @@ class KeyValueFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         fields = {k: v for k, v in vars(record).items() if k not in _STANDARD}
         if self.as_json:
-            return json.dumps({"time": record.created, "level": record.levelname, "logger": record.name,
-                               "message": record.getMessage(), **fields}, default=str)
+            return json.dumps(
+                {
+                    "time": record.created,
+                    "level": record.levelname,
+                    "logger": record.name,
+                    "message": record.getMessage(),
+                    **fields,
+                },
+                default=str,
+            )
         extra = " ".join(f"{k}={v}" for k, v in fields.items())
         line = f"{self.formatTime(record, '%H:%M:%S')} {record.levelname.lower()} {record.name}: {record.getMessage()}"
         return f"{line} {extra}".rstrip()

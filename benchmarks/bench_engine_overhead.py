@@ -21,9 +21,9 @@ from pathlib import Path
 
 import torch
 
-from alma_daemon.research import simulate
 from alma_daemon.config import build_config
 from alma_daemon.core.engine import Engine
+from alma_daemon.research import simulate
 
 
 class MeasureEveryChunk(Engine):
@@ -34,9 +34,15 @@ class MeasureEveryChunk(Engine):
 
 
 def run(megabatches: int, wait: int, epochs: int, engine_class: type[Engine]) -> dict:
-    config = build_config({"dataset": {"name": "mnist"}, "stream": {"megabatches": megabatches, "seed": 0},
-                           "learner": {"name": "sm", "width": 64}, "train": {"epochs": epochs, "patience": 25},
-                           "policy": {"name": "fixed", "wait": wait}})
+    config = build_config(
+        {
+            "dataset": {"name": "mnist"},
+            "stream": {"megabatches": megabatches, "seed": 0},
+            "learner": {"name": "sm", "width": 64},
+            "train": {"epochs": epochs, "patience": 25},
+            "policy": {"name": "fixed", "wait": wait},
+        }
+    )
     original = simulate.Engine
     simulate.Engine = engine_class
     try:
@@ -45,10 +51,18 @@ def run(megabatches: int, wait: int, epochs: int, engine_class: type[Engine]) ->
         simulate.Engine = original
     summary = results["summary"]
     wall, train = summary["wall_seconds"], summary["train_seconds"]
-    return {"megabatches": megabatches, "wait": wait, "epochs": epochs, "engine": engine_class.__name__,
-            "wall_seconds": wall, "train_seconds": train, "outside_training_share": 1 - train / wall,
-            "cer": summary.get("cer"), "final_test_error": summary.get("final_test_error"),
-            "stages": summary["stages"]}
+    return {
+        "megabatches": megabatches,
+        "wait": wait,
+        "epochs": epochs,
+        "engine": engine_class.__name__,
+        "wall_seconds": wall,
+        "train_seconds": train,
+        "outside_training_share": 1 - train / wall,
+        "cer": summary.get("cer"),
+        "final_test_error": summary.get("final_test_error"),
+        "stages": summary["stages"],
+    }
 
 
 def main() -> None:
@@ -63,17 +77,29 @@ def main() -> None:
     runs = []
     for wait in args.waits:
         # With w = 1 every chunk changes the model: both engines measure after every chunk.
-        for engine_class in ([Engine, MeasureEveryChunk] if args.every_chunk and wait > 1 else [Engine]):
+        for engine_class in [Engine, MeasureEveryChunk] if args.every_chunk and wait > 1 else [Engine]:
             result = run(args.megabatches, wait, args.epochs, engine_class)
-            print(f"B={result['megabatches']} w={wait} {result['engine']}: wall {result['wall_seconds']:.1f} s, "
-                  f"training {result['train_seconds']:.1f} s, outside training {result['outside_training_share']:.1%}, "
-                  f"CER {result['cer']:.4f}")
+            print(
+                f"B={result['megabatches']} w={wait} {result['engine']}: wall {result['wall_seconds']:.1f} s, "
+                f"training {result['train_seconds']:.1f} s, outside training {result['outside_training_share']:.1%}, "
+                f"CER {result['cer']:.4f}"
+            )
             runs.append(result)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"machine": platform.processor() or platform.machine(), "torch": torch.__version__,
-                               "threads": torch.get_num_threads(), "load_average_before": load_before,
-                               "load_average_after": os.getloadavg(), "runs": runs}, indent=1))
+    out.write_text(
+        json.dumps(
+            {
+                "machine": platform.processor() or platform.machine(),
+                "torch": torch.__version__,
+                "threads": torch.get_num_threads(),
+                "load_average_before": load_before,
+                "load_average_after": os.getloadavg(),
+                "runs": runs,
+            },
+            indent=1,
+        )
+    )
     print(f"written: {out}")
 
 

@@ -35,7 +35,6 @@ from pathlib import Path
 
 import torch
 
-from alma_daemon.research import simulate
 from alma_daemon.config import DatasetConfig, LearnerConfig, StreamConfig, TrainConfig, load_config
 from alma_daemon.data.datasets import load_dataset
 from alma_daemon.data.streams import Chunk, partition, split_chunk
@@ -43,6 +42,7 @@ from alma_daemon.data.text import text_stream
 from alma_daemon.learners import build_learner
 from alma_daemon.learners.switch_lm import validation_loss
 from alma_daemon.models.backbones import build_backbone
+from alma_daemon.research import simulate
 from alma_daemon.training.loop import Trainer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -83,8 +83,13 @@ def utilization(runs: list, device: torch.device, dtype: str) -> dict:
     flops, seconds = long_flops - short_flops, long_seconds - short_seconds
     rate = flops / seconds if seconds > 0 else None
     peak = peak_flops(device, dtype)
-    return {"counted_flops": flops, "seconds": seconds, "flops_per_second": rate, "peak_flops": peak,
-            "mfu": rate / peak if rate and peak else None}
+    return {
+        "counted_flops": flops,
+        "seconds": seconds,
+        "flops_per_second": rate,
+        "peak_flops": peak,
+        "mfu": rate / peak if rate and peak else None,
+    }
 
 
 def fit_twice(fit, short: int, long: int) -> list[tuple[int, float]]:
@@ -101,46 +106,66 @@ def mfu_vgg(device: torch.device, smoke: bool, with_compile: bool) -> list[dict]
     cases = [(4, 64)] if smoke else [(32, 128), (512, 256)]
     results = []
     for width, batch in cases:
-        for compile_flag in ([False, True] if with_compile else [False]):
+        for compile_flag in [False, True] if with_compile else [False]:
             torch.manual_seed(0)
             net = build_backbone(dataset.task, width).to(device)
 
             def fit(epochs: int) -> tuple[int, float]:
-                config = TrainConfig(epochs=epochs, patience=epochs, batch_size=batch, precision="bf16",
-                                     compile=compile_flag)
+                config = TrainConfig(
+                    epochs=epochs, patience=epochs, batch_size=batch, precision="bf16", compile=compile_flag
+                )
                 report = Trainer(config, "sgd", device, seed=epochs, augment=True).fit(net, split.train, split.val)
                 return report.flops, report.seconds
 
             short, long = (1, 2) if smoke else (1, 3)
-            result = {"model": f"vgg19-bn width {width}", "batch": batch, "train_examples": len(split.train),
-                      "precision": "bf16", "compile": compile_flag, "epochs": [short, long],
-                      **utilization(fit_twice(fit, short, long), device, "bf16")}
+            result = {
+                "model": f"vgg19-bn width {width}",
+                "batch": batch,
+                "train_examples": len(split.train),
+                "precision": "bf16",
+                "compile": compile_flag,
+                "epochs": [short, long],
+                **utilization(fit_twice(fit, short, long), device, "bf16"),
+            }
             print(f"VGG width {width}, batch {batch}, compile {compile_flag}: {_rate(result)}", flush=True)
             results.append(result)
     return results
 
 
-def mfu_lm(device: torch.device, data_dir: str | None, smoke: bool, with_compile: bool, batches: list[int]) -> list[dict]:
+def mfu_lm(
+    device: torch.device, data_dir: str | None, smoke: bool, with_compile: bool, batches: list[int]
+) -> list[dict]:
     size = LM_SMOKE if smoke else LM_BASE
     seq_len = 32 if smoke else 512
     stream = text_stream(DatasetConfig(name="ptb", root=data_dir), StreamConfig(megabatches=4, seq_len=seq_len))
     data = stream.chunks[0].data
     train, val = data.subset(slice(0, len(data) - 16)), data.subset(slice(len(data) - 16, len(data)))
     results = []
-    for batch, compile_flag in [(b, c) for b in ([4] if smoke else batches) for c in ([False, True] if with_compile else [False])]:
+    for batch, compile_flag in [
+        (b, c) for b in ([4] if smoke else batches) for c in ([False, True] if with_compile else [False])
+    ]:
         learner = build_learner("switch-lm", stream.task, LearnerConfig(name="switch-lm", **size), seed=0).to(device)
 
         def fit(steps: int) -> tuple[int, float]:
-            config = TrainConfig(batch_size=batch, steps_per_chunk=steps, warmup_steps=2, lr=3e-4, precision="bf16",
-                                 compile=compile_flag)
+            config = TrainConfig(
+                batch_size=batch, steps_per_chunk=steps, warmup_steps=2, lr=3e-4, precision="bf16", compile=compile_flag
+            )
             report = Trainer(config, "adam", device, seed=steps).fit(
-                learner.model, train, val, objective=learner.objective, steps=steps, validate=validation_loss)
+                learner.model, train, val, objective=learner.objective, steps=steps, validate=validation_loss
+            )
             return report.flops, report.seconds
 
         short, long = (2, 4) if smoke else (10, 40)
-        result = {"model": "switch-lm " + json.dumps(size), "seq_len": seq_len, "batch": batch,
-                  "parameters": learner.num_parameters(), "precision": "bf16", "compile": compile_flag,
-                  "steps": [short, long], **utilization(fit_twice(fit, short, long), device, "bf16")}
+        result = {
+            "model": "switch-lm " + json.dumps(size),
+            "seq_len": seq_len,
+            "batch": batch,
+            "parameters": learner.num_parameters(),
+            "precision": "bf16",
+            "compile": compile_flag,
+            "steps": [short, long],
+            **utilization(fit_twice(fit, short, long), device, "bf16"),
+        }
         print(f"Switch LM, batch {batch}x{seq_len}, compile {compile_flag}: {_rate(result)}", flush=True)
         results.append(result)
     return results
@@ -149,11 +174,24 @@ def mfu_lm(device: torch.device, data_dir: str | None, smoke: bool, with_compile
 #: (example config, chunks to run, overrides in --smoke mode)
 EXAMPLES = [
     ("mnist-sm.yaml", 10, ["stream.train_examples=600", "train.epochs=2", "dataset.test_examples=200"]),
-    ("cifar-sm.yaml", 4, ["stream.train_examples=400", "train.epochs=1", "dataset.test_examples=100",
-                          "learner.width=4"]),
-    ("ptb-switch-lm.yaml", 2, ["stream.train_examples=64", "train.steps_per_chunk=3", "train.warmup_steps=1",
-                               "dataset.test_examples=8", "learner.d_model=32", "learner.d_ff=64",
-                               "learner.layers=1"]),
+    (
+        "cifar-sm.yaml",
+        4,
+        ["stream.train_examples=400", "train.epochs=1", "dataset.test_examples=100", "learner.width=4"],
+    ),
+    (
+        "ptb-switch-lm.yaml",
+        2,
+        [
+            "stream.train_examples=64",
+            "train.steps_per_chunk=3",
+            "train.warmup_steps=1",
+            "dataset.test_examples=8",
+            "learner.d_model=32",
+            "learner.d_ff=64",
+            "learner.layers=1",
+        ],
+    ),
 ]
 
 
@@ -172,14 +210,21 @@ def examples(device: torch.device, data_dir: str | None, smoke: bool) -> list[di
         wall = time.perf_counter() - start
         series = engine.state.series
         measure = engine.learner.measure
-        result = {"example": name, "chunks": len(series), "stages": engine.state.stages_done, "wall_seconds": wall,
-                  "train_seconds": engine.state.cumulative_train_seconds,
-                  "train_flops": engine.state.cumulative_train_flops,
-                  f"last_test_{measure}": series[-1].get(f"test_{measure}") if series else None,
-                  "stage_seconds": [r["train_seconds"] for r in series if r["trained"]]}
-        print(f"{name}: {result['chunks']} chunks, {result['stages']} stages, wall {wall:.1f} s, "
-              f"training {result['train_seconds']:.1f} s, last test {measure} {result[f'last_test_{measure}']}",
-              flush=True)
+        result = {
+            "example": name,
+            "chunks": len(series),
+            "stages": engine.state.stages_done,
+            "wall_seconds": wall,
+            "train_seconds": engine.state.cumulative_train_seconds,
+            "train_flops": engine.state.cumulative_train_flops,
+            f"last_test_{measure}": series[-1].get(f"test_{measure}") if series else None,
+            "stage_seconds": [r["train_seconds"] for r in series if r["trained"]],
+        }
+        print(
+            f"{name}: {result['chunks']} chunks, {result['stages']} stages, wall {wall:.1f} s, "
+            f"training {result['train_seconds']:.1f} s, last test {measure} {result[f'last_test_{measure}']}",
+            flush=True,
+        )
         results.append(result)
     return results
 
@@ -193,11 +238,17 @@ def _rate(result: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-dir", default=None, help="folder holding mnist/, cifar10*/ and ptb/")
-    parser.add_argument("--parts", nargs="*", default=["mfu-vgg", "mfu-lm", "examples"],
-                        choices=["mfu-vgg", "mfu-lm", "examples"])
+    parser.add_argument(
+        "--parts", nargs="*", default=["mfu-vgg", "mfu-lm", "examples"], choices=["mfu-vgg", "mfu-lm", "examples"]
+    )
     parser.add_argument("--compile", action="store_true", help="also measure with train.compile (CUDA graphs)")
-    parser.add_argument("--lm-batches", type=int, nargs="*", default=[32, 192],
-                        help="sequences per LM step (the paper: 192 of 512 tokens, over 8 GPUs with accumulation)")
+    parser.add_argument(
+        "--lm-batches",
+        type=int,
+        nargs="*",
+        default=[32, 192],
+        help="sequences per LM step (the paper: 192 of 512 tokens, over 8 GPUs with accumulation)",
+    )
     parser.add_argument("--smoke", action="store_true", help="toy sizes, any device: checks the script runs")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", default=None, help="default benchmarks/results/gpu.json (gpu-smoke.json with --smoke)")
@@ -209,8 +260,13 @@ def main() -> None:
     if device.type != "cuda" and not args.smoke:
         parser.error("no CUDA device: run on a GPU, or pass --smoke to check the script at toy sizes")
     started = time.perf_counter()
-    results: dict = {"device": device_name(device), "torch": torch.__version__, "smoke": args.smoke,
-                     "cuda": torch.version.cuda, "parts": {}}
+    results: dict = {
+        "device": device_name(device),
+        "torch": torch.__version__,
+        "smoke": args.smoke,
+        "cuda": torch.version.cuda,
+        "parts": {},
+    }
     for part in args.parts:
         if part == "mfu-vgg":
             results["parts"][part] = mfu_vgg(device, args.smoke, args.compile)

@@ -34,10 +34,9 @@ sys.path.insert(0, str(REPO))  # tests/servers.py holds the broker and Redis lau
 
 from alma_daemon.data.datasets import load_dataset  # noqa: E402
 from alma_daemon.data.wire import StreamSchema  # noqa: E402
-from alma_daemon.transports.kafka import CONSUMER_SETTINGS, KafkaSource  # noqa: E402
 from alma_daemon.ingest.worker import IngestWorker  # noqa: E402
 from alma_daemon.service.redis_keys import StreamKeys  # noqa: E402
-from alma_daemon.transports.kafka import KafkaPublisher
+from alma_daemon.transports.kafka import CONSUMER_SETTINGS, KafkaPublisher, KafkaSource  # noqa: E402
 from alma_daemon.transports.replay import ReplayChunk, replay  # noqa: E402
 from tests.servers import KafkaBroker, RedisServer  # noqa: E402
 
@@ -48,16 +47,21 @@ TOPIC = "bench.cifar"
 # -- 1. throughput ----------------------------------------------------------------------------------
 def publish_cifar(broker: KafkaBroker, chunks: int, examples: int) -> None:
     train = load_dataset("cifar10").train
-    stream = (ReplayChunk(i + 1, {"x": train.x[i * examples:(i + 1) * examples],
-                                  "y": train.y[i * examples:(i + 1) * examples]}) for i in range(chunks))
+    stream = (
+        ReplayChunk(
+            i + 1, {"x": train.x[i * examples : (i + 1) * examples], "y": train.y[i * examples : (i + 1) * examples]}
+        )
+        for i in range(chunks)
+    )
     replay(stream, KafkaPublisher(broker.bootstrap_servers, TOPIC), STREAM, progress=False)
 
 
 def plain_consumer_seconds(broker: KafkaBroker, records: int) -> tuple[float, int]:
     from kafka import KafkaConsumer, TopicPartition
 
-    consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap_servers, group_id=None, enable_auto_commit=False,
-                             **CONSUMER_SETTINGS)
+    consumer = KafkaConsumer(
+        bootstrap_servers=broker.bootstrap_servers, group_id=None, enable_auto_commit=False, **CONSUMER_SETTINGS
+    )
     partition = TopicPartition(TOPIC, 0)
     consumer.assign([partition])
     consumer.seek(partition, 0)
@@ -77,7 +81,8 @@ def empty_redis(client) -> None:
     client.flushall()
     client.bgrewriteaof()
     while int(client.info("persistence")["aof_rewrite_in_progress"]) or int(
-            client.info("persistence")["aof_rewrite_scheduled"]):
+        client.info("persistence")["aof_rewrite_scheduled"]
+    ):
         time.sleep(0.05)
 
 
@@ -124,10 +129,17 @@ def bench_throughput(chunks: int, examples: int, rounds: int) -> dict:
         redis_server.stop()
         broker.stop()
     return {
-        "chunks": chunks, "examples_per_chunk": examples, "records": records, "megabytes": size / 1e6,
-        "rounds": rounds, "redis": "redis-server 7.0, AOF everysec, loopback TCP",
-        "plain_consumer_mb_s": plain, "alma_ingest_mb_s": ours, "redis_alone_mb_s": redis_alone,
-        "plain_consumer_mb_s_median": statistics.median(plain), "alma_ingest_mb_s_median": statistics.median(ours),
+        "chunks": chunks,
+        "examples_per_chunk": examples,
+        "records": records,
+        "megabytes": size / 1e6,
+        "rounds": rounds,
+        "redis": "redis-server 7.0, AOF everysec, loopback TCP",
+        "plain_consumer_mb_s": plain,
+        "alma_ingest_mb_s": ours,
+        "redis_alone_mb_s": redis_alone,
+        "plain_consumer_mb_s_median": statistics.median(plain),
+        "alma_ingest_mb_s_median": statistics.median(ours),
         "redis_alone_mb_s_median": statistics.median(redis_alone),
         "ratio_median": statistics.median(ours) / statistics.median(plain),
         "ratio_per_round_median": statistics.median(o / p for o, p in zip(ours, plain)),
@@ -151,20 +163,38 @@ def redis_alone_seconds(client, records: int, size: int) -> float:
 # -- 2. memory ----------------------------------------------------------------------------------------
 def bench_memory(chunks: int) -> dict:
     workdir = Path(tempfile.mkdtemp(prefix="alma-bench-memory-"))
-    common = ["--embedded", "--no-progress", "--set", f"daemon.state_dir={workdir / 'state'}",
-              "--set", f"daemon.checkpoint_dir={workdir / 'model_store'}", "--set", f"stream.megabatches={chunks}",
-              "--set", "stream.replay=false", "--set", "learner.width=4", "--set", "train.epochs=1"]
+    common = [
+        "--embedded",
+        "--no-progress",
+        "--set",
+        f"daemon.state_dir={workdir / 'state'}",
+        "--set",
+        f"daemon.checkpoint_dir={workdir / 'model_store'}",
+        "--set",
+        f"stream.megabatches={chunks}",
+        "--set",
+        "stream.replay=false",
+        "--set",
+        "learner.width=4",
+        "--set",
+        "train.epochs=1",
+    ]
     alma = [sys.executable, "-m", "alma_daemon"]
     start = time.monotonic()
-    daemon = subprocess.Popen([*alma, "run", "--until-chunks", str(chunks), *common], cwd=REPO,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    daemon = subprocess.Popen(
+        [*alma, "run", "--until-chunks", str(chunks), *common],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     settings = workdir / "state" / "redis.db.settings"
     while not settings.exists():  # the daemon starts the embedded Redis; the replayer joins it
         if daemon.poll() is not None:
             raise RuntimeError(daemon.stderr.read().decode())
         time.sleep(0.2)
-    replayer = subprocess.Popen([*alma, "replay", "--dataset", "mnist", *common], cwd=REPO,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    replayer = subprocess.Popen(
+        [*alma, "replay", "--dataset", "mnist", *common], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
     import redis
 
     status = redis.Redis(unix_socket_path=json.loads(settings.read_text())["unixsocket"])
@@ -187,8 +217,12 @@ def bench_memory(chunks: int) -> dict:
     for s in with_chunk:
         by_hundred.setdefault(s["chunk"] // 100 * 100, s["rss_bytes"])
     return {
-        "chunks": chunks, "replay": False, "learner": "sm width 4", "epochs": 1,
-        "rss_bytes_last_sample": with_chunk[-1]["rss_bytes"], "chunk_at_last_sample": with_chunk[-1]["chunk"],
+        "chunks": chunks,
+        "replay": False,
+        "learner": "sm width 4",
+        "epochs": 1,
+        "rss_bytes_last_sample": with_chunk[-1]["rss_bytes"],
+        "chunk_at_last_sample": with_chunk[-1]["chunk"],
         "rss_bytes_peak": max(s["rss_bytes"] for s in samples),
         "rss_bytes_first_at_chunk": {str(k): v for k, v in sorted(by_hundred.items())},
         "seconds": round(time.monotonic() - start, 1),
@@ -205,7 +239,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     results = {
         "command": "python benchmarks/bench_ingest.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "machine": {"cpus": os.cpu_count(), "load_average_at_start": os.getloadavg(), "python": platform.python_version()},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "load_average_at_start": os.getloadavg(),
+            "python": platform.python_version(),
+        },
         "throughput": bench_throughput(args.chunks, args.examples, args.rounds),
     }
     if args.memory_chunks:

@@ -34,7 +34,7 @@ def stage_seconds(members: int, stacked: bool, split, config: TrainConfig, seed:
     trainer = Trainer(config, "adadelta", device, seed=seed)
     original = ens.stacked_fitter
     if not stacked:
-        ens.stacked_fitter = lambda *args: (lambda members: None)
+        ens.stacked_fitter = lambda *args: lambda members: None
     try:
         start = time.perf_counter()
         learner.fit(split.train, split.val, trainer)
@@ -51,7 +51,9 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--members", type=int, default=5)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--out", default=None, help="default benchmarks/results/members.json (members-DEVICE.json off the CPU)")
+    parser.add_argument(
+        "--out", default=None, help="default benchmarks/results/members.json (members-DEVICE.json off the CPU)"
+    )
     args = parser.parse_args()
     dataset = load_dataset("mnist")
     split = split_chunk(Chunk(1, partition(dataset.train, 1, seed=0, limit=6000)[0]), 0.1, seed=0)
@@ -65,16 +67,33 @@ def main() -> None:
         runs["stacked"].append(stage_seconds(args.members, True, split, config, r, device))
         runs["one_by_one"].append(stage_seconds(args.members, False, split, config, r, device))
     ratios = {k: statistics.median(t / o for t, o in zip(runs[k], runs["one"])) for k in ("stacked", "one_by_one")}
-    print(f"{args.members} members / 1 member: stacked {ratios['stacked']:.2f}x, one by one {ratios['one_by_one']:.2f}x "
-          f"(1 member: {statistics.median(runs['one']):.2f} s)")
+    print(
+        f"{args.members} members / 1 member: stacked {ratios['stacked']:.2f}x, one by one {ratios['one_by_one']:.2f}x "
+        f"(1 member: {statistics.median(runs['one']):.2f} s)"
+    )
     out = Path(args.out or f"benchmarks/results/members{'' if device.type == 'cpu' else '-' + device.type}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    machine = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
-    out.write_text(json.dumps({"machine": machine, "torch": torch.__version__,
-                               "threads": torch.get_num_threads(), "load_average_before": load_before,
-                               "load_average_after": os.getloadavg(), "members": args.members, "epochs": args.epochs,
-                               "train_examples": len(split.train), "ratio_stacked_median": ratios["stacked"],
-                               "ratio_one_by_one_median": ratios["one_by_one"], "seconds": runs}, indent=1))
+    machine = (
+        torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
+    )
+    out.write_text(
+        json.dumps(
+            {
+                "machine": machine,
+                "torch": torch.__version__,
+                "threads": torch.get_num_threads(),
+                "load_average_before": load_before,
+                "load_average_after": os.getloadavg(),
+                "members": args.members,
+                "epochs": args.epochs,
+                "train_examples": len(split.train),
+                "ratio_stacked_median": ratios["stacked"],
+                "ratio_one_by_one_median": ratios["one_by_one"],
+                "seconds": runs,
+            },
+            indent=1,
+        )
+    )
     print(f"written: {out}")
 
 

@@ -41,26 +41,64 @@ FIGURE_POLICIES = ("fixed w=1", "geometric 0.5", "adaptive")
 
 #: name -> (config overrides, waits of the fixed schedules, what the setting is)
 SETTINGS: dict[str, tuple[dict, list[int], str]] = {
-    "mnist-sm4": ({"learner.name": "sm", "learner.width": 4, "stream.megabatches": 500}, WAITS_500,
-                  "MNIST, B = 500, SM width 4"),
-    "mnist-sm64": ({"learner.name": "sm", "learner.width": 64, "stream.megabatches": 500}, WAITS_500,
-                   "MNIST, B = 500, SM width 64"),
-    "mnist-ens8": ({"learner.name": "ens", "learner.width": 8, "learner.members": 5, "stream.megabatches": 500},
-                   WAITS_500, "MNIST, B = 500, Ens of 5 width 8"),
-    "mnist-sm16": ({"learner.name": "sm", "learner.width": 16, "stream.megabatches": 500}, WAITS_500,
-                   "MNIST, B = 500, SM width 16 (held out: not run while the rules were designed)"),
-    "mnist-sm64-rotate": ({"learner.name": "sm", "learner.width": 64, "stream.megabatches": 100,
-                           "stream.drift.kind": "rotate", "stream.drift.degrees": 90.0, "stream.drift.at": 50},
-                          WAITS_100, "MNIST, B = 100, SM width 64, images rotated 90 degrees from chunk 50 (held out)"),
-    "mnist-sm64-drift": ({"learner.name": "sm", "learner.width": 64, "stream.megabatches": 100,
-                          "stream.drift.kind": "permute_labels", "stream.drift.at": 50}, WAITS_100,
-                         "MNIST, B = 100, SM width 64, labels permuted from chunk 50"),
-    "cifar-sm16": ({"dataset.name": "cifar10", "learner.name": "sm", "learner.width": 16, "stream.megabatches": 100},
-                   WAITS_100, "CIFAR-10, B = 100, SM (VGG) width 16"),
-    "mnist-gens8": ({"learner.name": "gens", "learner.width": 8, "stream.megabatches": 500}, [],
-                    "MNIST, B = 500, gEns width 8: growth timing"),
-    "mnist-gmoe8": ({"learner.name": "gmoe", "learner.width": 8, "stream.megabatches": 500}, [],
-                    "MNIST, B = 500, gMoE width 8: growth timing"),
+    "mnist-sm4": (
+        {"learner.name": "sm", "learner.width": 4, "stream.megabatches": 500},
+        WAITS_500,
+        "MNIST, B = 500, SM width 4",
+    ),
+    "mnist-sm64": (
+        {"learner.name": "sm", "learner.width": 64, "stream.megabatches": 500},
+        WAITS_500,
+        "MNIST, B = 500, SM width 64",
+    ),
+    "mnist-ens8": (
+        {"learner.name": "ens", "learner.width": 8, "learner.members": 5, "stream.megabatches": 500},
+        WAITS_500,
+        "MNIST, B = 500, Ens of 5 width 8",
+    ),
+    "mnist-sm16": (
+        {"learner.name": "sm", "learner.width": 16, "stream.megabatches": 500},
+        WAITS_500,
+        "MNIST, B = 500, SM width 16 (held out: not run while the rules were designed)",
+    ),
+    "mnist-sm64-rotate": (
+        {
+            "learner.name": "sm",
+            "learner.width": 64,
+            "stream.megabatches": 100,
+            "stream.drift.kind": "rotate",
+            "stream.drift.degrees": 90.0,
+            "stream.drift.at": 50,
+        },
+        WAITS_100,
+        "MNIST, B = 100, SM width 64, images rotated 90 degrees from chunk 50 (held out)",
+    ),
+    "mnist-sm64-drift": (
+        {
+            "learner.name": "sm",
+            "learner.width": 64,
+            "stream.megabatches": 100,
+            "stream.drift.kind": "permute_labels",
+            "stream.drift.at": 50,
+        },
+        WAITS_100,
+        "MNIST, B = 100, SM width 64, labels permuted from chunk 50",
+    ),
+    "cifar-sm16": (
+        {"dataset.name": "cifar10", "learner.name": "sm", "learner.width": 16, "stream.megabatches": 100},
+        WAITS_100,
+        "CIFAR-10, B = 100, SM (VGG) width 16",
+    ),
+    "mnist-gens8": (
+        {"learner.name": "gens", "learner.width": 8, "stream.megabatches": 500},
+        [],
+        "MNIST, B = 500, gEns width 8: growth timing",
+    ),
+    "mnist-gmoe8": (
+        {"learner.name": "gmoe", "learner.width": 8, "stream.megabatches": 500},
+        [],
+        "MNIST, B = 500, gMoE width 8: growth timing",
+    ),
 }
 #: Settings where the adaptive policy is compared on growth timing (grow_every), not waiting time.
 GROWTH_SETTINGS = {"mnist-gens8", "mnist-gmoe8"}
@@ -105,10 +143,15 @@ def run_one(setting: str, policy: dict, seed: int, common: dict, keep_series: bo
     results = run_simulation(config, progress=False)
     series = results["series"]
     record = {
-        "setting": setting, "policy": policy_label(policy), "seed": seed, "torch": torch.__version__,
-        "cer": results["summary"]["cer"], "final_test_error": results["summary"]["final_test_error"],
+        "setting": setting,
+        "policy": policy_label(policy),
+        "seed": seed,
+        "torch": torch.__version__,
+        "cer": results["summary"]["cer"],
+        "final_test_error": results["summary"]["final_test_error"],
         "cumulative_train_flops": results["summary"]["cumulative_train_flops"],
-        "stages": results["summary"]["stages"], "seconds": round(time.perf_counter() - start, 1),
+        "stages": results["summary"]["stages"],
+        "seconds": round(time.perf_counter() - start, 1),
         "trained_at": [r["t"] for r in series if r["trained"]],
         "grew_at": [r["t"] for r in series if r["decision"] == "grow+train"],
     }
@@ -173,9 +216,12 @@ def targets(setting: str, rows: dict) -> dict | None:
         verdict["no_worse_than_the_best_grow_every"] = adaptive["cer"] <= best["cer"]
         verdict["met"] = verdict["no_worse_than_the_best_grow_every"]
         return verdict
-    verdict["within_5pct_and_1.5x_flops"] = verdict["cer_ratio_to_best"] <= 1.05 and verdict["flops_ratio_to_best"] <= 1.5
-    verdict["not_above_greedy_or_geometric_0.5"] = (adaptive["cer"] <= grid["fixed w=1"]["cer"]
-                                                    and adaptive["cer"] <= grid["geometric 0.5"]["cer"])
+    verdict["within_5pct_and_1.5x_flops"] = (
+        verdict["cer_ratio_to_best"] <= 1.05 and verdict["flops_ratio_to_best"] <= 1.5
+    )
+    verdict["not_above_greedy_or_geometric_0.5"] = (
+        adaptive["cer"] <= grid["fixed w=1"]["cer"] and adaptive["cer"] <= grid["geometric 0.5"]["cer"]
+    )
     if SETTINGS[setting][0].get("stream.drift.kind", "none") != "none":
         verdict["below_every_schedule"] = adaptive["cer"] < best["cer"]
     verdict["met"] = all(v for k, v in verdict.items() if isinstance(v, bool))
@@ -196,22 +242,28 @@ def markdown(report: dict, meta: dict) -> str:
         if all(row is None for row in rows.values()):
             lines += ["not run", ""]
             continue
-        lines += ["| policy | CER (mean) | CER per seed | final error | training FLOPs | stages |",
-                  "|---|---:|---|---:|---:|---:|"]
+        lines += [
+            "| policy | CER (mean) | CER per seed | final error | training FLOPs | stages |",
+            "|---|---:|---|---:|---:|---:|",
+        ]
         for name, row in rows.items():
             if row is None:
                 lines.append(f"| {name} | not run | | | | |")
                 continue
             seeds = ", ".join(f"{c:.1f}" for c in row["cer_per_seed"])
-            lines.append(f"| {name} | {row['cer']:.2f} | {seeds} | {row['final_test_error']:.4f} | "
-                         f"{row['flops']:.3g} | {row['stages']:.1f} |")
+            lines.append(
+                f"| {name} | {row['cer']:.2f} | {seeds} | {row['final_test_error']:.4f} | "
+                f"{row['flops']:.3g} | {row['stages']:.1f} |"
+            )
         verdict = entry["targets"]
         lines.append("")
         if verdict is None:
             lines += ["Targets: not all runs done.", ""]
             continue
-        text = (f"Best schedule in hindsight: {verdict['best_schedule']}. Adaptive: CER x{verdict['cer_ratio_to_best']:.3f}, "
-                f"FLOPs x{verdict['flops_ratio_to_best']:.2f} of it. ")
+        text = (
+            f"Best schedule in hindsight: {verdict['best_schedule']}. Adaptive: CER x{verdict['cer_ratio_to_best']:.3f}, "
+            f"FLOPs x{verdict['flops_ratio_to_best']:.2f} of it. "
+        )
         checks = {k: v for k, v in verdict.items() if isinstance(v, bool) and k != "met"}
         text += "; ".join(f"{k.replace('_', ' ')}: {'yes' if v else 'NO'}" for k, v in checks.items())
         lines += [text + f". Targets {'met' if verdict['met'] else 'MISSED'}.", ""]
@@ -232,11 +284,19 @@ def figure(runs: dict, setting: str, seed: int, common: dict, path: Path) -> boo
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 5.5), sharex=True, gridspec_kw={"height_ratios": [3, 1]})
     for row, record in enumerate(records):
         t = range(1, len(record["test_error"]) + 1)
-        line, = top.plot(t, record["test_error"], label=f"{record['policy']} (CER {record['cer']:.1f})", lw=1.2)
-        bottom.scatter(record["trained_at"], [row] * len(record["trained_at"]), marker="|", s=120, color=line.get_color())
+        (line,) = top.plot(t, record["test_error"], label=f"{record['policy']} (CER {record['cer']:.1f})", lw=1.2)
+        bottom.scatter(
+            record["trained_at"], [row] * len(record["trained_at"]), marker="|", s=120, color=line.get_color()
+        )
     adaptive = records[-1]
-    top.plot(range(1, len(adaptive["prequential_error"]) + 1), adaptive["prequential_error"], lw=0.6, alpha=0.5,
-             color="grey", label="adaptive: prequential error of each chunk")
+    top.plot(
+        range(1, len(adaptive["prequential_error"]) + 1),
+        adaptive["prequential_error"],
+        lw=0.6,
+        alpha=0.5,
+        color="grey",
+        label="adaptive: prequential error of each chunk",
+    )
     top.set_ylabel("test error")
     top.set_yscale("log")
     top.legend(fontsize=8)
@@ -253,51 +313,79 @@ def figure(runs: dict, setting: str, seed: int, common: dict, path: Path) -> boo
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--settings", nargs="+", default=["mnist-sm4", "mnist-sm64", "mnist-sm64-drift"],
-                        choices=sorted(SETTINGS))
+    parser.add_argument(
+        "--settings", nargs="+", default=["mnist-sm4", "mnist-sm64", "mnist-sm64-drift"], choices=sorted(SETTINGS)
+    )
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--epochs", type=int, default=10, help="train.epochs cap (default 10)")
     parser.add_argument("--test-examples", type=int, default=1000, help="dataset.test_examples (default 1000)")
     parser.add_argument("--jobs", type=int, default=1, help="runs in parallel, one torch thread each")
     parser.add_argument("--runs", type=Path, default=RESULTS / "policy_runs.json", help="cache of finished runs")
     parser.add_argument("--out", type=Path, default=RESULTS / "policy.json")
-    parser.add_argument("--figure-setting", default="mnist-sm64-drift", choices=[*sorted(SETTINGS), "none"],
-                        help="the stream drawn in docs/figures/policy-decisions.png (first seed); none: no figure")
+    parser.add_argument(
+        "--figure-setting",
+        default="mnist-sm64-drift",
+        choices=[*sorted(SETTINGS), "none"],
+        help="the stream drawn in docs/figures/policy-decisions.png (first seed); none: no figure",
+    )
     parser.add_argument("--report-only", action="store_true", help="only rebuild the table and figure from --runs")
     parser.add_argument("--machine", help="where the cached runs ran, for the report (default: this machine)")
     args = parser.parse_args()
 
     common = {"train.epochs": args.epochs, "dataset.test_examples": args.test_examples, "device": "cpu"}
     runs = load_runs(args.runs)
-    todo = [(setting, policy, seed) for setting in args.settings for seed in args.seeds for policy in schedules(setting)
-            if run_key(setting, policy, seed, common) not in runs]
+    todo = [
+        (setting, policy, seed)
+        for setting in args.settings
+        for seed in args.seeds
+        for policy in schedules(setting)
+        if run_key(setting, policy, seed, common) not in runs
+    ]
     if todo and not args.report_only:
         print(f"{len(todo)} run(s) to do, {args.jobs} at a time")
         with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-            futures = {pool.submit(run_one, setting, policy, seed, common,
-                                   seed == args.seeds[0] and policy_label(policy) in FIGURE_POLICIES):
-                       (setting, policy, seed) for setting, policy, seed in todo}
+            futures = {
+                pool.submit(
+                    run_one,
+                    setting,
+                    policy,
+                    seed,
+                    common,
+                    seed == args.seeds[0] and policy_label(policy) in FIGURE_POLICIES,
+                ): (setting, policy, seed)
+                for setting, policy, seed in todo
+            }
             for future in as_completed(futures):
                 setting, policy, seed = futures[future]
                 try:
                     record = future.result()
-                except Exception as exc:  # noqa: BLE001 - one failed run is reported, the others go on
+                except Exception as exc:
                     print(f"FAILED {setting} {policy_label(policy)} seed {seed}: {exc!r}")
                     continue
                 runs[run_key(setting, policy, seed, common)] = record
                 save_runs(args.runs, runs)
-                print(f"{setting:18} {record['policy']:32} seed {seed}: CER {record['cer']:7.2f}  "
-                      f"FLOPs {record['cumulative_train_flops']:.3g}  stages {record['stages']:3}  {record['seconds']} s")
+                print(
+                    f"{setting:18} {record['policy']:32} seed {seed}: CER {record['cer']:7.2f}  "
+                    f"FLOPs {record['cumulative_train_flops']:.3g}  stages {record['stages']:3}  {record['seconds']} s"
+                )
 
     report = summarize(runs, list(SETTINGS), args.seeds, common)
     versions = sorted({r.get("torch", "?") for r in runs.values()})
     meta = {
-        "command": "nice python benchmarks/bench_policy.py " + " ".join(
-            [f"--settings {' '.join(args.settings)}", f"--seeds {' '.join(map(str, args.seeds))}",
-             f"--epochs {args.epochs}", f"--test-examples {args.test_examples}", f"--runs {args.runs}"]),
+        "command": "nice python benchmarks/bench_policy.py "
+        + " ".join(
+            [
+                f"--settings {' '.join(args.settings)}",
+                f"--seeds {' '.join(map(str, args.seeds))}",
+                f"--epochs {args.epochs}",
+                f"--test-examples {args.test_examples}",
+                f"--runs {args.runs}",
+            ]
+        ),
         "machine": f"{args.machine or f'{platform.machine()}, {os.cpu_count()} cores'}, torch {', '.join(versions)} "
-                   f"(CPU, one thread per run)",
-        "seeds": args.seeds, "common": common,
+        f"(CPU, one thread per run)",
+        "seeds": args.seeds,
+        "common": common,
     }
     args.out.write_text(json.dumps({"meta": meta, "settings": report}, indent=1, default=_json_safe))
     table = markdown(report, meta)

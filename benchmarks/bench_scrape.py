@@ -30,17 +30,25 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from alma_daemon.config import build_config
 from alma_daemon.observability.exporter import MetricsObserver, start_exporter
-from alma_daemon.research.simulate import run_simulation
 from alma_daemon.observability.telemetry import REGISTRY
+from alma_daemon.research.simulate import run_simulation
 
-STREAM = ["stream.train_examples=1200", "stream.megabatches=4", "train.epochs=2", "learner.width=8",
-          "dataset.test_examples=300", "device=cpu"]
+STREAM = [
+    "stream.train_examples=1200",
+    "stream.megabatches=4",
+    "train.epochs=2",
+    "learner.width=8",
+    "dataset.test_examples=300",
+    "device=cpu",
+]
 
 
 def percentiles_us(seconds: list[float]) -> dict:
     ordered = sorted(seconds)
-    return {"median_us": round(statistics.median(ordered) * 1e6, 1),
-            "p95_us": round(ordered[int(0.95 * (len(ordered) - 1))] * 1e6, 1)}
+    return {
+        "median_us": round(statistics.median(ordered) * 1e6, 1),
+        "p95_us": round(ordered[int(0.95 * (len(ordered) - 1))] * 1e6, 1),
+    }
 
 
 def timed(work: Callable[[], object]) -> float:
@@ -80,8 +88,12 @@ def main() -> None:
         "bytes": len(text),
         **{name: percentiles_us(values) for name, values in times.items()},
         # The machine is shared: the load average says how busy it was while measuring.
-        "machine": {"python": platform.python_version(), "processor": platform.processor() or platform.machine(),
-                    "cpus": os.cpu_count(), "load_average_1m": round(os.getloadavg()[0], 2)},
+        "machine": {
+            "python": platform.python_version(),
+            "processor": platform.processor() or platform.machine(),
+            "cpus": os.cpu_count(),
+            "load_average_1m": round(os.getloadavg()[0], 2),
+        },
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

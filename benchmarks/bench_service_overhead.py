@@ -66,10 +66,18 @@ def serving_overrides(kind: str, folder: Path) -> tuple[list[str], object | None
     from serving.torchserve_process import TorchServeProcess
 
     inference, management, metrics = free_ports(3)
-    serving = {"kind": "torchserve", "inference_url": f"http://127.0.0.1:{inference}",
-               "management_url": f"http://127.0.0.1:{management}", "metrics_url": f"http://127.0.0.1:{metrics}"}
-    config = build_config({"daemon": {"state_dir": str(folder / "torchserve"),
-                                      "checkpoint_dir": str(folder / "model_store")}, "serving": serving})
+    serving = {
+        "kind": "torchserve",
+        "inference_url": f"http://127.0.0.1:{inference}",
+        "management_url": f"http://127.0.0.1:{management}",
+        "metrics_url": f"http://127.0.0.1:{metrics}",
+    }
+    config = build_config(
+        {
+            "daemon": {"state_dir": str(folder / "torchserve"), "checkpoint_dir": str(folder / "model_store")},
+            "serving": serving,
+        }
+    )
     server = TorchServeProcess(config)
     server.start()
     return [f"serving.{key}={value}" for key, value in serving.items()], server
@@ -83,10 +91,24 @@ def one_repeat(index: int, args: argparse.Namespace, folder: Path) -> dict:
         simulate += ["--set", override]
     run_dir = folder / f"run-{index}"
     overrides, server = serving_overrides(args.serving, run_dir)
-    daemon = [sys.executable, "-m", "alma_daemon", "run", "--embedded", "--replay", "mnist", "--no-progress",
-              "--until-chunks", str(args.megabatches)]
-    for override in [*stream, f"daemon.state_dir={run_dir / 'state'}",
-                     f"daemon.checkpoint_dir={run_dir / 'model_store'}", *overrides]:
+    daemon = [
+        sys.executable,
+        "-m",
+        "alma_daemon",
+        "run",
+        "--embedded",
+        "--replay",
+        "mnist",
+        "--no-progress",
+        "--until-chunks",
+        str(args.megabatches),
+    ]
+    for override in [
+        *stream,
+        f"daemon.state_dir={run_dir / 'state'}",
+        f"daemon.checkpoint_dir={run_dir / 'model_store'}",
+        *overrides,
+    ]:
         daemon += ["--set", override]
     try:
         simulate_wall = timed(simulate)
@@ -97,17 +119,26 @@ def one_repeat(index: int, args: argparse.Namespace, folder: Path) -> dict:
     sim_rows, run_rows = series(sim_out / "results.json"), series(run_dir / "state" / "results.json")
     same = [{k: r.get(k) for k in SAME_WORK} for r in sim_rows] == [{k: r.get(k) for k in SAME_WORK} for r in run_rows]
     figures = {
-        "simulate": {"train_seconds": training_seconds(sim_rows), "wall_seconds": simulate_wall,
-                     "stage_seconds": [r.get("train_seconds") for r in sim_rows]},
-        "run": {"train_seconds": training_seconds(run_rows), "wall_seconds": run_wall,
-                "stage_seconds": [r.get("train_seconds") for r in run_rows]},
+        "simulate": {
+            "train_seconds": training_seconds(sim_rows),
+            "wall_seconds": simulate_wall,
+            "stage_seconds": [r.get("train_seconds") for r in sim_rows],
+        },
+        "run": {
+            "train_seconds": training_seconds(run_rows),
+            "wall_seconds": run_wall,
+            "stage_seconds": [r.get("train_seconds") for r in run_rows],
+        },
         "same_series": same,
     }
     figures["train_ratio"] = figures["run"]["train_seconds"] / figures["simulate"]["train_seconds"]
     figures["wall_ratio"] = run_wall / simulate_wall
-    print(f"repeat {index}: training {figures['simulate']['train_seconds']:.1f} s simulate, "
-          f"{figures['run']['train_seconds']:.1f} s run ({figures['train_ratio']:.3f}x); wall "
-          f"{simulate_wall:.1f} s vs {run_wall:.1f} s ({figures['wall_ratio']:.3f}x); same series: {same}", flush=True)
+    print(
+        f"repeat {index}: training {figures['simulate']['train_seconds']:.1f} s simulate, "
+        f"{figures['run']['train_seconds']:.1f} s run ({figures['train_ratio']:.3f}x); wall "
+        f"{simulate_wall:.1f} s vs {run_wall:.1f} s ({figures['wall_ratio']:.3f}x); same series: {same}",
+        flush=True,
+    )
     return figures
 
 
@@ -127,20 +158,31 @@ def main() -> int:
         shutil.rmtree(folder, ignore_errors=True)
     result = {
         "benchmark": "service_overhead",
-        "setting": {"megabatches": args.megabatches, "epochs": args.epochs, "serving": args.serving,
-                    "learner": "sm width 64 (config.yaml defaults)", "dataset": "mnist"},
+        "setting": {
+            "megabatches": args.megabatches,
+            "epochs": args.epochs,
+            "serving": args.serving,
+            "learner": "sm width 64 (config.yaml defaults)",
+            "dataset": "mnist",
+        },
         "train_ratio_median": statistics.median(r["train_ratio"] for r in repeats),
         "wall_ratio_median": statistics.median(r["wall_ratio"] for r in repeats),
         "all_series_equal": all(r["same_series"] for r in repeats),
         "repeats": repeats,
-        "machine": {"cpus_usable": len(os.sched_getaffinity(0)), "cpu_count": os.cpu_count(),
-                    "platform": platform.platform(), "python": platform.python_version(),
-                    "load_average_after": os.getloadavg()},
+        "machine": {
+            "cpus_usable": len(os.sched_getaffinity(0)),
+            "cpu_count": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "load_average_after": os.getloadavg(),
+        },
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
-    print(f"training {result['train_ratio_median']:.3f}x, wall {result['wall_ratio_median']:.3f}x "
-          f"(medians of {args.repeats}); series equal: {result['all_series_equal']}; written to {args.out}")
+    print(
+        f"training {result['train_ratio_median']:.3f}x, wall {result['wall_ratio_median']:.3f}x "
+        f"(medians of {args.repeats}); series equal: {result['all_series_equal']}; written to {args.out}"
+    )
     return 0
 
 

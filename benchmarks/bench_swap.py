@@ -43,8 +43,8 @@ from pathlib import Path
 
 import torch
 
-from alma_daemon.core.checkpoints import CheckpointStore
 from alma_daemon.config import TrainConfig, build_config
+from alma_daemon.core.checkpoints import CheckpointStore
 from alma_daemon.data.datasets import load_dataset
 from alma_daemon.learners import Learner, build_learner
 from alma_daemon.training.loop import Trainer
@@ -152,14 +152,21 @@ def main() -> int:
     mnist = load_dataset("mnist")
     folder = Path(tempfile.mkdtemp(prefix="bench-swap-"))
     inference, management, metrics = free_ports(3)
-    config = build_config({
-        "learner": {"name": "sm", "width": 64},
-        "daemon": {"state_dir": str(folder / "state"), "checkpoint_dir": str(folder / "model_store")},
-        "serving": {"kind": "torchserve", "model_name": MODEL, "inference_url": f"http://127.0.0.1:{inference}",
-                    "management_url": f"http://127.0.0.1:{management}",
-                    "metrics_url": f"http://127.0.0.1:{metrics}", "keep_versions": args.keep_versions,
-                    "promotion_margin": 1.0},
-    })
+    config = build_config(
+        {
+            "learner": {"name": "sm", "width": 64},
+            "daemon": {"state_dir": str(folder / "state"), "checkpoint_dir": str(folder / "model_store")},
+            "serving": {
+                "kind": "torchserve",
+                "model_name": MODEL,
+                "inference_url": f"http://127.0.0.1:{inference}",
+                "management_url": f"http://127.0.0.1:{management}",
+                "metrics_url": f"http://127.0.0.1:{metrics}",
+                "keep_versions": args.keep_versions,
+                "promotion_margin": 1.0,
+            },
+        }
+    )
     learner = trained_mlp(config, mnist.train.subset(slice(0, 6000)), mnist.test.subset(slice(0, 500)))
     sample = mnist.test.subset(slice(500, 1012))
     store = CheckpointStore(config.daemon.checkpoint_dir, MODEL)
@@ -171,8 +178,9 @@ def main() -> int:
     context = multiprocessing.get_context("spawn")
     clients_ready, stop_clients = context.Event(), context.Event()
     clients_out = folder / "clients.json"
-    clients = context.Process(target=run_clients, args=(config.serving.inference_url, body, clients_ready,
-                                                        stop_clients, str(clients_out)))
+    clients = context.Process(
+        target=run_clients, args=(config.serving.inference_url, body, clients_ready, stop_clients, str(clients_out))
+    )
     windows: list[tuple[float, float]] = []
     swap_seconds: list[float] = []
     try:
@@ -216,25 +224,45 @@ def main() -> int:
     during = latencies(lambda s: any(a <= s < b for a, b in windows))
     results = {
         "benchmark": "swap",
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-                    "torch": torch.__version__, "load_average_1min": {"start": load_at_start, "end": os.getloadavg()[0]}},
-        "setup": {"model": "MNIST SM (MLP width 64)", "clients": f"{CLIENTS} threads in their own process",
-                  "examples_per_request": 1,
-                  "swaps": args.swaps, "keep_versions": args.keep_versions, "workers_per_version": 1},
-        "swap_seconds": {"median": statistics.median(swap_seconds), "p95": percentile(swap_seconds, 95),
-                         "all": [round(s, 3) for s in swap_seconds]},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "load_average_1min": {"start": load_at_start, "end": os.getloadavg()[0]},
+        },
+        "setup": {
+            "model": "MNIST SM (MLP width 64)",
+            "clients": f"{CLIENTS} threads in their own process",
+            "examples_per_request": 1,
+            "swaps": args.swaps,
+            "keep_versions": args.keep_versions,
+            "workers_per_version": 1,
+        },
+        "swap_seconds": {
+            "median": statistics.median(swap_seconds),
+            "p95": percentile(swap_seconds, 95),
+            "all": [round(s, 3) for s in swap_seconds],
+        },
         "latency_ms": {
-            "at_rest": {"p50": 1e3 * percentile(at_rest, 50), "p99": 1e3 * percentile(at_rest, 99),
-                        "requests": len(at_rest)},
-            "during_swaps": {"p50": 1e3 * percentile(during, 50), "p99": 1e3 * percentile(during, 99),
-                             "requests": len(during)},
+            "at_rest": {
+                "p50": 1e3 * percentile(at_rest, 50),
+                "p99": 1e3 * percentile(at_rest, 99),
+                "requests": len(at_rest),
+            },
+            "during_swaps": {
+                "p50": 1e3 * percentile(during, 50),
+                "p99": 1e3 * percentile(during, 99),
+                "requests": len(during),
+            },
         },
         "requests": len(records),
         "failed_requests": len(failures),
         "failures": failures[:20],
     }
-    results["latency_ms"]["p99_during_over_rest"] = (results["latency_ms"]["during_swaps"]["p99"]
-                                                      / results["latency_ms"]["at_rest"]["p99"])
+    results["latency_ms"]["p99_during_over_rest"] = (
+        results["latency_ms"]["during_swaps"]["p99"] / results["latency_ms"]["at_rest"]["p99"]
+    )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2) + "\n")

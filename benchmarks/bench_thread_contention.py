@@ -46,8 +46,9 @@ def one_case(case: str, steps: int) -> dict:
     from alma_daemon.runtime import run_beside_training
 
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(784, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
-                                torch.nn.Linear(64, 10))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(784, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10)
+    )
     optimizer = torch.optim.Adadelta(model.parameters(), lr=1.0)
     x, y = torch.randn(6016, 784), torch.randint(0, 10, (6016,))
 
@@ -76,8 +77,11 @@ def one_case(case: str, steps: int) -> dict:
     train(steps)
     seconds = time.perf_counter() - start
     hold.set()
-    return {"sleeps_per_step": (sleeps_of_this_thread() - sleeps) / steps, "ms_per_step": 1000 * seconds / steps,
-            "torch_threads": torch.get_num_threads()}
+    return {
+        "sleeps_per_step": (sleeps_of_this_thread() - sleeps) / steps,
+        "ms_per_step": 1000 * seconds / steps,
+        "torch_threads": torch.get_num_threads(),
+    }
 
 
 def main() -> int:
@@ -93,16 +97,31 @@ def main() -> int:
     runs: dict[str, list[dict]] = {case: [] for case in CASES}
     for _ in range(args.repeats):
         for case in CASES:  # interleaved, so a change in the machine's load hits every case alike
-            done = subprocess.run([sys.executable, __file__, "--case", case, "--steps", str(args.steps)],
-                                  capture_output=True, text=True, check=True, cwd=Path(__file__).resolve().parents[1])
+            done = subprocess.run(
+                [sys.executable, __file__, "--case", case, "--steps", str(args.steps)],
+                capture_output=True,
+                text=True,
+                check=True,
+                cwd=Path(__file__).resolve().parents[1],
+            )
             runs[case].append(json.loads(done.stdout.strip().splitlines()[-1]))
-    summary = {case: {key: statistics.median(r[key] for r in results) for key in ("sleeps_per_step", "ms_per_step")}
-               for case, results in runs.items()}
+    summary = {
+        case: {key: statistics.median(r[key] for r in results) for key in ("sleeps_per_step", "ms_per_step")}
+        for case, results in runs.items()
+    }
     for case, figures in summary.items():
         print(f"{case:>7}: {figures['sleeps_per_step']:.1f} sleeps per step, {figures['ms_per_step']:.2f} ms per step")
-    result = {"benchmark": "thread_contention", "steps": args.steps, "median": summary, "runs": runs,
-              "machine": {"cpus_usable": len(os.sched_getaffinity(0)), "platform": platform.platform(),
-                          "load_average_after": os.getloadavg()}}
+    result = {
+        "benchmark": "thread_contention",
+        "steps": args.steps,
+        "median": summary,
+        "runs": runs,
+        "machine": {
+            "cpus_usable": len(os.sched_getaffinity(0)),
+            "platform": platform.platform(),
+            "load_average_after": os.getloadavg(),
+        },
+    }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     return 0

@@ -93,7 +93,9 @@ def run_case(name: str, repeats: int, epochs: int, with_compile: bool) -> dict:
     def ours(cfg: TrainConfig, seed: int):
         torch.manual_seed(seed)
         net = build_backbone(task, width)
-        return Trainer(cfg, optimizer, device, seed=seed, augment=task.augment).fit(net, split.train, split.val).val_error
+        return (
+            Trainer(cfg, optimizer, device, seed=seed, augment=task.augment).fit(net, split.train, split.val).val_error
+        )
 
     def plain(seed: int):
         torch.manual_seed(seed)
@@ -119,7 +121,8 @@ def run_case(name: str, repeats: int, epochs: int, with_compile: bool) -> dict:
     result["speed_ratio_median"] = statistics.median(p / o for p, o in zip(times["plain"], times["ours"]))
     if with_compile:
         result["compiled_speed_ratio_median"] = statistics.median(
-            p / o for p, o in zip(times["plain"], times["ours_compiled"]))
+            p / o for p, o in zip(times["plain"], times["ours_compiled"])
+        )
     return result
 
 
@@ -136,14 +139,26 @@ def main() -> None:
     for name in args.cases:
         result = run_case(name, args.repeats, args.epochs, args.compile)
         extra = f", compiled ratio {result['compiled_speed_ratio_median']:.3f}" if args.compile else ""
-        print(f"{name}: ours {result['ours_seconds_median']:.2f} s, plain {result['plain_seconds_median']:.2f} s, "
-              f"speed ratio {result['speed_ratio_median']:.3f}{extra}, same result {result['same_result']}")
+        print(
+            f"{name}: ours {result['ours_seconds_median']:.2f} s, plain {result['plain_seconds_median']:.2f} s, "
+            f"speed ratio {result['speed_ratio_median']:.3f}{extra}, same result {result['same_result']}"
+        )
         results.append(result)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"machine": platform.processor() or platform.machine(), "torch": torch.__version__,
-                               "threads": torch.get_num_threads(), "load_average_before": load_before,
-                               "load_average_after": os.getloadavg(), "results": results}, indent=1))
+    out.write_text(
+        json.dumps(
+            {
+                "machine": platform.processor() or platform.machine(),
+                "torch": torch.__version__,
+                "threads": torch.get_num_threads(),
+                "load_average_before": load_before,
+                "load_average_after": os.getloadavg(),
+                "results": results,
+            },
+            indent=1,
+        )
+    )
     print(f"written: {out}")
 
 

@@ -110,8 +110,11 @@ class Adaptive(Policy):
     # -- persistence ------------------------------------------------------------------------------
     def state_dict(self) -> dict:
         return {
-            "seen": self.seen, "trained": self.trained, "regime_start": self.regime_start,
-            "live": self.live.to_dict(), "previous": self.previous.to_dict() if self.previous else None,
+            "seen": self.seen,
+            "trained": self.trained,
+            "regime_start": self.regime_start,
+            "live": self.live.to_dict(),
+            "previous": self.previous.to_dict() if self.previous else None,
             "last_stage": self.last_stage,
         }
 
@@ -127,8 +130,12 @@ class Adaptive(Policy):
     def decide(self, state: PolicyState) -> Decision:
         new_chunk = state.prequential is not None and state.chunks_seen > self.seen
         if not new_chunk:
-            return Decision(False, False, f"{state.chunks_pending} chunk(s) pending; no new chunk measured since the "
-                                          f"last decision (this policy decides on new chunks)")
+            return Decision(
+                False,
+                False,
+                f"{state.chunks_pending} chunk(s) pending; no new chunk measured since the "
+                f"last decision (this policy decides on new chunks)",
+            )
         self.seen = state.chunks_seen
         kind = state.measure
         value = _value(state.prequential, kind)
@@ -144,7 +151,7 @@ class Adaptive(Policy):
             return self._train(state, drift_reason, estimates, value, drift=True)
 
         threshold = max(1, math.ceil(RATIO * self.trained - 1e-9))
-        rule = (f"max(1, {RATIO:g} x {self.trained} chunk(s) trained on since chunk {self.regime_start}) = {threshold}")
+        rule = f"max(1, {RATIO:g} x {self.trained} chunk(s) trained on since chunk {self.regime_start}) = {threshold}"
         gain, plateau = self._stage_gain(kind, estimates)
         if plateau:
             doubled = 2 * self.last_stage["chunks"]
@@ -172,26 +179,33 @@ class Adaptive(Policy):
         if score < DRIFT_SIGNIFICANCE or jump < DRIFT_JUMP:
             return None
         whose = "live model's" if reference is self.live else "model before the last stage's"
-        return (f"drift: the newest chunk's {_shown(value, kind)} is {jump:.3g} above the {whose} "
-                f"{_shown(reference.mean, kind)} ({score:.1f} standard errors)")
+        return (
+            f"drift: the newest chunk's {_shown(value, kind)} is {jump:.3g} above the {whose} "
+            f"{_shown(reference.mean, kind)} ({score:.1f} standard errors)"
+        )
 
     def _stage_gain(self, kind: str, estimates: dict) -> tuple[str, bool]:
         """The last stage's measured gain as text, and whether it had no measurable effect (a plateau)."""
         if self.previous is None or self.last_stage is None or self.last_stage["drift"]:
             return "", False
         gain = self.previous.mean - self.live.mean
-        spread = math.sqrt(_variance(self.previous.mean, self.previous.examples, kind)
-                           + _variance(self.live.mean, self.live.examples, kind))
+        spread = math.sqrt(
+            _variance(self.previous.mean, self.previous.examples, kind)
+            + _variance(self.live.mean, self.live.examples, kind)
+        )
         score = gain / spread
         estimates["stage_gain_score"] = score
         plateau = abs(score) < GAIN_SIGNIFICANCE
         verdict = "no measurable effect" if plateau else ("paid off" if score > 0 else "made it worse")
-        text = (f", previous model {_shown(self.previous.mean, kind)}: the last stage gained {gain:.3g} "
-                f"({score:.1f} standard errors: {verdict})")
+        text = (
+            f", previous model {_shown(self.previous.mean, kind)}: the last stage gained {gain:.3g} "
+            f"({score:.1f} standard errors: {verdict})"
+        )
         return text, plateau
 
-    def _train(self, state: PolicyState, reason: str, estimates: dict, value: float, *, drift: bool,
-               grow: bool = False) -> Decision:
+    def _train(
+        self, state: PolicyState, reason: str, estimates: dict, value: float, *, drift: bool, grow: bool = False
+    ) -> Decision:
         pending = state.chunks_pending
         grow = grow and state.learner_grows and self.config.grow_every > 0
         if drift:

@@ -113,5 +113,5 @@ class Policy(ABC):
         """Internal state to persist across daemon restarts (JSON-able)."""
         return {}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict) -> None:  # noqa: B027 (stateless policies need not override it)
         """Restore what :meth:`state_dict` returned."""

@@ -31,8 +31,11 @@ def make_publisher(config: Config) -> Publisher | None:
         from serving.torchserve_publisher import TokenKeys, TorchServeClient, TorchServePublisher
 
         key_file = key_file_path(config)
-        client = TorchServeClient(config.serving.management_url, config.serving.inference_url,
-                                  TokenKeys(key_file) if key_file is not None else None)
+        client = TorchServeClient(
+            config.serving.management_url,
+            config.serving.inference_url,
+            TokenKeys(key_file) if key_file is not None else None,
+        )
         return TorchServePublisher(store, config.serving, client)
     return None
 

@@ -42,15 +42,17 @@ def build_archive(checkpoint: str | Path, model_name: str, version: int, out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.stem}-", dir=out_dir))
     try:
-        generate_model_archive(ModelArchiverConfig(
-            model_name=target.stem,
-            handler=str(HANDLER),
-            version=str(version),
-            extra_files=f"{checkpoint / SPEC},{checkpoint / WEIGHTS}",
-            export_path=str(staging),
-            # Safetensors weights barely compress; storing them makes archiving and loading faster.
-            archive_format="zip-store",
-        ))
+        generate_model_archive(
+            ModelArchiverConfig(
+                model_name=target.stem,
+                handler=str(HANDLER),
+                version=str(version),
+                extra_files=f"{checkpoint / SPEC},{checkpoint / WEIGHTS}",
+                export_path=str(staging),
+                # Safetensors weights barely compress; storing them makes archiving and loading faster.
+                archive_format="zip-store",
+            )
+        )
         os.replace(staging / target.name, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

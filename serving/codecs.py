@@ -34,14 +34,14 @@ SAFETENSORS_INPUT = "x"
 #: Examples per request the handler accepts; bounds the memory one request can take.
 MAX_INSTANCES = 4096
 
-CODECS: dict[str, type["Codec"]] = {}
+CODECS: dict[str, type[Codec]] = {}
 
 
 class RequestError(ValueError):
     """A request body that does not describe a batch of valid examples (answered with HTTP 400)."""
 
 
-def register_codec(kind: str) -> Callable[[type["Codec"]], type["Codec"]]:
+def register_codec(kind: str) -> Callable[[type[Codec]], type[Codec]]:
     """Class decorator: serve tasks of ``kind`` with this codec."""
 
     def register(cls: type[Codec]) -> type[Codec]:
@@ -53,7 +53,7 @@ def register_codec(kind: str) -> Callable[[type["Codec"]], type["Codec"]]:
     return register
 
 
-def codec_for(task: TaskInfo) -> "Codec":
+def codec_for(task: TaskInfo) -> Codec:
     """The codec that serves ``task``; a clear error for a kind that nobody registered."""
     if task.kind not in CODECS:
         raise KeyError(f"no serving codec for task kind {task.kind!r}; known: {', '.join(sorted(CODECS))}")
@@ -181,8 +181,13 @@ class LanguageModelCodec(Codec):
             # One forward per text: texts have different lengths, and one short request stays cheap.
             distribution = learner.predict_proba(tokens[None])[0, -1]
             probabilities, ids = distribution.topk(min(top_k, len(distribution)))
-            predictions.append({"tokens": ids.tolist(), "texts": [self.tokenizer.decode([i]) for i in ids.tolist()],
-                                "probabilities": probabilities.tolist()})
+            predictions.append(
+                {
+                    "tokens": ids.tolist(),
+                    "texts": [self.tokenizer.decode([i]) for i in ids.tolist()],
+                    "probabilities": probabilities.tolist(),
+                }
+            )
         return {"predictions": predictions}
 
     def encode_request(self, x: torch.Tensor) -> dict:
@@ -214,7 +219,7 @@ class LanguageModelCodec(Codec):
             raise RequestError(f"text cannot be encoded: {err}") from None
         if not ids:
             raise RequestError("text encodes to no token")
-        return torch.tensor(ids[-self.context:], dtype=torch.long)
+        return torch.tensor(ids[-self.context :], dtype=torch.long)
 
 
 def max_abs_difference(expected: torch.Tensor, served: torch.Tensor) -> float:

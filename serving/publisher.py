@@ -34,11 +34,11 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from alma_daemon.observability import telemetry
 from alma_daemon.core.checkpoints import CheckpointStore
-from alma_daemon.data.tensors import LabeledData
 from alma_daemon.core.engine import Engine, EngineObserver
+from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import Learner
+from alma_daemon.observability import telemetry
 from alma_daemon.runtime import run_beside_training
 
 log = logging.getLogger(__name__)
@@ -70,7 +70,7 @@ def failing_as(stage: str) -> Iterator[None]:
         yield
     except PublishError:
         raise
-    except Exception as err:  # noqa: BLE001 - every failure of a step is that step's failure
+    except Exception as err:
         raise PublishError(stage, f"{type(err).__name__}: {err}") from err
 
 
@@ -120,8 +120,9 @@ class LivePointer:
         if not self.path.is_file():
             return ServingState()
         data = json.loads(self.path.read_text())
-        return ServingState(live=data.get("live"), decided=int(data.get("decided", 0)),
-                            updated_at=float(data.get("updated_at", 0.0)))
+        return ServingState(
+            live=data.get("live"), decided=int(data.get("decided", 0)), updated_at=float(data.get("updated_at", 0.0))
+        )
 
     def write(self, state: ServingState) -> None:
         state.updated_at = time.time()
@@ -250,8 +251,9 @@ class Publisher(ABC):
         with failing_as("guard"):
             sample = self.store.validation(version)
             if sample is None or len(sample) == 0:
-                raise PublishError("guard", f"version {version} has no validation sample to guard and probe it with",
-                                   retry=False)
+                raise PublishError(
+                    "guard", f"version {version} has no validation sample to guard and probe it with", retry=False
+                )
             return Candidate(version, self.store.load(version), sample)
 
     def guard(self, candidate: Candidate, live: int | None) -> Outcome:
@@ -274,8 +276,10 @@ class Publisher(ABC):
 
     def _usable_live(self, live: int | None) -> int | None:
         if live is not None and live not in self.store.versions():
-            log.warning("live version missing from the model store; the next version is promoted unguarded",
-                        extra={"version": live, "store": str(self.store.folder)})
+            log.warning(
+                "live version missing from the model store; the next version is promoted unguarded",
+                extra={"version": live, "store": str(self.store.folder)},
+            )
             return None
         return live
 
@@ -296,8 +300,14 @@ class BackgroundPublisher(EngineObserver):
     version every ``resync_seconds`` in case the server restarted and forgot it.
     """
 
-    def __init__(self, publisher: Publisher, *, retry_initial_seconds: float = 1.0,
-                 retry_max_seconds: float = 60.0, resync_seconds: float = 30.0):
+    def __init__(
+        self,
+        publisher: Publisher,
+        *,
+        retry_initial_seconds: float = 1.0,
+        retry_max_seconds: float = 60.0,
+        resync_seconds: float = 30.0,
+    ):
         self.publisher = publisher
         self.retry_initial_seconds = retry_initial_seconds
         self.retry_max_seconds = retry_max_seconds
@@ -328,7 +338,7 @@ class BackgroundPublisher(EngineObserver):
                 self._pending = version
             self._condition.notify_all()
 
-    def start(self) -> "BackgroundPublisher":
+    def start(self) -> BackgroundPublisher:
         """Start the worker; queues the newest checkpoint if it is newer than any decided version."""
         if self._thread is not None:
             return self
@@ -381,14 +391,16 @@ class BackgroundPublisher(EngineObserver):
                     self._publish(version)
                 delay = self.retry_initial_seconds
                 wait = 0.0
-            except Exception as err:  # noqa: BLE001 - the worker must outlive any failure
+            except Exception as err:
                 # Errors outside the steps (the lock, the pointer, the model store) come before any
                 # server call, like the guard's.
                 error = err if isinstance(err, PublishError) else PublishError("guard", repr(err))
                 self.last_error = error
                 telemetry.SWAP_FAILURES.labels(error.stage).inc()
-                log.warning("publishing failed", extra={"version": version, "error": str(error),
-                                                         "retry_in_seconds": delay if error.retry else None})
+                log.warning(
+                    "publishing failed",
+                    extra={"version": version, "error": str(error), "retry_in_seconds": delay if error.retry else None},
+                )
                 if version is not None and error.retry:
                     self._requeue(version)
                 wait, delay = delay, min(delay * 2, self.retry_max_seconds)

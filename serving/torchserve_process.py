@@ -98,12 +98,16 @@ class TorchServeProcess:
         require_torchserve()
         running = self.running_pid()
         if running is not None:
-            raise RuntimeError(f"TorchServe already runs from {self.folder} (process group {running}); "
-                               "stop it with `alma serve --stop`")
+            raise RuntimeError(
+                f"TorchServe already runs from {self.folder} (process group {running}); "
+                "stop it with `alma serve --stop`"
+            )
         management_host = urllib.parse.urlsplit(self.serving.management_url).hostname
         if management_host not in _LOOPBACK_HOSTS:
-            log.warning("TorchServe's management API will listen beyond loopback",
-                        extra={"management_url": self.serving.management_url})
+            log.warning(
+                "TorchServe's management API will listen beyond loopback",
+                extra={"management_url": self.serving.management_url},
+            )
         for sub in ("model_store", "tmp", "logs"):
             (self.folder / sub).mkdir(parents=True, exist_ok=True)
         self.key_path.unlink(missing_ok=True)
@@ -111,17 +115,38 @@ class TorchServeProcess:
         config_path.write_text("".join(f"{k}={v}\n" for k, v in self.properties().items()))
         env = dict(os.environ)
         # TEMP is the JVM's temp dir (workers' sockets), TMPDIR moves TorchServe's pid file.
-        env.update(TEMP=str(self.folder / "tmp"), TMPDIR=str(self.folder / "tmp"),
-                   LOG_LOCATION=str(self.folder / "logs"), METRICS_LOCATION=str(self.folder / "logs"))
-        command = [sys.executable, "-m", "ts.model_server", "--start", "--foreground", "--ncs",
-                   "--model-store", str(self.folder / "model_store"), "--ts-config", str(config_path)]
+        env.update(
+            TEMP=str(self.folder / "tmp"),
+            TMPDIR=str(self.folder / "tmp"),
+            LOG_LOCATION=str(self.folder / "logs"),
+            METRICS_LOCATION=str(self.folder / "logs"),
+        )
+        command = [
+            sys.executable,
+            "-m",
+            "ts.model_server",
+            "--start",
+            "--foreground",
+            "--ncs",
+            "--model-store",
+            str(self.folder / "model_store"),
+            "--ts-config",
+            str(config_path),
+        ]
         if self.serving.niceness:
             # Inherited by the JVM and every worker it forks: on a machine it shares with training,
             # serving (and the model loads of each swap) yields the cores (docs/serving.md).
             command = ["nice", "-n", str(self.serving.niceness), *command]
         with open(self.log_path, "ab") as log_file:
-            process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-                                       cwd=self.folder, env=env, start_new_session=True)
+            process = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                cwd=self.folder,
+                env=env,
+                start_new_session=True,
+            )
         self.pid_path.write_text(str(process.pid))
         self._process = process
         if self.serving.niceness:
@@ -158,8 +183,9 @@ class TorchServeProcess:
         deadline = time.monotonic() + timeout
         while not self._answers_ping():
             if process.poll() is not None:
-                raise RuntimeError(f"TorchServe exited with code {process.returncode}; see {self.log_path}:\n"
-                                   f"{_tail(self.log_path)}")
+                raise RuntimeError(
+                    f"TorchServe exited with code {process.returncode}; see {self.log_path}:\n{_tail(self.log_path)}"
+                )
             if time.monotonic() > deadline:
                 raise TimeoutError(f"TorchServe did not answer /ping within {timeout:.0f} s; see {self.log_path}")
             time.sleep(0.2)

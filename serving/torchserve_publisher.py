@@ -20,8 +20,8 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from alma_daemon.core.checkpoints import CheckpointStore
 from alma_daemon.config import ServingConfig
+from alma_daemon.core.checkpoints import CheckpointStore
 from serving.archiver import build_archive
 from serving.codecs import codec_for, max_abs_difference
 from serving.publisher import PROBE_EXAMPLES, Candidate, Publisher, PublishError, failing_as
@@ -64,8 +64,10 @@ class TokenKeys:
         try:
             return json.loads(self.path.read_text())[api]["key"]
         except FileNotFoundError:
-            raise FileNotFoundError(f"TorchServe key file {self.path} not found (serving.key_file); "
-                                    "is TorchServe running with token authorization?") from None
+            raise FileNotFoundError(
+                f"TorchServe key file {self.path} not found (serving.key_file); "
+                "is TorchServe running with token authorization?"
+            ) from None
 
 
 class TorchServeClient:
@@ -77,8 +79,9 @@ class TorchServeClient:
         self.keys = keys
 
     def register(self, model: str, archive_url: str, workers: int) -> None:
-        query = urllib.parse.urlencode({"url": archive_url, "model_name": model, "synchronous": "true",
-                                        "initial_workers": workers})
+        query = urllib.parse.urlencode(
+            {"url": archive_url, "model_name": model, "synchronous": "true", "initial_workers": workers}
+        )
         self._call("POST", f"/models?{query}", timeout=REGISTER_TIMEOUT_SECONDS)
 
     def versions(self, model: str) -> dict[int, dict]:
@@ -112,8 +115,15 @@ class TorchServeClient:
         path = f"/predictions/{model}" + (f"/{version}" if version is not None else "")
         return self._call("POST", path, api="inference", body=json.dumps(payload).encode())
 
-    def _call(self, method: str, path: str, *, api: str = "management", body: bytes | None = None,
-              timeout: float = REQUEST_TIMEOUT_SECONDS) -> dict | list:
+    def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        api: str = "management",
+        body: bytes | None = None,
+        timeout: float = REQUEST_TIMEOUT_SECONDS,
+    ) -> dict | list:
         base = self.management_url if api == "management" else self.inference_url
         url = base + path
         for attempt in (1, 2):
@@ -136,14 +146,19 @@ class TorchServeClient:
         raise AssertionError("unreachable: the second attempt returns or raises")
 
     def _renew(self, api: str) -> None:
-        request = urllib.request.Request(f"{self.management_url}/token?type={api}",
-                                         headers={"Authorization": f"Bearer {self.keys.key('API')}"})
+        request = urllib.request.Request(
+            f"{self.management_url}/token?type={api}", headers={"Authorization": f"Bearer {self.keys.key('API')}"}
+        )
         try:
             with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_SECONDS):
                 log.info("renewed TorchServe key", extra={"api": api})
         except (urllib.error.URLError, OSError) as err:
-            raise TorchServeError("GET", f"{self.management_url}/token", getattr(err, "code", None),
-                                  f"renewing the {api} key failed: {err}") from None
+            raise TorchServeError(
+                "GET",
+                f"{self.management_url}/token",
+                getattr(err, "code", None),
+                f"renewing the {api} key failed: {err}",
+            ) from None
 
 
 def _message(detail: str) -> str:
@@ -194,7 +209,7 @@ class TorchServePublisher(Publisher):
     def retire(self, live: int) -> None:
         with failing_as("delete"):
             others = sorted(v for v in self.client.versions(self.model) if v != live)
-        kept = others[max(0, len(others) - self.keep_versions):] if self.keep_versions else []
+        kept = others[max(0, len(others) - self.keep_versions) :] if self.keep_versions else []
         for version in others:
             if version not in kept:
                 self._drain(version)
@@ -226,8 +241,11 @@ class TorchServePublisher(Publisher):
             expected = codec.decode_response(codec.answer(candidate.learner, request))
         difference = max_abs_difference(expected, served)
         if not difference <= PROBE_TOLERANCE:
-            raise PublishError("probe", f"version {candidate.version} answered differently when served "
-                                        f"(largest difference {difference:.3g} > {PROBE_TOLERANCE:g})")
+            raise PublishError(
+                "probe",
+                f"version {candidate.version} answered differently when served "
+                f"(largest difference {difference:.3g} > {PROBE_TOLERANCE:g})",
+            )
 
     def _drain(self, version: int) -> None:
         deadline = time.monotonic() + DRAIN_TIMEOUT_SECONDS
@@ -242,13 +260,15 @@ class TorchServePublisher(Publisher):
                 elif now - quiet_since >= DRAIN_QUIET_SECONDS:
                     return
                 if now > deadline:
-                    raise PublishError("drain", f"version {version} still had queued requests after "
-                                                f"{DRAIN_TIMEOUT_SECONDS:.0f} s")
+                    raise PublishError(
+                        "drain", f"version {version} still had queued requests after {DRAIN_TIMEOUT_SECONDS:.0f} s"
+                    )
                 time.sleep(DRAIN_POLL_SECONDS)
 
     def _unregister_quietly(self, version: int) -> None:
         try:
             self.client.unregister(self.model, version)
         except TorchServeError as err:
-            log.warning("could not unregister a version that failed its probe",
-                        extra={"version": version, "error": str(err)})
+            log.warning(
+                "could not unregister a version that failed its probe", extra={"version": version, "error": str(err)}
+            )

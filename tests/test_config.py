@@ -34,8 +34,17 @@ def test_errors_name_the_key(data, overrides, key):
 
 
 def test_overrides_are_typed_and_nested():
-    config = build_config({}, ["learner.name=ens", "learner.width=16", "policy.wait=10", "stream.replay=true",
-                               "train.lr=0.5", "dataset.root=null"])
+    config = build_config(
+        {},
+        [
+            "learner.name=ens",
+            "learner.width=16",
+            "policy.wait=10",
+            "stream.replay=true",
+            "train.lr=0.5",
+            "dataset.root=null",
+        ],
+    )
     assert (config.learner.name, config.learner.width, config.policy.wait) == ("ens", 16, 10)
     assert config.stream.replay is True and config.train.lr == 0.5 and config.dataset.root is None
 

@@ -22,29 +22,44 @@ import yaml
 from safetensors.torch import load_file
 
 from alma_daemon.config import Config, build_config
-from alma_daemon.service.daemon import Daemon
+from alma_daemon.core.engine import EngineObserver
 from alma_daemon.data.arrays import load_npz
 from alma_daemon.data.datasets import load_dataset
 from alma_daemon.data.streams import megabatch_stream, split_chunk
 from alma_daemon.data.wire import encode_chunk
-from alma_daemon.core.engine import EngineObserver
+from alma_daemon.research.simulate import run_simulation
+from alma_daemon.service.daemon import Daemon
 from alma_daemon.service.engine_store import EngineStateStore, state_fields
-from alma_daemon.transports.redis_stream import encode_entry
 from alma_daemon.service.redis_buffer import RedisBuffer
 from alma_daemon.service.redis_keys import StreamKeys
-from alma_daemon.transports.kafka import KafkaPublisher
-from alma_daemon.transports.redis_stream import RedisStreamPublisher
-from alma_daemon.transports.replay import ReplayChunk, dataset_chunks, labeled_chunks, replay, text_chunks
 from alma_daemon.service.status import format_status, read_status
-from alma_daemon.research.simulate import run_simulation
+from alma_daemon.transports.kafka import KafkaPublisher
+from alma_daemon.transports.redis_stream import RedisStreamPublisher, encode_entry
+from alma_daemon.transports.replay import ReplayChunk, dataset_chunks, labeled_chunks, replay, text_chunks
 from tests.test_ingest import bad_records, records_of
 from tests.test_text_stream import TINY_LM, corpus
 
 REPO = Path(__file__).resolve().parents[1]
 #: Fields of a step record that must not depend on interruptions (times excluded).
-EXACT_FIELDS = ("t", "chunk", "examples_seen", "trained", "decision", "test_error", "prequential_error",
-                "cumulative_error", "train_flops", "cumulative_train_flops", "parameters", "cumulative_parameters",
-                "model_version", "stage", "epochs", "best_epoch", "val_error")
+EXACT_FIELDS = (
+    "t",
+    "chunk",
+    "examples_seen",
+    "trained",
+    "decision",
+    "test_error",
+    "prequential_error",
+    "cumulative_error",
+    "train_flops",
+    "cumulative_train_flops",
+    "parameters",
+    "cumulative_parameters",
+    "model_version",
+    "stage",
+    "epochs",
+    "best_epoch",
+    "val_error",
+)
 #: Generous limits for a loaded 2-core machine; they bound a hang, they do not measure anything.
 PROCESS_LIMIT_SECONDS = 300
 
@@ -57,8 +72,12 @@ def service_config(tmp_path: Path, redis_url: str | None, name: str, **sections)
         "train": {"epochs": 1, "patience": 0},
         "kafka": {"transport": "redis", "topic": f"alma.{name}"},
         "redis": {"url": redis_url},
-        "daemon": {"stream": name, "state_dir": str(tmp_path / name / "state"),
-                   "checkpoint_dir": str(tmp_path / name / "model_store"), "poll_seconds": 0.2},
+        "daemon": {
+            "stream": name,
+            "state_dir": str(tmp_path / name / "state"),
+            "checkpoint_dir": str(tmp_path / name / "model_store"),
+            "poll_seconds": 0.2,
+        },
     }
     for section, values in sections.items():
         data.setdefault(section, {}).update(values)
@@ -120,7 +139,9 @@ def test_a_daemon_killed_at_any_point_resumes_to_the_uninterrupted_series(tmp_pa
     reference, resumed = engine_state(redis_db, "reference"), engine_state(redis_db, "crashed")
     assert [r["chunk"] for r in resumed["series"]] == [1, 2, 3, 4]
     assert exact(resumed["series"]) == exact(reference["series"])
-    last = {s: Path(c.daemon.checkpoint_dir) / c.serving.model_name / "4" / "weights.safetensors" for s, c in runs.items()}
+    last = {
+        s: Path(c.daemon.checkpoint_dir) / c.serving.model_name / "4" / "weights.safetensors" for s, c in runs.items()
+    }
     weights = {s: load_file(str(p)) for s, p in last.items()}
     assert all(torch.equal(weights["reference"][k], weights["crashed"][k]) for k in weights["reference"])
     versions = [name for name in os.listdir(last["crashed"].parents[1]) if name.isdigit()]
@@ -137,8 +158,12 @@ def write_config(tmp_path: Path, data: dict) -> Path:
 
 
 def start_daemon(config_path: Path, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "alma_daemon", "run", "--config", str(config_path), "--no-progress",
-                             *extra], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    return subprocess.Popen(
+        [sys.executable, "-m", "alma_daemon", "run", "--config", str(config_path), "--no-progress", *extra],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
 
 
 def wait_until(condition, what: str, process: subprocess.Popen | None = None) -> None:
@@ -164,19 +189,27 @@ def finish(process: subprocess.Popen) -> str:
 @pytest.mark.integration
 @pytest.mark.slow
 def test_sigkill_during_ingestion_and_training_loses_no_example_and_trains_none_twice(
-        tmp_path, kafka_broker, redis_server, redis_db) -> None:
+    tmp_path, kafka_broker, redis_server, redis_db
+) -> None:
     stream = "killed"
-    data = service_config(tmp_path, redis_server.url, stream, stream={"megabatches": 6, "train_examples": 900,
-                                                                     "replay": True},
-                          train={"epochs": 3, "patience": 3},
-                          kafka={"transport": "kafka", "bootstrap_servers": kafka_broker.bootstrap_servers})
+    data = service_config(
+        tmp_path,
+        redis_server.url,
+        stream,
+        stream={"megabatches": 6, "train_examples": 900, "replay": True},
+        train={"epochs": 3, "patience": 3},
+        kafka={"transport": "kafka", "bootstrap_servers": kafka_broker.bootstrap_servers},
+    )
     config = build_config(data)
     config_path = write_config(tmp_path, data)
     keys = StreamKeys(stream)
     publisher = KafkaPublisher(kafka_broker.bootstrap_servers, config.kafka.topic)
     # ~20 KB parts: each 150-example chunk is 6 records, published at 2 chunks/s while the daemon ingests.
-    producer = threading.Thread(target=replay, args=(dataset_chunks(config), publisher, stream),
-                                kwargs={"rate": 2.0, "max_part_bytes": 20_000, "progress": False})
+    producer = threading.Thread(
+        target=replay,
+        args=(dataset_chunks(config), publisher, stream),
+        kwargs={"rate": 2.0, "max_part_bytes": 20_000, "progress": False},
+    )
     daemon = start_daemon(config_path)
     wait_until(lambda: redis_db.hget(keys.daemon, "phase") == b"waiting", "waiting", daemon)
     producer.start()
@@ -187,8 +220,11 @@ def test_sigkill_during_ingestion_and_training_loses_no_example_and_trains_none_
 
     daemon = start_daemon(config_path)
     processing = lambda: (redis_db.hget(keys.daemon, "phase") or b"").startswith(b"processing")  # noqa: E731
-    wait_until(lambda: engine_state(redis_db, stream).get("chunks_seen", 0) >= 2 and processing(),
-               "processing a chunk after two", daemon)
+    wait_until(
+        lambda: engine_state(redis_db, stream).get("chunks_seen", 0) >= 2 and processing(),
+        "processing a chunk after two",
+        daemon,
+    )
     sigkill(daemon)  # while evaluating/training on a chunk: the step is not committed
     finish(start_daemon(config_path, "--until-chunks", "6"))
 
@@ -211,7 +247,9 @@ def test_sigkill_during_ingestion_and_training_loses_no_example_and_trains_none_
 
 
 @pytest.mark.integration
-def test_bad_records_are_dead_lettered_while_the_daemon_runs_and_sigterm_stops_it(tmp_path, redis_server, redis_db) -> None:
+def test_bad_records_are_dead_lettered_while_the_daemon_runs_and_sigterm_stops_it(
+    tmp_path, redis_server, redis_db
+) -> None:
     stream = "deadletters"
     data = service_config(tmp_path, redis_server.url, stream)
     config_path = write_config(tmp_path, data)
@@ -222,15 +260,24 @@ def test_bad_records_are_dead_lettered_while_the_daemon_runs_and_sigterm_stops_i
     mnist = {"stream": stream, "shape": (28, 28), "classes": 10}
     bad = bad_records(max_part_bytes=900 * 1024, **mnist)
     # Chunk 3 first, so that the bad part of chunk 2 comes after a newer chunk was completed.
-    records = records_of(3, n=20, max_part_bytes=900 * 1024, **mnist) + list(bad.values()) + records_of(
-        4, n=20, max_part_bytes=900 * 1024, **mnist)
+    records = (
+        records_of(3, n=20, max_part_bytes=900 * 1024, **mnist)
+        + list(bad.values())
+        + records_of(4, n=20, max_part_bytes=900 * 1024, **mnist)
+    )
     for record in records:
         redis_db.xadd(data["kafka"]["topic"], encode_entry(record))
     wait_until(lambda: engine_state(redis_db, stream).get("chunks_seen") == 2, "chunks 3 and 4 processed", daemon)
 
-    status = json.loads(subprocess.run(
-        [sys.executable, "-m", "alma_daemon", "status", "--config", str(config_path), "--json"],
-        cwd=REPO, capture_output=True, check=True, timeout=PROCESS_LIMIT_SECONDS).stdout)
+    status = json.loads(
+        subprocess.run(
+            [sys.executable, "-m", "alma_daemon", "status", "--config", str(config_path), "--json"],
+            cwd=REPO,
+            capture_output=True,
+            check=True,
+            timeout=PROCESS_LIMIT_SECONDS,
+        ).stdout
+    )
     assert status["daemon"]["running"] is True
     assert status["chunks_received"] == 2 and status["chunks_trained"] == 2 and status["model_version"] == 2
     assert status["records_rejected"] == len(bad) and status["cer"] is not None
@@ -246,18 +293,54 @@ def test_bad_records_are_dead_lettered_while_the_daemon_runs_and_sigterm_stops_i
 @pytest.mark.integration
 def test_embedded_run_with_replay_is_one_command(tmp_path) -> None:
     state_dir = tmp_path / "state"
-    common = ["--set", f"daemon.state_dir={state_dir}", "--set", f"daemon.checkpoint_dir={tmp_path / 'ms'}",
-              "--set", "stream.megabatches=3", "--set", "stream.train_examples=300", "--set", "learner.width=4",
-              "--set", "train.epochs=1", "--set", "dataset.test_examples=100"]
-    run = subprocess.run([sys.executable, "-m", "alma_daemon", "run", "--embedded", "--replay", "mnist",
-                          "--until-chunks", "3", "--no-progress", *common], cwd=REPO, capture_output=True,
-                         timeout=PROCESS_LIMIT_SECONDS)
+    common = [
+        "--set",
+        f"daemon.state_dir={state_dir}",
+        "--set",
+        f"daemon.checkpoint_dir={tmp_path / 'ms'}",
+        "--set",
+        "stream.megabatches=3",
+        "--set",
+        "stream.train_examples=300",
+        "--set",
+        "learner.width=4",
+        "--set",
+        "train.epochs=1",
+        "--set",
+        "dataset.test_examples=100",
+    ]
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "alma_daemon",
+            "run",
+            "--embedded",
+            "--replay",
+            "mnist",
+            "--until-chunks",
+            "3",
+            "--no-progress",
+            *common,
+        ],
+        cwd=REPO,
+        capture_output=True,
+        timeout=PROCESS_LIMIT_SECONDS,
+    )
     assert run.returncode == 0, run.stderr.decode()
-    status = json.loads(subprocess.run(
-        [sys.executable, "-m", "alma_daemon", "status", "--embedded", "--json", *common], cwd=REPO,
-        capture_output=True, check=True, timeout=PROCESS_LIMIT_SECONDS).stdout)
+    status = json.loads(
+        subprocess.run(
+            [sys.executable, "-m", "alma_daemon", "status", "--embedded", "--json", *common],
+            cwd=REPO,
+            capture_output=True,
+            check=True,
+            timeout=PROCESS_LIMIT_SECONDS,
+        ).stdout
+    )
     assert status["chunks_trained"] == 3 and status["model_version"] == 3 and status["daemon"]["running"] is False
-    settings = json.loads((state_dir / "redis.db.settings").read_text()) if (state_dir / "redis.db.settings").exists() else {}
+    settings = (
+        json.loads((state_dir / "redis.db.settings").read_text()) if (state_dir / "redis.db.settings").exists() else {}
+    )
     assert not settings or not Path(settings["pidfile"]).exists(), "the embedded redis-server outlived its users"
 
 
@@ -268,12 +351,21 @@ def test_a_users_npz_arrays_stream_through_the_daemon_with_the_declared_task(tmp
     x = (g.random((90, 6)) * 50 + y[:, None] * 60).astype(np.float32)  # class written into the values
     np.savez(tmp_path / "train.npz", x=x, y=y)
     np.savez(tmp_path / "test.npz", x=x[:30], y=y[:30])
-    config = build_config(service_config(
-        tmp_path, None, "arrays", dataset={"name": "arrays", "input_shape": [6], "num_classes": 3,
-                                           "test_file": str(tmp_path / "test.npz")},
-        stream={"megabatches": 3, "train_examples": None}))
-    replay(labeled_chunks(load_npz(tmp_path / "train.npz"), config),
-           RedisStreamPublisher(redis_db, config.kafka.topic), "arrays", progress=False)
+    config = build_config(
+        service_config(
+            tmp_path,
+            None,
+            "arrays",
+            dataset={"name": "arrays", "input_shape": [6], "num_classes": 3, "test_file": str(tmp_path / "test.npz")},
+            stream={"megabatches": 3, "train_examples": None},
+        )
+    )
+    replay(
+        labeled_chunks(load_npz(tmp_path / "train.npz"), config),
+        RedisStreamPublisher(redis_db, config.kafka.topic),
+        "arrays",
+        progress=False,
+    )
     # Published before the daemon starts, so one poll reads all four records: the rejection is
     # committed with chunk 1, before the daemon stops at chunk 3.
     wrong_shape = {"x": torch.zeros(5, 7), "y": torch.zeros(5, dtype=torch.int64)}
@@ -292,7 +384,9 @@ def test_a_users_npz_arrays_stream_through_the_daemon_with_the_declared_task(tmp
 def test_only_committed_checkpoints_are_published(tmp_path, redis_db) -> None:
     from serving import make_publisher
 
-    config = build_config(service_config(tmp_path, None, "published", serving={"kind": "local", "promotion_margin": 1.0}))
+    config = build_config(
+        service_config(tmp_path, None, "published", serving={"kind": "local", "promotion_margin": 1.0})
+    )
     replay(dataset_chunks(config), RedisStreamPublisher(redis_db, config.kafka.topic), "published", progress=False)
     with pytest.raises(Crash):
         run_daemon(config, redis_db, until=4, observers=[CrashOnce("checkpoint", 2)])
@@ -303,16 +397,27 @@ def test_only_committed_checkpoints_are_published(tmp_path, redis_db) -> None:
 
 @pytest.mark.integration
 def test_a_text_corpus_streams_through_the_daemon_as_the_simulator_streams_it(tmp_path, redis_db) -> None:
-    config = build_config(service_config(
-        tmp_path, None, "text", dataset={"name": "text", "files": corpus(tmp_path), "vocab_size": 300},
-        stream={"megabatches": 2, "seq_len": 16, "train_examples": None}, learner=TINY_LM,
-        train={"batch_size": 8, "steps_per_chunk": 3, "warmup_steps": 1}))
+    config = build_config(
+        service_config(
+            tmp_path,
+            None,
+            "text",
+            dataset={"name": "text", "files": corpus(tmp_path), "vocab_size": 300},
+            stream={"megabatches": 2, "seq_len": 16, "train_examples": None},
+            learner=TINY_LM,
+            train={"batch_size": 8, "steps_per_chunk": 3, "warmup_steps": 1},
+        )
+    )
     chunks = list(text_chunks(config))
     # Chunk 3 is a run of tokens too short for one sequence: it is dead-lettered and the stream goes
     # on with chunk 4 (chunk 2's text again).
     too_short = ReplayChunk(3, {"tokens": torch.zeros(4, dtype=torch.int32)})
-    replay([*chunks, too_short, ReplayChunk(4, chunks[1].tensors)], RedisStreamPublisher(redis_db, config.kafka.topic),
-           "text", progress=False)
+    replay(
+        [*chunks, too_short, ReplayChunk(4, chunks[1].tensors)],
+        RedisStreamPublisher(redis_db, config.kafka.topic),
+        "text",
+        progress=False,
+    )
     run_daemon(config, redis_db, until=3)
 
     served = engine_state(redis_db, "text")["series"]

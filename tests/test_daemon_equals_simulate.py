@@ -21,8 +21,9 @@ STREAM_SETTINGS = {
 
 
 def alma(*args: str) -> str:
-    done = subprocess.run([sys.executable, "-m", "alma_daemon", *args], cwd=REPO, capture_output=True,
-                          timeout=PROCESS_LIMIT_SECONDS)
+    done = subprocess.run(
+        [sys.executable, "-m", "alma_daemon", *args], cwd=REPO, capture_output=True, timeout=PROCESS_LIMIT_SECONDS
+    )
     assert done.returncode == 0, f"alma {' '.join(args)}:\n{done.stderr.decode()}"
     return done.stdout.decode()
 
@@ -35,15 +36,32 @@ def test_daemon_over_kafka_and_redis_equals_the_simulator(tmp_path, kafka_broker
         **STREAM_SETTINGS,
         "kafka": {"bootstrap_servers": kafka_broker.bootstrap_servers, "topic": topic},
         "redis": {"url": redis_server.url},
-        "daemon": {"state_dir": str(tmp_path / "state"), "checkpoint_dir": str(tmp_path / "model_store"),
-                   "poll_seconds": 0.2},
+        "daemon": {
+            "state_dir": str(tmp_path / "state"),
+            "checkpoint_dir": str(tmp_path / "model_store"),
+            "poll_seconds": 0.2,
+        },
     }
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump(service))
 
     alma("simulate", "--config", str(config), "--out", str(tmp_path / "simulated"), "--no-progress")
-    alma("replay", "--config", str(config), "--bootstrap-servers", kafka_broker.bootstrap_servers, "--topic", topic,
-         "--dataset", "mnist", "--megabatches", "4", "--seed", "0", "--no-progress")
+    alma(
+        "replay",
+        "--config",
+        str(config),
+        "--bootstrap-servers",
+        kafka_broker.bootstrap_servers,
+        "--topic",
+        topic,
+        "--dataset",
+        "mnist",
+        "--megabatches",
+        "4",
+        "--seed",
+        "0",
+        "--no-progress",
+    )
     alma("run", "--config", str(config), "--until-chunks", "4", "--no-progress")
 
     simulated = json.loads((tmp_path / "simulated" / "results.json").read_text())["series"]

@@ -21,9 +21,9 @@ import yaml
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from alma_daemon.observability import telemetry
 from alma_daemon.config import build_config
 from alma_daemon.core.engine import Engine, EngineObserver
+from alma_daemon.observability import telemetry
 from alma_daemon.observability.exporter import MetricsObserver, start_exporter
 from alma_daemon.research.simulate import run_simulation
 from tests.servers import PrometheusServer, http_request
@@ -31,17 +31,33 @@ from tests.servers import PrometheusServer, http_request
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 GRAFANA = DEPLOY / "grafana"
 DASHBOARDS = sorted((GRAFANA / "dashboards").glob("*.json"))
-TINY = ["stream.train_examples=1200", "stream.megabatches=4", "train.epochs=2", "learner.width=8",
-        "dataset.test_examples=300", "device=cpu"]
+TINY = [
+    "stream.train_examples=1200",
+    "stream.megabatches=4",
+    "train.epochs=2",
+    "learner.width=8",
+    "dataset.test_examples=300",
+    "device=cpu",
+]
 #: Grafana 9.4 (36) to 11.x (41) read these JSON models without migrating them.
 SCHEMA_VERSIONS = range(36, 42)
 #: Panels allowed to hold only NaN on an image-classification stream in process: perplexity is for
 #: LMs, server reachability for the daemon, the policy's estimates for the adaptive policy.
-NAN_PANELS = {"Perplexity (language models)", "Servers reachable (Redis, Kafka)",
-              "Policy: live and previous model's error", "Policy: stage gain, drift score, wait"}
+NAN_PANELS = {
+    "Perplexity (language models)",
+    "Servers reachable (Redis, Kafka)",
+    "Policy: live and previous model's error",
+    "Policy: stage gain, drift score, wait",
+}
 #: Label values each labelled family must show in full (from telemetry's fixed vocabularies).
-KNOWN_VALUES = {"set": telemetry.ERROR_SETS, "kind": telemetry.UPDATE_KINDS, "action": telemetry.DECISION_ACTIONS,
-                "stage": telemetry.SWAP_STAGES, "reason": telemetry.REJECT_REASONS, "server": telemetry.SERVERS}
+KNOWN_VALUES = {
+    "set": telemetry.ERROR_SETS,
+    "kind": telemetry.UPDATE_KINDS,
+    "action": telemetry.DECISION_ACTIONS,
+    "stage": telemetry.SWAP_STAGES,
+    "reason": telemetry.REJECT_REASONS,
+    "server": telemetry.SERVERS,
+}
 
 
 def load_dashboards() -> list[dict]:
@@ -109,8 +125,11 @@ def test_panels_tile_the_24_column_grid_without_overlap(dashboard):
 
 @pytest.mark.parametrize("dashboard", load_dashboards(), ids=[p.name for p in DASHBOARDS])
 def test_every_metric_the_dashboard_names_is_exported(dashboard):
-    exported = {sample.name for family in text_string_to_metric_families(generate_latest(telemetry.REGISTRY).decode())
-                for sample in family.samples}
+    exported = {
+        sample.name
+        for family in text_string_to_metric_families(generate_latest(telemetry.REGISTRY).decode())
+        for sample in family.samples
+    }
     used = {name for _, target in queries(dashboard) for name in re.findall(r"\balma_[a-z_]+", target["expr"])}
     assert used and used <= exported, used - exported
     # Every metric of the catalogue is shown somewhere (histograms through their series).
@@ -123,13 +142,15 @@ def test_provisioning_points_grafana_at_the_dashboards():
     (provider,) = yaml.safe_load((GRAFANA / "provisioning" / "dashboards" / "alma.yml").read_text())["providers"]
     assert provider["type"] == "file" and provider["options"]["path"]
     (datasource,) = yaml.safe_load((GRAFANA / "provisioning" / "datasources" / "prometheus.yml").read_text())[
-        "datasources"]
+        "datasources"
+    ]
     assert datasource["type"] == "prometheus" and datasource["url"].startswith("http://")
 
 
 def test_deploy_prometheus_config_is_valid_and_scrapes_daemon_and_torchserve():
-    result = subprocess.run(["promtool", "check", "config", str(DEPLOY / "prometheus.yml")],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        ["promtool", "check", "config", str(DEPLOY / "prometheus.yml")], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     config = yaml.safe_load((DEPLOY / "prometheus.yml").read_text())
     jobs = {job["job_name"] for job in config["scrape_configs"]}
@@ -187,7 +208,8 @@ class PublisherStandIn(EngineObserver):
 
 def query_range(prometheus: PrometheusServer, promql: str, start: float, end: float) -> list[dict]:
     url = f"{prometheus.url}/api/v1/query_range?" + urllib.parse.urlencode(
-        {"query": promql, "start": start, "end": end, "step": 1})
+        {"query": promql, "start": start, "end": end, "step": 1}
+    )
     status, body = http_request("GET", url)
     answer = json.loads(body)
     assert status == 200 and answer["status"] == "success", (promql, answer)
@@ -197,8 +219,12 @@ def query_range(prometheus: PrometheusServer, promql: str, start: float, end: fl
 def grafana_substitute(expr: str, instance: str, range_seconds: int) -> str:
     # What Grafana sends for a 1 s scrape interval and 1 s step: $__rate_interval is
     # max($__interval + scrape interval, 4 x scrape interval).
-    return (expr.replace("$__rate_interval", "4s").replace("$__interval", "1s")
-            .replace("$__range", f"{range_seconds}s").replace("$instance", instance))
+    return (
+        expr.replace("$__rate_interval", "4s")
+        .replace("$__interval", "1s")
+        .replace("$__range", f"{range_seconds}s")
+        .replace("$instance", instance)
+    )
 
 
 def finite_values(series: list[dict]) -> list[float]:
@@ -223,9 +249,13 @@ def scraped_stream(tmp_path_factory):
             barrier.wait_for_scrape_after(0)  # the state before the stream is in the TSDB too
             before = prometheus.query("alma_train_flops_total")
             run = tmp_path_factory.mktemp("run")
-            results = run_simulation(build_config({}, TINY), run / "results", progress=False,
-                                     checkpoint_dir=run / "model_store",
-                                     observers=[MetricsObserver(in_process_source=True), PublisherStandIn(), barrier])
+            results = run_simulation(
+                build_config({}, TINY),
+                run / "results",
+                progress=False,
+                checkpoint_dir=run / "model_store",
+                observers=[MetricsObserver(in_process_source=True), PublisherStandIn(), barrier],
+            )
             yield prometheus, target, results, start, time.time(), float(before[0]["value"][1])
         finally:
             prometheus.stop()

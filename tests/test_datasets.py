@@ -68,8 +68,9 @@ def test_cifar_binary_and_python_formats_give_the_same_arrays(tmp_path):
     for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
         records.tofile(binary / f"{name}.bin")
         # A file we create ourselves, in the official python layout (protocol 2, as distributed).
-        (python / name).write_bytes(pickle.dumps(
-            {b"batch_label": b"x", b"labels": labels.tolist(), b"data": images.reshape(6, -1)}, protocol=2))
+        (python / name).write_bytes(
+            pickle.dumps({b"batch_label": b"x", b"labels": labels.tolist(), b"data": images.reshape(6, -1)}, protocol=2)
+        )
     a, b = load_dataset("cifar10", str(tmp_path / "bin")), load_dataset("cifar10", str(tmp_path / "py"))
     assert torch.equal(a.train.x, b.train.x) and torch.equal(a.train.y, b.train.y)
     assert a.train.x.shape == (30, 32, 32, 3)
@@ -105,7 +106,7 @@ def test_augmentation_flips_and_shifts_whole_batches():
     for i in range(2):  # every output image is a (possibly flipped) shifted window of its input
         candidates = [x[i], x[i].flip(1)]
         padded = [torch.nn.functional.pad(c.permute(2, 0, 1), (1, 1, 1, 1)).permute(1, 2, 0) for c in candidates]
-        windows = [p[dy:dy + 4, dx:dx + 4] for p in padded for dy in range(3) for dx in range(3)]
+        windows = [p[dy : dy + 4, dx : dx + 4] for p in padded for dy in range(3) for dx in range(3)]
         assert any(torch.equal(out[i], w) for w in windows)
 
 

@@ -13,11 +13,11 @@ import base64
 import fnmatch
 import re
 import shlex
-import tomllib
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
+import tomllib
 import yaml
 
 from alma_daemon.cli import build_parser
@@ -80,7 +80,7 @@ def short_mounts(service: dict) -> list[tuple[str, str, str]]:
     for volume in service.get("volumes", []):
         assert isinstance(volume, str), f"use the short syntax for volumes, not {volume!r}"
         variable = re.match(r"\$\{[^}]*\}", volume)
-        rest = volume[variable.end():] if variable else volume
+        rest = volume[variable.end() :] if variable else volume
         parts = rest.split(":")
         source = variable.group(0) + parts[0] if variable else parts[0]
         mounts.append((source, parts[1], parts[2] if len(parts) > 2 else "rw"))
@@ -106,8 +106,11 @@ def container_config(argv: list[str], mounted: dict[str, Path]) -> Config:
 
 
 def compose_config_mounts(service: dict) -> dict[str, Path]:
-    return {target: (DEPLOY / source).resolve() for source, target, _ in short_mounts(service)
-            if is_bind(source) and "$" not in source}
+    return {
+        target: (DEPLOY / source).resolve()
+        for source, target, _ in short_mounts(service)
+        if is_bind(source) and "$" not in source
+    }
 
 
 def k8s_documents() -> list[tuple[Path, dict]]:
@@ -169,8 +172,11 @@ def test_dockerfile_runs_alma_run_with_the_mounted_config():
 
 
 def test_dockerfile_pins_the_torch_of_pyproject():
-    pins = [d for d in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-            if re.match(r"torch\s*==", d)]
+    pins = [
+        d
+        for d in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+        if re.match(r"torch\s*==", d)
+    ]
     assert len(pins) == 1, "pyproject.toml no longer pins torch; the Dockerfile's pin must follow it"
     installs = [args for name, args in dockerfile_instructions() if name == "RUN" and "--index-url" in args]
     assert len(installs) == 1 and '"${TORCH_INDEX_URL}"' in installs[0]
@@ -179,14 +185,20 @@ def test_dockerfile_pins_the_torch_of_pyproject():
 
 def test_dockerfile_copies_only_what_the_build_context_keeps():
     """A COPY of a path that .dockerignore drops fails the build ("not found"), only at build time."""
-    patterns = [p.strip().rstrip("/") for p in (ROOT / ".dockerignore").read_text().splitlines()
-                if p.strip() and not p.startswith("#")]
+    patterns = [
+        p.strip().rstrip("/")
+        for p in (ROOT / ".dockerignore").read_text().splitlines()
+        if p.strip() and not p.startswith("#")
+    ]
     assert not any(p.startswith("!") for p in patterns), "negated patterns: extend this check first"
 
     def ignored(path: str) -> bool:
         prefixes = ["/".join(path.split("/")[: i + 1]) for i in range(path.count("/") + 1)]
-        return any(fnmatch.fnmatch(prefix, pattern.removeprefix("**/")) or fnmatch.fnmatch(prefix, pattern)
-                   for pattern in patterns for prefix in prefixes)
+        return any(
+            fnmatch.fnmatch(prefix, pattern.removeprefix("**/")) or fnmatch.fnmatch(prefix, pattern)
+            for pattern in patterns
+            for prefix in prefixes
+        )
 
     sources = []
     for name, args in dockerfile_instructions():
@@ -222,7 +234,8 @@ def test_compose_services_all_have_an_image_and_known_dependencies():
             if condition["condition"] == "service_healthy":
                 assert found[dependency].get("healthcheck", {}).get("disable") is not True
                 assert "healthcheck" in found[dependency] or found[dependency].get("build"), (
-                    f"{name} waits for {dependency} to be healthy, but {dependency} has no healthcheck")
+                    f"{name} waits for {dependency} to be healthy, but {dependency} has no healthcheck"
+                )
     assert services()["replay"]["profiles"] == ["replay"]
 
 
@@ -240,8 +253,12 @@ def test_compose_mounts_exist_and_named_volumes_are_declared():
                 path = (DEPLOY / source).resolve()
                 assert path.exists(), f"{name} mounts {source}, which does not exist ({path})"
                 binds.append(path.relative_to(ROOT).as_posix())
-    for required in ("deploy/prometheus.yml", "deploy/grafana/provisioning", "deploy/grafana/dashboards",
-                     "deploy/config.compose.yaml"):
+    for required in (
+        "deploy/prometheus.yml",
+        "deploy/grafana/provisioning",
+        "deploy/grafana/dashboards",
+        "deploy/config.compose.yaml",
+    ):
         assert required in binds
 
 
@@ -256,7 +273,9 @@ def test_compose_daemon_config_loads_and_names_the_compose_services():
         assert urlsplit(url).hostname == "torchserve" and "torchserve" in found
     assert config.metrics.host == "0.0.0.0", "Prometheus scrapes from another container"
     # The checkpoints TorchServe reads through file:// URLs are mounted at the same path in both.
-    mounts = {name: {target: source for source, target, _ in short_mounts(found[name])} for name in ("daemon", "torchserve")}
+    mounts = {
+        name: {target: source for source, target, _ in short_mounts(found[name])} for name in ("daemon", "torchserve")
+    }
     assert mounts["daemon"][config.daemon.checkpoint_dir] == mounts["torchserve"][config.daemon.checkpoint_dir]
     assert config.daemon.state_dir in mounts["daemon"], "the daemon's state must be on a volume"
 
@@ -266,7 +285,9 @@ def test_compose_commands_parse_and_the_daemon_reaches_torchserve_where_it_liste
     daemon = container_config(found["daemon"]["command"], compose_config_mounts(found["daemon"]))
     served = container_config(found["torchserve"]["command"], compose_config_mounts(found["torchserve"]))
     for key in ("management_url", "inference_url", "metrics_url"):
-        assert urlsplit(getattr(served.serving, key)).hostname == "0.0.0.0", f"TorchServe's {key} must bind all interfaces"
+        assert urlsplit(getattr(served.serving, key)).hostname == "0.0.0.0", (
+            f"TorchServe's {key} must bind all interfaces"
+        )
         assert port_of(getattr(served.serving, key)) == port_of(getattr(daemon.serving, key)), key
     published = {p.rsplit(":", 2)[-1] for p in found["torchserve"].get("ports", [])}
     assert str(port_of(daemon.serving.management_url)) not in published, "keep the management API unpublished"
@@ -330,13 +351,18 @@ def test_prometheus_and_grafana_files_fit_the_compose_services():
         if host != "localhost":
             assert host in found, f"prometheus.yml scrapes {target}, not a compose service"
         if host in expected_ports:
-            assert int(port) == expected_ports[host], f"prometheus.yml scrapes {target}; the service listens on {expected_ports[host]}"
+            assert int(port) == expected_ports[host], (
+                f"prometheus.yml scrapes {target}; the service listens on {expected_ports[host]}"
+            )
     assert {"daemon", "torchserve"} <= {t.rsplit(":", 1)[0] for t in targets}
 
     grafana_mounts = {source.rstrip("/"): target for source, target, _ in short_mounts(found["grafana"])}
     provisioning = DEPLOY / "grafana" / "provisioning"
-    providers = [p for f in sorted((provisioning / "dashboards").glob("*.y*ml"))
-                 for p in yaml.safe_load(f.read_text())["providers"]]
+    providers = [
+        p
+        for f in sorted((provisioning / "dashboards").glob("*.y*ml"))
+        for p in yaml.safe_load(f.read_text())["providers"]
+    ]
     assert providers, "no dashboard provider under deploy/grafana/provisioning/dashboards"
     for provider in providers:
         assert provider["options"]["path"] == grafana_mounts["./grafana/dashboards"]
@@ -432,8 +458,10 @@ def test_k8s_daemon_reads_its_passwords_from_mounted_secrets():
     assert secret_behind(spec, redis.password_file) == "alma-redis"
     # The files docs/deploy.md has the Kafka keys name for a TLS + SCRAM cluster are mounted, optionally.
     guide = (ROOT / "docs" / "deploy.md").read_text()
-    for path, secret in (("/var/run/secrets/alma/kafka/password", "alma-kafka"),
-                         ("/var/run/secrets/alma/kafka-ca/ca.crt", "alma-kafka-ca")):
+    for path, secret in (
+        ("/var/run/secrets/alma/kafka/password", "alma-kafka"),
+        ("/var/run/secrets/alma/kafka-ca/ca.crt", "alma-kafka-ca"),
+    ):
         assert path in guide and secret_behind(spec, path) == secret
     optional = {v["secret"]["secretName"] for v in spec["volumes"] if v.get("secret", {}).get("optional")}
     assert optional == {"alma-kafka", "alma-kafka-ca"}

@@ -18,21 +18,58 @@ from tests.test_text_stream import TINY_LM, corpus
 REPO = Path(__file__).resolve().parents[1]
 PROCESS_LIMIT_SECONDS = 300
 #: Fields that must not depend on how many processes trained the members (times excluded).
-EXACT_FIELDS = ("t", "trained", "decision", "test_error", "prequential_error", "cumulative_error",
-                "test_perplexity", "prequential_perplexity", "train_flops", "cumulative_train_flops", "parameters",
-                "cumulative_parameters", "inference_flops_per_example", "steps", "epochs", "best_epoch",
-                "val_error", "val_perplexity", "model_version", "growth")
-IMAGE_STREAM = {"dataset": {"name": "mnist", "test_examples": 200},
-                "stream": {"megabatches": 3, "train_examples": 450}, "train": {"epochs": 2, "patience": 0}}
+EXACT_FIELDS = (
+    "t",
+    "trained",
+    "decision",
+    "test_error",
+    "prequential_error",
+    "cumulative_error",
+    "test_perplexity",
+    "prequential_perplexity",
+    "train_flops",
+    "cumulative_train_flops",
+    "parameters",
+    "cumulative_parameters",
+    "inference_flops_per_example",
+    "steps",
+    "epochs",
+    "best_epoch",
+    "val_error",
+    "val_perplexity",
+    "model_version",
+    "growth",
+)
+IMAGE_STREAM = {
+    "dataset": {"name": "mnist", "test_examples": 200},
+    "stream": {"megabatches": 3, "train_examples": 450},
+    "train": {"epochs": 2, "patience": 0},
+}
 
 
 def simulate(config: Path, out: Path, ranks: int) -> str:
-    launcher = [sys.executable, "-m", "alma_daemon"] if ranks == 1 else [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}", "-m", "alma_daemon"]
+    launcher = (
+        [sys.executable, "-m", "alma_daemon"]
+        if ranks == 1
+        else [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={ranks}",
+            "-m",
+            "alma_daemon",
+        ]
+    )
     # One thread per process: multi-threaded kernels reduce in another order, and results would differ.
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([*launcher, "simulate", "--config", str(config), "--out", str(out), "--no-progress"],
-                          cwd=REPO, env=env, capture_output=True, timeout=PROCESS_LIMIT_SECONDS)
+    done = subprocess.run(
+        [*launcher, "simulate", "--config", str(config), "--out", str(out), "--no-progress"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        timeout=PROCESS_LIMIT_SECONDS,
+    )
     assert done.returncode == 0, done.stderr.decode()[-3000:]
     return done.stdout.decode()
 
@@ -46,10 +83,12 @@ def configs(tmp_path: Path) -> dict[str, dict]:
     return {
         "ens": {**IMAGE_STREAM, "learner": {"name": "ens", "width": 8, "members": 3}},
         "gens": {**IMAGE_STREAM, "learner": {"name": "gens", "width": 8, "grow_members": 3}},
-        "switch-lm-ens": {"dataset": {"name": "text", "files": corpus(tmp_path), "vocab_size": 300},
-                          "stream": {"megabatches": 2, "seq_len": 16},
-                          "learner": {**TINY_LM, "name": "switch-lm-ens", "members": 3},
-                          "train": {"batch_size": 8, "steps_per_chunk": 3, "warmup_steps": 1}},
+        "switch-lm-ens": {
+            "dataset": {"name": "text", "files": corpus(tmp_path), "vocab_size": 300},
+            "stream": {"megabatches": 2, "seq_len": 16},
+            "learner": {**TINY_LM, "name": "switch-lm-ens", "members": 3},
+            "train": {"batch_size": 8, "steps_per_chunk": 3, "warmup_steps": 1},
+        },
     }
 
 
@@ -77,19 +116,43 @@ def test_alone_every_member_trains_here_in_the_given_order() -> None:
     assert (report.flops, report.steps, report.val_error) == (60, 3, 0.3)
 
 
-@pytest.mark.parametrize("command", [["run", "--embedded", "--until-chunks", "1"], ["grid", "grid.yaml", "--out", "runs"],
-                                     ["ablate-iid", "--chunks", "2", "--out", "ablation.json"]])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["run", "--embedded", "--until-chunks", "1"],
+        ["grid", "grid.yaml", "--out", "runs"],
+        ["ablate-iid", "--chunks", "2", "--out", "ablation.json"],
+    ],
+)
 def test_commands_other_than_simulate_refuse_to_start_under_torchrun(tmp_path, command) -> None:
     env = {**os.environ, "WORLD_SIZE": "2"}
-    done = subprocess.run([sys.executable, "-m", "alma_daemon", *command], cwd=tmp_path, env=env,
-                          capture_output=True, timeout=PROCESS_LIMIT_SECONDS)
+    done = subprocess.run(
+        [sys.executable, "-m", "alma_daemon", *command],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        timeout=PROCESS_LIMIT_SECONDS,
+    )
     assert done.returncode == 2 and b"start it without torchrun" in done.stderr
     assert not any(tmp_path.iterdir())  # nothing started, nothing written
 
 
 def test_simulate_under_torchrun_refuses_a_policy_that_reads_the_clock(tmp_path) -> None:
     env = {**os.environ, "WORLD_SIZE": "2"}
-    done = subprocess.run([sys.executable, "-m", "alma_daemon", "simulate", "--set", "policy.name=schedule",
-                           "--set", "policy.interval_seconds=60"], cwd=tmp_path, env=env, capture_output=True,
-                          timeout=PROCESS_LIMIT_SECONDS)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "alma_daemon",
+            "simulate",
+            "--set",
+            "policy.name=schedule",
+            "--set",
+            "policy.interval_seconds=60",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        timeout=PROCESS_LIMIT_SECONDS,
+    )
     assert done.returncode == 2 and b"policy.name: 'schedule' decides from the clock" in done.stderr

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from alma_daemon.core.chunk_buffer import MemoryBuffer
 from alma_daemon.config import ConfigError, DriftConfig, build_config
+from alma_daemon.core.chunk_buffer import MemoryBuffer
+from alma_daemon.core.engine import Engine
 from alma_daemon.data.datasets import MNIST_TASK, TaskInfo, resolve_data_root
 from alma_daemon.data.streams import Chunk, build_drift, drifted, label_permutation, partition, rotate_images
-from alma_daemon.core.engine import Engine
 from alma_daemon.learners import build_learner
 from policies import build_policy
 from tests.conftest import separable_data
@@ -35,8 +35,9 @@ def test_quarter_turns_are_exact_and_counter_clockwise():
     assert turned[0, 0, 0] == 200 and int(turned.sum()) == 200  # to the top left
     assert torch.equal(rotate_images(rotate_images(image, 180), 180), image)
     channels_last = torch.arange(2 * 4 * 4 * 3, dtype=torch.uint8).reshape(2, 4, 4, 3)
-    assert torch.equal(rotate_images(channels_last, 270, channels_last=True),
-                       torch.rot90(channels_last, 3, dims=(1, 2)))
+    assert torch.equal(
+        rotate_images(channels_last, 270, channels_last=True), torch.rot90(channels_last, 3, dims=(1, 2))
+    )
 
 
 def test_other_angles_interpolate_in_the_same_direction_and_keep_dtype_and_shape():
@@ -67,8 +68,14 @@ def test_rotation_drift_turns_the_images_and_keeps_the_labels():
 
 def test_the_engine_measures_on_the_drifted_test_set_from_the_first_drifted_chunk():
     # Tardy policy: the model never changes, so only the test set can move the test error.
-    config = build_config({"train": {"epochs": 1}, "learner": {"width": 8},
-                           "stream": {"drift": {"kind": "permute_labels", "at": 3}}, "policy": {"wait": 9}})
+    config = build_config(
+        {
+            "train": {"epochs": 1},
+            "learner": {"width": 8},
+            "stream": {"drift": {"kind": "permute_labels", "at": 3}},
+            "policy": {"wait": 9},
+        }
+    )
     test = separable_data(MNIST_TASK, 200, seed=2)
     learner = build_learner("sm", MNIST_TASK, config.learner, config.seed)
     engine = Engine(learner, build_policy(config.policy), MemoryBuffer(), config, torch.device("cpu"), test_set=test)
@@ -99,15 +106,18 @@ def test_drift_needs_its_first_chunk_and_labeled_images():
 
 @pytest.mark.skipif(not (resolve_data_root(None) / "mnist").is_dir(), reason="MNIST files not in the data folder")
 def test_replay_publishes_the_drifted_chunks_the_simulator_trains_on():
-    from alma_daemon.transports.replay import chunk_source
     from alma_daemon.research.simulate import simulated_stream
+    from alma_daemon.transports.replay import chunk_source
 
-    config = build_config({"stream": {"megabatches": 50, "train_examples": 500,
-                                      "drift": {"kind": "rotate", "degrees": 30.0, "at": 3}}})
+    config = build_config(
+        {"stream": {"megabatches": 50, "train_examples": 500, "drift": {"kind": "rotate", "degrees": 30.0, "at": 3}}}
+    )
     simulated = simulated_stream(config).chunks
     for _, chunk, sent in zip(range(4), simulated, chunk_source(config)):
         assert chunk.index == sent.chunk_id
         assert torch.equal(chunk.data.x, sent.tensors["x"]) and torch.equal(chunk.data.y, sent.tensors["y"])
     undrifted = simulated_stream(build_config({"stream": {"megabatches": 50, "train_examples": 500}})).chunks
-    changed = [not torch.equal(a.data.x, b.data.x) for _, a, b in zip(range(4), undrifted, simulated_stream(config).chunks)]
+    changed = [
+        not torch.equal(a.data.x, b.data.x) for _, a, b in zip(range(4), undrifted, simulated_stream(config).chunks)
+    ]
     assert changed == [False, False, True, True]

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from alma_daemon.core.chunk_buffer import MemoryBuffer
 from alma_daemon.config import build_config
+from alma_daemon.core.chunk_buffer import MemoryBuffer
+from alma_daemon.core.engine import Engine, EngineObserver
 from alma_daemon.data.datasets import MNIST_TASK
 from alma_daemon.data.streams import Chunk, partition
-from alma_daemon.core.engine import Engine, EngineObserver
 from alma_daemon.learners import build_learner
 from policies import build_policy
 from tests.conftest import separable_data
@@ -18,13 +18,22 @@ B = 6
 
 
 def run_stream(overrides: list[str], observers=(), chunks: int = B):
-    config = build_config({"train": {"epochs": 2, "patience": 1, "batch_size": 64},
-                           "learner": {"width": 8, "members": 2}}, overrides)
+    config = build_config(
+        {"train": {"epochs": 2, "patience": 1, "batch_size": 64}, "learner": {"width": 8, "members": 2}}, overrides
+    )
     data = separable_data(MNIST_TASK, 60 * chunks, seed=1)
     test = separable_data(MNIST_TASK, 100, seed=2)
     learner = build_learner(config.learner.name, MNIST_TASK, config.learner, config.seed)
-    engine = Engine(learner, build_policy(config.policy), MemoryBuffer(), config, torch.device("cpu"),
-                    test_set=test, stream_length=chunks, observers=list(observers))
+    engine = Engine(
+        learner,
+        build_policy(config.policy),
+        MemoryBuffer(),
+        config,
+        torch.device("cpu"),
+        test_set=test,
+        stream_length=chunks,
+        observers=list(observers),
+    )
     for i, part in enumerate(partition(data, chunks, seed=0), start=1):
         engine.on_chunk(Chunk(i, part))
     return engine
@@ -62,13 +71,13 @@ def test_growth_compute_is_charged_to_the_stage_it_precedes():
     fit = learner.fit
     learner.fit = lambda *args: fitted.append(fit(*args)) or fitted[-1]
     spy = StageSpy()
-    engine = Engine(learner, build_policy(config.policy), MemoryBuffer(), config, torch.device("cpu"),
-                    observers=[spy])
+    engine = Engine(learner, build_policy(config.policy), MemoryBuffer(), config, torch.device("cpu"), observers=[spy])
     for i, part in enumerate(partition(separable_data(MNIST_TASK, 180, seed=1), 3, seed=0), start=1):
         engine.on_chunk(Chunk(i, part))
     growth_flops = [stage["growth"].get("flops", 0) for stage in spy.stages]
     assert growth_flops[0] == 0 and all(f > 0 for f in growth_flops[1:])  # nothing to split before training
     assert [s["train_flops"] for s in spy.stages] == [r.flops + g for r, g in zip(fitted, growth_flops)]
+
 
 def test_prequential_measure_can_be_taken_on_a_seeded_sample_of_each_chunk():
     whole = run_stream(["policy.wait=2"]).state.series
@@ -79,6 +88,7 @@ def test_prequential_measure_can_be_taken_on_a_seeded_sample_of_each_chunk():
     assert [r["prequential_error"] for r in sampled] != [r["prequential_error"] for r in whole]
     # Sampling is evaluation only: training and the test error are those of the whole-chunk run.
     assert [r["test_error"] for r in sampled] == [r["test_error"] for r in whole]
+
 
 def test_cer_is_the_running_sum_of_test_errors_and_compute_adds_up():
     series = run_stream(["policy.wait=2"]).state.series

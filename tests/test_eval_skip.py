@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from alma_daemon.core.chunk_buffer import MemoryBuffer
 from alma_daemon.config import build_config
+from alma_daemon.core.chunk_buffer import MemoryBuffer
+from alma_daemon.core.engine import Engine
 from alma_daemon.data.datasets import MNIST_TASK
 from alma_daemon.data.streams import Chunk, partition
-from alma_daemon.core.engine import Engine
 from alma_daemon.learners import build_learner
 from policies import build_policy
 from tests.conftest import separable_data
@@ -33,8 +33,15 @@ def run(engine_class: type[Engine], overrides: list[str]) -> tuple[list[dict], i
     passes = []
     evaluate = learner.evaluate
     learner.evaluate = lambda data: (passes.append(len(data)), evaluate(data))[1]
-    engine = engine_class(learner, build_policy(config.policy), MemoryBuffer(), config, torch.device("cpu"),
-                          test_set=test, stream_length=CHUNKS)
+    engine = engine_class(
+        learner,
+        build_policy(config.policy),
+        MemoryBuffer(),
+        config,
+        torch.device("cpu"),
+        test_set=test,
+        stream_length=CHUNKS,
+    )
     for i, part in enumerate(partition(data, CHUNKS, seed=0), start=1):
         engine.on_chunk(Chunk(i, part))
     series = [{k: v for k, v in record.items() if k not in TIMES} for record in engine.state.series]

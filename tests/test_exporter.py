@@ -12,26 +12,40 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from alma_daemon.observability import telemetry
 from alma_daemon.cli import main
 from alma_daemon.commands import simulate as simulate_command
 from alma_daemon.config import build_config
 from alma_daemon.core.engine import Engine, EngineObserver
+from alma_daemon.observability import telemetry
 from alma_daemon.observability.exporter import MetricsObserver, start_exporter
 from alma_daemon.research.simulate import run_simulation
 from tests.servers import free_ports, http_request, port_open
 
-TINY = ["stream.train_examples=1200", "stream.megabatches=4", "train.epochs=2", "learner.width=8",
-        "dataset.test_examples=300", "device=cpu"]
+TINY = [
+    "stream.train_examples=1200",
+    "stream.megabatches=4",
+    "train.epochs=2",
+    "learner.width=8",
+    "dataset.test_examples=300",
+    "device=cpu",
+]
 
 #: DESIGN.md section 9, as exposed (prometheus_client adds ``_total`` to counters).
 DESIGN_METRICS = {
-    "alma_chunks_received_total": "counter", "alma_examples_received_total": "counter",
-    "alma_records_rejected_total": "counter", "alma_buffer_chunks": "gauge", "alma_error_ratio": "gauge",
-    "alma_cumulative_error": "gauge", "alma_train_flops_total": "counter", "alma_parameters": "gauge",
-    "alma_cumulative_parameters": "gauge", "alma_model_updates_total": "counter",
-    "alma_train_duration_seconds": "histogram", "alma_swap_duration_seconds": "histogram",
-    "alma_model_version": "gauge", "alma_ingest_lag_records": "gauge",
+    "alma_chunks_received_total": "counter",
+    "alma_examples_received_total": "counter",
+    "alma_records_rejected_total": "counter",
+    "alma_buffer_chunks": "gauge",
+    "alma_error_ratio": "gauge",
+    "alma_cumulative_error": "gauge",
+    "alma_train_flops_total": "counter",
+    "alma_parameters": "gauge",
+    "alma_cumulative_parameters": "gauge",
+    "alma_model_updates_total": "counter",
+    "alma_train_duration_seconds": "histogram",
+    "alma_swap_duration_seconds": "histogram",
+    "alma_model_version": "gauge",
+    "alma_ingest_lag_records": "gauge",
 }
 #: The only label names allowed: small fixed vocabularies (and ``le`` of histogram buckets).
 ALLOWED_LABELS = {"set", "kind", "action", "reason", "stage", "server", "le"}
@@ -43,7 +57,8 @@ def scrape(url: str) -> dict[tuple[str, tuple], float]:
         text = response.read().decode()
     return {
         (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(text) for sample in family.samples
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
     }
 
 
@@ -137,8 +152,7 @@ def test_observer_reports_what_the_engine_recorded(exporter):
     before = scrape(exporter.url)
     catcher = EngineCatcher()
     config = build_config({}, TINY)
-    results = run_simulation(config, None, progress=False,
-                             observers=[MetricsObserver(in_process_source=True), catcher])
+    results = run_simulation(config, None, progress=False, observers=[MetricsObserver(in_process_source=True), catcher])
     after = scrape(exporter.url)
     series, summary = results["series"], results["summary"]
     last = series[-1]
@@ -210,8 +224,10 @@ def test_simulate_metrics_port_serves_while_running_and_overrides_config(monkeyp
         def on_step(self, record: dict, engine: Engine) -> None:
             seen.append(scrape(f"http://127.0.0.1:{port}"))
 
-    assert simulate_cli(monkeypatch, ScrapeEachStep(), "--metrics-port", str(port),
-                        "--set", f"metrics.port={config_port}") == 0
+    assert (
+        simulate_cli(monkeypatch, ScrapeEachStep(), "--metrics-port", str(port), "--set", f"metrics.port={config_port}")
+        == 0
+    )
     assert len(seen) == 4
     chunks = [value(s, "alma_chunks_received_total") for s in seen]
     assert [b - a for a, b in zip(chunks, chunks[1:])] == [1, 1, 1]
@@ -241,15 +257,22 @@ def test_daemon_serves_metrics_while_running_and_resumes_from_its_state(tmp_path
 
     port = free_ports(1)[0]
     url = f"http://127.0.0.1:{port}"
-    config = build_config({
-        "dataset": {"name": "mnist", "test_examples": 200},
-        "stream": {"megabatches": 4, "train_examples": 600},
-        "learner": {"width": 8}, "train": {"epochs": 1, "patience": 0},
-        "kafka": {"transport": "redis", "topic": "alma.watched"},
-        "daemon": {"stream": "watched", "state_dir": str(tmp_path / "state"),
-                   "checkpoint_dir": str(tmp_path / "model_store"), "poll_seconds": 0.2},
-        "metrics": {"port": port},
-    })
+    config = build_config(
+        {
+            "dataset": {"name": "mnist", "test_examples": 200},
+            "stream": {"megabatches": 4, "train_examples": 600},
+            "learner": {"width": 8},
+            "train": {"epochs": 1, "patience": 0},
+            "kafka": {"transport": "redis", "topic": "alma.watched"},
+            "daemon": {
+                "stream": "watched",
+                "state_dir": str(tmp_path / "state"),
+                "checkpoint_dir": str(tmp_path / "model_store"),
+                "poll_seconds": 0.2,
+            },
+            "metrics": {"port": port},
+        }
+    )
     replay(dataset_chunks(config), RedisStreamPublisher(redis_db, config.kafka.topic), "watched", progress=False)
     seen: list[tuple[int, dict, dict]] = []
 

@@ -10,15 +10,24 @@ import pytest
 import safetensors.torch
 import torch
 
-from alma_daemon.observability import telemetry
 from alma_daemon.data.wire import (
-    HEADER_PART, HEADER_SCHEMA, HEADER_STREAM, REJECT_REASONS, DecodedPart, RejectedRecord, StreamSchema, WireRecord, decode_record, encode_chunk,
+    HEADER_PART,
+    HEADER_SCHEMA,
+    HEADER_STREAM,
+    REJECT_REASONS,
+    DecodedPart,
+    RejectedRecord,
+    StreamSchema,
+    WireRecord,
+    decode_record,
+    encode_chunk,
 )
 from alma_daemon.ingest.assembler import Assembler
-from alma_daemon.transports.redis_stream import RedisStreamSource, encode_entry
 from alma_daemon.ingest.worker import IngestWorker
+from alma_daemon.observability import telemetry
 from alma_daemon.service.redis_buffer import ReadyChunks
 from alma_daemon.service.redis_keys import StreamKeys
+from alma_daemon.transports.redis_stream import RedisStreamSource, encode_entry
 
 STREAM = "tiny"
 SCHEMA = StreamSchema("labeled", (4, 4), num_classes=3, max_part_bytes=4096)
@@ -29,12 +38,20 @@ _topics = itertools.count()
 
 def tiny_chunk(chunk_id: int, n: int = 40, shape: tuple[int, ...] = (4, 4), classes: int = 3):
     g = torch.Generator().manual_seed(chunk_id)
-    return (torch.randint(0, 256, (n, *shape), generator=g, dtype=torch.uint8),
-            torch.randint(0, classes, (n,), generator=g))
+    return (
+        torch.randint(0, 256, (n, *shape), generator=g, dtype=torch.uint8),
+        torch.randint(0, classes, (n,), generator=g),
+    )
 
 
-def records_of(chunk_id: int, n: int = 40, stream: str = STREAM, shape: tuple[int, ...] = (4, 4), classes: int = 3,
-               max_part_bytes: int = PART_BYTES) -> list[WireRecord]:
+def records_of(
+    chunk_id: int,
+    n: int = 40,
+    stream: str = STREAM,
+    shape: tuple[int, ...] = (4, 4),
+    classes: int = 3,
+    max_part_bytes: int = PART_BYTES,
+) -> list[WireRecord]:
     x, y = tiny_chunk(chunk_id, n, shape, classes)
     return encode_chunk(stream, chunk_id, x, y, max_part_bytes=max_part_bytes)
 
@@ -50,8 +67,9 @@ def with_value(record: WireRecord, tensors: dict[str, torch.Tensor]) -> WireReco
     return WireRecord(record.key, safetensors.torch.save(tensors), record.headers)
 
 
-def bad_records(stream: str = STREAM, shape: tuple[int, ...] = (4, 4), classes: int = 3,
-                max_part_bytes: int = SCHEMA.max_part_bytes) -> dict[str, WireRecord]:
+def bad_records(
+    stream: str = STREAM, shape: tuple[int, ...] = (4, 4), classes: int = 3, max_part_bytes: int = SCHEMA.max_part_bytes
+) -> dict[str, WireRecord]:
     """One record per rejection reason, built from a valid part of chunk 7 (chunk 2 for the order check,
     which needs a newer chunk completed first)."""
     x, y = tiny_chunk(7, 4, shape, classes)
@@ -62,11 +80,13 @@ def bad_records(stream: str = STREAM, shape: tuple[int, ...] = (4, 4), classes: 
     return {
         "schema": with_header(good, HEADER_SCHEMA, b"2"),
         "headers": with_header(good, HEADER_PART, None),
-        "stream": WireRecord(b"other/7", good.value, [(k, b"other" if k == HEADER_STREAM else v)
-                                                     for k, v in good.headers]),
+        "stream": WireRecord(
+            b"other/7", good.value, [(k, b"other" if k == HEADER_STREAM else v) for k, v in good.headers]
+        ),
         "part_numbering": with_header(good, HEADER_PART, b"5"),
-        "size": with_value(good, {"x": torch.zeros(too_many, *shape, dtype=torch.uint8),
-                                  "y": torch.zeros(too_many, dtype=torch.int64)}),
+        "size": with_value(
+            good, {"x": torch.zeros(too_many, *shape, dtype=torch.uint8), "y": torch.zeros(too_many, dtype=torch.int64)}
+        ),
         "decode": WireRecord(good.key, pickle.dumps({"x": [1, 2, 3]}), good.headers),
         "dtype": with_value(good, {"x": x.to(torch.int16), "y": y}),
         "shape": with_value(good, {"x": x.reshape(4, -1)[:, :-1].contiguous(), "y": y}),
@@ -139,8 +159,14 @@ def publish_kafka(broker, topic: str, records: list[WireRecord]) -> None:
 def kafka_worker(broker, topic: str, client, **kwargs) -> IngestWorker:
     from alma_daemon.transports.kafka import KafkaSource
 
-    return IngestWorker(KafkaSource(broker.bootstrap_servers, topic), client, StreamKeys(STREAM), SCHEMA,
-                        max_buffer_bytes=kwargs.pop("max_buffer_bytes", 1 << 30), **kwargs)
+    return IngestWorker(
+        KafkaSource(broker.bootstrap_servers, topic),
+        client,
+        StreamKeys(STREAM),
+        SCHEMA,
+        max_buffer_bytes=kwargs.pop("max_buffer_bytes", 1 << 30),
+        **kwargs,
+    )
 
 
 def drain(worker: IngestWorker, client, offset_reached: dict[str, str], limit_seconds: float = 60) -> None:

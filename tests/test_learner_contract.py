@@ -12,16 +12,17 @@ import json
 import pytest
 import torch
 
+from alma_daemon.config import LearnerConfig, TrainConfig, from_dict
 from alma_daemon.core.checkpoints import CheckpointStore
-from alma_daemon.config import TrainConfig, from_dict, LearnerConfig
 from alma_daemon.data.datasets import MNIST_TASK, TaskInfo
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import build_learner, learner_class, learner_from_spec, learner_names
 from alma_daemon.training.loop import Trainer
 from tests.conftest import separable_data
 
-CIFAR_LIKE = TaskInfo("classification", (32, 32, 3), 4, mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25),
-                      channels_last=True, augment=True)
+CIFAR_LIKE = TaskInfo(
+    "classification", (32, 32, 3), 4, mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25), channels_last=True, augment=True
+)
 TOKENS = TaskInfo("language_model", (16,), 50, extra={"vocab_size": 50})
 
 
@@ -44,7 +45,9 @@ OPTIMIZER = {"mlp": "adadelta", "vgg": "sgd", "tokens": "adam"}
 def cases():
     for name in learner_names():
         for task_name, overrides in learner_class(name).contract_cases():
-            yield pytest.param(name, task_name, overrides, id=f"{name}-{task_name}-{json.dumps(overrides, sort_keys=True)}")
+            yield pytest.param(
+                name, task_name, overrides, id=f"{name}-{task_name}-{json.dumps(overrides, sort_keys=True)}"
+            )
 
 
 def make(name: str, task_name: str, overrides: dict, seed: int = 0):

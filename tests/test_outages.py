@@ -19,14 +19,14 @@ import pytest
 import torch
 
 from alma_daemon.config import build_config
+from alma_daemon.research.simulate import run_simulation
+from alma_daemon.runtime import run_beside_training
 from alma_daemon.service.daemon import STATUS_FILE
 from alma_daemon.service.outages import OutageBoard, OutageTooLong
 from alma_daemon.service.redis_keys import StreamKeys
 from alma_daemon.transports.kafka import KafkaPublisher
 from alma_daemon.transports.redis_stream import RedisStreamPublisher
 from alma_daemon.transports.replay import dataset_chunks, replay
-from alma_daemon.runtime import run_beside_training
-from alma_daemon.research.simulate import run_simulation
 from tests.servers import KafkaBroker, RedisServer, free_port
 from tests.test_daemon import engine_state, exact, finish, service_config, start_daemon, wait_until, write_config
 
@@ -105,16 +105,23 @@ def test_redis_killed_mid_training_and_restarted_leaves_the_daemon_up_and_its_se
     redis = DurableRedis(tmp_path / "redis")
     redis.start()
     stream, metrics_port = "weather", free_port()
-    data = service_config(tmp_path, redis.url, stream, stream={"megabatches": 4, "train_examples": 1200},
-                          train={"epochs": 4, "patience": 4}, metrics={"port": metrics_port})
+    data = service_config(
+        tmp_path,
+        redis.url,
+        stream,
+        stream={"megabatches": 4, "train_examples": 1200},
+        train={"epochs": 4, "patience": 4},
+        metrics={"port": metrics_port},
+    )
     config = build_config(data)
     client = redis.client()
     try:
         replay(dataset_chunks(config), RedisStreamPublisher(client, config.kafka.topic), stream, progress=False)
         daemon = start_daemon(write_config(tmp_path, data), "--until-chunks", "4")
         keys = StreamKeys(stream)
-        wait_until(lambda: (client.hget(keys.daemon, "phase") or b"") == b"processing chunk 2", "training chunk 2",
-                   daemon)
+        wait_until(
+            lambda: (client.hget(keys.daemon, "phase") or b"") == b"processing chunk 2", "training chunk 2", daemon
+        )
         redis.kill()
         wait_until(lambda: daemon_status(config).get("degraded", {}).get("degraded"), "reporting degraded", daemon)
         wait_until(lambda: readyz(metrics_port) == 503, "/readyz not ready", daemon)
@@ -136,8 +143,13 @@ def test_a_redis_that_comes_back_empty_is_refused_and_so_is_a_start_on_it(tmp_pa
     redis = DurableRedis(tmp_path / "redis")
     redis.start()
     stream = "amnesia"
-    data = service_config(tmp_path, redis.url, stream, stream={"megabatches": 4, "train_examples": 1200},
-                          train={"epochs": 4, "patience": 4})
+    data = service_config(
+        tmp_path,
+        redis.url,
+        stream,
+        stream={"megabatches": 4, "train_examples": 1200},
+        train={"epochs": 4, "patience": 4},
+    )
     config = build_config(data)
     config_path = write_config(tmp_path, data)
     client = redis.client()
@@ -194,8 +206,13 @@ def test_the_broker_stopped_and_restarted_while_chunks_flow_loses_no_chunk(tmp_p
     broker = KafkaBroker(tmp_path / "tansu")
     broker.start()
     stream = "squall"
-    data = service_config(tmp_path, redis_server.url, stream, stream={"megabatches": 4, "train_examples": 1200},
-                          kafka={"transport": "kafka", "bootstrap_servers": broker.bootstrap_servers})
+    data = service_config(
+        tmp_path,
+        redis_server.url,
+        stream,
+        stream={"megabatches": 4, "train_examples": 1200},
+        kafka={"transport": "kafka", "bootstrap_servers": broker.bootstrap_servers},
+    )
     config = build_config(data)
     broker.create_topic(config.kafka.topic)
     chunks = list(dataset_chunks(config))
@@ -215,7 +232,7 @@ def test_the_broker_stopped_and_restarted_while_chunks_flow_loses_no_chunk(tmp_p
         keys = StreamKeys(stream)
         wait_until(lambda: int(redis_db.hget(keys.ingest, "chunks_received") or 0) == 2, "two chunks received", daemon)
         broker.stop()
-        degraded = lambda: json.loads((redis_db.hget(keys.daemon, "degraded") or b"{}")).get("outages", [])  # noqa: E731
+        degraded = lambda: json.loads(redis_db.hget(keys.daemon, "degraded") or b"{}").get("outages", [])  # noqa: E731
         wait_until(lambda: [o["server"] for o in degraded()] == ["kafka"], "reporting the broker down", daemon)
         assert daemon.poll() is None
         broker.start()

@@ -21,8 +21,15 @@ def policy(name: str, **kwargs) -> Policy:
 
 def state(now: float = T0, pending: int = 1, **fields) -> PolicyState:
     defaults = dict(
-        chunks_seen=pending, chunks_pending=pending, examples_pending=100 * pending, stages_done=0,
-        stream_length=None, now=now, started_at=T0, train_flops_total=0.0, train_seconds_total=0.0,
+        chunks_seen=pending,
+        chunks_pending=pending,
+        examples_pending=100 * pending,
+        stages_done=0,
+        stream_length=None,
+        now=now,
+        started_at=T0,
+        train_flops_total=0.0,
+        train_seconds_total=0.0,
     )
     return PolicyState(**{**defaults, **fields})
 
@@ -32,8 +39,9 @@ def next_fire(p: Policy) -> float:
 
 
 # -- fixed ------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("wait,stages", [(1, list(range(1, 11))), (3, [3, 6, 9]), (10, [10])],
-                         ids=["greedy", "w=3", "tardy"])
+@pytest.mark.parametrize(
+    "wait,stages", [(1, list(range(1, 11))), (3, [3, 6, 9]), (10, [10])], ids=["greedy", "w=3", "tardy"]
+)
 def test_fixed_trains_every_wait_chunks(wait, stages):
     p = policy("fixed", wait=wait)
     trained_at, pending = [], 0
@@ -46,8 +54,11 @@ def test_fixed_trains_every_wait_chunks(wait, stages):
 
 
 # -- geometric --------------------------------------------------------------------------------------
-@pytest.mark.parametrize("ratio,stages", [(None, [1, 2, 3, 5, 8, 12, 18]), (1.0, [1, 2, 4, 8, 16]),
-                                          (2.0, [1, 3, 9])], ids=["default-0.5", "1", "2"])
+@pytest.mark.parametrize(
+    "ratio,stages",
+    [(None, [1, 2, 3, 5, 8, 12, 18]), (1.0, [1, 2, 4, 8, 16]), (2.0, [1, 3, 9])],
+    ids=["default-0.5", "1", "2"],
+)
 def test_geometric_waits_ratio_times_the_chunks_trained_on(ratio, stages):
     p = policy("geometric", ratio=ratio)
     trained_at, pending = [], 0
@@ -120,8 +131,10 @@ def test_a_changed_schedule_discards_the_saved_fire_time():
     assert next_fire(daily) == T0 + 2 * HOUR + DAY
 
 
-@pytest.mark.parametrize("weekday,fires_on", [("1-5", "Mon"), ("0", "Sun"), ("7", "Sun"), ("sat", "Sat"),
-                                              ("*/2", "Sat"), ("6-7", "Sat"), ("0,3", "Sun")])
+@pytest.mark.parametrize(
+    "weekday,fires_on",
+    [("1-5", "Mon"), ("0", "Sun"), ("7", "Sun"), ("sat", "Sat"), ("*/2", "Sat"), ("6-7", "Sat"), ("0,3", "Sun")],
+)
 def test_cron_weekdays_use_crontab_numbering(weekday, fires_on):
     p = policy("schedule", cron=f"0 2 * * {weekday}")
     p.decide(state(T0 + 4 * DAY + 3 * HOUR))  # Friday 03:00
@@ -139,16 +152,25 @@ def test_schedule_from_a_config_file():
     p = build_policy(config.policy)
     p.decide(state(T0))
     assert p.decide(state(T0 + 2 * HOUR, stages_done=1, learner_grows=True)) == Decision(
-        True, True, "fire time 2024-01-01T02:00:00+00:00 with 1 new chunk(s); next at 2024-01-02T02:00:00+00:00; "
-        "grow at stage 2 (grow_every=2)"
+        True,
+        True,
+        "fire time 2024-01-01T02:00:00+00:00 with 1 new chunk(s); next at 2024-01-02T02:00:00+00:00; "
+        "grow at stage 2 (grow_every=2)",
     )
 
 
 # -- budget -----------------------------------------------------------------------------------------
 def measured(now: float, flops: float = 0.0, seconds: float = 0.0, **fields) -> PolicyState:
     """After one stage that cost 1e9 FLOPs and 1 s per example; 100 examples pending."""
-    return state(now, stages_done=1, train_flops_total=flops, train_seconds_total=seconds, flops_per_example=1e9,
-                 train_seconds_per_example=1.0, **fields)
+    return state(
+        now,
+        stages_done=1,
+        train_flops_total=flops,
+        train_seconds_total=seconds,
+        flops_per_example=1e9,
+        train_seconds_per_example=1.0,
+        **fields,
+    )
 
 
 def test_budget_trains_the_first_chunk_before_any_cost_is_known():
@@ -189,24 +211,31 @@ def test_budget_counts_the_stage_duration_as_elapsed_time():
 
 
 # -- config errors ----------------------------------------------------------------------------------
-@pytest.mark.parametrize("name,kwargs,key", [
-    ("schedule", {}, "policy.cron / policy.interval_seconds"),
-    ("schedule", {"cron": "0 2 * * *", "interval_seconds": 60.0}, "policy.cron / policy.interval_seconds"),
-    ("schedule", {"cron": "61 * * * *"}, "policy.cron: invalid"),
-    ("schedule", {"cron": "0 2 * *"}, "policy.cron: '0 2 \\* \\*' has 4 fields"),
-    ("schedule", {"cron": "0 0 30 2 *"}, "policy.cron: '0 0 30 2 \\*' never fires"),
-    ("schedule", {"cron": "0 2 * * 8"}, "policy.cron: invalid.*0-7"),
-    ("schedule", {"cron": "0 2 * * 5-1"}, "policy.cron: invalid.*backwards"),
-    ("schedule", {"cron": "0 2 * * */0"}, "policy.cron: invalid.*step"),
-    ("schedule", {"interval_seconds": 0.0}, "policy.interval_seconds: must be > 0"),
-    ("schedule", {"cron": "0 2 * * *", "timezone": "Mars/Olympus"}, "policy.timezone"),
-    ("schedule", {"cron": "0 2 * * *", "flops_per_hour": 1e12}, "policy.flops_per_hour: not read by the 'schedule'"),
-    ("budget", {}, "policy.flops_per_hour / policy.gpu_seconds_per_hour"),
-    ("budget", {"gpu_seconds_per_hour": 0.0}, "policy.gpu_seconds_per_hour: must be > 0"),
-    ("fixed", {"cron": "0 2 * * *"}, "policy.cron: not read by the 'fixed'"),
-    ("geometric", {"ratio": 0.0}, "policy.ratio: must be > 0"),
-    ("fixed", {"ratio": 0.5}, "policy.ratio: not read by the 'fixed'"),
-])
+@pytest.mark.parametrize(
+    "name,kwargs,key",
+    [
+        ("schedule", {}, "policy.cron / policy.interval_seconds"),
+        ("schedule", {"cron": "0 2 * * *", "interval_seconds": 60.0}, "policy.cron / policy.interval_seconds"),
+        ("schedule", {"cron": "61 * * * *"}, "policy.cron: invalid"),
+        ("schedule", {"cron": "0 2 * *"}, "policy.cron: '0 2 \\* \\*' has 4 fields"),
+        ("schedule", {"cron": "0 0 30 2 *"}, "policy.cron: '0 0 30 2 \\*' never fires"),
+        ("schedule", {"cron": "0 2 * * 8"}, "policy.cron: invalid.*0-7"),
+        ("schedule", {"cron": "0 2 * * 5-1"}, "policy.cron: invalid.*backwards"),
+        ("schedule", {"cron": "0 2 * * */0"}, "policy.cron: invalid.*step"),
+        ("schedule", {"interval_seconds": 0.0}, "policy.interval_seconds: must be > 0"),
+        ("schedule", {"cron": "0 2 * * *", "timezone": "Mars/Olympus"}, "policy.timezone"),
+        (
+            "schedule",
+            {"cron": "0 2 * * *", "flops_per_hour": 1e12},
+            "policy.flops_per_hour: not read by the 'schedule'",
+        ),
+        ("budget", {}, "policy.flops_per_hour / policy.gpu_seconds_per_hour"),
+        ("budget", {"gpu_seconds_per_hour": 0.0}, "policy.gpu_seconds_per_hour: must be > 0"),
+        ("fixed", {"cron": "0 2 * * *"}, "policy.cron: not read by the 'fixed'"),
+        ("geometric", {"ratio": 0.0}, "policy.ratio: must be > 0"),
+        ("fixed", {"ratio": 0.5}, "policy.ratio: not read by the 'fixed'"),
+    ],
+)
 def test_config_errors_name_the_key(name, kwargs, key):
     with pytest.raises(ConfigError, match=key):
         policy(name, **kwargs)

@@ -52,12 +52,19 @@ class Stream:
         measured = self.stages_done > 0
         trained = self.chunks_seen - self.chunks_pending
         return PolicyState(
-            chunks_seen=self.chunks_seen, chunks_pending=self.chunks_pending,
-            examples_pending=self.chunks_pending * EXAMPLES_PER_CHUNK, stages_done=self.stages_done,
-            stream_length=None, now=self.now, started_at=T0, train_flops_total=self.flops,
-            train_seconds_total=self.seconds, flops_per_example=FLOPS_PER_EXAMPLE if measured else None,
+            chunks_seen=self.chunks_seen,
+            chunks_pending=self.chunks_pending,
+            examples_pending=self.chunks_pending * EXAMPLES_PER_CHUNK,
+            stages_done=self.stages_done,
+            stream_length=None,
+            now=self.now,
+            started_at=T0,
+            train_flops_total=self.flops,
+            train_seconds_total=self.seconds,
+            flops_per_example=FLOPS_PER_EXAMPLE if measured else None,
             train_seconds_per_example=SECONDS_PER_EXAMPLE if measured else None,
-            next_stage_examples=self.chunks_pending * EXAMPLES_PER_CHUNK, learner_grows=self.learner_grows,
+            next_stage_examples=self.chunks_pending * EXAMPLES_PER_CHUNK,
+            learner_grows=self.learner_grows,
             prequential=0.1 + 0.8 / (1 + trained) if new_chunk else None,
             prequential_examples=EXAMPLES_PER_CHUNK if new_chunk else 0,
         )

@@ -16,7 +16,9 @@ KEYS = StreamKeys("tiny")
 
 def split(chunk_id: int, n: int = 20):
     g = torch.Generator().manual_seed(chunk_id)
-    data = LabeledData(torch.randint(0, 256, (n, 3, 3), generator=g, dtype=torch.uint8), torch.randint(0, 4, (n,), generator=g))
+    data = LabeledData(
+        torch.randint(0, 256, (n, 3, 3), generator=g, dtype=torch.uint8), torch.randint(0, 4, (n,), generator=g)
+    )
     return split_chunk(Chunk(chunk_id, data), 0.1, seed=0)
 
 
@@ -29,8 +31,9 @@ def commit(client, buffer: RedisBuffer) -> None:
 
 def test_every_key_carries_the_stream_hash_tag() -> None:
     names = [KEYS.part(3, 1), KEYS.chunk(3), KEYS.split(3)] + [
-        getattr(KEYS, a) for a in ("assembling", "ready", "offsets", "dead", "ingest", "pending", "kept", "engine",
-                                   "policy", "daemon")]
+        getattr(KEYS, a)
+        for a in ("assembling", "ready", "offsets", "dead", "ingest", "pending", "kept", "engine", "policy", "daemon")
+    ]
     assert all(name.startswith("alma:{tiny}:") for name in names)
     assert len(set(names)) == len(names)
     assert KEYS.ready == "alma:{tiny}:ready" and KEYS.part(3, 1) == "alma:{tiny}:part:3:1"

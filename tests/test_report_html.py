@@ -13,8 +13,14 @@ from alma_daemon.observability.report import TABLE_HEADER, cer_target, find_runs
 from alma_daemon.observability.results import ResultsWriter, read_results
 from alma_daemon.research.simulate import build_engine, run_simulation, simulated_stream
 
-TINY = ["stream.train_examples=1200", "stream.megabatches=4", "train.epochs=2", "learner.width=8",
-        "dataset.test_examples=300", "device=cpu"]
+TINY = [
+    "stream.train_examples=1200",
+    "stream.megabatches=4",
+    "train.epochs=2",
+    "learner.width=8",
+    "dataset.test_examples=300",
+    "device=cpu",
+]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -68,12 +74,12 @@ def test_html_report_of_a_running_then_finished_stream_is_self_contained(tmp_pat
     running = mid_stream.page
     assert running is not None
     assert running.cells[: len(TABLE_HEADER)] == TABLE_HEADER
-    row = dict(zip(TABLE_HEADER, running.cells[len(TABLE_HEADER):]))
+    row = dict(zip(TABLE_HEADER, running.cells[len(TABLE_HEADER) :]))
     cer_after_two = results["series"][1]["cumulative_error"]
     assert row["CER"] == f"{cer_after_two:.4f}"
 
     finished = parse_page(write_report(state_dir, html=True))
-    row = dict(zip(TABLE_HEADER, finished.cells[len(TABLE_HEADER):]))
+    row = dict(zip(TABLE_HEADER, finished.cells[len(TABLE_HEADER) :]))
     assert row["CER"] == f"{results['summary']['cer']:.4f}"
     assert row["prequential CER"] == f"{results['summary']['cumulative_prequential_error']:.4f}"
     assert len(finished.links) == 3
@@ -96,7 +102,7 @@ def test_report_of_a_stream_without_a_test_set_uses_the_prequential_error(tmp_pa
     assert summary["cer"] is None and summary["cumulative_prequential_error"] > 0
 
     page = parse_page(write_report(tmp_path, html=True))
-    row = dict(zip(TABLE_HEADER, page.cells[len(TABLE_HEADER):]))
+    row = dict(zip(TABLE_HEADER, page.cells[len(TABLE_HEADER) :]))
     assert row["CER"] == "" and row["prequential CER"] == f"{summary['cumulative_prequential_error']:.4f}"
     # The CER plots show the prequential sum instead of coming out empty.
     assert cer_target(find_runs(tmp_path)) == ("cumulative_prequential_error", "cumulative prequential error")

@@ -18,9 +18,9 @@ from tests.servers import (
     KafkaBroker,
     RedisServer,
     ServerStartError,
-    group_members,
     free_port,
     free_ports,
+    group_members,
     http_request,
     port_open,
 )
@@ -45,9 +45,7 @@ def test_redis_db_is_empty_and_usable(redis_server: RedisServer, redis_db) -> No
 
 
 @pytest.mark.integration
-def test_redis_restart_keeps_data_and_kill_brings_it_down(
-    redis_server: RedisServer, redis_db
-) -> None:
+def test_redis_restart_keeps_data_and_kill_brings_it_down(redis_server: RedisServer, redis_db) -> None:
     redis_db.set("survives", b"1")
     redis_server.stop()
     assert not port_open(redis_server.port)
@@ -110,9 +108,7 @@ def test_kafka_produce_with_headers_then_assign_and_seek(kafka_broker: KafkaBrok
     from kafka import KafkaProducer
 
     kafka_broker.create_topic("servers-headers")
-    producer = KafkaProducer(
-        bootstrap_servers=kafka_broker.bootstrap_servers, allow_auto_create_topics=False
-    )
+    producer = KafkaProducer(bootstrap_servers=kafka_broker.bootstrap_servers, allow_auto_create_topics=False)
     try:
         # One get() per send: each record is its own batch, the case where Tansu's
         # end_offsets() is right.
@@ -223,9 +219,7 @@ def _build_mar(tmp_path: Path, model_store: Path) -> str:
 
 
 @pytest.mark.integration
-def test_torchserve_serves_a_tiny_model_and_stops_for_good(
-    torchserve_server, tmp_path: Path
-) -> None:
+def test_torchserve_serves_a_tiny_model_and_stops_for_good(torchserve_server, tmp_path: Path) -> None:
     ts = torchserve_server()
     mar = _build_mar(tmp_path, ts.model_store)
 

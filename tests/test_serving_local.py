@@ -12,16 +12,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from alma_daemon.observability import telemetry
-from alma_daemon.core.checkpoints import CheckpointStore
-from alma_daemon.core.chunk_buffer import MemoryBuffer
 from alma_daemon.cli import main
 from alma_daemon.config import LearnerConfig, TrainConfig, build_config
+from alma_daemon.core.checkpoints import CheckpointStore
+from alma_daemon.core.chunk_buffer import MemoryBuffer
+from alma_daemon.core.engine import Engine
 from alma_daemon.data.datasets import MNIST_TASK, TaskInfo
 from alma_daemon.data.streams import Chunk, partition
 from alma_daemon.data.tensors import LabeledData
-from alma_daemon.core.engine import Engine
 from alma_daemon.learners import Learner, build_learner
+from alma_daemon.observability import telemetry
 from alma_daemon.training.loop import Trainer
 from policies import build_policy
 from serving import build_publisher
@@ -44,8 +44,9 @@ def new_learner(name: str = "sm", task: TaskInfo = MNIST_TASK, seed: int = 0) ->
 def save_version(store: CheckpointStore, version: int, learner: Learner, sample: LabeledData) -> Path:
     """A checkpoint like the engine's: metrics.json with val_<measure>, and the validation sample."""
     measure = learner.measure
-    return store.save(learner, version, {f"val_{measure}": learner.evaluate(sample)[measure], "kind": "finetune"},
-                      validation=sample)
+    return store.save(
+        learner, version, {f"val_{measure}": learner.evaluate(sample)[measure], "kind": "finetune"}, validation=sample
+    )
 
 
 @pytest.fixture(scope="module")
@@ -193,6 +194,7 @@ def run_until_idle(worker: BackgroundPublisher) -> None:
     finally:
         worker.close()
 
+
 def test_background_publisher_publishes_only_the_newest_pending_version(store, good_and_bad):
     good, _, sample = good_and_bad
     for version in (1, 2, 3):
@@ -224,15 +226,27 @@ def test_background_publisher_retries_failures_until_they_pass(store, good_and_b
 
 
 def test_the_engine_publishes_every_checkpoint_through_the_background_publisher(tmp_path):
-    config = build_config({"train": {"epochs": 2, "patience": 1, "batch_size": 64}, "learner": {"width": 8},
-                           "daemon": {"checkpoint_dir": str(tmp_path / "model_store")},
-                           "serving": {"kind": "local", "promotion_margin": 1.0}})
+    config = build_config(
+        {
+            "train": {"epochs": 2, "patience": 1, "batch_size": 64},
+            "learner": {"width": 8},
+            "daemon": {"checkpoint_dir": str(tmp_path / "model_store")},
+            "serving": {"kind": "local", "promotion_margin": 1.0},
+        }
+    )
     worker = build_publisher(config)
     assert isinstance(worker, BackgroundPublisher) and isinstance(worker.publisher, LocalPublisher)
     worker.start()
     store = worker.publisher.store
-    engine = Engine(build_learner("sm", MNIST_TASK, config.learner, 0), build_policy(config.policy), MemoryBuffer(),
-                    config, torch.device("cpu"), checkpoints=store, observers=[worker])
+    engine = Engine(
+        build_learner("sm", MNIST_TASK, config.learner, 0),
+        build_policy(config.policy),
+        MemoryBuffer(),
+        config,
+        torch.device("cpu"),
+        checkpoints=store,
+        observers=[worker],
+    )
     try:
         for i, part in enumerate(partition(separable_data(MNIST_TASK, 240, seed=1), 3, seed=0), start=1):
             engine.on_chunk(Chunk(i, part))

@@ -35,8 +35,9 @@ MODEL = "alma"
 
 TEXT = "the cat sat on the mat\nthe dog sat on the log\na cat and a dog\n" * 8
 WORDS = WordVocabulary.from_text(TEXT)
-LM_TASK = TaskInfo("language_model", (8,), WORDS.vocab_size,
-                   extra={"vocab_size": WORDS.vocab_size, "tokenizer": WORDS.to_dict()})
+LM_TASK = TaskInfo(
+    "language_model", (8,), WORDS.vocab_size, extra={"vocab_size": WORDS.vocab_size, "tokenizer": WORDS.to_dict()}
+)
 TINY_LM = {"layers": 1, "d_model": 16, "heads": 2, "d_ff": 32, "experts": 2}
 
 #: Learner families the handler must serve: (learner name, task, learner config, train then grow
@@ -66,11 +67,18 @@ def sample_for(task: TaskInfo, n: int) -> LabeledData:
 
 
 def torchserve_config(server: TorchServeServer, store_root: Path, **serving) -> Config:
-    return build_config({
-        "daemon": {"checkpoint_dir": str(store_root)},
-        "serving": {"kind": "torchserve", "model_name": MODEL, "management_url": server.management_url,
-                    "inference_url": server.inference_url, **serving},
-    })
+    return build_config(
+        {
+            "daemon": {"checkpoint_dir": str(store_root)},
+            "serving": {
+                "kind": "torchserve",
+                "model_name": MODEL,
+                "management_url": server.management_url,
+                "inference_url": server.inference_url,
+                **serving,
+            },
+        }
+    )
 
 
 def publisher_for(server: TorchServeServer, tmp_path: Path, **serving) -> TorchServePublisher:
@@ -80,8 +88,9 @@ def publisher_for(server: TorchServeServer, tmp_path: Path, **serving) -> TorchS
 
 
 def predict(server: TorchServeServer, body: bytes, content_type: str = "application/json") -> tuple[int, dict]:
-    status, answer = http_request("POST", f"{server.inference_url}/predictions/{MODEL}", body,
-                                  {"Content-Type": content_type})
+    status, answer = http_request(
+        "POST", f"{server.inference_url}/predictions/{MODEL}", body, {"Content-Type": content_type}
+    )
     return status, json.loads(answer)
 
 
@@ -119,14 +128,14 @@ def test_handler_answers_like_the_learner_in_process(torchserve_server, tmp_path
         status, answer = predict(server, b"the cat sat on", "text/plain")
         assert status == 200, answer
         (prediction,) = answer["predictions"]
-        assert len(prediction["tokens"]) == 10 and prediction["probabilities"] == sorted(prediction["probabilities"],
-                                                                                         reverse=True)
+        assert len(prediction["tokens"]) == 10 and prediction["probabilities"] == sorted(
+            prediction["probabilities"], reverse=True
+        )
         status, answer = predict(server, json.dumps({"instances": [3]}).encode())
         assert status == 400 and "string" in answer["error"]
 
 
-def test_publish_registers_promotes_then_drains_and_unregisters_old_versions(torchserve_server, tmp_path,
-                                                                             good_and_bad):
+def test_publish_registers_promotes_then_drains_and_unregisters_old_versions(torchserve_server, tmp_path, good_and_bad):
     good, _, sample = good_and_bad
     server = torchserve_server()
     publisher = publisher_for(server, tmp_path, keep_versions=1, promotion_margin=0.0)
@@ -156,8 +165,9 @@ def test_guard_refuses_a_worse_version_which_is_never_served(torchserve_server, 
     assert metric_value("alma_promotions_refused_total") == refused_before + 1
 
 
-def test_rollback_re_registers_an_unloaded_version_and_versions_lists_it_live(torchserve_server, tmp_path,
-                                                                            good_and_bad, capsys):
+def test_rollback_re_registers_an_unloaded_version_and_versions_lists_it_live(
+    torchserve_server, tmp_path, good_and_bad, capsys
+):
     good, bad, sample = good_and_bad
     server = torchserve_server()
     publisher = publisher_for(server, tmp_path, keep_versions=0, promotion_margin=1.0)
@@ -166,9 +176,18 @@ def test_rollback_re_registers_an_unloaded_version_and_versions_lists_it_live(to
     publisher.publish(1)
     publisher.publish(2)
     assert publisher.served_versions() == [2]
-    config = ["--set", f"daemon.checkpoint_dir={publisher.store.root}", "--set", "serving.kind=torchserve",
-              "--set", f"serving.management_url={server.management_url}",
-              "--set", f"serving.inference_url={server.inference_url}", "--set", "serving.keep_versions=0"]
+    config = [
+        "--set",
+        f"daemon.checkpoint_dir={publisher.store.root}",
+        "--set",
+        "serving.kind=torchserve",
+        "--set",
+        f"serving.management_url={server.management_url}",
+        "--set",
+        f"serving.inference_url={server.inference_url}",
+        "--set",
+        "serving.keep_versions=0",
+    ]
 
     assert main(["rollback", *config, "--to", "1"]) == 0
     assert "version 1 is live (was 2)" in capsys.readouterr().out
@@ -200,7 +219,7 @@ def test_clients_see_no_failure_during_ten_swaps(torchserve_server, tmp_path, go
             try:
                 status, answer = predict(server, body)
                 log.append("ok" if status == 200 and len(answer["predictions"]) == 4 else f"{status}: {answer}")
-            except Exception as err:  # noqa: BLE001 - an unanswered request is what this test counts
+            except Exception as err:
                 log.append(f"no answer: {err!r}")
 
     threads = [threading.Thread(target=client, args=(log,)) for log in answers]
@@ -219,8 +238,9 @@ def test_clients_see_no_failure_during_ten_swaps(torchserve_server, tmp_path, go
     assert publisher.served_versions() == [11]
 
 
-def test_publishing_is_retried_while_torchserve_is_down_and_resumes_when_it_is_back(torchserve_server, tmp_path,
-                                                                                   good_and_bad):
+def test_publishing_is_retried_while_torchserve_is_down_and_resumes_when_it_is_back(
+    torchserve_server, tmp_path, good_and_bad
+):
     good, _, sample = good_and_bad
     server = torchserve_server()
     publisher = publisher_for(server, tmp_path, promotion_margin=1.0)
@@ -255,11 +275,22 @@ def test_publishing_is_retried_while_torchserve_is_down_and_resumes_when_it_is_b
 def test_alma_serve_starts_a_token_protected_torchserve_the_publisher_can_use(tmp_path, good_and_bad, capsys):
     good, _, sample = good_and_bad
     inference, management, metrics = free_ports(3)
-    config = ["--set", f"daemon.state_dir={tmp_path / 'state'}", "--set", f"daemon.checkpoint_dir={tmp_path / 'ms'}",
-              "--set", "serving.kind=torchserve", "--set", "serving.token_auth=true",
-              "--set", f"serving.inference_url=http://127.0.0.1:{inference}",
-              "--set", f"serving.management_url=http://127.0.0.1:{management}",
-              "--set", f"serving.metrics_url=http://127.0.0.1:{metrics}"]
+    config = [
+        "--set",
+        f"daemon.state_dir={tmp_path / 'state'}",
+        "--set",
+        f"daemon.checkpoint_dir={tmp_path / 'ms'}",
+        "--set",
+        "serving.kind=torchserve",
+        "--set",
+        "serving.token_auth=true",
+        "--set",
+        f"serving.inference_url=http://127.0.0.1:{inference}",
+        "--set",
+        f"serving.management_url=http://127.0.0.1:{management}",
+        "--set",
+        f"serving.metrics_url=http://127.0.0.1:{metrics}",
+    ]
     assert main(["serve", *config]) == 0
     try:
         printed = capsys.readouterr().out
@@ -267,9 +298,12 @@ def test_alma_serve_starts_a_token_protected_torchserve_the_publisher_can_use(tm
         status, _ = http_request("GET", f"http://127.0.0.1:{management}/models")
         assert status == 400, "token authorization must be on"
 
-        publisher = make_publisher(build_config({"daemon": {"state_dir": str(tmp_path / "state"),
-                                                            "checkpoint_dir": str(tmp_path / "ms")}},
-                                                [c for c in config[1::2] if c.startswith("serving.")]))
+        publisher = make_publisher(
+            build_config(
+                {"daemon": {"state_dir": str(tmp_path / "state"), "checkpoint_dir": str(tmp_path / "ms")}},
+                [c for c in config[1::2] if c.startswith("serving.")],
+            )
+        )
         save_version(publisher.store, 1, good, sample)
         # An invalid management key is renewed through TorchServe's token API with the API key.
         key_file = tmp_path / "state" / "torchserve" / "key_file.json"
@@ -284,4 +318,3 @@ def test_alma_serve_starts_a_token_protected_torchserve_the_publisher_can_use(tm
         assert main(["serve", *config, "--stop"]) == 0
     assert "TorchServe stopped" in capsys.readouterr().out
     assert http_request_fails(f"http://127.0.0.1:{inference}/ping")
-

@@ -44,7 +44,12 @@ def test_stacked_members_get_the_weights_and_reports_of_training_each_alone(opti
         expected = trainer.fit(twin, train, val, purpose=("member", index))
         got = reports[index]
         assert (got.flops, got.steps, got.epochs, got.best_epoch, got.val_error) == (
-            expected.flops, expected.steps, expected.epochs, expected.best_epoch, expected.val_error), index
+            expected.flops,
+            expected.steps,
+            expected.epochs,
+            expected.best_epoch,
+            expected.val_error,
+        ), index
         for key, value in net.state_dict().items():
             assert torch.equal(value, twin.state_dict()[key]), (index, key)
     assert len({r.epochs for r in reports.values()}) > 1, "no member stopped early: the test would not see it"
@@ -86,7 +91,11 @@ def test_stacked_fit_leaves_each_member_with_storage_of_its_own() -> None:
     """Checkpoints save members' tensors one by one (safetensors refuses tensors that share storage)."""
     nets = members(2, width=8)
     data = noisy_data(64, seed=1)
-    fit_stacked(Trainer(dataclasses.replace(CONFIG, epochs=1), "adadelta", torch.device("cpu"), seed=0),
-                list(enumerate(nets)), data, data)
+    fit_stacked(
+        Trainer(dataclasses.replace(CONFIG, epochs=1), "adadelta", torch.device("cpu"), seed=0),
+        list(enumerate(nets)),
+        data,
+        data,
+    )
     pointers = {p.untyped_storage().data_ptr() for net in nets for p in net.parameters()}
     assert len(pointers) == sum(1 for net in nets for _ in net.parameters())

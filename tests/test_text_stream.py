@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from alma_daemon.research.ablation import ablate_iid
-from alma_daemon.core.checkpoints import CheckpointStore
 from alma_daemon.config import Config, LearnerConfig, build_config, from_dict
+from alma_daemon.core.checkpoints import CheckpointStore
 from alma_daemon.data.datasets import DatasetError, resolve_data_root
 from alma_daemon.data.text import BPETokenizer, WordVocabulary, split_lines, text_stream, tokenizer_from_task
 from alma_daemon.learners import build_learner
+from alma_daemon.research.ablation import ablate_iid
 from alma_daemon.research.simulate import run_simulation
 
 PTB = resolve_data_root(None) / "ptb"
@@ -25,15 +25,18 @@ def corpus(tmp_path: Path) -> list[str]:
     """Two files, three equal parts of fixed-width lines: ``aaaa bbbb`` text first, ``qqqq rrrr`` after."""
     first = "aaaa bbbb aaaa bbbb ab\n" * 60
     rest = "qqqq rrrr qqqq rrrr qr\n" * 120
-    (tmp_path / "one.txt").write_text(first + rest[:23 * 30])
-    (tmp_path / "two.txt").write_text(rest[23 * 30:])
+    (tmp_path / "one.txt").write_text(first + rest[: 23 * 30])
+    (tmp_path / "two.txt").write_text(rest[23 * 30 :])
     return [str(tmp_path / "one.txt"), str(tmp_path / "two.txt")]
 
 
 def text_config(tmp_path: Path, **sections: dict) -> Config:
-    data = {"dataset": {"name": "text", "files": corpus(tmp_path), "vocab_size": 300},
-            "stream": {"megabatches": 2, "seq_len": 16}, "learner": TINY_LM,
-            "train": {"batch_size": 8, "steps_per_chunk": 3, "warmup_steps": 1}}
+    data = {
+        "dataset": {"name": "text", "files": corpus(tmp_path), "vocab_size": 300},
+        "stream": {"megabatches": 2, "seq_len": 16},
+        "learner": TINY_LM,
+        "train": {"batch_size": 8, "steps_per_chunk": 3, "warmup_steps": 1},
+    }
     for name, values in sections.items():
         data[name] = {**data.get(name, {}), **values}
     return build_config(data)
@@ -118,8 +121,9 @@ def test_user_tokenizer_file_is_used_as_is(tmp_path):
 @pytest.mark.parametrize("corpus_name", ["text", pytest.param("ptb", marks=needs_ptb)])
 def test_tokenizer_is_saved_and_reloaded_with_every_checkpoint(tmp_path, corpus_name):
     if corpus_name == "ptb":
-        config = build_config({"dataset": {"name": "ptb", "test_examples": 1},
-                               "stream": {"megabatches": 4, "seq_len": 16}})
+        config = build_config(
+            {"dataset": {"name": "ptb", "test_examples": 1}, "stream": {"megabatches": 4, "seq_len": 16}}
+        )
     else:
         config = text_config(tmp_path)
     stream = text_stream(config.dataset, config.stream)
@@ -143,8 +147,7 @@ def test_lm_simulation_records_perplexity_not_error(tmp_path):
         assert record["steps"] == 3
     summary = written["summary"]
     assert summary["final_test_perplexity"] == written["series"][-1]["test_perplexity"]
-    assert summary["average_test_perplexity"] == pytest.approx(
-        sum(r["test_perplexity"] for r in written["series"]) / 2)
+    assert summary["average_test_perplexity"] == pytest.approx(sum(r["test_perplexity"] for r in written["series"]) / 2)
     assert results["summary"] == summary
     assert "tokenizer" in json.loads((tmp_path / "store" / "alma" / "2" / "spec.json").read_text())["task"]["extra"]
 

@@ -19,8 +19,9 @@ from alma_daemon.training.loop import EVAL_BATCH, Trainer
 from alma_daemon.training.optim import DEFAULT_LR, FlatOptimizer, optimizer_factory
 from tests.conftest import separable_data
 
-CIFAR_LIKE = TaskInfo("classification", (32, 32, 3), 4, mean=(0.5, 0.4, 0.3), std=(0.25, 0.2, 0.3),
-                      channels_last=True, augment=True)
+CIFAR_LIKE = TaskInfo(
+    "classification", (32, 32, 3), 4, mean=(0.5, 0.4, 0.3), std=(0.25, 0.2, 0.3), channels_last=True, augment=True
+)
 CONFIG = TrainConfig(epochs=3, patience=3, batch_size=32)
 
 
@@ -56,8 +57,11 @@ def test_trainer_gives_the_textbook_loops_weights_bit_for_bit(task, width, optim
     twin = copy.deepcopy(net)
     report = Trainer(CONFIG, optimizer, torch.device("cpu"), seed=5, augment=task.augment).fit(net, train, val)
     lr = DEFAULT_LR[optimizer]
-    plain_optimizer = (torch.optim.Adadelta(twin.parameters(), lr=lr) if optimizer == "adadelta" else
-                       torch.optim.SGD(twin.parameters(), lr=lr, momentum=0.9, weight_decay=1e-4))
+    plain_optimizer = (
+        torch.optim.Adadelta(twin.parameters(), lr=lr)
+        if optimizer == "adadelta"
+        else torch.optim.SGD(twin.parameters(), lr=lr, momentum=0.9, weight_decay=1e-4)
+    )
     best_error, best_state = plain_fit(twin, train, val, CONFIG, plain_optimizer, task.augment, seed=5)
     assert report.val_error == best_error
     for key, value in net.state_dict().items():
@@ -73,9 +77,11 @@ def test_flat_optimizer_steps_exactly_like_the_per_parameter_one_even_when_gradi
     config = TrainConfig(lr=0.1, weight_decay=0.01)
     flat = FlatOptimizer([list(n.parameters()) for n in nets], optimizer_factory(name, config, torch.device("cpu")))
     params = [p for n in twins for p in n.parameters()]
-    reference = {"adadelta": lambda: torch.optim.Adadelta(params, lr=0.1, weight_decay=0.01),
-                 "sgd": lambda: torch.optim.SGD(params, lr=0.1, momentum=0.9, weight_decay=0.01),
-                 "adam": lambda: torch.optim.Adam(params, lr=0.1, betas=(0.9, 0.98), eps=1e-8, weight_decay=0.01)}[name]()
+    reference = {
+        "adadelta": lambda: torch.optim.Adadelta(params, lr=0.1, weight_decay=0.01),
+        "sgd": lambda: torch.optim.SGD(params, lr=0.1, momentum=0.9, weight_decay=0.01),
+        "adam": lambda: torch.optim.Adam(params, lr=0.1, betas=(0.9, 0.98), eps=1e-8, weight_decay=0.01),
+    }[name]()
     x = torch.randn(4, 5)
     for step in range(6):
         for optimizer, models in ((flat, nets), (reference, twins)):
@@ -107,12 +113,16 @@ def test_without_a_compiler_train_compile_runs_eager_with_the_eager_results(monk
     (eager, eager_net), (fallback, fallback_net) = reports
     assert (fallback.val_error, fallback.flops, fallback.steps) == (eager.val_error, eager.flops, eager.steps)
     assert all(torch.equal(a, b) for a, b in zip(eager_net.parameters(), fallback_net.parameters()))
-    assert compile_module.compiler_missing(torch.device("cpu")) == "no C++ compiler ('no-such-compiler-anywhere') on PATH"
+    assert (
+        compile_module.compiler_missing(torch.device("cpu")) == "no C++ compiler ('no-such-compiler-anywhere') on PATH"
+    )
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(compile_module.compiler_missing(torch.device("cpu")) is not None,
-                    reason=f"torch.compile cannot build CPU kernels here: {compile_module.compiler_missing(torch.device('cpu'))}")
+@pytest.mark.skipif(
+    compile_module.compiler_missing(torch.device("cpu")) is not None,
+    reason=f"torch.compile cannot build CPU kernels here: {compile_module.compiler_missing(torch.device('cpu'))}",
+)
 def test_train_compile_trains_and_counts_the_flops_of_the_eager_model() -> None:
     """Compiled kernels round differently (fused multiply-adds), so results are close, not equal; FLOPs are equal."""
     train, val = separable_data(MNIST_TASK, 256, seed=1), separable_data(MNIST_TASK, 64, seed=2)

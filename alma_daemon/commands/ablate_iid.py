@@ -5,15 +5,16 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from alma_daemon.research.ablation import ablate_iid
 from alma_daemon.cli import add_config_arguments
 from alma_daemon.config import load_config
 from alma_daemon.observability.results import write_json_atomic
+from alma_daemon.research.ablation import ablate_iid
 
 
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser(
-        "ablate-iid", help="train on the first k chunks sequentially and all at once (same steps); compare")
+        "ablate-iid", help="train on the first k chunks sequentially and all at once (same steps); compare"
+    )
     add_config_arguments(parser)
     parser.add_argument("--chunks", "-k", type=int, required=True, help="how many chunks of the stream (k)")
     parser.add_argument("--out", "-o", required=True, help="JSON file for both runs' results")

@@ -18,5 +18,8 @@ def add_parser(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     status = run_grid(args.grid, args.out, progress=not args.no_progress)
     failed = [r["name"] for r in status["runs"] if r["status"] != "ok"]
-    print(f"{len(status['runs']) - len(failed)} run(s) ok, {len(failed)} failed" + (f": {', '.join(failed)}" if failed else ""))
+    print(
+        f"{len(status['runs']) - len(failed)} run(s) ok, {len(failed)} failed"
+        + (f": {', '.join(failed)}" if failed else "")
+    )
     return 0

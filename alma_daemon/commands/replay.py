@@ -6,8 +6,8 @@ import argparse
 
 from alma_daemon.cli import add_config_arguments
 from alma_daemon.config import Config, load_config
-from alma_daemon.service.connections import kafka_security
 from alma_daemon.data.wire import DEFAULT_MAX_PART_BYTES
+from alma_daemon.service.connections import kafka_security
 from alma_daemon.service.embedded_redis import EMBEDDED_OVERRIDES, close_redis, connect_redis
 from alma_daemon.service.redis_keys import StreamKeys
 from alma_daemon.transports.kafka import KafkaPublisher
@@ -16,8 +16,12 @@ from alma_daemon.transports.replay import ReplayReport, chunk_source, labeled_ch
 
 #: Command-line flags that are shorthands for config keys.
 FLAG_KEYS = {
-    "dataset": "dataset.name", "megabatches": "stream.megabatches", "seed": "stream.seed",
-    "topic": "kafka.topic", "bootstrap_servers": "kafka.bootstrap_servers", "stream": "daemon.stream",
+    "dataset": "dataset.name",
+    "megabatches": "stream.megabatches",
+    "seed": "stream.seed",
+    "topic": "kafka.topic",
+    "bootstrap_servers": "kafka.bootstrap_servers",
+    "stream": "daemon.stream",
 }
 
 
@@ -25,20 +29,35 @@ def add_parser(subparsers) -> None:
     parser = subparsers.add_parser("replay", help="publish a dataset as a stream of chunks (Kafka or embedded)")
     add_config_arguments(parser)
     parser.add_argument("--dataset", help="dataset to stream (mnist, cifar10, ptb, text); default: dataset.name")
-    parser.add_argument("--npz", metavar="FILE", help="stream your own arrays instead: a .npz with x (N x ...) and y (N)")
+    parser.add_argument(
+        "--npz", metavar="FILE", help="stream your own arrays instead: a .npz with x (N x ...) and y (N)"
+    )
     parser.add_argument("--megabatches", type=int, help="number of chunks B (stream.megabatches)")
     parser.add_argument("--seed", type=int, help="seed of the partition into chunks (stream.seed)")
     parser.add_argument("--topic", help="Kafka topic, or Redis stream name with --embedded (kafka.topic)")
     parser.add_argument("--bootstrap-servers", help="Kafka brokers, host:port[,host:port] (kafka.bootstrap_servers)")
     parser.add_argument("--stream", help="stream name in the records' headers (daemon.stream)")
-    parser.add_argument("--embedded", action="store_true",
-                        help="publish to the embedded Redis under daemon.state_dir instead of Kafka")
-    parser.add_argument("--rate", help="at most this many chunks per time unit, e.g. 2/s, 30/m (default: as fast as possible)")
-    parser.add_argument("--from-chunk", type=int, metavar="ID",
-                        help="skip chunks with smaller ids (default 1; with --embedded: after what the daemon has)")
-    parser.add_argument("--max-part-bytes", type=int, default=DEFAULT_MAX_PART_BYTES,
-                        help=f"split chunks into records of at most this many bytes (default {DEFAULT_MAX_PART_BYTES})")
-    parser.add_argument("--partitions", type=int, default=1, help="partitions of the topic if it is created (default 1)")
+    parser.add_argument(
+        "--embedded", action="store_true", help="publish to the embedded Redis under daemon.state_dir instead of Kafka"
+    )
+    parser.add_argument(
+        "--rate", help="at most this many chunks per time unit, e.g. 2/s, 30/m (default: as fast as possible)"
+    )
+    parser.add_argument(
+        "--from-chunk",
+        type=int,
+        metavar="ID",
+        help="skip chunks with smaller ids (default 1; with --embedded: after what the daemon has)",
+    )
+    parser.add_argument(
+        "--max-part-bytes",
+        type=int,
+        default=DEFAULT_MAX_PART_BYTES,
+        help=f"split chunks into records of at most this many bytes (default {DEFAULT_MAX_PART_BYTES})",
+    )
+    parser.add_argument(
+        "--partitions", type=int, default=1, help="partitions of the topic if it is created (default 1)"
+    )
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     parser.set_defaults(func=run)
 
@@ -65,26 +84,39 @@ def run(args: argparse.Namespace) -> int:
         chunks = labeled_chunks(load_npz(args.npz), config)
     else:
         chunks = chunk_source(config)
-    options = dict(rate=rate, max_part_bytes=args.max_part_bytes, progress=not args.no_progress,
-                   total=config.stream.megabatches)
+    options = dict(
+        rate=rate, max_part_bytes=args.max_part_bytes, progress=not args.no_progress, total=config.stream.megabatches
+    )
     if config.kafka.transport == "redis":
         client = connect_redis(config)
         try:
             first = args.from_chunk or resume_point(client, StreamKeys(config.daemon.stream), config.kafka.topic)
-            report = replay(chunks, RedisStreamPublisher(client, config.kafka.topic), config.daemon.stream,
-                            first_chunk=first, **options)
+            report = replay(
+                chunks,
+                RedisStreamPublisher(client, config.kafka.topic),
+                config.daemon.stream,
+                first_chunk=first,
+                **options,
+            )
         finally:
             close_redis(client)
     else:
-        publisher = KafkaPublisher(config.kafka.bootstrap_servers, config.kafka.topic, args.partitions,
-                                   kafka_security(config.kafka))
+        publisher = KafkaPublisher(
+            config.kafka.bootstrap_servers, config.kafka.topic, args.partitions, kafka_security(config.kafka)
+        )
         report = replay(chunks, publisher, config.daemon.stream, first_chunk=args.from_chunk or 1, **options)
     print(describe(report, config))
     return 0
 
 
 def describe(report: ReplayReport, config: Config) -> str:
-    where = f"Redis stream {config.kafka.topic}" if config.kafka.transport == "redis" else f"Kafka topic {config.kafka.topic}"
+    where = (
+        f"Redis stream {config.kafka.topic}"
+        if config.kafka.transport == "redis"
+        else f"Kafka topic {config.kafka.topic}"
+    )
     speed = report.bytes / 1e6 / report.seconds if report.seconds > 0 else 0.0
-    return (f"published {report.chunks} chunk(s) of stream {config.daemon.stream} to {where}: {report.records} "
-            f"record(s), {report.bytes / 1e6:.1f} MB in {report.seconds:.1f} s ({speed:.1f} MB/s)")
+    return (
+        f"published {report.chunks} chunk(s) of stream {config.daemon.stream} to {where}: {report.records} "
+        f"record(s), {report.bytes / 1e6:.1f} MB in {report.seconds:.1f} s ({speed:.1f} MB/s)"
+    )

@@ -11,8 +11,9 @@ def add_parser(subparsers) -> None:
     parser = subparsers.add_parser("report", help="plots + markdown table of every run under a folder")
     parser.add_argument("folder", help="a run folder, a grid folder, or a daemon state folder")
     parser.add_argument("--out", "-o", help="where to write the report (default: the folder itself)")
-    parser.add_argument("--html", action="store_true",
-                        help="also write report.html: table and plots in one self-contained page")
+    parser.add_argument(
+        "--html", action="store_true", help="also write report.html: table and plots in one self-contained page"
+    )
     parser.set_defaults(func=run)
 
 

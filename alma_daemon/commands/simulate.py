@@ -8,8 +8,8 @@ from contextlib import ExitStack
 from alma_daemon.cli import add_config_arguments
 from alma_daemon.config import ConfigError, load_config
 from alma_daemon.observability.exporter import MetricsObserver, start_exporter
-from alma_daemon.runtime import resolve_device
 from alma_daemon.research.simulate import run_simulation
+from alma_daemon.runtime import resolve_device
 from alma_daemon.training.distributed import join_process_group, launched_with_ranks, leave_process_group
 from policies import build_policy
 
@@ -20,8 +20,12 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--out", "-o", help="folder for results.json and series.csv")
     parser.add_argument("--checkpoints", help="also write every model version to this model-store folder")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    parser.add_argument("--metrics-port", type=int, metavar="P",
-                        help="serve Prometheus metrics on this port while running (overrides metrics.port; 0 = off)")
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="P",
+        help="serve Prometheus metrics on this port while running (overrides metrics.port; 0 = off)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -49,8 +53,10 @@ def run(args: argparse.Namespace) -> int:
     if launched_with_ranks() and build_policy(config.policy).time_based:
         # Each rank would read its own clock, and ranks that decide differently never meet at the
         # collectives of a training stage.
-        raise ConfigError(f"policy.name: {config.policy.name!r} decides from the clock, which differs between "
-                          f"ranks; under torchrun use a policy that decides from the chunks (fixed)")
+        raise ConfigError(
+            f"policy.name: {config.policy.name!r} decides from the clock, which differs between "
+            f"ranks; under torchrun use a policy that decides from the chunks (fixed)"
+        )
     world = join_process_group(resolve_device(config.device))
     with ExitStack() as stack:
         stack.callback(leave_process_group)
@@ -60,9 +66,13 @@ def run(args: argparse.Namespace) -> int:
             exporter.set_ready(True)
             observers.append(MetricsObserver(in_process_source=True))
         # Every rank runs the whole stream (see training/distributed.py); rank 0 reports it.
-        results = run_simulation(config, args.out if world.is_main else None,
-                                 progress=world.is_main and not args.no_progress,
-                                 checkpoint_dir=args.checkpoints if world.is_main else None, observers=observers)
+        results = run_simulation(
+            config,
+            args.out if world.is_main else None,
+            progress=world.is_main and not args.no_progress,
+            checkpoint_dir=args.checkpoints if world.is_main else None,
+            observers=observers,
+        )
     if world.is_main:
         print(format_summary(results["summary"]))
         if args.out:

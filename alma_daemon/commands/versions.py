@@ -48,8 +48,11 @@ def version_rows(publisher) -> list[dict]:
 
 
 def format_table(rows: list[dict]) -> str:
-    columns = [c for c in ("version", "live", "validation_error", "validation_perplexity", "parameters", "kind",
-                           "registered") if any(c in row for row in rows)]
+    columns = [
+        c
+        for c in ("version", "live", "validation_error", "validation_perplexity", "parameters", "kind", "registered")
+        if any(c in row for row in rows)
+    ]
     cells = [[_cell(row.get(c)) for c in columns] for row in rows]
     widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths))]

@@ -22,9 +22,9 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from alma_daemon.config import Config
 from alma_daemon.core.checkpoints import CheckpointStore
 from alma_daemon.core.chunk_buffer import ChunkBuffer
-from alma_daemon.config import Config
 from alma_daemon.data.streams import Chunk, build_drift, prequential_sample, split_chunk
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import Learner
@@ -42,13 +42,13 @@ class EngineObserver:
     Every method has a no-op default; an observer overrides what it needs and never mutates the engine.
     """
 
-    def on_decision(self, decision: Decision, engine: "Engine") -> None: ...
+    def on_decision(self, decision: Decision, engine: Engine) -> None: ...
 
-    def on_stage(self, stage: dict, engine: "Engine") -> None: ...
+    def on_stage(self, stage: dict, engine: Engine) -> None: ...
 
-    def on_checkpoint(self, version: int, path: str, metrics: dict, engine: "Engine") -> None: ...
+    def on_checkpoint(self, version: int, path: str, metrics: dict, engine: Engine) -> None: ...
 
-    def on_step(self, record: dict, engine: "Engine") -> None: ...
+    def on_step(self, record: dict, engine: Engine) -> None: ...
 
 
 @dataclass
@@ -154,8 +154,12 @@ class Engine:
 
     def decide(self, prequential: float | None = None, prequential_examples: int = 0) -> Decision:
         decision = self.policy.decide(self.policy_state(prequential, prequential_examples))
-        self.state.last_decision = {"action": decision.action, "reason": decision.reason, "at": self.clock(),
-                                    "estimates": decision.estimates}
+        self.state.last_decision = {
+            "action": decision.action,
+            "reason": decision.reason,
+            "at": self.clock(),
+            "estimates": decision.estimates,
+        }
         log.info("policy decision", extra={"action": decision.action, "reason": decision.reason, **decision.estimates})
         for observer in self.observers:
             observer.on_decision(decision, self)
@@ -182,7 +186,10 @@ class Engine:
         stage = self.state.stages_done + 1
         seed = self.config.seed
         trainer = Trainer(
-            self.config.train, self.optimizer_name, self.device, seed=derive_seed(seed, "stage", stage),
+            self.config.train,
+            self.optimizer_name,
+            self.device,
+            seed=derive_seed(seed, "stage", stage),
             augment=self.learner.task.augment,
         )
         # Draws from torch's global RNG (a user's learner may make some) must also replay identically on resume.
@@ -207,11 +214,19 @@ class Engine:
         self.state.last_stage_flops_per_example = report.flops / max(1, len(train))
         self.state.last_stage_seconds_per_example = report.seconds / max(1, len(train))
         info = {
-            "stage": stage, "kind": kind, "chunks": chunk_ids, "examples": len(train) + len(val),
-            "train_flops": report.flops, "train_seconds": report.seconds, "steps": report.steps,
-            "epochs": report.epochs, "best_epoch": report.best_epoch,
-            f"val_{self.learner.measure}": val_measure, "growth": growth,
-            "model_version": self.state.model_version, "parameters": self.learner.num_parameters(),
+            "stage": stage,
+            "kind": kind,
+            "chunks": chunk_ids,
+            "examples": len(train) + len(val),
+            "train_flops": report.flops,
+            "train_seconds": report.seconds,
+            "steps": report.steps,
+            "epochs": report.epochs,
+            "best_epoch": report.best_epoch,
+            f"val_{self.learner.measure}": val_measure,
+            "growth": growth,
+            "model_version": self.state.model_version,
+            "parameters": self.learner.num_parameters(),
             "train_flops_per_example": report.flops / max(1, len(train)),
         }
         log.info("trained", extra={k: v for k, v in info.items() if k != "chunks"})
@@ -284,8 +299,20 @@ class Engine:
             record["test_error"] = test
             record["cumulative_error"] = s.cumulative_error if test is not None else None
         if stage is not None:
-            record.update({k: stage[k] for k in ("stage", "kind", "epochs", "best_epoch", "steps",
-                                                    f"val_{measure}", "train_flops_per_example")})
+            record.update(
+                {
+                    k: stage[k]
+                    for k in (
+                        "stage",
+                        "kind",
+                        "epochs",
+                        "best_epoch",
+                        "steps",
+                        f"val_{measure}",
+                        "train_flops_per_example",
+                    )
+                }
+            )
             if stage.get("growth") is not None:
                 record["growth"] = stage["growth"]
         s.series.append(record)

@@ -9,9 +9,9 @@ from __future__ import annotations
 import gzip
 import os
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
@@ -40,17 +40,26 @@ class TaskInfo:
 
     def to_dict(self) -> dict:
         return {
-            "kind": self.kind, "input_shape": list(self.input_shape), "num_classes": self.num_classes,
-            "mean": list(self.mean), "std": list(self.std), "channels_last": self.channels_last,
-            "augment": self.augment, "extra": self.extra,
+            "kind": self.kind,
+            "input_shape": list(self.input_shape),
+            "num_classes": self.num_classes,
+            "mean": list(self.mean),
+            "std": list(self.std),
+            "channels_last": self.channels_last,
+            "augment": self.augment,
+            "extra": self.extra,
         }
 
     @classmethod
-    def from_dict(cls, data: dict) -> "TaskInfo":
+    def from_dict(cls, data: dict) -> TaskInfo:
         return cls(
-            kind=data["kind"], input_shape=tuple(data["input_shape"]), num_classes=int(data["num_classes"]),
-            mean=tuple(data.get("mean", ())), std=tuple(data.get("std", ())),
-            channels_last=bool(data.get("channels_last", False)), augment=bool(data.get("augment", False)),
+            kind=data["kind"],
+            input_shape=tuple(data["input_shape"]),
+            num_classes=int(data["num_classes"]),
+            mean=tuple(data.get("mean", ())),
+            std=tuple(data.get("std", ())),
+            channels_last=bool(data.get("channels_last", False)),
+            augment=bool(data.get("augment", False)),
             extra=dict(data.get("extra", {})),
         )
 
@@ -67,8 +76,13 @@ class Dataset:
 MNIST_TASK = TaskInfo("classification", (28, 28), 10, mean=(0.1307,), std=(0.3081,))
 # Statistics of the original CIFAR-10 training set (the JPEG-decoded copy differs in the 3rd decimal).
 CIFAR10_TASK = TaskInfo(
-    "classification", (32, 32, 3), 10,
-    mean=(0.4914, 0.4822, 0.4465), std=(0.2470, 0.2435, 0.2616), channels_last=True, augment=True,
+    "classification",
+    (32, 32, 3),
+    10,
+    mean=(0.4914, 0.4822, 0.4465),
+    std=(0.2470, 0.2435, 0.2616),
+    channels_last=True,
+    augment=True,
 )
 
 _LOADERS: dict[str, Callable[[Path], Dataset]] = {}
@@ -78,6 +92,7 @@ def register_dataset(name: str) -> Callable:
     def wrap(fn: Callable[[Path], Dataset]) -> Callable[[Path], Dataset]:
         _LOADERS[name] = fn
         return fn
+
     return wrap
 
 
@@ -121,7 +136,7 @@ def _read_idx(path: Path, expected_magic: int) -> np.ndarray:
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rb") as f:
         data = f.read()
-    magic, = struct.unpack(">I", data[:4])
+    (magic,) = struct.unpack(">I", data[:4])
     if magic != expected_magic:
         raise DatasetError(f"{path}: not an IDX file of the expected kind (magic {magic:#x})")
     ndim = magic & 0xFF
@@ -197,7 +212,8 @@ def load_cifar10(root: Path) -> Dataset:
         directory = root / sub
         if (directory / "data_batch_1").is_file():
             return Dataset(
-                _cifar_from_python(directory, train_names), _cifar_from_python(directory, ["test_batch"]),
+                _cifar_from_python(directory, train_names),
+                _cifar_from_python(directory, ["test_batch"]),
                 CIFAR10_TASK,
             )
     raise DatasetError(

@@ -14,8 +14,8 @@ the test set it evaluates on after each chunk.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -141,7 +141,9 @@ def _permute_labels(config: DriftConfig, task: TaskInfo, seed: int) -> tuple[Tra
 def _rotate(config: DriftConfig, task: TaskInfo, seed: int) -> tuple[Transform, str]:
     shape = task.input_shape
     if len(shape) not in (2, 3):
-        raise ConfigError(f"stream.drift.kind: rotate needs images (height x width [x channels]); inputs have shape {list(shape)}")
+        raise ConfigError(
+            f"stream.drift.kind: rotate needs images (height x width [x channels]); inputs have shape {list(shape)}"
+        )
     degrees = config.degrees
 
     def transform(data: LabeledData) -> LabeledData:

@@ -21,11 +21,11 @@ class LabeledData:
     def __len__(self) -> int:
         return int(self.y.shape[0])
 
-    def subset(self, index: torch.Tensor | slice) -> "LabeledData":
+    def subset(self, index: torch.Tensor | slice) -> LabeledData:
         return LabeledData(self.x[index], self.y[index])
 
     @staticmethod
-    def concat(parts: list["LabeledData"]) -> "LabeledData":
+    def concat(parts: list[LabeledData]) -> LabeledData:
         if len(parts) == 1:
             return parts[0]
         return LabeledData(torch.cat([p.x for p in parts]), torch.cat([p.y for p in parts]))

@@ -22,9 +22,10 @@ import bisect
 import itertools
 import re
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Protocol, Sequence
+from typing import Protocol
 
 import torch
 from tokenizers import Tokenizer as HFTokenizer
@@ -63,7 +64,7 @@ class WordVocabulary:
         self.vocab_size = len(self.words)
 
     @classmethod
-    def from_text(cls, text: str) -> "WordVocabulary":
+    def from_text(cls, text: str) -> WordVocabulary:
         """Every word of ``text`` plus ``<eos>``, most frequent first (ties alphabetical), so ids are stable."""
         counts = Counter(cls.words_of(text))
         return cls(sorted(counts, key=lambda w: (-counts[w], w)))
@@ -97,17 +98,18 @@ class BPETokenizer:
         self.vocab_size = tokenizer.get_vocab_size()
 
     @classmethod
-    def train(cls, text: str, vocab_size: int) -> "BPETokenizer":
+    def train(cls, text: str, vocab_size: int) -> BPETokenizer:
         tokenizer = HFTokenizer(models.BPE())
         tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tokenizer.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                      show_progress=False)
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+        )
         tokenizer.train_from_iterator(text.splitlines(keepends=True), trainer)
         return cls(tokenizer)
 
     @classmethod
-    def from_file(cls, path: str | Path) -> "BPETokenizer":
+    def from_file(cls, path: str | Path) -> BPETokenizer:
         if not Path(path).is_file():
             raise DatasetError(f"dataset.tokenizer: file {path} not found")
         return cls(HFTokenizer.from_file(str(path)))
@@ -155,6 +157,7 @@ def register_corpus(name: str) -> Callable:
     def wrap(fn: Callable[[DatasetConfig, int], TextCorpus]) -> Callable[[DatasetConfig, int], TextCorpus]:
         _CORPORA[name] = fn
         return fn
+
     return wrap
 
 
@@ -181,8 +184,10 @@ def _read_ptb(root: Path, split: str) -> str:
     for path in (root / "ptb" / name, root / name):
         if path.is_file():
             return path.read_text(encoding="utf-8")
-    raise DatasetError(f"PTB: {name} not found in {root / 'ptb'} or {root}; point dataset.root or "
-                       f"$ALMA_DATA_DIR at the folder holding Mikolov's ptb.*.txt files")
+    raise DatasetError(
+        f"PTB: {name} not found in {root / 'ptb'} or {root}; point dataset.root or "
+        f"$ALMA_DATA_DIR at the folder holding Mikolov's ptb.*.txt files"
+    )
 
 
 @register_corpus("text")
@@ -243,6 +248,7 @@ def text_stream(dataset: DatasetConfig, stream: StreamConfig) -> TextStream:
     if dataset.test_examples is not None:
         test = test.subset(slice(0, dataset.test_examples))
     vocab = corpus.tokenizer.vocab_size
-    task = TaskInfo("language_model", (stream.seq_len,), vocab,
-                    extra={"vocab_size": vocab, "tokenizer": corpus.tokenizer.to_dict()})
+    task = TaskInfo(
+        "language_model", (stream.seq_len,), vocab, extra={"vocab_size": vocab, "tokenizer": corpus.tokenizer.to_dict()}
+    )
     return TextStream(task, [Chunk(i, p) for i, p in enumerate(parts, start=1)], test)

@@ -33,9 +33,7 @@ HEADER_CHUNK = "alma-chunk"
 HEADER_PART = "alma-part"
 HEADER_PARTS = "alma-parts"
 HEADER_CONTENT_TYPE = "content-type"
-_KNOWN_HEADERS = frozenset(
-    {HEADER_SCHEMA, HEADER_STREAM, HEADER_CHUNK, HEADER_PART, HEADER_PARTS, HEADER_CONTENT_TYPE}
-)
+_KNOWN_HEADERS = frozenset({HEADER_SCHEMA, HEADER_STREAM, HEADER_CHUNK, HEADER_PART, HEADER_PARTS, HEADER_CONTENT_TYPE})
 
 #: Machine-readable rejection reasons, in a stable order so that metrics can pre-register every
 #: label value (a counter that exists at 0 makes "no rejections" visible in Prometheus).

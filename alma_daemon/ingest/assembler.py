@@ -51,8 +51,9 @@ def part_dtype(part: DecodedPart) -> str:
 class Assembler:
     """Tracks the chunks of one stream between their first part and their completion."""
 
-    def __init__(self, stream: str, in_progress: dict[int, ChunkProgress] | None = None,
-                 last_completed: int | None = None):
+    def __init__(
+        self, stream: str, in_progress: dict[int, ChunkProgress] | None = None, last_completed: int | None = None
+    ):
         self.stream = stream
         self.in_progress: dict[int, ChunkProgress] = dict(in_progress or {})
         self.guard = ChunkOrderGuard({stream: last_completed} if last_completed is not None else None)
@@ -71,11 +72,15 @@ class Assembler:
         if progress is None:
             progress = ChunkProgress(parts=part.parts, dtype=dtype)
         elif part.parts != progress.parts:
-            raise RejectedRecord("part_numbering", f"part {part.part} of chunk {part.chunk_id} says {part.parts} "
-                                                   f"parts; earlier parts said {progress.parts}")
+            raise RejectedRecord(
+                "part_numbering",
+                f"part {part.part} of chunk {part.chunk_id} says {part.parts} "
+                f"parts; earlier parts said {progress.parts}",
+            )
         elif dtype != progress.dtype:
-            raise RejectedRecord("dtype", f"part {part.part} of chunk {part.chunk_id} is {dtype}; earlier parts "
-                                          f"are {progress.dtype}")
+            raise RejectedRecord(
+                "dtype", f"part {part.part} of chunk {part.chunk_id} is {dtype}; earlier parts are {progress.dtype}"
+            )
         if part.part in progress.got:
             return PartOutcome(duplicate=True)
         progress.got.add(part.part)

@@ -13,8 +13,8 @@ from typing import Any
 
 from alma_daemon.data.wire import DecodedPart, RejectedRecord
 from alma_daemon.ingest.assembler import Assembler, ChunkProgress, part_dtype
-from alma_daemon.transports.source import SourceRecord
 from alma_daemon.service.redis_keys import StreamKeys
+from alma_daemon.transports.source import SourceRecord
 
 #: The dead-letter stream keeps about this many entries (XADD MAXLEN ~), so bad input cannot fill Redis.
 DEAD_LETTER_MAXLEN = 10_000
@@ -57,9 +57,11 @@ class IngestStore:
             chunk_id = int(member)
             fields = {k.decode(): v.decode() for k, v in self.client.hgetall(self.keys.chunk(chunk_id)).items()}
             in_progress[chunk_id] = ChunkProgress(
-                parts=int(fields["parts"]), dtype=fields["dtype"],
+                parts=int(fields["parts"]),
+                dtype=fields["dtype"],
                 got={int(k.removeprefix("got:")) for k in fields if k.startswith("got:")},
-                examples=int(fields.get("examples", 0)), bytes=int(fields.get("bytes", 0)),
+                examples=int(fields.get("examples", 0)),
+                bytes=int(fields.get("bytes", 0)),
             )
         return Assembler(self.keys.stream, in_progress, int(last) if last is not None else None)
 
@@ -89,22 +91,45 @@ class IngestStore:
             pipe.zrem(keys.assembling, chunk_id)
             pipe.delete(keys.chunk(chunk_id), *(keys.part(chunk_id, i) for i in progress.got))
             pipe.hincrby(keys.ingest, "queued_bytes", -progress.bytes)
-            detail = (f"chunk {chunk_id} has {len(progress.got)} of {progress.parts} parts and chunk {newer} "
-                      f"completed after it: its missing parts would arrive out of order")
+            detail = (
+                f"chunk {chunk_id} has {len(progress.got)} of {progress.parts} parts and chunk {newer} "
+                f"completed after it: its missing parts would arrive out of order"
+            )
             dead_letter(pipe, keys, "part_numbering", detail, f"chunk {chunk_id}")
         for record, rejection in batch.rejected:
-            dead_letter(pipe, keys, rejection.reason, rejection.detail, record.origin,
-                        key=record.key, value_bytes=len(record.value or b""))
+            dead_letter(
+                pipe,
+                keys,
+                rejection.reason,
+                rejection.detail,
+                record.origin,
+                key=record.key,
+                value_bytes=len(record.value or b""),
+            )
         if batch.offsets:
             pipe.hset(keys.offsets, mapping=batch.offsets)
         pipe.execute()
 
 
-def dead_letter(pipe: Any, keys: StreamKeys, reason: str, detail: str, origin: str, *,
-                key: bytes | None = None, value_bytes: int = 0) -> None:
+def dead_letter(
+    pipe: Any,
+    keys: StreamKeys,
+    reason: str,
+    detail: str,
+    origin: str,
+    *,
+    key: bytes | None = None,
+    value_bytes: int = 0,
+) -> None:
     """Add to ``pipe``: an entry in the dead-letter stream ``alma:{s}:dead`` and its counters."""
-    entry = {"reason": reason, "detail": detail[:2000], "origin": origin, "at": f"{time.time():.3f}",
-             "key": (key or b"")[:200], "value_bytes": value_bytes}
+    entry = {
+        "reason": reason,
+        "detail": detail[:2000],
+        "origin": origin,
+        "at": f"{time.time():.3f}",
+        "key": (key or b"")[:200],
+        "value_bytes": value_bytes,
+    }
     pipe.xadd(keys.dead, entry, maxlen=DEAD_LETTER_MAXLEN, approximate=True)
     pipe.hincrby(keys.ingest, "records_rejected", 1)
     pipe.hincrby(keys.ingest, f"rejected:{reason}", 1)

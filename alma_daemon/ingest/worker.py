@@ -18,16 +18,17 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any
 
-from alma_daemon.observability import telemetry
 from alma_daemon.data.wire import RejectedRecord, StreamSchema, decode_record
-from alma_daemon.transports.source import RecordSource, SourceRecord
 from alma_daemon.ingest.store import IngestBatch, IngestStore
+from alma_daemon.observability import telemetry
+from alma_daemon.runtime import run_beside_training
 from alma_daemon.service.outages import REDIS_UNREACHABLE, OutageBoard, one_line, retry_delays
 from alma_daemon.service.redis_keys import StreamKeys
-from alma_daemon.runtime import run_beside_training
+from alma_daemon.transports.source import RecordSource, SourceRecord
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +43,17 @@ LAG_REFRESH_SECONDS = 2.0
 class IngestWorker:
     """Moves records of one stream from a :class:`RecordSource` into the Redis buffer, exactly once."""
 
-    def __init__(self, source: RecordSource, client: Any, keys: StreamKeys, schema: StreamSchema, *,
-                 max_buffer_bytes: int, on_chunk_ready: Callable[[], None] = lambda: None,
-                 outages: OutageBoard | None = None):
+    def __init__(
+        self,
+        source: RecordSource,
+        client: Any,
+        keys: StreamKeys,
+        schema: StreamSchema,
+        *,
+        max_buffer_bytes: int,
+        on_chunk_ready: Callable[[], None] = lambda: None,
+        outages: OutageBoard | None = None,
+    ):
         self.source = source
         #: Where this thread reports Redis and transport outages (the daemon's board).
         self.outages = outages or OutageBoard(limit_seconds=float("inf"))
@@ -64,8 +73,9 @@ class IngestWorker:
         # The first lag query waits one period: at start-up the gauge matters less than the first poll.
         self._next_lag = time.monotonic() + LAG_REFRESH_SECONDS
         # A single committer thread runs the transactions one at a time, in submission order.
-        self._committer = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"ingest-commit-{keys.stream}",
-                                             initializer=run_beside_training)
+        self._committer = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix=f"ingest-commit-{keys.stream}", initializer=run_beside_training
+        )
         self._in_flight: deque[Future] = deque()
         self._commit_failed = False
 
@@ -134,23 +144,28 @@ class IngestWorker:
         over = self._queued_bound > self.max_buffer_bytes
         if over != self.paused:
             self.paused = over
-            log.warning("ingest paused: buffer full" if over else "ingest resumed",
-                        extra={"stream": self.keys.stream, "max_buffer_bytes": self.max_buffer_bytes})
+            log.warning(
+                "ingest paused: buffer full" if over else "ingest resumed",
+                extra={"stream": self.keys.stream, "max_buffer_bytes": self.max_buffer_bytes},
+            )
         return over
 
     def _report(self, batch: IngestBatch) -> None:
         for record, rejection in batch.rejected:
             telemetry.RECORDS_REJECTED.labels(rejection.reason).inc()
-            log.warning("record rejected", extra={"reason": rejection.reason, "origin": record.origin,
-                                                  "detail": rejection.detail[:300]})
+            log.warning(
+                "record rejected",
+                extra={"reason": rejection.reason, "origin": record.origin, "detail": rejection.detail[:300]},
+            )
         for chunk_id in batch.abandoned:
             telemetry.RECORDS_REJECTED.labels("part_numbering").inc()
             log.warning("incomplete chunk abandoned", extra={"chunk": chunk_id, "reason": "part_numbering"})
         for chunk_id, progress in batch.completed.items():
             telemetry.CHUNKS_RECEIVED.inc()
             telemetry.EXAMPLES_RECEIVED.inc(progress.examples)
-            log.info("chunk received", extra={"chunk": chunk_id, "examples": progress.examples,
-                                              "parts": progress.parts})
+            log.info(
+                "chunk received", extra={"chunk": chunk_id, "examples": progress.examples, "parts": progress.parts}
+            )
         if batch.completed:
             self.on_chunk_ready()
 
@@ -165,8 +180,10 @@ class IngestWorker:
             lag = self.source.lag()
         except self.source.unreachable as exc:
             if not self.outages.is_down(self.source.server):
-                log.warning("ingest: transport unreachable, waiting for it",
-                            extra={"server": self.source.server, "error": one_line(exc)})
+                log.warning(
+                    "ingest: transport unreachable, waiting for it",
+                    extra={"server": self.source.server, "error": one_line(exc)},
+                )
             self.outages.down(self.source.server, exc)
             return
         if self.outages.up(self.source.server) is not None:
@@ -205,7 +222,7 @@ class IngestWorker:
                 self.outages.down("redis", exc)
                 self._stop.wait(self._delays.compute(failures))
                 failures += 1
-            except BaseException as exc:  # noqa: BLE001 - handed to the daemon, which stops with it
+            except BaseException as exc:
                 self.error = exc
                 log.error("ingest stopped by an error", exc_info=True)
                 return

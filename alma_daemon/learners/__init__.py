@@ -48,8 +48,25 @@ def _import_builtin_learners() -> None:
 
 
 #: Modules whose import registers the built-in learners; add a line here for a new learner.
-BUILTIN_MODULES: list[str] = ["sm", "ens", "umix", "gens", "gmoe", "firefly", "switch_lm", "switch_lm_ens",
-                              "switch_lm_gens", "switch_lm_gmoe"]
+BUILTIN_MODULES: list[str] = [
+    "sm",
+    "ens",
+    "umix",
+    "gens",
+    "gmoe",
+    "firefly",
+    "switch_lm",
+    "switch_lm_ens",
+    "switch_lm_gens",
+    "switch_lm_gmoe",
+]
 
-__all__ = ["LEARNERS", "Learner", "build_learner", "learner_class", "learner_from_spec", "learner_names",
-           "register_learner"]
+__all__ = [
+    "LEARNERS",
+    "Learner",
+    "build_learner",
+    "learner_class",
+    "learner_from_spec",
+    "learner_names",
+    "register_learner",
+]

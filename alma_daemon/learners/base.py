@@ -96,7 +96,7 @@ class Learner(ABC):
             return p.device
         return torch.device("cpu")
 
-    def to(self, device: torch.device | str) -> "Learner":
+    def to(self, device: torch.device | str) -> Learner:
         self.model.to(device)
         return self
 

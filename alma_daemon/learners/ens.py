@@ -6,7 +6,7 @@ own initialization, shuffling and early stopping, with the results of training t
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -24,8 +24,9 @@ from alma_daemon.training.members import stacked_fitter
 def independent_members(learner: Learner, count: int, first: int = 0) -> list[nn.Module]:
     """``count`` backbones, each initialized from its own seed (member index), so they differ."""
     return [
-        seeded_build(derive_seed(learner.build_seed, "member", i),
-                     lambda: build_backbone(learner.task, learner.config.width))
+        seeded_build(
+            derive_seed(learner.build_seed, "member", i), lambda: build_backbone(learner.task, learner.config.width)
+        )
         for i in range(first, first + count)
     ]
 
@@ -35,11 +36,13 @@ def member_fitter(trainer: Trainer, train: LabeledData, val: LabeledData) -> Cal
     return lambda index, member: trainer.fit(member, train, val, purpose=("member", index))
 
 
-def train_independent_members(members: list[tuple[int, nn.Module]], trainer: Trainer, train: LabeledData,
-                              val: LabeledData) -> FitReport:
+def train_independent_members(
+    members: list[tuple[int, nn.Module]], trainer: Trainer, train: LabeledData, val: LabeledData
+) -> FitReport:
     """Train ``(index, member)`` pairs, stacked into one batched model where they allow it, spread over ranks."""
-    return train_members(members, member_fitter(trainer, train, val), trainer.seed,
-                         fit_together=stacked_fitter(trainer, train, val))
+    return train_members(
+        members, member_fitter(trainer, train, val), trainer.seed, fit_together=stacked_fitter(trainer, train, val)
+    )
 
 
 def average_member_proba(members: list[nn.Module] | nn.ModuleList, x: torch.Tensor) -> torch.Tensor:

@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -40,8 +40,15 @@ from alma_daemon.data.datasets import TaskInfo
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import register_learner
 from alma_daemon.learners.base import SingleNetwork
-from alma_daemon.models.firefly_net import (GrowableLayer, GrowableNet, apply_op, grown_architecture,
-                                             initial_architecture, is_image_task, parameter_count)
+from alma_daemon.models.firefly_net import (
+    GrowableLayer,
+    GrowableNet,
+    apply_op,
+    grown_architecture,
+    initial_architecture,
+    is_image_task,
+    parameter_count,
+)
 from alma_daemon.training.flops import count_flops
 from alma_daemon.training.loop import FitReport, Trainer
 
@@ -219,8 +226,9 @@ def layer_candidate(layer: GrowableLayer, t: LayerTrace, g: torch.Generator) -> 
         return STEP * unit_rows(direction), float(decrease())
 
 
-def propose(net: GrowableNet, traces: list[LayerTrace], budget: float,
-            g: torch.Generator) -> tuple[list[Directions], list[Candidate]]:
+def propose(
+    net: GrowableNet, traces: list[LayerTrace], budget: float, g: torch.Generator
+) -> tuple[list[Directions], list[Candidate]]:
     """Optimize every candidate's direction; return them per layer with the scored candidates.
 
     Each layer gets enough new-unit candidates to spend the whole budget on its own (at least as
@@ -317,10 +325,14 @@ def firefly_step(net: GrowableNet, task: TaskInfo, data: LabeledData, budget: fl
         loss_after = float(F.cross_entropy(net(data.x), data.y))
     per_layer = [Counter(c.layer for c in chosen if c.kind == kind) for kind in ("split", "new")]
     return {
-        "split": [per_layer[0][i] for i in range(len(traces))], "new": [per_layer[1][i] for i in range(len(traces))],
+        "split": [per_layer[0][i] for i in range(len(traces))],
+        "new": [per_layer[1][i] for i in range(len(traces))],
         "inserted_after": next((c.layer for c in chosen if c.kind == "layer"), None),
-        "parameters_added": sum(p.numel() for p in net.parameters()) - before, "budget": round(budget),
-        "estimated_decrease": sum(c.gain for c in chosen), "loss_before": loss_before, "loss_after": loss_after,
+        "parameters_added": sum(p.numel() for p in net.parameters()) - before,
+        "budget": round(budget),
+        "estimated_decrease": sum(c.gain for c in chosen),
+        "loss_before": loss_before,
+        "loss_after": loss_after,
     }
 
 
@@ -350,7 +362,8 @@ class Firefly(SingleNetwork):
         initial = parameter_count(self.task, initial_architecture(self.task, self.config.width))
         directions = trainer.generator("firefly", "directions")
         summary, flops = count_flops(
-            lambda: firefly_step(self.model, self.task, data, self.config.growth_rate * initial, directions))
+            lambda: firefly_step(self.model, self.task, data, self.config.growth_rate * initial, directions)
+        )
         self.arch = {**self.model.architecture(), "trained": True}
         return {**summary, "flops": flops}
 

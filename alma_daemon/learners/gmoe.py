@@ -95,8 +95,9 @@ class GrowingMixtureOfExperts(SingleNetwork):
         layers = backbone_layers(self.task, self.config.width)
         sizes = layer_input_sizes(self.task, layers, MIXTURE_LAYERS)
         for i, tree in enumerate(arch["trees"]):
-            experts = [layers[i]] + [backbone_layers(self.task, self.config.width)[i]
-                                     for _ in range(count_experts(tree) - 1)]
+            experts = [layers[i]] + [
+                backbone_layers(self.task, self.config.width)[i] for _ in range(count_experts(tree) - 1)
+            ]
             gates = [binary_gate(sizes[i]) for _ in range(count_experts(tree) - 1)]
             layers[i] = TreeGatedMoE(experts, gates, tree, self.config.gating == "hard", sizes[i])
         return Backbone(self.task, layers)
@@ -116,8 +117,14 @@ class GrowingMixtureOfExperts(SingleNetwork):
             seed = int(torch.randint(0, 2**62, (1,), generator=trainer.generator("gmoe-gate", i)))
             gate = seeded_build(seed, lambda: binary_gate(mixture.input_size)).to(self.device)
             new = mixture.split(losing, gate)
-            splits.append({"layer": i, "losing_expert": losing, "new_expert": new,
-                           "cumulative_loss": [round(float(v), 4) for v in loss]})
+            splits.append(
+                {
+                    "layer": i,
+                    "losing_expert": losing,
+                    "new_expert": new,
+                    "cumulative_loss": [round(float(v), 4) for v in loss],
+                }
+            )
         self.arch = {"trees": [m.tree for m in self.mixtures()], "trained": True}
         return {"split": splits, "experts": [len(m.experts) for m in self.mixtures()], "flops": flops}
 

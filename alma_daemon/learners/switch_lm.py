@@ -10,7 +10,7 @@ times the load-balancing loss.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -39,6 +39,7 @@ def token_nll(log_proba: Callable[[torch.Tensor], torch.Tensor], data: LabeledDa
 
 def validation_loss(net: nn.Module, val: LabeledData, meter: FlopMeter) -> float:
     """The loop's ``validate`` for one network: token cross-entropy, its FLOPs counted as training compute."""
+
     def log_proba(x: torch.Tensor) -> torch.Tensor:
         return meter.run(("val", tuple(x.shape)), lambda: net(x).logits.log_softmax(-1))
 
@@ -57,21 +58,36 @@ class LanguageModel(Learner):
     def new_network(self, experts: list[int] | None = None) -> SwitchLM:
         """A freshly initialized LM; ``experts`` per block defaults to ``learner.experts`` in every block."""
         c = self.config
-        return SwitchLM(SwitchLMConfig(
-            vocab_size=self.task.num_classes, block_size=self.task.input_shape[0], d_model=c.d_model,
-            heads=c.heads, d_ff=c.d_ff, experts=tuple(experts or [c.experts] * c.layers), dropout=c.dropout,
-            capacity_factor=c.capacity_factor,
-        ))
+        return SwitchLM(
+            SwitchLMConfig(
+                vocab_size=self.task.num_classes,
+                block_size=self.task.input_shape[0],
+                d_model=c.d_model,
+                heads=c.heads,
+                d_ff=c.d_ff,
+                experts=tuple(experts or [c.experts] * c.layers),
+                dropout=c.dropout,
+                capacity_factor=c.capacity_factor,
+            )
+        )
 
     def objective(self, net: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         out = net(x)
         loss = F.cross_entropy(out.logits.flatten(0, 1), y.flatten())
         return loss + self.config.balance_loss_weight * out.balance_loss
 
-    def train_network(self, net: nn.Module, train: LabeledData, val: LabeledData, trainer: Trainer,
-                      purpose: object = "model") -> FitReport:
-        return trainer.fit(net, train, val, purpose=purpose, objective=self.objective,
-                           steps=trainer.config.steps_per_chunk, validate=validation_loss)
+    def train_network(
+        self, net: nn.Module, train: LabeledData, val: LabeledData, trainer: Trainer, purpose: object = "model"
+    ) -> FitReport:
+        return trainer.fit(
+            net,
+            train,
+            val,
+            purpose=purpose,
+            objective=self.objective,
+            steps=trainer.config.steps_per_chunk,
+            validate=validation_loss,
+        )
 
     def log_proba(self, x: torch.Tensor) -> torch.Tensor:
         """Next-token log-probabilities (batch, length, vocabulary)."""

@@ -43,8 +43,10 @@ class SwitchLMEnsemble(LanguageModel):
     def fit(self, train: LabeledData, val: LabeledData, trainer: Trainer) -> FitReport:
         members = [(i, self.model[i]) for i in self.members_to_train()]
         return train_members(
-            members, lambda i, member: self.train_network(member, train, val, trainer, purpose=("member", i)),
-            trainer.seed)
+            members,
+            lambda i, member: self.train_network(member, train, val, trainer, purpose=("member", i)),
+            trainer.seed,
+        )
 
     def log_proba(self, x: torch.Tensor) -> torch.Tensor:
         return mixture_log_proba(self.model, x)

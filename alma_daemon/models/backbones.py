@@ -6,8 +6,8 @@ channels-last images as stored on the wire) and serving needs no separate prepro
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import torch
 from torch import nn
@@ -59,9 +59,12 @@ class Normalize(nn.Module):
             return x
         return self.arrange(self.standardize(x))
 
-    def same_transform(self, other: "Normalize") -> bool:
-        return (self.channels_last == other.channels_last and torch.equal(self.mean, other.mean)
-                and torch.equal(self.std, other.std))
+    def same_transform(self, other: Normalize) -> bool:
+        return (
+            self.channels_last == other.channels_last
+            and torch.equal(self.mean, other.mean)
+            and torch.equal(self.std, other.std)
+        )
 
 
 @contextmanager

@@ -115,8 +115,10 @@ class GrowableNet(nn.Module):
         return self.classifier(z.flatten(1))
 
     def architecture(self) -> dict:
-        return {"widths": [layer.width for layer in self.hidden],
-                "pools": [isinstance(layer.pool, nn.MaxPool2d) for layer in self.hidden]}
+        return {
+            "widths": [layer.width for layer in self.hidden],
+            "pools": [isinstance(layer.pool, nn.MaxPool2d) for layer in self.hidden],
+        }
 
     def consumer(self, index: int) -> nn.Module:
         """The op that reads hidden layer ``index``'s units (whose columns are their outgoing weights)."""
@@ -138,16 +140,25 @@ class GrowableNet(nn.Module):
         _sync_sizes(self)
 
     @torch.no_grad()
-    def add_new_units(self, index: int, rows: torch.Tensor, columns: torch.Tensor,
-                      stats: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+    def add_new_units(
+        self,
+        index: int,
+        rows: torch.Tensor,
+        columns: torch.Tensor,
+        stats: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> None:
         """Append fresh units: incoming weights ``rows``, no bias, outgoing weights ``columns``.
 
         In VGG each gets a BatchNorm that standardizes its feature map, given ``stats``, the (mean,
         variance) of its conv output on some data.
         """
         count = rows.shape[0]
-        units = {"op.weight": rows, "op.bias": torch.zeros(count), "norm.weight": torch.ones(count),
-                 "norm.bias": torch.zeros(count)}
+        units = {
+            "op.weight": rows,
+            "op.bias": torch.zeros(count),
+            "norm.weight": torch.ones(count),
+            "norm.bias": torch.zeros(count),
+        }
         if stats is not None:
             units["norm.running_mean"], units["norm.running_var"] = stats
         self.add_units(index, units, columns)
@@ -167,8 +178,9 @@ class GrowableNet(nn.Module):
         self.add_units(index, offspring, consumer.weight[:, units].clone())
 
     @torch.no_grad()
-    def insert_layer(self, index: int, weight: torch.Tensor,
-                     stats: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+    def insert_layer(
+        self, index: int, weight: torch.Tensor, stats: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> None:
         """Insert a square layer after hidden layer ``index`` whose op has ``weight`` (near the identity).
 
         A ReLU of non-negative inputs (every hidden layer's output) is the identity, so an identity

@@ -45,8 +45,7 @@ def binary_gate(input_size: int) -> nn.Module:
 class TreeGatedMoE(nn.Module):
     """``f(z) = sum_e g(e|z) h(z|e)`` over the leaves ``e`` of a binary gating tree (soft or hard)."""
 
-    def __init__(self, experts: list[nn.Module], gates: list[nn.Module], tree: dict, hard: bool,
-                 input_size: int):
+    def __init__(self, experts: list[nn.Module], gates: list[nn.Module], tree: dict, hard: bool, input_size: int):
         super().__init__()
         if count_experts(tree) != len(experts):
             raise ValueError(f"tree has {count_experts(tree)} leaves but {len(experts)} experts were given")

@@ -15,7 +15,7 @@ already keep the cores busy, and grouped convolutions would change the arithmeti
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -65,8 +65,9 @@ class StackedLinear(torch.autograd.Function):
         grad_x = grad.bmm(weight) if ctx.needs_input_grad[0] else None
         # One product per member, as F.linear computes it: MKL's batched product of these shapes can
         # sum in another order than its single one for small outputs (a classifier's 10 rows).
-        grad_weight = (torch.stack([g.t().mm(xm) for g, xm in zip(grad.unbind(), x.unbind())])
-                       if ctx.needs_input_grad[1] else None)
+        grad_weight = (
+            torch.stack([g.t().mm(xm) for g, xm in zip(grad.unbind(), x.unbind())]) if ctx.needs_input_grad[1] else None
+        )
         grad_bias = grad.sum(1) if ctx.needs_input_grad[2] else None
         return grad_x, grad_weight, grad_bias
 

@@ -24,8 +24,8 @@ from prometheus_client import make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 
-from alma_daemon.observability import telemetry
 from alma_daemon.core.engine import Engine, EngineObserver
+from alma_daemon.observability import telemetry
 from policies import Decision
 
 log = logging.getLogger(__name__)
@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 class _QuietHandler(WSGIRequestHandler):
     # A scrape a second would otherwise write an access-log line a second to stderr.
-    def log_message(self, format: str, *args) -> None:  # noqa: A002 - the base class's name
+    def log_message(self, format: str, *args) -> None:
         pass
 
 
@@ -83,7 +83,7 @@ class Exporter:
             self._thread.join()
         self._server.server_close()
 
-    def __enter__(self) -> "Exporter":
+    def __enter__(self) -> Exporter:
         return self
 
     def __exit__(self, *exc_info) -> None:

@@ -17,10 +17,10 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from alma_daemon.observability.report_html import html_page  # noqa: E402
-from alma_daemon.observability.results import read_results  # noqa: E402
+from alma_daemon.observability.report_html import html_page
+from alma_daemon.observability.results import read_results
 
 #: The plots of a report: file name, caption.
 PLOTS = (
@@ -121,8 +121,21 @@ def _fmt(value, spec: str) -> str:
     return "" if value is None else format(value, spec)
 
 
-TABLE_HEADER = ["run", "learner", "width", "wait", "replay", "CER", "final test error", "prequential CER",
-                "avg test ppl", "train FLOPs", "cum. parameters", "final parameters", "wall s"]
+TABLE_HEADER = [
+    "run",
+    "learner",
+    "width",
+    "wait",
+    "replay",
+    "CER",
+    "final test error",
+    "prequential CER",
+    "avg test ppl",
+    "train FLOPs",
+    "cum. parameters",
+    "final parameters",
+    "wall s",
+]
 
 
 def table_rows(runs: list[Run]) -> list[list[str]]:
@@ -130,14 +143,23 @@ def table_rows(runs: list[Run]) -> list[list[str]]:
     rows = []
     for run in runs:
         c, s = run.config, run.summary
-        rows.append([
-            run.name, str(c.get("learner", {}).get("name", "")), str(c.get("learner", {}).get("width", "")),
-            str(c.get("policy", {}).get("wait", "")), str(c.get("stream", {}).get("replay", "")),
-            _fmt(s.get("cer"), ".4f"), _fmt(s.get("final_test_error"), ".4f"),
-            _fmt(s.get("cumulative_prequential_error"), ".4f"), _fmt(s.get("average_test_perplexity"), ".2f"),
-            _fmt(s.get("cumulative_train_flops"), ".3g"), _fmt(s.get("cumulative_parameters"), ","),
-            _fmt(s.get("final_parameters"), ","), _fmt(s.get("wall_seconds"), ".1f"),
-        ])
+        rows.append(
+            [
+                run.name,
+                str(c.get("learner", {}).get("name", "")),
+                str(c.get("learner", {}).get("width", "")),
+                str(c.get("policy", {}).get("wait", "")),
+                str(c.get("stream", {}).get("replay", "")),
+                _fmt(s.get("cer"), ".4f"),
+                _fmt(s.get("final_test_error"), ".4f"),
+                _fmt(s.get("cumulative_prequential_error"), ".4f"),
+                _fmt(s.get("average_test_perplexity"), ".2f"),
+                _fmt(s.get("cumulative_train_flops"), ".3g"),
+                _fmt(s.get("cumulative_parameters"), ","),
+                _fmt(s.get("final_parameters"), ","),
+                _fmt(s.get("wall_seconds"), ".1f"),
+            ]
+        )
     return rows
 
 

@@ -27,9 +27,7 @@ def html_page(title: str, header: list[str], rows: list[list[str]], images: list
     """The report page: a title, the summary table (one row per run), then each captioned PNG."""
     when = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime())
     head_cells = "".join(f"<th>{html.escape(cell)}</th>" for cell in header)
-    body_rows = "\n".join(
-        "<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in row) + "</tr>" for row in rows
-    )
+    body_rows = "\n".join("<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in row) + "</tr>" for row in rows)
     figures = "\n".join(
         f'<figure><img alt="{html.escape(caption)}" src="data:image/png;base64,'
         f'{base64.b64encode(png).decode("ascii")}"><figcaption>{html.escape(caption)}</figcaption></figure>'

@@ -16,9 +16,23 @@ from alma_daemon.core.engine import Engine, EngineObserver
 
 #: Columns of series.csv, in order; other fields stay in results.json only.
 CSV_COLUMNS = [
-    "t", "chunk", "examples_seen", "trained", "decision", "test_error", "prequential_error",
-    "cumulative_error", "test_perplexity", "prequential_perplexity", "train_flops", "cumulative_train_flops",
-    "parameters", "cumulative_parameters", "inference_flops_per_example", "train_seconds", "model_version",
+    "t",
+    "chunk",
+    "examples_seen",
+    "trained",
+    "decision",
+    "test_error",
+    "prequential_error",
+    "cumulative_error",
+    "test_perplexity",
+    "prequential_perplexity",
+    "train_flops",
+    "cumulative_train_flops",
+    "parameters",
+    "cumulative_parameters",
+    "inference_flops_per_example",
+    "train_seconds",
+    "model_version",
     "wall_seconds",
 ]
 

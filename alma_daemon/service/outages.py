@@ -108,14 +108,17 @@ class OutageBoard:
             if now - outage.since > self.limit_seconds:
                 raise OutageTooLong(
                     f"{outage.server} unreachable for {now - outage.since:.0f} s, longer than "
-                    f"daemon.outage_limit_seconds ({self.limit_seconds:g} s); last error: {outage.reason}")
+                    f"daemon.outage_limit_seconds ({self.limit_seconds:g} s); last error: {outage.reason}"
+                )
 
     def as_status(self) -> dict:
         """For ``alma status`` and the local status file."""
         outages = self.outages()
-        return {"degraded": bool(outages),
-                "degraded_since": outages[0].since if outages else None,
-                "outages": [{"server": o.server, "reason": o.reason, "since": o.since} for o in outages]}
+        return {
+            "degraded": bool(outages),
+            "degraded_since": outages[0].since if outages else None,
+            "outages": [{"server": o.server, "reason": o.reason, "since": o.since} for o in outages],
+        }
 
     def _export(self) -> None:
         for server in SERVERS:

@@ -55,8 +55,17 @@ class ReadyChunks:
         decoded = []
         for i, value in enumerate(values):
             tensors = safetensors.torch.load(value)
-            decoded.append(DecodedPart(self.keys.stream, chunk_id, i, parts, x=tensors.get("x"), y=tensors.get("y"),
-                                       tokens=tensors.get("tokens")))
+            decoded.append(
+                DecodedPart(
+                    self.keys.stream,
+                    chunk_id,
+                    i,
+                    parts,
+                    x=tensors.get("x"),
+                    y=tensors.get("y"),
+                    tokens=tensors.get("tokens"),
+                )
+            )
         assembled = assemble_chunk(decoded)
         if isinstance(assembled, tuple):
             return Chunk(chunk_id, LabeledData(*assembled))
@@ -100,9 +109,14 @@ class RedisBuffer:
         if chunk.index in self._examples:
             raise ValueError(f"chunk {chunk.index} buffered twice")
         examples = len(chunk.train) + len(chunk.val)
-        self.client.hset(self.keys.split(chunk.index), mapping={
-            "train": _encode(chunk.train), "val": _encode(chunk.val), "examples": examples,
-        })
+        self.client.hset(
+            self.keys.split(chunk.index),
+            mapping={
+                "train": _encode(chunk.train),
+                "val": _encode(chunk.val),
+                "examples": examples,
+            },
+        )
         self._pending.append(chunk.index)
         self._examples[chunk.index] = examples
 

@@ -22,11 +22,21 @@ def read_status(client: Any, keys: StreamKeys, poll_seconds: float = 1.0) -> dic
     raw_engine = client.get(keys.engine)
     engine = json.loads(raw_engine) if raw_engine is not None else {}
     last = last_record(client, keys) or {}
-    counts = {name: int(client.zcard(key)) for name, key in (
-        ("ready", keys.ready), ("assembling", keys.assembling), ("pending", keys.pending), ("kept", keys.kept))}
+    counts = {
+        name: int(client.zcard(key))
+        for name, key in (
+            ("ready", keys.ready),
+            ("assembling", keys.assembling),
+            ("pending", keys.pending),
+            ("kept", keys.kept),
+        )
+    }
     heartbeat = float(daemon["heartbeat"]) if "heartbeat" in daemon else None
-    running = (heartbeat is not None and daemon.get("phase") != "stopped"
-               and time.time() - heartbeat < STALE_HEARTBEATS * max(poll_seconds, 1.0))
+    running = (
+        heartbeat is not None
+        and daemon.get("phase") != "stopped"
+        and time.time() - heartbeat < STALE_HEARTBEATS * max(poll_seconds, 1.0)
+    )
     chunks_processed = int(engine.get("chunks_seen", 0))
     return {
         "stream": keys.stream,
@@ -50,8 +60,9 @@ def read_status(client: Any, keys: StreamKeys, poll_seconds: float = 1.0) -> dic
         "chunks_trained": chunks_processed - counts["pending"],
         "queued_bytes": int(ingest.get("queued_bytes", 0)),
         "records_rejected": int(ingest.get("records_rejected", 0)),
-        "rejected_by_reason": {k.removeprefix("rejected:"): int(v) for k, v in ingest.items()
-                               if k.startswith("rejected:")},
+        "rejected_by_reason": {
+            k.removeprefix("rejected:"): int(v) for k, v in ingest.items() if k.startswith("rejected:")
+        },
         "stages": int(engine.get("stages_done", 0)),
         "model_version": int(engine.get("model_version", 0)),
         "last_decision": engine.get("last_decision") or None,
@@ -66,19 +77,28 @@ def read_status(client: Any, keys: StreamKeys, poll_seconds: float = 1.0) -> dic
 def degradation(daemon: dict) -> dict:
     """The daemon's outages as it last reported them (``degraded``, ``degraded_since``, ``outages``)."""
     reported = json.loads(daemon["degraded"]) if daemon.get("degraded") else {}
-    return {"degraded": bool(reported.get("degraded")), "degraded_since": reported.get("degraded_since"),
-            "outages": reported.get("outages", [])}
+    return {
+        "degraded": bool(reported.get("degraded")),
+        "degraded_since": reported.get("degraded_since"),
+        "outages": reported.get("outages", []),
+    }
 
 
 def local_status(path: Path, redis_error: str) -> dict:
     """What ``alma status`` can tell while Redis is down: the daemon's own status file."""
     daemon = json.loads(path.read_text()) if path.is_file() else {}
     heartbeat = float(daemon["heartbeat"]) if "heartbeat" in daemon else None
-    return {"redis_unreachable": redis_error, "status_file": str(path), "daemon": {
-        "running": heartbeat is not None and daemon.get("phase") != "stopped" and time.time() - heartbeat < 60,
-        "pid": daemon.get("pid"), "phase": daemon.get("phase"),
-        "heartbeat_age_seconds": round(time.time() - heartbeat, 3) if heartbeat is not None else None,
-        **degradation(daemon)}}
+    return {
+        "redis_unreachable": redis_error,
+        "status_file": str(path),
+        "daemon": {
+            "running": heartbeat is not None and daemon.get("phase") != "stopped" and time.time() - heartbeat < 60,
+            "pid": daemon.get("pid"),
+            "phase": daemon.get("phase"),
+            "heartbeat_age_seconds": round(time.time() - heartbeat, 3) if heartbeat is not None else None,
+            **degradation(daemon),
+        },
+    }
 
 
 def format_local_status(status: dict) -> str:
@@ -88,8 +108,13 @@ def format_local_status(status: dict) -> str:
         rows.append(("daemon", f"unknown (no {status['status_file']})"))
     else:
         state = "running" if daemon["running"] else "not running"
-        rows.append(("daemon", f"{state} ({daemon['phase']}, pid {daemon['pid']}, heartbeat "
-                               f"{daemon['heartbeat_age_seconds']:.0f} s ago, from {status['status_file']})"))
+        rows.append(
+            (
+                "daemon",
+                f"{state} ({daemon['phase']}, pid {daemon['pid']}, heartbeat "
+                f"{daemon['heartbeat_age_seconds']:.0f} s ago, from {status['status_file']})",
+            )
+        )
         rows.append(degraded_row(daemon))
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
@@ -100,8 +125,9 @@ def degraded_row(daemon: dict) -> tuple[str, str]:
         return "degraded", "no"
     since = daemon["degraded_since"]
     why = "; ".join(f"{o['server']}: {o['reason']}" for o in daemon["outages"])
-    return "degraded", (f"since {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(since))} "
-                        f"({time.time() - since:.0f} s): {why}")
+    return "degraded", (
+        f"since {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(since))} ({time.time() - since:.0f} s): {why}"
+    )
 
 
 def format_status(status: dict) -> str:
@@ -118,10 +144,15 @@ def format_status(status: dict) -> str:
         ("daemon", state),
         degraded_row(daemon),
         ("chunks received", f"{status['chunks_received']} ({status['examples_received']} examples)"),
-        ("chunks buffered", f"{status['chunks_buffered']} (ready {status['chunks_ready']}, pending "
-                            f"{status['chunks_pending']}, assembling {status['chunks_assembling']})"),
-        ("chunks trained", f"{status['chunks_trained']} of {status['chunks_processed']} processed, "
-                           f"{status['stages']} stage(s)"),
+        (
+            "chunks buffered",
+            f"{status['chunks_buffered']} (ready {status['chunks_ready']}, pending "
+            f"{status['chunks_pending']}, assembling {status['chunks_assembling']})",
+        ),
+        (
+            "chunks trained",
+            f"{status['chunks_trained']} of {status['chunks_processed']} processed, {status['stages']} stage(s)",
+        ),
         ("last decision", f"{decision.get('action')}: {decision.get('reason')}" if decision else "none yet"),
         ("model version", str(status["model_version"])),
         measure_row(cer, status["last_test_perplexity"]),

@@ -22,8 +22,8 @@ from typing import Any
 import redis
 
 from alma_daemon.core.checkpoints import CheckpointStore
-from alma_daemon.service.redis_keys import StreamKeys
 from alma_daemon.observability.results import write_json_atomic
+from alma_daemon.service.redis_keys import StreamKeys
 
 IDENTITY_FILE = "stream-identity.json"
 
@@ -62,7 +62,8 @@ class StreamIdentity:
                 raise RedisLostTheStream(
                     f"Redis at {self.redis_name} holds no state for stream {self.keys.stream!r}, but {self.store.folder} "
                     f"holds model versions {versions[0]}..{versions[-1]}: Redis has lost its data, or another "
-                    f"stream's model store is configured; restore Redis, or set another daemon.checkpoint_dir")
+                    f"stream's model store is configured; restore Redis, or set another daemon.checkpoint_dir"
+                )
             # A new stream, or one started before identities existed (its engine state is in Redis).
             in_redis = uuid.uuid4().hex
             if not self.client.set(self.keys.identity, in_redis, nx=True):
@@ -71,9 +72,12 @@ class StreamIdentity:
             raise RedisLostTheStream(
                 f"Redis at {self.redis_name} holds stream {self.keys.stream!r} with identity {in_redis}, but "
                 f"{self.marker} belongs to identity {on_disk}: Redis and daemon.checkpoint_dir are of different "
-                f"deployments")
+                f"deployments"
+            )
         if on_disk is None:
-            write_json_atomic(self.marker, {"stream": self.keys.stream, "identity": in_redis, "created_at": time.time()})
+            write_json_atomic(
+                self.marker, {"stream": self.keys.stream, "identity": in_redis, "created_at": time.time()}
+            )
         self.value = in_redis
         self._run_id = self._server_run_id()
         return in_redis
@@ -101,7 +105,8 @@ class StreamIdentity:
         return RedisLostTheStream(
             f"Redis at {self.redis_name} came back without stream {self.keys.stream!r} (identity {identity}, "
             f"recorded in {self.marker}): it restarted empty (no persistence) or is another server. Restore its "
-            f"data (AOF or RDB) and start the daemon again; never start a stream over on top of its model versions")
+            f"data (AOF or RDB) and start the daemon again; never start a stream over on top of its model versions"
+        )
 
     def _in_redis(self) -> str | None:
         raw = self.client.get(self.keys.identity)

@@ -15,9 +15,9 @@ from __future__ import annotations
 import functools
 import math
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -74,8 +74,12 @@ def current_world() -> World:
 FitTogether = Callable[[Sequence[tuple[int, nn.Module]]], "dict[int, FitReport] | None"]
 
 
-def train_members(members: Sequence[tuple[int, nn.Module]], fit_one: Callable[[int, nn.Module], FitReport],
-                  seed: int, fit_together: FitTogether | None = None) -> FitReport:
+def train_members(
+    members: Sequence[tuple[int, nn.Module]],
+    fit_one: Callable[[int, nn.Module], FitReport],
+    seed: int,
+    fit_together: FitTogether | None = None,
+) -> FitReport:
     """Train each ``(index, member)``, spread over the ranks; their reports merged in the given order.
 
     A rank trains its members together with ``fit_together`` where it can (stacked, see
@@ -98,7 +102,9 @@ def train_members(members: Sequence[tuple[int, nn.Module]], fit_one: Callable[[i
 _REPORT_FIELDS = ("flops", "seconds", "steps", "epochs", "best_epoch", "val_error")
 
 
-def _share(members: Sequence[tuple[int, nn.Module]], reports: dict[int, FitReport], world: World) -> dict[int, FitReport]:
+def _share(
+    members: Sequence[tuple[int, nn.Module]], reports: dict[int, FitReport], world: World
+) -> dict[int, FitReport]:
     """Every member's weights from the rank that trained it, and every member's report, on every rank."""
     device = next(members[0][1].parameters()).device
     # float64 holds integers up to 2**53 exactly: FLOP counts of a stage stay far below.
@@ -114,6 +120,12 @@ def _share(members: Sequence[tuple[int, nn.Module]], reports: dict[int, FitRepor
     shared = {}
     for row, (index, _) in enumerate(members):
         flops, seconds, steps, epochs, best_epoch, val_error = table[row].tolist()
-        shared[index] = FitReport(flops=int(flops), seconds=seconds, steps=int(steps), epochs=int(epochs),
-                                  best_epoch=int(best_epoch), val_error=None if math.isnan(val_error) else val_error)
+        shared[index] = FitReport(
+            flops=int(flops),
+            seconds=seconds,
+            steps=int(steps),
+            epochs=int(epochs),
+            best_epoch=int(best_epoch),
+            val_error=None if math.isnan(val_error) else val_error,
+        )
     return shared

@@ -7,7 +7,8 @@ real step of each shape under the counter and adds that figure for later steps o
 
 from __future__ import annotations
 
-from typing import Callable, Hashable, TypeVar
+from collections.abc import Callable, Hashable
+from typing import TypeVar
 
 from torch.utils.flop_counter import FlopCounterMode
 

@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Callable, ContextManager, Iterable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -65,11 +66,13 @@ class FitReport:
     val_error: float | None = None
     details: dict = field(default_factory=dict)
 
-    def merge(self, other: "FitReport") -> "FitReport":
+    def merge(self, other: FitReport) -> FitReport:
         """Combine reports of parts trained one after another (ensemble members)."""
         return FitReport(
-            flops=self.flops + other.flops, seconds=self.seconds + other.seconds,
-            steps=self.steps + other.steps, epochs=self.epochs + other.epochs,
+            flops=self.flops + other.flops,
+            seconds=self.seconds + other.seconds,
+            steps=self.steps + other.steps,
+            epochs=self.epochs + other.epochs,
             best_epoch=max(self.best_epoch, other.best_epoch),
             val_error=other.val_error if self.val_error is None else self.val_error,
         )
@@ -145,7 +148,7 @@ class Trainer:
         """A CPU generator for shuffling/augmentation that depends only on the stage seed and ``purpose``."""
         return seeded_generator(self.seed, *purpose)
 
-    def autocast(self) -> ContextManager:
+    def autocast(self) -> AbstractContextManager:
         """``train.precision``: bfloat16 autocast around forward passes, or nothing."""
         if self.config.precision == "bf16":
             return torch.autocast(self.device.type, dtype=torch.bfloat16)
@@ -188,8 +191,11 @@ class Trainer:
                     net.train()
                     for index in self.batches(len(inputs), gen, steps):
                         xb, yb = inputs.batch(index, gen)
-                        meter.run(("train", tuple(xb.shape)), lambda: self.step(fast, optimizer, objective, xb, yb),
-                                  counted=lambda: self.step(net, optimizer, objective, xb, yb))
+                        meter.run(
+                            ("train", tuple(xb.shape)),
+                            lambda: self.step(fast, optimizer, objective, xb, yb),
+                            counted=lambda: self.step(net, optimizer, objective, xb, yb),
+                        )
                         if schedule is not None:
                             schedule.step()
                         steps_done += 1
@@ -204,8 +210,12 @@ class Trainer:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return FitReport(
-            flops=meter.total, seconds=time.perf_counter() - start, steps=steps_done, epochs=epoch,
-            best_epoch=stopping.best_epoch, val_error=stopping.best_error,
+            flops=meter.total,
+            seconds=time.perf_counter() - start,
+            steps=steps_done,
+            epochs=epoch,
+            best_epoch=stopping.best_epoch,
+            val_error=stopping.best_error,
         )
 
     def batches(self, n: int, gen: torch.Generator, steps: int | None) -> Iterator[torch.Tensor]:

@@ -14,7 +14,7 @@ run eager whatever ``train.compile`` says.
 from __future__ import annotations
 
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -27,8 +27,12 @@ from alma_daemon.training.flops import FlopMeter
 from alma_daemon.training.loop import EVAL_BATCH, EarlyStopping, FitReport, StageInputs, Trainer
 from alma_daemon.training.optim import build_optimizer
 
-def stacked_fitter(trainer: Trainer, train: LabeledData, val: LabeledData) -> Callable[[Sequence[tuple[int, nn.Module]]], dict[int, FitReport] | None]:
+
+def stacked_fitter(
+    trainer: Trainer, train: LabeledData, val: LabeledData
+) -> Callable[[Sequence[tuple[int, nn.Module]]], dict[int, FitReport] | None]:
     """Trains ``(index, member)`` pairs stacked where they allow it (MLP backbones, no augmentation); None otherwise."""
+
     def fit_together(members: Sequence[tuple[int, nn.Module]]) -> dict[int, FitReport] | None:
         if trainer.augment or not stackable([m for _, m in members]):
             return None
@@ -47,8 +51,9 @@ class _Member:
         self.flops = self.steps = self.epochs = 0
 
 
-def fit_stacked(trainer: Trainer, members: Sequence[tuple[int, nn.Module]], train: LabeledData,
-                val: LabeledData) -> dict[int, FitReport]:
+def fit_stacked(
+    trainer: Trainer, members: Sequence[tuple[int, nn.Module]], train: LabeledData, val: LabeledData
+) -> dict[int, FitReport]:
     """Train stackable members together for ``train.epochs`` epochs with per-member early stopping."""
     start = time.perf_counter()
     state = [_Member(index, net, trainer) for index, net in members]
@@ -91,9 +96,17 @@ def fit_stacked(trainer: Trainer, members: Sequence[tuple[int, nn.Module]], trai
         torch.cuda.synchronize(trainer.device)
     seconds = time.perf_counter() - start
     total_steps = max(1, sum(m.steps for m in state))
-    return {m.index: FitReport(flops=m.flops, seconds=seconds * m.steps / total_steps, steps=m.steps,
-                               epochs=m.epochs, best_epoch=m.stopping.best_epoch, val_error=m.stopping.best_error)
-            for m in state}
+    return {
+        m.index: FitReport(
+            flops=m.flops,
+            seconds=seconds * m.steps / total_steps,
+            steps=m.steps,
+            epochs=m.epochs,
+            best_epoch=m.stopping.best_epoch,
+            val_error=m.stopping.best_error,
+        )
+        for m in state
+    }
 
 
 def _stacked_step(trainer: Trainer, model: StackedMLP, optimizer, x: torch.Tensor, y: torch.Tensor) -> None:
@@ -106,8 +119,9 @@ def _stacked_step(trainer: Trainer, model: StackedMLP, optimizer, x: torch.Tenso
     optimizer.step()
 
 
-def _validation_errors(trainer: Trainer, model: StackedMLP, members: list[_Member], val: LabeledData,
-                       meter: FlopMeter) -> list[float]:
+def _validation_errors(
+    trainer: Trainer, model: StackedMLP, members: list[_Member], val: LabeledData, meter: FlopMeter
+) -> list[float]:
     """Each member's classification error on ``val``, from stacked passes (counted per member, as Trainer.fit counts)."""
     for m in members:
         m.net.eval()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 
@@ -20,7 +20,9 @@ def resolve_optimizer_name(config: TrainConfig, dataset: str) -> str:
     return DEFAULT_OPTIMIZER.get(dataset, "adam")
 
 
-def optimizer_factory(name: str, config: TrainConfig, device: torch.device) -> Callable[[list[torch.Tensor]], torch.optim.Optimizer]:
+def optimizer_factory(
+    name: str, config: TrainConfig, device: torch.device
+) -> Callable[[list[torch.Tensor]], torch.optim.Optimizer]:
     """Builds the named optimizer over given tensors, in PyTorch's fastest exact form for ``device``.
 
     On the CPU the single-tensor or multi-tensor (``foreach``) kernels, which give the same results
@@ -39,15 +41,17 @@ def optimizer_factory(name: str, config: TrainConfig, device: torch.device) -> C
     if name == "adadelta":
         return lambda params: torch.optim.Adadelta(params, lr=lr, weight_decay=wd, **kernels(params))
     if name == "sgd":
-        return lambda params: torch.optim.SGD(params, lr=lr, momentum=config.momentum, weight_decay=wd,
-                                              **kernels(params))
+        return lambda params: torch.optim.SGD(
+            params, lr=lr, momentum=config.momentum, weight_decay=wd, **kernels(params)
+        )
     if name == "adam":
-        return lambda params: torch.optim.Adam(params, lr=lr, betas=(0.9, 0.98), eps=1e-8, weight_decay=wd,
-                                               **kernels(params))
+        return lambda params: torch.optim.Adam(
+            params, lr=lr, betas=(0.9, 0.98), eps=1e-8, weight_decay=wd, **kernels(params)
+        )
     raise ValueError(f"unknown optimizer {name!r}")
 
 
-def build_optimizer(name: str, groups: Sequence[Iterable[torch.nn.Parameter]], config: TrainConfig) -> "FlatOptimizer":
+def build_optimizer(name: str, groups: Sequence[Iterable[torch.nn.Parameter]], config: TrainConfig) -> FlatOptimizer:
     """A fresh optimizer over each group of parameters, one flat tensor per group (see :class:`FlatOptimizer`).
 
     One per training stage, so parameters added by growth are included; frozen parameters
@@ -72,7 +76,11 @@ class FlatOptimizer:
     one per parameter, exact too, since until then every parameter of a group moved at every step.
     """
 
-    def __init__(self, groups: Sequence[Sequence[torch.nn.Parameter]], build: Callable[[list[torch.Tensor]], torch.optim.Optimizer]):
+    def __init__(
+        self,
+        groups: Sequence[Sequence[torch.nn.Parameter]],
+        build: Callable[[list[torch.Tensor]], torch.optim.Optimizer],
+    ):
         self.build = build
         self.groups = [list(group) for group in groups if group]
         self.flats = [_share_one_buffer(group) for group in self.groups]
@@ -122,8 +130,13 @@ class FlatOptimizer:
             state = old_state.get(flat)
             if state:
                 self.inner.state[new] = {
-                    k: (v[offset : offset + p.numel()].clone() if torch.is_tensor(v) and v.shape == flat.shape
-                        else v.clone() if torch.is_tensor(v) else v)
+                    k: (
+                        v[offset : offset + p.numel()].clone()
+                        if torch.is_tensor(v) and v.shape == flat.shape
+                        else v.clone()
+                        if torch.is_tensor(v)
+                        else v
+                    )
                     for k, v in state.items()
                 }
 

@@ -11,11 +11,17 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from kafka import KafkaConsumer, TopicPartition
-from kafka.errors import (BrokerNotAvailableError, KafkaConnectionError, KafkaTimeoutError, NodeNotReadyError,
-                          RequestTimedOutError)
+from kafka.errors import (
+    BrokerNotAvailableError,
+    KafkaConnectionError,
+    KafkaTimeoutError,
+    NodeNotReadyError,
+    RequestTimedOutError,
+)
 
 from alma_daemon.data.wire import WireRecord
 from alma_daemon.service.connections import kafka_client
@@ -42,14 +48,25 @@ class KafkaSource:
 
     server = "kafka"
     #: What kafka-python raises while no broker answers (it reconnects by itself meanwhile).
-    unreachable = (KafkaTimeoutError, KafkaConnectionError, BrokerNotAvailableError, NodeNotReadyError,
-                   RequestTimedOutError)
+    unreachable = (
+        KafkaTimeoutError,
+        KafkaConnectionError,
+        BrokerNotAvailableError,
+        NodeNotReadyError,
+        RequestTimedOutError,
+    )
 
     def __init__(self, bootstrap_servers: str, topic: str, security: Mapping[str, Any] | None = None):
         self.topic = topic
         self.consumer = kafka_client(
-            KafkaConsumer, bootstrap_servers, security or {}, group_id=None, enable_auto_commit=False,
-            allow_auto_create_topics=False, client_id="alma-ingest", **CONSUMER_SETTINGS,
+            KafkaConsumer,
+            bootstrap_servers,
+            security or {},
+            group_id=None,
+            enable_auto_commit=False,
+            allow_auto_create_topics=False,
+            client_id="alma-ingest",
+            **CONSUMER_SETTINGS,
         )
         self.partitions: list[TopicPartition] = []
         self._offsets: dict[str, str] = {}
@@ -91,9 +108,16 @@ class KafkaSource:
             return []
         batches = self.consumer.poll(timeout_ms=int(timeout * 1000), max_records=max_records)
         return [
-            SourceRecord(str(tp.partition), str(r.offset + 1), r.key, r.value, list(r.headers or []),
-                         f"{self.topic}/{tp.partition}@{r.offset}")
-            for tp, records in batches.items() for r in records
+            SourceRecord(
+                str(tp.partition),
+                str(r.offset + 1),
+                r.key,
+                r.value,
+                list(r.headers or []),
+                f"{self.topic}/{tp.partition}@{r.offset}",
+            )
+            for tp, records in batches.items()
+            for r in records
         ]
 
     def acknowledge(self, offsets: dict[str, str]) -> None:
@@ -113,20 +137,23 @@ class KafkaPublisher:
     """Publishes to a Kafka topic (created with ``partitions`` partitions if it does not exist);
     ``security`` holds the TLS and SASL keywords of ``connections.kafka_security``."""
 
-    def __init__(self, bootstrap_servers: str, topic: str, partitions: int = 1,
-                 security: Mapping[str, Any] | None = None):
+    def __init__(
+        self, bootstrap_servers: str, topic: str, partitions: int = 1, security: Mapping[str, Any] | None = None
+    ):
         from kafka import KafkaProducer
 
         self.topic = topic
         ensure_topic(bootstrap_servers, topic, partitions, security)
-        self.producer = kafka_client(KafkaProducer, bootstrap_servers, security or {}, acks="all", linger_ms=5,
-                                     client_id="alma-replay")
+        self.producer = kafka_client(
+            KafkaProducer, bootstrap_servers, security or {}, acks="all", linger_ms=5, client_id="alma-replay"
+        )
         self._futures: list[Any] = []
 
     def send(self, records: list[WireRecord]) -> None:
         for record in records:
-            self._futures.append(self.producer.send(self.topic, key=record.key, value=record.value,
-                                                    headers=record.headers))
+            self._futures.append(
+                self.producer.send(self.topic, key=record.key, value=record.value, headers=record.headers)
+            )
         self._raise_failures()
 
     def _raise_failures(self) -> None:
@@ -142,8 +169,9 @@ class KafkaPublisher:
         self.producer.close()
 
 
-def ensure_topic(bootstrap_servers: str, topic: str, partitions: int,
-                 security: Mapping[str, Any] | None = None) -> None:
+def ensure_topic(
+    bootstrap_servers: str, topic: str, partitions: int, security: Mapping[str, Any] | None = None
+) -> None:
     from kafka.admin import KafkaAdminClient, NewTopic
     from kafka.errors import AuthorizationError, TopicAlreadyExistsError
 

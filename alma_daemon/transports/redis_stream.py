@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from alma_daemon.data.wire import WireRecord
-from alma_daemon.transports.source import SourceRecord
 from alma_daemon.service.outages import REDIS_UNREACHABLE
+from alma_daemon.transports.source import SourceRecord
 
 #: The one position of a Redis stream in the offsets hash.
 POSITION = "stream"
@@ -27,7 +28,9 @@ def encode_entry(record: WireRecord) -> dict[str, bytes]:
     return {"key": record.key, "value": record.value, "headers": headers.encode()}
 
 
-def decode_entry(fields: dict[bytes, bytes]) -> tuple[bytes | None, bytes | None, list[tuple[str, bytes]] | None, str | None]:
+def decode_entry(
+    fields: dict[bytes, bytes],
+) -> tuple[bytes | None, bytes | None, list[tuple[str, bytes]] | None, str | None]:
     """``(key, value, headers, problem)`` of an entry; ``problem`` explains unreadable headers."""
     raw = fields.get(b"headers")
     headers = None
@@ -92,8 +95,14 @@ class RedisStreamPublisher:
     publisher holds back while more than ``max_queued`` records are unread.
     """
 
-    def __init__(self, client: Any, name: str, max_queued: int = 64, poll_seconds: float = 0.2,
-                 stop: Callable[[], bool] = lambda: False):
+    def __init__(
+        self,
+        client: Any,
+        name: str,
+        max_queued: int = 64,
+        poll_seconds: float = 0.2,
+        stop: Callable[[], bool] = lambda: False,
+    ):
         self.client = client
         self.name = name
         self.max_queued = max_queued

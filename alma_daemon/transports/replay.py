@@ -15,8 +15,9 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Protocol
+from typing import Any, Protocol
 
 import torch
 from tqdm import tqdm
@@ -64,8 +65,10 @@ def dataset_chunks(config: Config) -> Iterator[ReplayChunk]:
 def text_chunks(config: Config) -> Iterator[ReplayChunk]:
     """The corpus of ``dataset.name`` as the simulator streams it: each chunk's contiguous tokens."""
     if config.stream.drift.kind != "none":
-        raise ConfigError(f"stream.drift.kind: {config.stream.drift.kind} needs labeled examples; "
-                          f"dataset {config.dataset.name!r} is text")
+        raise ConfigError(
+            f"stream.drift.kind: {config.stream.drift.kind} needs labeled examples; "
+            f"dataset {config.dataset.name!r} is text"
+        )
     for chunk in text_stream(config.dataset, config.stream).chunks:
         yield ReplayChunk(chunk.index, {"tokens": token_run(chunk.data).to(torch.int32)})
 
@@ -81,8 +84,10 @@ CHUNK_SOURCES: dict[str, Callable[[Config], Iterator[ReplayChunk]]] = {
 
 def chunk_source(config: Config) -> Iterator[ReplayChunk]:
     if config.dataset.name not in CHUNK_SOURCES:
-        raise ValueError(f"alma replay cannot stream dataset {config.dataset.name!r} yet; it streams "
-                         f"{', '.join(sorted(CHUNK_SOURCES))} and .npz arrays (--npz)")
+        raise ValueError(
+            f"alma replay cannot stream dataset {config.dataset.name!r} yet; it streams "
+            f"{', '.join(sorted(CHUNK_SOURCES))} and .npz arrays (--npz)"
+        )
     return CHUNK_SOURCES[config.dataset.name](config)
 
 
@@ -135,9 +140,18 @@ class ReplayReport:
     seconds: float = 0.0
 
 
-def replay(chunks: Iterable[ReplayChunk], publisher: Publisher, stream: str, *, rate: float | None = None,
-           first_chunk: int = 1, max_part_bytes: int = DEFAULT_MAX_PART_BYTES, progress: bool = True,
-           total: int | None = None, stop: Callable[[], bool] = lambda: False) -> ReplayReport:
+def replay(
+    chunks: Iterable[ReplayChunk],
+    publisher: Publisher,
+    stream: str,
+    *,
+    rate: float | None = None,
+    first_chunk: int = 1,
+    max_part_bytes: int = DEFAULT_MAX_PART_BYTES,
+    progress: bool = True,
+    total: int | None = None,
+    stop: Callable[[], bool] = lambda: False,
+) -> ReplayReport:
     """Publish every chunk with id >= ``first_chunk``, at most ``rate`` chunks per second."""
     report = ReplayReport()
     start = time.monotonic()
@@ -162,6 +176,14 @@ def replay(chunks: Iterable[ReplayChunk], publisher: Publisher, stream: str, *, 
     finally:
         bar.close()
     report.seconds = time.monotonic() - start
-    log.info("replay done", extra={"stream": stream, "chunks": report.chunks, "records": report.records,
-                                   "bytes": report.bytes, "seconds": round(report.seconds, 3)})
+    log.info(
+        "replay done",
+        extra={
+            "stream": stream,
+            "chunks": report.chunks,
+            "records": report.records,
+            "bytes": report.bytes,
+            "seconds": round(report.seconds, 3),
+        },
+    )
     return report
