@@ -25,6 +25,7 @@ import torch
 from alma_daemon.config import Config
 from alma_daemon.core.checkpoints import CheckpointStore
 from alma_daemon.core.chunk_buffer import ChunkBuffer
+from alma_daemon.core.records import StageRecord, StepRecord
 from alma_daemon.data.streams import Chunk, build_drift, prequential_sample, split_chunk
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import Learner
@@ -44,11 +45,11 @@ class EngineObserver:
 
     def on_decision(self, decision: Decision, engine: Engine) -> None: ...
 
-    def on_stage(self, stage: dict, engine: Engine) -> None: ...
+    def on_stage(self, stage: StageRecord, engine: Engine) -> None: ...
 
     def on_checkpoint(self, version: int, path: str, metrics: dict, engine: Engine) -> None: ...
 
-    def on_step(self, record: dict, engine: Engine) -> None: ...
+    def on_step(self, record: StepRecord, engine: Engine) -> None: ...
 
 
 @dataclass
@@ -70,6 +71,7 @@ class EngineState:
     last_stage_flops_per_example: float | None = None
     last_stage_seconds_per_example: float | None = None
     last_decision: dict = field(default_factory=dict)
+    #: The steps' records as rows (:meth:`StepRecord.as_row`), the form results files and Redis hold.
     series: list[dict] = field(default_factory=list)
 
 
@@ -111,7 +113,7 @@ class Engine:
         self._last_test: tuple[int, LabeledData, float] | None = None
 
     # -- the step ---------------------------------------------------------------------------------
-    def on_chunk(self, chunk: Chunk) -> dict:
+    def on_chunk(self, chunk: Chunk) -> StepRecord:
         """Process one arriving chunk (steps 1-6 above) and return its record."""
         if chunk.index <= self.state.last_chunk:
             raise ValueError(f"chunk {chunk.index} arrived after chunk {self.state.last_chunk}: ids must increase")
@@ -165,7 +167,7 @@ class Engine:
             observer.on_decision(decision, self)
         return decision
 
-    def on_tick(self) -> dict | None:
+    def on_tick(self) -> StageRecord | None:
         """A policy check between chunks (the daemon's scheduler): time-based policies may train now.
 
         Returns the stage, or None. The stage's FLOPs and seconds are added to the totals here,
@@ -177,11 +179,11 @@ class Engine:
         if not decision.train:
             return None
         stage = self.train_stage(decision)
-        self.state.cumulative_train_flops += stage["train_flops"]
-        self.state.cumulative_train_seconds += stage["train_seconds"]
+        self.state.cumulative_train_flops += stage.train_flops
+        self.state.cumulative_train_seconds += stage.train_seconds
         return stage
 
-    def train_stage(self, decision: Decision) -> dict:
+    def train_stage(self, decision: Decision) -> StageRecord:
         """Grow (if told to and able), then train on the buffered data; checkpoint the result."""
         stage = self.state.stages_done + 1
         seed = self.config.seed
@@ -213,31 +215,32 @@ class Engine:
         self.state.model_version += 1
         self.state.last_stage_flops_per_example = report.flops / max(1, len(train))
         self.state.last_stage_seconds_per_example = report.seconds / max(1, len(train))
-        info = {
-            "stage": stage,
-            "kind": kind,
-            "chunks": chunk_ids,
-            "examples": len(train) + len(val),
-            "train_flops": report.flops,
-            "train_seconds": report.seconds,
-            "steps": report.steps,
-            "epochs": report.epochs,
-            "best_epoch": report.best_epoch,
-            f"val_{self.learner.measure}": val_measure,
-            "growth": growth,
-            "model_version": self.state.model_version,
-            "parameters": self.learner.num_parameters(),
-            "train_flops_per_example": report.flops / max(1, len(train)),
-        }
-        log.info("trained", extra={k: v for k, v in info.items() if k != "chunks"})
+        record = StageRecord(
+            stage=stage,
+            kind=kind,
+            measure=self.learner.measure,
+            val=val_measure,
+            train_flops=report.flops,
+            train_seconds=report.seconds,
+            steps=report.steps,
+            epochs=report.epochs,
+            best_epoch=report.best_epoch,
+            model_version=self.state.model_version,
+            parameters=self.learner.num_parameters(),
+            train_flops_per_example=report.flops / max(1, len(train)),
+            growth=growth,
+            chunks=chunk_ids,
+            examples=len(train) + len(val),
+        )
+        log.info("trained", extra={k: v for k, v in record.as_row().items() if k != "chunks"})
         for observer in self.observers:
-            observer.on_stage(info, self)
+            observer.on_stage(record, self)
         if self.checkpoints is not None:
-            metrics = {k: v for k, v in info.items() if k != "growth"}
+            metrics = record.checkpoint_metrics()
             path = self.checkpoints.save(self.learner, self.state.model_version, metrics, validation=val)
             for observer in self.observers:
                 observer.on_checkpoint(self.state.model_version, str(path), metrics, self)
-        return info
+        return record
 
     def test_set_at(self, chunk_index: int) -> LabeledData | None:
         """The test set the model is measured on after chunk ``chunk_index``: drifted from ``stream.drift.at`` on."""
@@ -262,60 +265,45 @@ class Engine:
         self._last_test = (self.state.model_version, test_set, value)
         return value
 
-    def record_step(self, chunk: Chunk, prequential: float, decision: Decision, stage: dict | None) -> dict:
+    def record_step(
+        self, chunk: Chunk, prequential: float, decision: Decision, stage: StageRecord | None
+    ) -> StepRecord:
         measure = self.learner.measure
         test = self.test_measure(self.test_set_at(chunk.index))
         s = self.state
         params = self.learner.num_parameters()
-        train_flops = stage["train_flops"] if stage else 0
-        train_seconds = stage["train_seconds"] if stage else 0.0
+        train_flops = stage.train_flops if stage else 0
+        train_seconds = stage.train_seconds if stage else 0.0
         s.cumulative_prequential += prequential
         s.cumulative_train_flops += train_flops
         s.cumulative_parameters += params
         s.cumulative_train_seconds += train_seconds
-        record = {
-            "t": s.chunks_seen,
-            "chunk": chunk.index,
-            "examples_seen": s.examples_seen,
-            "trained": stage is not None,
-            "decision": decision.action,
-            "reason": decision.reason,
-            f"test_{measure}": test,
-            f"prequential_{measure}": prequential,
-            f"cumulative_prequential_{measure}": s.cumulative_prequential,
-            "train_flops": train_flops,
-            "cumulative_train_flops": s.cumulative_train_flops,
-            "parameters": params,
-            "cumulative_parameters": s.cumulative_parameters,
-            "inference_flops_per_example": self.learner.inference_flops_per_example(),
-            "train_seconds": train_seconds,
-            "cumulative_train_seconds": s.cumulative_train_seconds,
-            "model_version": s.model_version,
-            "wall_seconds": self.clock() - s.started_at,
-        }
-        if measure == "error":
-            if test is not None:
-                s.cumulative_error += test
-            record["test_error"] = test
-            record["cumulative_error"] = s.cumulative_error if test is not None else None
-        if stage is not None:
-            record.update(
-                {
-                    k: stage[k]
-                    for k in (
-                        "stage",
-                        "kind",
-                        "epochs",
-                        "best_epoch",
-                        "steps",
-                        f"val_{measure}",
-                        "train_flops_per_example",
-                    )
-                }
-            )
-            if stage.get("growth") is not None:
-                record["growth"] = stage["growth"]
-        s.series.append(record)
+        if measure == "error" and test is not None:
+            s.cumulative_error += test
+        record = StepRecord(
+            t=s.chunks_seen,
+            chunk=chunk.index,
+            examples_seen=s.examples_seen,
+            decision=decision.action,
+            reason=decision.reason,
+            measure=measure,
+            test=test,
+            prequential=prequential,
+            cumulative_prequential=s.cumulative_prequential,
+            # The CER is a classifier's; a stream without a test set has none.
+            cumulative_error=s.cumulative_error if measure == "error" and test is not None else None,
+            train_flops=train_flops,
+            cumulative_train_flops=s.cumulative_train_flops,
+            parameters=params,
+            cumulative_parameters=s.cumulative_parameters,
+            inference_flops_per_example=self.learner.inference_flops_per_example(),
+            train_seconds=train_seconds,
+            cumulative_train_seconds=s.cumulative_train_seconds,
+            model_version=s.model_version,
+            wall_seconds=self.clock() - s.started_at,
+            stage=stage,
+        )
+        s.series.append(record.as_row())
         for observer in self.observers:
             observer.on_step(record, self)
         return record

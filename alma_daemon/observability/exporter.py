@@ -25,6 +25,7 @@ from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 
 from alma_daemon.core.engine import Engine, EngineObserver
+from alma_daemon.core.records import StageRecord, StepRecord
 from alma_daemon.observability import telemetry
 from policies import Decision
 
@@ -154,7 +155,7 @@ class MetricsObserver(EngineObserver):
         state = engine.state
         telemetry.TRAIN_FLOPS.inc(state.cumulative_train_flops)
         if state.series:
-            self._set_gauges(state.series[-1])
+            self._set_gauges(StepRecord.from_row(state.series[-1]))
         # Stages started between chunks (time-based policies) are newer than the last record.
         telemetry.MODEL_VERSION.set(state.model_version)
         telemetry.PARAMETERS.set(engine.learner.num_parameters())
@@ -165,31 +166,32 @@ class MetricsObserver(EngineObserver):
         telemetry.POLICY_DECISIONS.labels(decision.action).inc()
         _set_policy_estimates(decision.estimates)
 
-    def on_stage(self, stage: dict, engine: Engine) -> None:
-        telemetry.MODEL_UPDATES.labels(stage["kind"]).inc()
-        telemetry.TRAIN_FLOPS.inc(stage["train_flops"])
-        telemetry.TRAIN_DURATION.observe(stage["train_seconds"])
+    def on_stage(self, stage: StageRecord, engine: Engine) -> None:
+        telemetry.MODEL_UPDATES.labels(stage.kind).inc()
+        telemetry.TRAIN_FLOPS.inc(stage.train_flops)
+        telemetry.TRAIN_DURATION.observe(stage.train_seconds)
         # A new version exists as soon as the stage ends, before the test evaluation of on_step.
-        telemetry.MODEL_VERSION.set(stage["model_version"])
-        telemetry.PARAMETERS.set(stage["parameters"])
+        telemetry.MODEL_VERSION.set(stage.model_version)
+        telemetry.PARAMETERS.set(stage.parameters)
 
-    def on_step(self, record: dict, engine: Engine) -> None:
+    def on_step(self, record: StepRecord, engine: Engine) -> None:
         if self.in_process_source:
             telemetry.CHUNKS_RECEIVED.inc()
-            telemetry.EXAMPLES_RECEIVED.inc(record["examples_seen"] - self._examples_seen)
+            telemetry.EXAMPLES_RECEIVED.inc(record.examples_seen - self._examples_seen)
             telemetry.BUFFER_CHUNKS.set(len(engine.buffer.pending_chunks()))
-        self._examples_seen = record["examples_seen"]
+        self._examples_seen = record.examples_seen
         self._set_gauges(record)
 
     @staticmethod
-    def _set_gauges(record: dict) -> None:
+    def _set_gauges(record: StepRecord) -> None:
         # Records carry the measures of the learner's kind only: error for classifiers,
         # perplexity for language models; the other family holds NaN (no measurement).
         for name in telemetry.ERROR_SETS:
-            telemetry.ERROR_RATIO.labels(name).set(_or_nan(record.get(f"{name}_error")))
-            telemetry.PERPLEXITY.labels(name).set(_or_nan(record.get(f"{name}_perplexity")))
-        telemetry.CUMULATIVE_ERROR.set(_or_nan(record.get("cumulative_error")))
-        telemetry.CUMULATIVE_PREQUENTIAL_ERROR.set(_or_nan(record.get("cumulative_prequential_error")))
-        telemetry.PARAMETERS.set(record["parameters"])
-        telemetry.CUMULATIVE_PARAMETERS.set(record["cumulative_parameters"])
-        telemetry.MODEL_VERSION.set(record["model_version"])
+            telemetry.ERROR_RATIO.labels(name).set(_or_nan(record.measured("error", on=name)))
+            telemetry.PERPLEXITY.labels(name).set(_or_nan(record.measured("perplexity", on=name)))
+        telemetry.CUMULATIVE_ERROR.set(_or_nan(record.cumulative_error))
+        cumulative_prequential_error = record.cumulative_prequential if record.measure == "error" else None
+        telemetry.CUMULATIVE_PREQUENTIAL_ERROR.set(_or_nan(cumulative_prequential_error))
+        telemetry.PARAMETERS.set(record.parameters)
+        telemetry.CUMULATIVE_PARAMETERS.set(record.cumulative_parameters)
+        telemetry.MODEL_VERSION.set(record.model_version)

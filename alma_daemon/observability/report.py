@@ -1,7 +1,9 @@
 """``alma report``: plots and a markdown table over every run found under a folder.
 
 - ``error_vs_time.png``: test error (or perplexity) vs mega-batches received (the paper's Fig. 3);
-- ``cer_vs_flops.png`` and ``cer_vs_parameters.png``: one point per run (the paper's Fig. 2);
+- ``cer_vs_flops.png`` and ``cer_vs_parameters.png``: one line per (method, size) joining its
+  waiting times (the paper's Fig. 2);
+- ``replay.png``, when runs differ in ``stream.replay``: arrows from without to with (Fig. 4);
 - ``report.md``: one row per run with the summary figures;
 - ``report.html`` (``html=True``): the table and the plots in one self-contained page.
 
@@ -14,11 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-
+from alma_daemon.core.records import StepRecord, read_rows
+from alma_daemon.observability.figures import plot_cer_lines, plot_error_curves, plot_replay_arrows
 from alma_daemon.observability.report_html import html_page
 from alma_daemon.observability.results import read_results
 
@@ -28,6 +27,8 @@ PLOTS = (
     ("cer_vs_flops.png", "CER vs FLOPs"),
     ("cer_vs_parameters.png", "CER vs parameters"),
 )
+#: Drawn when some runs differ only in ``stream.replay``.
+REPLAY_PLOT = ("replay.png", "replay: CER vs FLOPs without and with")
 
 
 @dataclass
@@ -46,6 +47,10 @@ class Run:
         return self.results.get("series", [])
 
     @property
+    def records(self) -> list[StepRecord]:
+        return read_rows(self.series)
+
+    @property
     def config(self) -> dict:
         return self.results.get("config", {})
 
@@ -58,30 +63,18 @@ def find_runs(root: str | Path) -> list[Run]:
     return [Run(str(p.parent.relative_to(root)) if p.parent != root else root.name, read_results(p)) for p in paths]
 
 
-def _measure(runs: list[Run]) -> str:
-    if any(r.get("test_error") is not None for run in runs for r in run.series):
-        return "test_error"
-    if any(r.get("test_perplexity") is not None for run in runs for r in run.series):
-        return "test_perplexity"
-    return "prequential_error"
+def _measure(runs: list[Run]) -> tuple[str, str]:
+    """What the error-vs-time plot shows, as (measure, set measured on)."""
+    records = [r for run in runs for r in run.records]
+    for measure in ("error", "perplexity"):
+        if any(r.measured(measure) is not None for r in records):
+            return measure, "test"
+    return "error", "prequential"
 
 
 def plot_error_vs_time(runs: list[Run], path: Path) -> None:
-    measure = _measure(runs)
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for run in runs:
-        points = [(r["t"], r[measure]) for r in run.series if r.get(measure) is not None]
-        if points:
-            ax.plot(*zip(*points), marker=".", label=run.name)
-    ax.set_xlabel("mega-batches received")
-    ax.set_ylabel(measure.replace("_", " "))
-    if measure == "test_perplexity":
-        ax.set_yscale("log")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    measure, on = _measure(runs)
+    plot_error_curves(runs, f"{on}_{measure}", f"{on} {measure}", path, log=measure == "perplexity")
 
 
 _CER_TARGETS = (
@@ -102,19 +95,14 @@ def cer_target(runs: list[Run]) -> tuple[str, str]:
 
 def plot_cer_vs(runs: list[Run], key: str, label: str, path: Path) -> None:
     target, target_label = cer_target(runs)
-    fig, ax = plt.subplots(figsize=(6, 4.5))
-    for run in runs:
-        x, y = run.summary.get(key), run.summary.get(target)
-        if x and y is not None:
-            ax.scatter([x], [y], label=run.name)
-            ax.annotate(run.name, (x, y), fontsize="x-small", xytext=(3, 3), textcoords="offset points")
-    ax.set_xscale("log")
-    ax.set_xlabel(label)
-    ax.set_ylabel(target_label)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    plot_cer_lines(runs, key, label, target, target_label, path)
+
+
+def plot_replay(runs: list[Run], path: Path) -> bool:
+    """CER vs training FLOPs with an arrow from each run without replay to its twin with replay;
+    False when no configuration was run both ways."""
+    target, target_label = cer_target(runs)
+    return plot_replay_arrows(runs, "cumulative_train_flops", "cumulative training FLOPs", target, target_label, path)
 
 
 def _fmt(value, spec: str) -> str:
@@ -181,12 +169,15 @@ def write_report(root: str | Path, out: str | Path | None = None, *, html: bool 
     plot_error_vs_time(runs, out / PLOTS[0][0])
     plot_cer_vs(runs, "cumulative_train_flops", "cumulative training FLOPs", out / PLOTS[1][0])
     plot_cer_vs(runs, "cumulative_parameters", "cumulative parameters", out / PLOTS[2][0])
+    plots = list(PLOTS)
+    if plot_replay(runs, out / REPLAY_PLOT[0]):
+        plots.append(REPLAY_PLOT)
     title = f"ALMA report: {Path(root).resolve().name}"
     body = [f"# {title}", "", markdown_table(runs)]
-    body += [f"![{caption}]({name})\n" for name, caption in PLOTS]
+    body += [f"![{caption}]({name})\n" for name, caption in plots]
     (out / "report.md").write_text("\n".join(body))
     if not html:
         return out / "report.md"
-    images = [(caption, (out / name).read_bytes()) for name, caption in PLOTS]
+    images = [(caption, (out / name).read_bytes()) for name, caption in plots]
     (out / "report.html").write_text(html_page(title, TABLE_HEADER, table_rows(runs), images))
     return out / "report.html"

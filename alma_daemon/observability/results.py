@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 import os
 import tempfile
 from pathlib import Path
 
+from alma_daemon.core.atomic_json import write_json_atomic
 from alma_daemon.core.engine import Engine, EngineObserver
+from alma_daemon.core.records import StepRecord, read_rows
 
 #: Columns of series.csv, in order; other fields stay in results.json only.
 CSV_COLUMNS = [
@@ -39,34 +40,27 @@ CSV_COLUMNS = [
 
 def summarize(series: list[dict], wall_seconds: float) -> dict:
     """The run's summary: CER (Eq. 1), final error, cumulative FLOPs and parameters (Eq. 2)."""
-    last = series[-1] if series else {}
+    records = read_rows(series)
+    last: StepRecord | None = records[-1] if records else None
     summary = {
-        "chunks": len(series),
-        "stages": sum(1 for r in series if r.get("trained")),
-        "cumulative_train_flops": last.get("cumulative_train_flops", 0),
-        "cumulative_parameters": last.get("cumulative_parameters", 0),
-        "final_parameters": last.get("parameters"),
-        "final_inference_flops_per_example": last.get("inference_flops_per_example"),
-        "train_seconds": sum(r.get("train_seconds", 0.0) for r in series),
+        "chunks": len(records),
+        "stages": sum(1 for r in records if r.trained),
+        "cumulative_train_flops": last.cumulative_train_flops if last else 0,
+        "cumulative_parameters": last.cumulative_parameters if last else 0,
+        "final_parameters": last.parameters if last else None,
+        "final_inference_flops_per_example": last.inference_flops_per_example if last else None,
+        "train_seconds": sum(r.train_seconds for r in records),
         "wall_seconds": wall_seconds,
     }
-    if any("test_error" in r or "prequential_error" in r for r in series):
-        summary["cer"] = last.get("cumulative_error")
-        summary["final_test_error"] = last.get("test_error")
-        summary["cumulative_prequential_error"] = last.get("cumulative_prequential_error")
-    perplexities = [r["test_perplexity"] for r in series if r.get("test_perplexity") is not None]
+    if last is not None and last.measure == "error":
+        summary["cer"] = last.cumulative_error
+        summary["final_test_error"] = last.test
+        summary["cumulative_prequential_error"] = last.cumulative_prequential
+    perplexities = [r.test for r in records if r.measure == "perplexity" and r.test is not None]
     if perplexities:
         summary["final_test_perplexity"] = perplexities[-1]
         summary["average_test_perplexity"] = sum(perplexities) / len(perplexities)
     return summary
-
-
-def write_json_atomic(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
-    with os.fdopen(fd, "w") as f:
-        json.dump(_finite(data), f, indent=1)
-    os.replace(tmp, path)
 
 
 def write_series_csv(path: Path, series: list[dict]) -> None:
@@ -79,17 +73,6 @@ def write_series_csv(path: Path, series: list[dict]) -> None:
     os.replace(tmp, path)
 
 
-def _finite(value):
-    # JSON has no NaN/inf; other tools (jq, browsers) reject them, so they become null.
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_finite(v) for v in value]
-    return value
-
-
 class ResultsWriter(EngineObserver):
     """Keeps ``results.json`` and ``series.csv`` of a run up to date after every step."""
 
@@ -99,7 +82,7 @@ class ResultsWriter(EngineObserver):
         self.extra = extra or {}
         self.folder.mkdir(parents=True, exist_ok=True)
 
-    def on_step(self, record: dict, engine: Engine) -> None:
+    def on_step(self, record: StepRecord, engine: Engine) -> None:
         self.write(engine)
 
     def write(self, engine: Engine) -> dict:

@@ -16,7 +16,8 @@ from __future__ import annotations
 import dataclasses
 import itertools
 
-from alma_daemon.config import Config, to_dict
+from alma_daemon.config import Config, policy_config, to_dict
+from alma_daemon.core.records import read_rows
 from alma_daemon.learners import learner_class
 from alma_daemon.research.simulate import ProgressBar, SimulatedStream, build_engine, simulated_stream
 
@@ -34,7 +35,7 @@ def ablate_iid(config: Config, chunks: int, progress: bool = True) -> dict:
     for mode, (wait, mode_steps) in settings.items():
         mode_config = dataclasses.replace(
             config,
-            policy=dataclasses.replace(config.policy, wait=wait),
+            policy=policy_config(name="fixed", wait=wait, grow_every=config.policy.grow_every),
             train=dataclasses.replace(config.train, steps_per_chunk=mode_steps),
         )
         bar = ProgressBar(chunks, enabled=progress)
@@ -48,10 +49,11 @@ def ablate_iid(config: Config, chunks: int, progress: bool = True) -> dict:
 
 def run_summary(series: list[dict], measure: str) -> dict:
     """Final test measure, steps and FLOPs of one run, plus the test measure after every chunk."""
+    records = read_rows(series)
     return {
-        f"test_{measure}": series[-1][f"test_{measure}"],
-        f"test_{measure}_per_chunk": [r[f"test_{measure}"] for r in series],
-        "steps": sum(r.get("steps", 0) for r in series),
-        "train_flops": series[-1]["cumulative_train_flops"],
-        "stages": sum(1 for r in series if r["trained"]),
+        f"test_{measure}": records[-1].test,
+        f"test_{measure}_per_chunk": [r.test for r in records],
+        "steps": sum(r.stage.steps for r in records if r.stage is not None),
+        "train_flops": records[-1].cumulative_train_flops,
+        "stages": sum(1 for r in records if r.trained),
     }

@@ -14,6 +14,7 @@ from alma_daemon.config import Config, to_dict
 from alma_daemon.core.checkpoints import CheckpointStore
 from alma_daemon.core.chunk_buffer import MemoryBuffer
 from alma_daemon.core.engine import Engine, EngineObserver
+from alma_daemon.core.records import StepRecord
 from alma_daemon.data.datasets import TaskInfo, load_dataset
 from alma_daemon.data.streams import Chunk, build_drift, drifted, megabatch_stream
 from alma_daemon.data.tensors import LabeledData
@@ -76,12 +77,13 @@ class ProgressBar(EngineObserver):
     def __init__(self, total: int, enabled: bool = True):
         self.bar = tqdm(total=total, unit="chunk", disable=not enabled, dynamic_ncols=True)
 
-    def on_step(self, record: dict, engine: Engine) -> None:
+    def on_step(self, record: StepRecord, engine: Engine) -> None:
         shown = {}
-        for key in ("test_error", "cumulative_error", "test_perplexity"):
-            if record.get(key) is not None:
-                shown[key.replace("cumulative_error", "cer")] = f"{record[key]:.4g}"
-        shown["flops"] = f"{record['cumulative_train_flops']:.3g}"
+        if record.test is not None:
+            shown[f"test_{record.measure}"] = f"{record.test:.4g}"
+        if record.cumulative_error is not None:
+            shown["cer"] = f"{record.cumulative_error:.4g}"
+        shown["flops"] = f"{record.cumulative_train_flops:.3g}"
         self.bar.set_postfix(shown, refresh=False)
         self.bar.update(1)
 

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from alma_daemon.core.records import StepRecord
 from alma_daemon.service.engine_store import last_record
 from alma_daemon.service.redis_keys import StreamKeys
 
@@ -21,7 +22,8 @@ def read_status(client: Any, keys: StreamKeys, poll_seconds: float = 1.0) -> dic
     daemon = {k.decode(): v.decode() for k, v in client.hgetall(keys.daemon).items()}
     raw_engine = client.get(keys.engine)
     engine = json.loads(raw_engine) if raw_engine is not None else {}
-    last = last_record(client, keys) or {}
+    last_row = last_record(client, keys)
+    last = StepRecord.from_row(last_row) if last_row is not None else None
     counts = {
         name: int(client.zcard(key))
         for name, key in (
@@ -66,9 +68,9 @@ def read_status(client: Any, keys: StreamKeys, poll_seconds: float = 1.0) -> dic
         "stages": int(engine.get("stages_done", 0)),
         "model_version": int(engine.get("model_version", 0)),
         "last_decision": engine.get("last_decision") or None,
-        "cer": last.get("cumulative_error"),
-        "last_test_error": last.get("test_error"),
-        "last_test_perplexity": last.get("test_perplexity"),
+        "cer": last.cumulative_error if last else None,
+        "last_test_error": last.measured("error") if last else None,
+        "last_test_perplexity": last.measured("perplexity") if last else None,
         "cumulative_train_flops": int(engine.get("cumulative_train_flops", 0)),
         "offsets": {k.decode(): v.decode() for k, v in client.hgetall(keys.offsets).items()},
     }
