@@ -30,7 +30,7 @@ TINY = [
     "device=cpu",
 ]
 
-#: DESIGN.md section 9, as exposed (prometheus_client adds ``_total`` to counters).
+#: docs/observability.md, as exposed (prometheus_client adds ``_total`` to counters).
 DESIGN_METRICS = {
     "alma_chunks_received_total": "counter",
     "alma_examples_received_total": "counter",

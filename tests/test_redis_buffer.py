@@ -1,4 +1,4 @@
-"""The Redis buffer: keys of DESIGN.md section 6, ChunkBuffer behaviour equal to MemoryBuffer, commits."""
+"""The Redis buffer: keys of docs/architecture.md, ChunkBuffer behaviour equal to MemoryBuffer, commits."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Wire codec for chunk records (DESIGN.md section 5; full spec in docs/wire-format.md).
+"""Wire codec for chunk records (the format: docs/wire-format.md).
 
 One Kafka record carries one part of one chunk: a safetensors value plus ``alma-*`` headers and the
 key ``<stream>/<chunk>``. The producer side (:func:`encode_chunk`) splits a chunk so that every

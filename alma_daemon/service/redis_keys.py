@@ -1,4 +1,4 @@
-"""The Redis keyspace of one stream (DESIGN.md section 6).
+"""The Redis keyspace of one stream (the table in docs/architecture.md).
 
 Every key carries the hash tag ``{<stream>}``, so Redis Cluster keeps a stream in one slot and a
 MULTI/EXEC may touch any of them. Keys beyond the design's table are marked "(service)": they hold

@@ -2,7 +2,7 @@
 reads them back, positioned by offsets stored in Redis.
 
 The consumer uses ``assign()`` + ``seek()`` and no consumer group: the offsets that count are the
-ones written to Redis together with the data (DESIGN.md section 10: a group join against Tansu
+ones written to Redis together with the data (docs/architecture.md: a group join against Tansu
 waits about half the session timeout, and committing offsets to Kafka separately from the data
 would break exactly-once).
 """

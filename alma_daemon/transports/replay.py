@@ -1,4 +1,4 @@
-"""``alma replay``: publish a dataset as a stream of chunks, in the wire format of DESIGN.md section 5.
+"""``alma replay``: publish a dataset as a stream of chunks, in the wire format of docs/wire-format.md.
 
 A *chunk source* yields the stream's chunks in order; a *publisher* sends each chunk's records
 (split under the size limit by ``wire.encode_chunk``) to a Kafka topic or, in embedded mode, to a
