@@ -1,7 +1,7 @@
 """Publishing checkpoints to serving: the flow every backend shares, and the background worker.
 
 :class:`Publisher` is the interface a serving backend implements (TorchServe, a local folder,
-another server later). Its :meth:`~Publisher.publish` runs the flow of DESIGN.md section 8 for
+another server later). Its :meth:`~Publisher.publish` runs the flow of docs/serving.md for
 one checkpoint version, holding a file lock so that ``alma rollback`` in another process cannot
 interleave with the daemon:
 
@@ -25,8 +25,6 @@ import fcntl
 import json
 import logging
 import math
-import os
-import tempfile
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -34,6 +32,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from alma_daemon.core.atomic_json import write_json_atomic
 from alma_daemon.core.checkpoints import CheckpointStore
 from alma_daemon.core.engine import Engine, EngineObserver
 from alma_daemon.data.tensors import LabeledData
@@ -126,17 +125,7 @@ class LivePointer:
 
     def write(self, state: ServingState) -> None:
         state.updated_at = time.time()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".live-", dir=self.path.parent)
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(asdict(state), f, indent=2)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_json_atomic(self.path, asdict(state), indent=2)
 
     @contextlib.contextmanager
     def locked(self, timeout: float = LOCK_TIMEOUT_SECONDS) -> Iterator[None]:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from alma_daemon.cli import add_config_arguments
 from alma_daemon.config import load_config
-from alma_daemon.observability.results import write_json_atomic
+from alma_daemon.core.atomic_json import write_json_atomic
 from alma_daemon.research.ablation import ablate_iid
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from safetensors.torch import load_file, load_model, save_file, save_model
 
+from alma_daemon.core.atomic_json import write_json_atomic
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import Learner, learner_from_spec
 
@@ -58,8 +59,8 @@ class CheckpointStore:
         tmp = Path(tempfile.mkdtemp(prefix=f".{version}-", dir=self.folder))
         try:
             save_model(learner.model, str(tmp / WEIGHTS))
-            _write_json(tmp / SPEC, learner.spec())
-            _write_json(tmp / METRICS, {"version": version, **metrics})
+            write_json_atomic(tmp / SPEC, learner.spec(), indent=2, sort_keys=True)
+            write_json_atomic(tmp / METRICS, {"version": version, **metrics}, indent=2, sort_keys=True)
             if validation is not None and len(validation):
                 sample = validation.subset(slice(0, VALIDATION_SAMPLE))
                 save_file({"x": sample.x.contiguous().cpu(), "y": sample.y.contiguous().cpu()}, str(tmp / VALIDATION))
@@ -92,13 +93,6 @@ def load_checkpoint(path: str | Path, device: str = "cpu") -> Learner:
     learner = learner_from_spec(json.loads((path / SPEC).read_text()))
     load_model(learner.model, str(path / WEIGHTS), device=str(device))
     return learner.to(device)
-
-
-def _write_json(path: Path, data: dict) -> None:
-    with path.open("w") as f:
-        json.dump(data, f, indent=2, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
 
 
 def _fsync_dir(path: Path) -> None:

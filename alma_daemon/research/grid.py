@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from alma_daemon.config import ConfigError, build_config, read_yaml, set_dotted
-from alma_daemon.observability.results import write_json_atomic
+from alma_daemon.core.atomic_json import write_json_atomic
 from alma_daemon.research.simulate import run_simulation
 
 log = logging.getLogger(__name__)

@@ -21,8 +21,8 @@ from typing import Any
 
 import redis
 
+from alma_daemon.core.atomic_json import write_json_atomic
 from alma_daemon.core.checkpoints import CheckpointStore
-from alma_daemon.observability.results import write_json_atomic
 from alma_daemon.service.redis_keys import StreamKeys
 
 IDENTITY_FILE = "stream-identity.json"

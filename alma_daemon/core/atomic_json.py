@@ -1,0 +1,41 @@
+"""JSON files that a crash never leaves half-written: results, status, checkpoints' specs, serving state."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def write_json_atomic(path: Path, data: Any, *, indent: int = 1, sort_keys: bool = False) -> None:
+    """Replace ``path`` with ``data`` as JSON: a reader sees the old file or the new one, never a mix.
+
+    The bytes reach the disk (fsync) before the rename, so a machine crash cannot leave the new name
+    pointing at an empty file. NaN and infinities become null: JSON has none, and jq or a browser
+    rejects the non-standard tokens Python would write.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(_finite(data), f, indent=indent, sort_keys=sort_keys)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
