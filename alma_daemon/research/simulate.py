@@ -11,6 +11,7 @@ import torch
 from tqdm import tqdm
 
 from alma_daemon.config import Config, to_dict
+from alma_daemon.core.assembly import assemble_engine
 from alma_daemon.core.checkpoints import CheckpointStore
 from alma_daemon.core.chunk_buffer import MemoryBuffer
 from alma_daemon.core.engine import Engine, EngineObserver
@@ -19,11 +20,8 @@ from alma_daemon.data.datasets import TaskInfo, load_dataset
 from alma_daemon.data.streams import Chunk, build_drift, drifted, megabatch_stream
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.data.text import text_stream
-from alma_daemon.learners import build_learner
 from alma_daemon.observability.results import ResultsWriter, summarize
-from alma_daemon.runtime import resolve_device
 from alma_daemon.seeding import generator
-from policies import build_policy
 
 
 @dataclass
@@ -94,13 +92,11 @@ class ProgressBar(EngineObserver):
 def build_engine(
     config: Config, stream: SimulatedStream, observers: list[EngineObserver], checkpoints: CheckpointStore | None = None
 ) -> Engine:
-    learner = build_learner(config.learner.name, stream.task, config.learner, config.seed)
-    return Engine(
-        learner,
-        build_policy(config.policy),
-        MemoryBuffer(),
+    """A fresh engine for ``stream`` over an in-memory buffer."""
+    return assemble_engine(
         config,
-        resolve_device(config.device),
+        stream.task,
+        MemoryBuffer(),
         test_set=stream.test,
         stream_length=stream.length,
         checkpoints=checkpoints,

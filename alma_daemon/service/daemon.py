@@ -38,6 +38,7 @@ from typing import Any
 import psutil
 
 from alma_daemon.config import Config, to_dict
+from alma_daemon.core.assembly import assemble_engine
 from alma_daemon.core.checkpoints import CheckpointStore
 from alma_daemon.core.engine import Engine, EngineObserver
 from alma_daemon.data.datasets import TaskInfo
@@ -45,11 +46,9 @@ from alma_daemon.data.tensors import LabeledData
 from alma_daemon.data.wire import RejectedRecord, StreamSchema
 from alma_daemon.ingest.store import dead_letter, watched_transaction
 from alma_daemon.ingest.worker import IngestWorker
-from alma_daemon.learners import build_learner
 from alma_daemon.observability import telemetry
 from alma_daemon.observability.exporter import Exporter, MetricsObserver, start_exporter
 from alma_daemon.observability.results import ResultsWriter, write_json_atomic
-from alma_daemon.runtime import resolve_device
 from alma_daemon.service.engine_store import EngineStateStore
 from alma_daemon.service.outages import REDIS_UNREACHABLE, OutageBoard, one_line, retry_delays
 from alma_daemon.service.redis_buffer import ReadyChunks, RedisBuffer
@@ -57,7 +56,6 @@ from alma_daemon.service.redis_keys import StreamKeys
 from alma_daemon.service.scheduler import build_scheduler
 from alma_daemon.service.stream_identity import RedisRestarted, StreamIdentity
 from alma_daemon.transports import build_source
-from policies import build_policy
 from serving import build_publisher
 from serving.publisher import BackgroundPublisher
 
@@ -194,31 +192,21 @@ class Daemon:
         state = self.state_store.load()
         version = state.model_version if state is not None else 0
         self._drop_uncommitted_checkpoints(store, version)
-        device = resolve_device(config.device)
-        if version:
-            if version not in store.versions():
-                raise RuntimeError(
-                    f"the engine state in Redis ({self.keys.engine}) is at model version {version}, "
-                    f"but {store.folder} holds no complete version {version}"
-                )
-            learner = store.load(version, str(device))
-        else:
-            learner = build_learner(config.learner.name, task, config.learner, config.seed)
-        policy = build_policy(config.policy)
-        policy_state = load_json(self.client, self.keys.policy)
-        if policy_state is not None:
-            policy.load_state_dict(policy_state)
+        if version and version not in store.versions():
+            raise RuntimeError(
+                f"the engine state in Redis ({self.keys.engine}) is at model version {version}, "
+                f"but {store.folder} holds no complete version {version}"
+            )
         self.buffer = RedisBuffer(self.client, self.keys)
-        self.engine = Engine(
-            learner,
-            policy,
-            self.buffer,
+        self.engine = assemble_engine(
             config,
-            device,
+            task,
+            self.buffer,
             test_set=test,
             checkpoints=store,
-            observers=[*daemon_observers(config), self.metrics, self.checkpoint_clock, *self.extra_observers],
             state=state,
+            policy_state=load_json(self.client, self.keys.policy),
+            observers=[*daemon_observers(config), self.metrics, self.checkpoint_clock, *self.extra_observers],
         )
         self.metrics.sync(self.engine)
         log.info(
