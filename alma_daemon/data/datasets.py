@@ -1,7 +1,8 @@
 """Dataset loaders (local files only, never a download) behind a registry.
 
-Each loader returns the training set, the test set and a :class:`TaskInfo` describing the input
-shape, the classes and the normalization that the model applies to raw inputs.
+Each dataset registers its :class:`TaskInfo` (input shape, classes, the normalization that the
+model applies to raw inputs) and a reader of one split, so the test set can be read without the
+training set (:func:`load_test_set`: the daemon needs only the task and the test set).
 """
 
 from __future__ import annotations
@@ -85,13 +86,25 @@ CIFAR10_TASK = TaskInfo(
     augment=True,
 )
 
-_LOADERS: dict[str, Callable[[Path], Dataset]] = {}
+#: Reads one split ("train" or "test") of a dataset from the data folder.
+SplitReader = Callable[[Path, str], LabeledData]
 
 
-def register_dataset(name: str) -> Callable:
-    def wrap(fn: Callable[[Path], Dataset]) -> Callable[[Path], Dataset]:
-        _LOADERS[name] = fn
-        return fn
+@dataclass(frozen=True)
+class DatasetFiles:
+    """A registered dataset: the task it defines and the reader of its splits."""
+
+    task: TaskInfo
+    read: SplitReader
+
+
+_LOADERS: dict[str, DatasetFiles] = {}
+
+
+def register_dataset(name: str, task: TaskInfo) -> Callable[[SplitReader], SplitReader]:
+    def wrap(read: SplitReader) -> SplitReader:
+        _LOADERS[name] = DatasetFiles(task, read)
+        return read
 
     return wrap
 
@@ -113,11 +126,22 @@ def resolve_data_root(root: str | None) -> Path:
     return Path("data")
 
 
-def load_dataset(name: str, root: str | None = None) -> Dataset:
-    """Load dataset ``name`` from ``root`` (see :func:`resolve_data_root`)."""
+def _files(name: str) -> DatasetFiles:
     if name not in _LOADERS:
         raise DatasetError(f"unknown dataset {name!r}; known: {', '.join(dataset_names())}")
-    return _LOADERS[name](resolve_data_root(root))
+    return _LOADERS[name]
+
+
+def load_dataset(name: str, root: str | None = None) -> Dataset:
+    """Load dataset ``name`` from ``root`` (see :func:`resolve_data_root`)."""
+    files, folder = _files(name), resolve_data_root(root)
+    return Dataset(files.read(folder, "train"), files.read(folder, "test"), files.task)
+
+
+def load_test_set(name: str, root: str | None = None) -> tuple[TaskInfo, LabeledData]:
+    """The task and the test set of dataset ``name``, without reading its training set."""
+    files = _files(name)
+    return files.task, files.read(resolve_data_root(root), "test")
 
 
 def _find(root: Path, subdirs: tuple[str, ...], filename: str, what: str) -> Path:
@@ -147,9 +171,13 @@ def _read_idx(path: Path, expected_magic: int) -> np.ndarray:
     return array.reshape(shape)
 
 
-@register_dataset("mnist")
-def load_mnist(root: Path) -> Dataset:
-    """MNIST from the four IDX files (``.gz`` as distributed, or uncompressed)."""
+#: The file name prefix of each MNIST split.
+_MNIST_SPLITS = {"train": "train", "test": "t10k"}
+
+
+@register_dataset("mnist", MNIST_TASK)
+def read_mnist(root: Path, split: str) -> LabeledData:
+    """A split of MNIST from its two IDX files (``.gz`` as distributed, or uncompressed)."""
 
     def read(stem: str, magic: int) -> torch.Tensor:
         subdirs = ("mnist", "MNIST/raw", ".")
@@ -159,9 +187,8 @@ def load_mnist(root: Path) -> Dataset:
                     return torch.from_numpy(_read_idx(root / sub / name, magic).copy())
         return torch.from_numpy(_read_idx(_find(root, subdirs, stem + ".gz", "MNIST"), magic).copy())
 
-    train = LabeledData(read("train-images-idx3-ubyte", 0x803), read("train-labels-idx1-ubyte", 0x801).long())
-    test = LabeledData(read("t10k-images-idx3-ubyte", 0x803), read("t10k-labels-idx1-ubyte", 0x801).long())
-    return Dataset(train, test, MNIST_TASK)
+    prefix = _MNIST_SPLITS[split]
+    return LabeledData(read(f"{prefix}-images-idx3-ubyte", 0x803), read(f"{prefix}-labels-idx1-ubyte", 0x801).long())
 
 
 _CIFAR_BIN_DIRS = ("cifar-10-batches-bin", "cifar10-jpeg/cifar-10-batches-bin", "cifar10/cifar-10-batches-bin")
@@ -198,24 +225,22 @@ def _cifar_from_python(directory: Path, names: list[str]) -> LabeledData:
     return LabeledData(torch.from_numpy(np.concatenate(xs)), torch.from_numpy(np.concatenate(ys)))
 
 
-@register_dataset("cifar10")
-def load_cifar10(root: Path) -> Dataset:
-    """CIFAR-10 from the official binary layout, else the official python layout; images HWC uint8."""
-    train_names = [f"data_batch_{i}" for i in range(1, 6)]
+#: The batch files of each CIFAR-10 split.
+_CIFAR_SPLITS = {"train": [f"data_batch_{i}" for i in range(1, 6)], "test": ["test_batch"]}
+
+
+@register_dataset("cifar10", CIFAR10_TASK)
+def read_cifar10(root: Path, split: str) -> LabeledData:
+    """A split of CIFAR-10 from the official binary layout, else the official python layout; images HWC uint8."""
+    names = _CIFAR_SPLITS[split]
     for sub in _CIFAR_BIN_DIRS:
         directory = root / sub
         if (directory / "data_batch_1.bin").is_file():
-            train = _cifar_from_binary(directory, [n + ".bin" for n in train_names])
-            test = _cifar_from_binary(directory, ["test_batch.bin"])
-            return Dataset(train, test, CIFAR10_TASK)
+            return _cifar_from_binary(directory, [n + ".bin" for n in names])
     for sub in _CIFAR_PY_DIRS:
         directory = root / sub
         if (directory / "data_batch_1").is_file():
-            return Dataset(
-                _cifar_from_python(directory, train_names),
-                _cifar_from_python(directory, ["test_batch"]),
-                CIFAR10_TASK,
-            )
+            return _cifar_from_python(directory, names)
     raise DatasetError(
         f"CIFAR-10: no data_batch_1.bin or data_batch_1 found under {root} (looked in "
         f"{', '.join(_CIFAR_BIN_DIRS + _CIFAR_PY_DIRS)}); extract the official cifar-10-binary.tar.gz "

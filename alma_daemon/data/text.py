@@ -237,18 +237,40 @@ def text_stream(dataset: DatasetConfig, stream: StreamConfig) -> TextStream:
     ``stream.train_examples`` keeps the first ``train_examples // B`` sequences of each chunk and
     ``dataset.test_examples`` the first test sequences (quick runs, cheap evaluation).
     """
-    if dataset.name not in _CORPORA:
-        raise DatasetError(f"unknown text corpus {dataset.name!r}; known: {', '.join(sorted(_CORPORA))}")
-    corpus = _CORPORA[dataset.name](dataset, stream.megabatches)
+    corpus = _load_corpus(dataset, stream)
     encode = corpus.tokenizer.encode
     parts = [sequences(encode(part), stream.seq_len) for part in corpus.parts]
     if stream.train_examples is not None:
         parts = [p.subset(slice(0, max(1, stream.train_examples // len(parts)))) for p in parts]
-    test = sequences(encode(corpus.test), stream.seq_len)
-    if dataset.test_examples is not None:
-        test = test.subset(slice(0, dataset.test_examples))
+    chunks = [Chunk(i, p) for i, p in enumerate(parts, start=1)]
+    return TextStream(_task(corpus, stream), chunks, _test_sequences(corpus, dataset, stream))
+
+
+def text_task(dataset: DatasetConfig, stream: StreamConfig) -> tuple[TaskInfo, LabeledData]:
+    """The task and the test sequences of :func:`text_stream`, without encoding the training text.
+
+    The corpus is still read whole: its tokenizer is built from the training text (PTB's vocabulary,
+    or a BPE trained on the first chunk) and a user's test text is the last part of the files.
+    """
+    corpus = _load_corpus(dataset, stream)
+    return _task(corpus, stream), _test_sequences(corpus, dataset, stream)
+
+
+def _load_corpus(dataset: DatasetConfig, stream: StreamConfig) -> TextCorpus:
+    if dataset.name not in _CORPORA:
+        raise DatasetError(f"unknown text corpus {dataset.name!r}; known: {', '.join(sorted(_CORPORA))}")
+    return _CORPORA[dataset.name](dataset, stream.megabatches)
+
+
+def _task(corpus: TextCorpus, stream: StreamConfig) -> TaskInfo:
     vocab = corpus.tokenizer.vocab_size
-    task = TaskInfo(
+    return TaskInfo(
         "language_model", (stream.seq_len,), vocab, extra={"vocab_size": vocab, "tokenizer": corpus.tokenizer.to_dict()}
     )
-    return TextStream(task, [Chunk(i, p) for i, p in enumerate(parts, start=1)], test)
+
+
+def _test_sequences(corpus: TextCorpus, dataset: DatasetConfig, stream: StreamConfig) -> LabeledData:
+    test = sequences(corpus.tokenizer.encode(corpus.test), stream.seq_len)
+    if dataset.test_examples is not None:
+        test = test.subset(slice(0, dataset.test_examples))
+    return test

@@ -7,7 +7,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 from tqdm import tqdm
 
 from alma_daemon.config import Config, to_dict
@@ -17,11 +16,11 @@ from alma_daemon.core.chunk_buffer import MemoryBuffer
 from alma_daemon.core.engine import Engine, EngineObserver
 from alma_daemon.core.records import StepRecord
 from alma_daemon.data.datasets import TaskInfo, load_dataset
+from alma_daemon.data.stream_task import select_test_examples
 from alma_daemon.data.streams import Chunk, build_drift, drifted, megabatch_stream
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.data.text import text_stream
 from alma_daemon.observability.results import ResultsWriter, summarize
-from alma_daemon.seeding import generator
 
 
 @dataclass
@@ -43,12 +42,7 @@ def labeled_stream(config: Config) -> SimulatedStream:
     """Labeled examples (images): a seeded random partition into B equal mega-batches, drifting from
     ``stream.drift.at`` on when asked (the engine drifts the test set alike)."""
     dataset = load_dataset(config.dataset.name, config.dataset.root)
-    test = dataset.test
-    if config.dataset.test_examples is not None:
-        # A seeded random subset, not the first N: a test set may be sorted by class (the
-        # JPEG-decoded CIFAR-10 copy is), and its first N examples would all be one class.
-        order = torch.randperm(len(test), generator=generator(config.stream.seed, "test-subset"))
-        test = test.subset(order[: config.dataset.test_examples])
+    test = select_test_examples(dataset.test, config)
     chunks = megabatch_stream(
         dataset.train, config.stream.megabatches, config.stream.seed, limit=config.stream.train_examples
     )

@@ -42,7 +42,7 @@ from alma_daemon.core.assembly import assemble_engine
 from alma_daemon.core.checkpoints import CheckpointStore
 from alma_daemon.core.engine import Engine, EngineObserver
 from alma_daemon.data.datasets import TaskInfo
-from alma_daemon.data.tensors import LabeledData
+from alma_daemon.data.stream_task import StreamTask, load_stream_task
 from alma_daemon.data.wire import RejectedRecord, StreamSchema
 from alma_daemon.ingest.store import dead_letter, watched_transaction
 from alma_daemon.ingest.worker import IngestWorker
@@ -71,19 +71,6 @@ class IngestFailed(RuntimeError):
 
 
 # -- what the daemon serves -----------------------------------------------------------------------
-def stream_task(config: Config) -> tuple[TaskInfo, LabeledData | None]:
-    """The task and the test set, taken from ``dataset.*`` exactly as ``alma simulate`` takes them."""
-    if config.dataset.name == "arrays":
-        from alma_daemon.data.arrays import arrays_task, load_npz
-
-        test = load_npz(config.dataset.test_file) if config.dataset.test_file else None
-        return arrays_task(config.dataset), test
-    from alma_daemon.research.simulate import simulated_stream
-
-    stream = simulated_stream(config)
-    return stream.task, stream.test
-
-
 def stream_schema(task: TaskInfo) -> StreamSchema:
     """What ingest accepts: examples of the task's input shape with labels in its class range, or
     token runs of the task's vocabulary for a language model."""
@@ -171,7 +158,7 @@ class Daemon:
         self.outages = OutageBoard(config.daemon.outage_limit_seconds)
         self._riding_out = threading.Event()
         self.identity: StreamIdentity | None = None
-        self._task: tuple[TaskInfo, LabeledData | None] | None = None
+        self._task: StreamTask | None = None
         self._in_step = False
         self._phase = "starting"
 
@@ -180,8 +167,8 @@ class Daemon:
         """The engine as the last committed step left it (a fresh one on first start)."""
         config = self.config
         if self._task is None:
-            self._task = stream_task(config)
-        task, test = self._task
+            self._task = load_stream_task(config)
+        task, test = self._task.task, self._task.test
         self.schema = stream_schema(task)
         if task.kind == "language_model":
             self.ready = ReadyChunks(self.client, self.keys, seq_len=task.input_shape[0])
