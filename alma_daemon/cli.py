@@ -16,7 +16,20 @@ from alma_daemon.logs import configure_logging
 from alma_daemon.training.distributed import launched_with_ranks
 
 #: Subcommand modules under alma_daemon.commands, in the order ``alma --help`` lists them.
-COMMANDS = ["simulate", "grid", "report", "run", "replay", "status", "serve", "versions", "rollback", "ablate_iid"]
+COMMANDS = [
+    "simulate",
+    "grid",
+    "report",
+    "run",
+    "replay",
+    "status",
+    "serve",
+    "versions",
+    "rollback",
+    "ablate_iid",
+    "study",
+    "config",
+]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,358 @@
+"""``alma study paper``: run the experiments behind the paper's findings, judge them, draw them.
+
+A study is a list of experiments (each a grid of config values, like ``alma grid``), run once per
+seed through the same engine as ``alma simulate``, one folder per run under ``OUT/runs/``. A run
+whose ``results.json`` is complete and whose config is the planned one is not run again, so a study
+interrupted and started again with the same ``--out`` goes on where it stopped. Then every finding
+of :mod:`alma_daemon.research.findings` is judged on the runs, and ``findings.json``, ``report.md``,
+``report.html`` and the figures are written.
+
+The scale (B, widths, epochs, test subset) is a :class:`Scale`; ``full`` and ``quick`` are the two a
+user runs; docs/findings.md says why they are what they are.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from alma_daemon.config import build_config, set_dotted, to_dict
+from alma_daemon.observability.results import read_results, write_json_atomic
+from alma_daemon.research.findings import F3_WAIT, FINDINGS, RunResult, judge_all
+from alma_daemon.research.grid import expand_grid
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """A grid of runs behind one or more findings: fixed config values and the values it varies."""
+
+    name: str
+    what: str
+    fixed: dict
+    grid: dict
+
+
+@dataclass(frozen=True)
+class Scale:
+    """What a study costs: the streams' sizes, the widths, the epoch caps and the test subsets."""
+
+    name: str
+    seeds: int
+    mnist_megabatches: int
+    mnist_examples: int | None
+    mnist_waits: list[int]
+    mnist_epochs: int
+    mnist_wait_widths: list[int]
+    mnist_method_widths: list[int]
+    mnist_sm_sizes: list[int]
+    mnist_methods_wait: int
+    mnist_replay_wait: int
+    mnist_replay_width: int
+    cifar_megabatches: int
+    cifar_examples: int | None
+    cifar_waits: list[int]
+    cifar_epochs: int
+    cifar_width: int
+    cifar_large_width: int
+    test_examples: int
+    extra: dict = field(default_factory=dict)
+
+
+#: The scale of ``alma study paper``: docs/findings.md explains each choice.
+FULL = Scale(
+    name="full",
+    seeds=3,
+    mnist_megabatches=500,
+    mnist_examples=None,
+    mnist_waits=[1, 5, 10, 50, 500],
+    mnist_epochs=5,
+    mnist_wait_widths=[4, 64],
+    mnist_method_widths=[4, 32],
+    mnist_sm_sizes=[8, 16, 64],
+    mnist_methods_wait=50,
+    mnist_replay_wait=50,
+    mnist_replay_width=8,
+    cifar_megabatches=100,
+    cifar_examples=None,
+    cifar_waits=[1, 10, 100],
+    cifar_epochs=3,
+    cifar_width=4,
+    cifar_large_width=16,
+    test_examples=1000,
+)
+
+#: ``--quick``: every experiment, one seed, a fifth of the streams, fewer epochs.
+QUICK = Scale(
+    name="quick",
+    seeds=1,
+    mnist_megabatches=100,
+    mnist_examples=12_000,
+    mnist_waits=[1, 5, 10, 50, 100],
+    mnist_epochs=5,
+    mnist_wait_widths=[4, 64],
+    mnist_method_widths=[4, 32],
+    mnist_sm_sizes=[8, 16, 64],
+    mnist_methods_wait=10,
+    mnist_replay_wait=10,
+    mnist_replay_width=8,
+    cifar_megabatches=100,
+    cifar_examples=10_000,
+    cifar_waits=[1, 10, 100],
+    cifar_epochs=3,
+    cifar_width=4,
+    cifar_large_width=8,
+    test_examples=500,
+)
+
+SCALES = {scale.name: scale for scale in (FULL, QUICK)}
+
+
+def paper_experiments(scale: Scale) -> list[Experiment]:
+    """The experiments behind findings F1-F9 at ``scale``."""
+    mnist = {
+        "dataset.name": "mnist",
+        "dataset.test_examples": scale.test_examples,
+        "stream.megabatches": scale.mnist_megabatches,
+        "stream.train_examples": scale.mnist_examples,
+        "train.epochs": scale.mnist_epochs,
+        **scale.extra,
+    }
+    cifar = {
+        "dataset.name": "cifar10",
+        "dataset.test_examples": scale.test_examples,
+        "stream.megabatches": scale.cifar_megabatches,
+        "stream.train_examples": scale.cifar_examples,
+        "train.epochs": scale.cifar_epochs,
+        **scale.extra,
+    }
+    return [
+        Experiment(
+            "mnist-wait",
+            "SM on MNIST at every waiting time, small and large (F1, F3, F8, F9)",
+            {**mnist, "learner.name": "sm"},
+            {"learner.width": scale.mnist_wait_widths, "policy.wait": scale.mnist_waits},
+        ),
+        Experiment(
+            "mnist-geometric",
+            "SM on MNIST with the geometric wait, ratio 0.5 (F9)",
+            {**mnist, "learner.name": "sm", "policy.name": "geometric", "policy.ratio": 0.5},
+            {"learner.width": scale.mnist_wait_widths},
+        ),
+        Experiment(
+            "mnist-methods",
+            f"every method on MNIST at w = {scale.mnist_methods_wait}, small and large members (F4, F5, F6)",
+            {**mnist, "policy.wait": scale.mnist_methods_wait},
+            {
+                "learner.name": ["sm", "ens", "umix", "gens", "gmoe", "firefly"],
+                "learner.width": scale.mnist_method_widths,
+            },
+        ),
+        Experiment(
+            "mnist-sm-sizes",
+            f"SM of more sizes at w = {scale.mnist_methods_wait}: the fixed models growing ones face (F4, F6)",
+            {**mnist, "learner.name": "sm", "policy.wait": scale.mnist_methods_wait},
+            {"learner.width": scale.mnist_sm_sizes},
+        ),
+        Experiment(
+            "mnist-replay",
+            f"SM and gEns on MNIST at w = {scale.mnist_replay_wait}, without and with replay (F7)",
+            {**mnist, "learner.width": scale.mnist_replay_width, "policy.wait": scale.mnist_replay_wait},
+            {"learner.name": ["sm", "gens"], "stream.replay": [False, True]},
+        ),
+        Experiment(
+            "cifar-wait",
+            "SM (reduced VGG) on CIFAR-10 at greedy, intermediate and tardy waits (F2, F3)",
+            {**cifar, "learner.name": "sm", "learner.width": scale.cifar_width},
+            {"policy.wait": scale.cifar_waits},
+        ),
+        Experiment(
+            "cifar-large",
+            f"a larger SM on CIFAR-10 at w = {F3_WAIT} (F3)",
+            {**cifar, "learner.name": "sm", "policy.wait": F3_WAIT},
+            {"learner.width": [scale.cifar_large_width]},
+        ),
+    ]
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    """One run of a study: its experiment, the config values it sets, its seed, its folder."""
+
+    experiment: str
+    params: dict
+    seed: int
+    folder: Path
+    config: dict
+
+    @property
+    def label(self) -> str:
+        return f"{self.experiment}/{self.folder.name}"
+
+
+def plan_runs(experiments: list[Experiment], seeds: int, out: Path) -> list[PlannedRun]:
+    """Every run of every experiment, seed by seed, cheapest experiments' seed 0 first."""
+    runs = []
+    for seed in range(seeds):
+        for experiment in experiments:
+            for grid_run in expand_grid({"grid": experiment.grid}):
+                data: dict = {}
+                for key, value in {**experiment.fixed, **grid_run.overrides}.items():
+                    set_dotted(data, key, value)
+                set_dotted(data, "seed", seed)
+                set_dotted(data, "stream.seed", seed)
+                config = to_dict(build_config(data))
+                folder = out / "runs" / experiment.name / f"{grid_run.name},seed={seed}"
+                params = {**experiment.fixed, **grid_run.overrides}
+                runs.append(PlannedRun(experiment.name, params, seed, folder, config))
+    return runs
+
+
+def finished_results(run: PlannedRun) -> dict | None:
+    """The run's results when its folder holds the whole stream for the planned config, else None."""
+    path = run.folder / "results.json"
+    if not path.is_file():
+        return None
+    try:
+        results = read_results(path)
+    except (OSError, ValueError):
+        return None
+    if json.loads(json.dumps(run.config)) != results.get("config"):
+        return None  # another scale or code version wrote it: run it again
+    if results.get("summary", {}).get("chunks") != run.config["stream"]["megabatches"]:
+        return None
+    return results
+
+
+def execute_run(config: dict, folder: str) -> float:
+    """Run one planned simulation into ``folder`` on one torch thread; return its wall seconds.
+
+    One thread per run makes a run's figures independent of ``--jobs`` (the thread count changes
+    the order of floating-point sums)."""
+    import torch
+
+    from alma_daemon.research.simulate import run_simulation
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    start = time.perf_counter()
+    try:
+        run_simulation(build_config(config), folder, progress=False)
+    finally:
+        torch.set_num_threads(threads)
+    return time.perf_counter() - start
+
+
+class Progress:
+    """Runs done and to do, and the time left estimated from the runs finished so far."""
+
+    def __init__(self, runs: list[PlannedRun], done: dict[str, float], jobs: int, say: Callable[[str], None]):
+        self.runs, self.done, self.jobs, self.say = runs, dict(done), jobs, say
+        self.started = time.time()
+
+    def estimate(self, run: PlannedRun) -> float | None:
+        same = [s for label, s in self.done.items() if label.startswith(run.experiment + "/")]
+        pool = same or list(self.done.values())
+        return sum(pool) / len(pool) if pool else None
+
+    def left_seconds(self) -> float | None:
+        left = [self.estimate(r) for r in self.runs if r.label not in self.done]
+        if any(e is None for e in left):
+            return None
+        return sum(e for e in left if e is not None) / self.jobs
+
+    def report(self, run: PlannedRun, seconds: float | None, failed: str | None = None) -> None:
+        if seconds is not None:
+            self.done[run.label] = seconds
+        left = self.left_seconds()
+        eta = "unknown" if left is None else _duration(left)
+        outcome = f"failed: {failed}" if failed else f"{seconds:.0f} s"
+        self.say(f"[{len(self.done)}/{len(self.runs)}] {run.label}: {outcome}; time left about {eta}")
+
+
+def _duration(seconds: float) -> str:
+    minutes = round(seconds / 60)
+    return (
+        f"{seconds:.0f} s"
+        if seconds < 90
+        else f"{minutes // 60} h {minutes % 60} min"
+        if minutes >= 60
+        else f"{minutes} min"
+    )
+
+
+def run_study(
+    out: str | Path,
+    scale: Scale = FULL,
+    *,
+    seeds: int | None = None,
+    jobs: int = 1,
+    experiments: list[Experiment] | None = None,
+    say: Callable[[str], None] = print,
+) -> list[dict]:
+    """Run (or resume) the study into ``out``, judge the findings, write the report; return them."""
+    out = Path(out)
+    experiments = experiments if experiments is not None else paper_experiments(scale)
+    seeds = seeds if seeds is not None else scale.seeds
+    runs = plan_runs(experiments, seeds, out)
+    finished = {r.label: finished_results(r) for r in runs}
+    done = {label: res["summary"].get("wall_seconds", 0.0) for label, res in finished.items() if res}
+    todo = [r for r in runs if not finished[r.label]]
+    write_json_atomic(
+        out / "study.json",
+        {"scale": scale.name, "seeds": seeds, "experiments": [e.__dict__ for e in experiments], "runs": len(runs)},
+    )
+    say(f"study {scale.name}: {len(runs)} runs ({seeds} seed(s)); {len(done)} already finished in {out}")
+    progress = Progress(runs, done, jobs, say)
+    failures = {}
+    if jobs <= 1:
+        for run in todo:
+            try:
+                progress.report(run, execute_run(run.config, str(run.folder)))
+            except Exception as exc:  # one failed run must not lose the others' hours
+                failures[run.label] = f"{type(exc).__name__}: {exc}"
+                progress.report(run, None, failures[run.label])
+    else:
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            futures = {pool.submit(execute_run, r.config, str(r.folder)): r for r in todo}
+            for future in as_completed(futures):
+                run = futures[future]
+                try:
+                    progress.report(run, future.result())
+                except Exception as exc:
+                    failures[run.label] = f"{type(exc).__name__}: {exc}"
+                    progress.report(run, None, failures[run.label])
+    results = collect(runs)
+    findings = judge_all(results)
+    write_json_atomic(out / "findings.json", {"findings": findings, "failed_runs": failures, "runs": len(results)})
+    from alma_daemon.research.study_report import write_study_report
+
+    write_study_report(out, experiments, findings, scale, seeds)
+    return findings
+
+
+def collect(runs: list[PlannedRun]) -> list[RunResult]:
+    """The finished runs as the rules read them."""
+    results = []
+    for run in runs:
+        res = finished_results(run)
+        if res is None:
+            continue
+        errors = [r.get("test_error") for r in res["series"]]
+        results.append(RunResult(run.experiment, run.params, run.seed, res["summary"], errors))
+    return results
+
+
+def describe(experiments: list[Experiment] | None = None, scale: Scale = FULL) -> str:
+    """``alma study --list``: the studies, their experiments and the findings they judge."""
+    experiments = experiments if experiments is not None else paper_experiments(scale)
+    lines = [f"paper (scale {scale.name}, {scale.seeds} seed(s); --quick: scale quick)", "  experiments:"]
+    for e in experiments:
+        count = len(expand_grid({"grid": e.grid}))
+        lines.append(f"    {e.name:<16} {count:>2} run(s) per seed  {e.what}")
+    lines.append("  findings:")
+    lines += [f"    {f.id}  {f.claim}" for f in FINDINGS]
+    return "\n".join(lines)

@@ -1,0 +1,78 @@
+"""The study's report: the verdicts first, then each experiment's table and figures.
+
+``report.md`` links the PNGs under ``figures/``; ``report.html`` is one self-contained page with the
+same figures inlined. The figures are :mod:`alma_daemon.observability.report`'s, drawn per experiment.
+"""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+from alma_daemon.observability.report import (
+    PLOTS,
+    REPLAY_PLOT,
+    Run,
+    find_runs,
+    markdown_table,
+    plot_cer_vs,
+    plot_error_vs_time,
+    plot_replay,
+)
+from alma_daemon.observability.report_html import html_page
+
+
+def _key_numbers(finding: dict) -> str:
+    """The evidence a reader checks first: how many seeds held, and what was missing."""
+    evidence = finding.get("evidence", {})
+    parts = [f"{evidence['seeds_holding']} seeds hold"] if "seeds_holding" in evidence else []
+    if evidence.get("missing"):
+        parts.append(f"missing: {evidence['missing']}")
+    return "; ".join(parts)
+
+
+def _figures(runs: list[Run], folder: Path, prefix: str) -> list[tuple[str, str]]:
+    """Draw one experiment's figures; return (file name under ``folder``, caption)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    drawn = []
+    plot_error_vs_time(runs, folder / f"{prefix}-{PLOTS[0][0]}")
+    drawn.append((f"{prefix}-{PLOTS[0][0]}", f"{prefix}: {PLOTS[0][1]} (mean over seeds)"))
+    plot_cer_vs(runs, "cumulative_train_flops", "cumulative training FLOPs", folder / f"{prefix}-{PLOTS[1][0]}")
+    drawn.append((f"{prefix}-{PLOTS[1][0]}", f"{prefix}: {PLOTS[1][1]}"))
+    plot_cer_vs(runs, "cumulative_parameters", "cumulative parameters", folder / f"{prefix}-{PLOTS[2][0]}")
+    drawn.append((f"{prefix}-{PLOTS[2][0]}", f"{prefix}: {PLOTS[2][1]}"))
+    if plot_replay(runs, folder / f"{prefix}-{REPLAY_PLOT[0]}"):
+        drawn.append((f"{prefix}-{REPLAY_PLOT[0]}", f"{prefix}: {REPLAY_PLOT[1]}"))
+    return drawn
+
+
+def write_study_report(out: Path, experiments: list, findings: list[dict], scale, seeds: int) -> Path:
+    """Write ``report.md``, ``report.html`` and ``figures/*.png`` for a study in ``out``."""
+    title = f"ALMA study: the paper's findings (scale {scale.name}, {seeds} seed(s))"
+    md = [f"# {title}", "", "| finding | claim | verdict | evidence |", "|---|---|---|---|"]
+    rows = []
+    for f in findings:
+        md.append(f"| {f['id']} | {f['claim']} | **{f['verdict']}** | {_key_numbers(f)} |")
+        rows.append([f["id"], f["claim"], f["verdict"], _key_numbers(f)])
+    md += ["", "Rules and per-seed numbers: `findings.json`.", ""]
+    for f in findings:
+        md += [f"- **{f['id']}** ({f['verdict']}): {f['rule']}"]
+    images: list[tuple[str, bytes]] = []
+    sections = []
+    for experiment in experiments:
+        root = out / "runs" / experiment.name
+        try:
+            runs = find_runs(root)
+        except FileNotFoundError:
+            continue
+        md += ["", f"## {experiment.name}", "", experiment.what, "", markdown_table(runs)]
+        drawn = _figures(runs, out / "figures", experiment.name)
+        md += [f"![{caption}](figures/{name})\n" for name, caption in drawn]
+        images += [(caption, (out / "figures" / name).read_bytes()) for name, caption in drawn]
+        sections.append(experiment.name)
+    (out / "report.md").write_text("\n".join(md) + "\n")
+    rules = "".join(f"<li><b>{html.escape(f['id'])}</b>: {html.escape(f['rule'])}</li>" for f in findings)
+    page = html_page(title, ["finding", "claim", "verdict", "evidence"], rows, images)
+    page = page.replace("</table>", f"</table>\n<h2>Rules</h2><ul>{rules}</ul>\n<h2>Experiments</h2>", 1)
+    (out / "report.html").write_text(page)
+    return out / "report.html"

@@ -1,0 +1,160 @@
+"""``alma study``: the findings' rules on hand-made result sets, and a tiny study end to end."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from alma_daemon.cli import main
+from alma_daemon.research import findings as F
+from alma_daemon.research.findings import RunResult, judge
+from alma_daemon.research.study import QUICK, paper_experiments, plan_runs, run_study
+
+FINDING = {f.id: f for f in F.FINDINGS}
+
+
+def wait_run(width: int, wait: int, cer: float, seed: int = 0, final: float = 0.1) -> RunResult:
+    params = {"learner.name": "sm", "learner.width": width, "policy.wait": wait}
+    return RunResult("mnist-wait", params, seed, {"cer": cer, "final_test_error": final}, [0.5] * 100)
+
+
+def f1_runs(seed: int, small_best: int, large_best: int) -> list[RunResult]:
+    """SM widths 4 and 64 at waits 1, 10, 100; each width's CER is lowest at the given wait."""
+    return [
+        wait_run(width, w, 10.0 if w == best else 20.0 + w / 100, seed)
+        for width, best in ((4, small_best), (64, large_best))
+        for w in (1, 10, 100)
+    ]
+
+
+def test_f1_holds_when_every_seed_has_small_models_best_at_an_intermediate_wait_and_large_ones_earlier():
+    runs = f1_runs(0, small_best=10, large_best=1) + f1_runs(1, small_best=10, large_best=1)
+    entry = judge(FINDING["F1"], runs)
+    assert entry["verdict"] == "holds"
+    assert entry["evidence"]["seeds_holding"] == "2 of 2"
+    assert entry["evidence"]["per_seed"][0]["best_wait"] == {4: 10, 64: 1}
+
+
+def test_f1_does_not_hold_when_the_small_model_is_best_greedy():
+    runs = f1_runs(0, small_best=1, large_best=1) + f1_runs(1, small_best=100, large_best=10)
+    assert judge(FINDING["F1"], runs)["verdict"] == "does not hold"
+
+
+def test_f1_is_mixed_when_the_seeds_disagree():
+    runs = f1_runs(0, small_best=10, large_best=1) + f1_runs(1, small_best=1, large_best=1)
+    entry = judge(FINDING["F1"], runs)
+    assert entry["verdict"] == "mixed"
+    assert entry["evidence"]["seeds_holding"] == "1 of 2"
+    assert entry["evidence"]["over_seeds"]["best_wait.4"] == {"mean": 5.5, "min": 1.0, "max": 10.0}
+
+
+def test_f9_compares_the_geometric_wait_with_the_best_constant_wait_of_its_width():
+    fixed = f1_runs(0, small_best=10, large_best=1)  # lowest constant-wait CER 10.0 at both widths
+    better = RunResult(
+        "mnist-geometric", {"learner.name": "sm", "learner.width": 4}, 0, {"cer": 9.0, "final_test_error": 0.1}
+    )
+    worse = dataclasses.replace(better, params={"learner.name": "sm", "learner.width": 64}, summary={"cer": 11.0})
+    assert judge(FINDING["F9"], [*fixed, better])["verdict"] == "holds"
+    entry = judge(FINDING["F9"], [*fixed, better, worse])
+    assert entry["verdict"] == "does not hold"
+    assert entry["evidence"]["per_seed"][0][64]["best_constant_wait"] == 1
+
+
+def method_run(learner: str, width: int, cer: float, flops: float, memory: float, inference: float = 1.0):
+    summary = {
+        "cer": cer,
+        "final_test_error": 0.1,
+        "cumulative_train_flops": flops,
+        "cumulative_parameters": memory,
+        "final_inference_flops_per_example": inference,
+    }
+    return RunResult("mnist-methods", {"learner.name": learner, "learner.width": width}, 0, summary)
+
+
+def test_f4_needs_a_cheaper_sm_with_a_lower_cer_for_every_growing_run():
+    sm = method_run("sm", 4, cer=10.0, flops=1.0, memory=1.0)
+    ens = method_run("ens", 4, cer=8.0, flops=5.0, memory=5.0, inference=5.0)
+    gens = method_run("gens", 4, cer=9.0, flops=1.0, memory=20.0, inference=50.0)
+    costly_grower = method_run("gmoe", 4, cer=12.0, flops=2.0, memory=2.0)
+    assert judge(FINDING["F4"], [sm, ens, gens, costly_grower])["verdict"] == "holds"
+    cheap_grower = method_run("firefly", 4, cer=12.0, flops=0.5, memory=2.0)  # no SM within its compute
+    entry = judge(FINDING["F4"], [sm, ens, gens, costly_grower, cheap_grower])
+    assert entry["verdict"] == "does not hold"
+    assert entry["evidence"]["per_seed"][0]["won"] == 4
+
+
+def test_a_finding_whose_runs_are_missing_is_not_judged():
+    entry = judge(FINDING["F2"], f1_runs(0, 10, 1))
+    assert entry["verdict"] == "not judged"
+    assert "cifar-wait" in entry["evidence"]["missing"]
+
+
+#: A test-only scale: every experiment of the paper study on streams of 20 tiny chunks.
+TINY = dataclasses.replace(
+    QUICK,
+    name="tiny",
+    mnist_megabatches=20,
+    mnist_examples=400,
+    mnist_waits=[1, 10, 20],
+    mnist_epochs=1,
+    mnist_wait_widths=[4, 8],
+    mnist_method_widths=[4, 8],
+    mnist_sm_sizes=[16],
+    mnist_replay_wait=10,
+    cifar_megabatches=20,
+    cifar_examples=200,
+    cifar_waits=[1, 10, 20],
+    cifar_epochs=1,
+    cifar_width=4,
+    cifar_large_width=8,
+    test_examples=100,
+)
+
+
+def test_quick_scale_plans_every_experiment_and_finishes_every_stream():
+    runs = plan_runs(paper_experiments(QUICK), QUICK.seeds, QUICK_OUT)
+    assert {r.experiment for r in runs} == {e.name for e in paper_experiments(QUICK)}
+    assert len({r.folder for r in runs}) == len(runs)
+
+
+QUICK_OUT = __import__("pathlib").Path("unused")
+
+
+def test_a_tiny_study_runs_judges_reports_and_resumes(tmp_path, capsys):
+    said: list[str] = []
+    findings = run_study(tmp_path, TINY, say=said.append)
+    assert [f["id"] for f in findings] == [f"F{i}" for i in range(1, 10)]
+    assert all(f["verdict"] in ("holds", "does not hold", "mixed") for f in findings), findings
+    written = json.loads((tmp_path / "findings.json").read_text())
+    assert written["findings"] == json.loads(json.dumps(findings))
+    assert written["failed_runs"] == {}
+    assert said[-1].startswith(f"[{written['runs']}/{written['runs']}]")
+    page = (tmp_path / "report.html").read_text()
+    assert page.count("data:image/png;base64,") >= 3 * 6 and "http" not in page.replace("http-equiv", "")
+    assert (tmp_path / "figures" / "mnist-replay-replay.png").is_file()
+    assert "| F1 |" in (tmp_path / "report.md").read_text()
+
+    # started again on the same folder, it runs nothing and judges alike
+    said.clear()
+    again = run_study(tmp_path, TINY, say=said.append)
+    assert said == [f"study tiny: {written['runs']} runs (1 seed(s)); {written['runs']} already finished in {tmp_path}"]
+    assert [f["verdict"] for f in again] == [f["verdict"] for f in findings]
+
+
+def test_alma_study_list_names_every_finding(capsys):
+    assert main(["study", "--list"]) == 0
+    out = capsys.readouterr().out
+    assert all(f"F{i} " in out for i in range(1, 10)) and "cifar-wait" in out
+
+
+def test_alma_study_without_out_fails_with_a_reason(capsys):
+    assert main(["study", "paper"]) == 1
+    assert "--out" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("seeds", ["0", "-1"])
+def test_alma_study_rejects_fewer_than_one_seed(tmp_path, capsys, seeds):
+    assert main(["study", "paper", "--out", str(tmp_path), "--seeds", seeds]) == 1
+    assert "--seeds" in capsys.readouterr().err
