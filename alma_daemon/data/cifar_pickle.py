@@ -36,11 +36,13 @@ def read_cifar_python_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
     in_labels = False
     for opcode, arg, _ in pickletools.genops(raw):
         if opcode.name in _STRING_OPS:
+            assert isinstance(arg, (str, bytes))  # what pickletools decodes these opcodes to
             value = arg.encode("latin-1") if isinstance(arg, str) else arg
             if len(value) >= _PIXELS and len(value) % _PIXELS == 0:
                 data = value
             in_labels = value in (b"labels", b"fine_labels")
         elif in_labels and opcode.name in _INT_OPS:
+            assert isinstance(arg, int)  # what pickletools decodes these opcodes to (bool for INT's 00 and 01)
             labels.append(int(arg))
     if data is None or not labels:
         raise ValueError(f"{path}: not a CIFAR-10 python batch (no pixel block or no labels found)")

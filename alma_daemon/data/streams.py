@@ -110,6 +110,7 @@ def build_drift(config: DriftConfig, task: TaskInfo, seed: int) -> Drift | None:
         return None
     if task.kind != "classification":
         raise ConfigError(f"stream.drift.kind: {config.kind} needs labeled examples; this stream is a {task.kind}")
+    assert config.at is not None  # DriftConfig requires it for every kind but none
     transform, description = DRIFT_KINDS[config.kind](config, task, seed)
     return Drift(config.at, transform, f"{description} from chunk {config.at}")
 

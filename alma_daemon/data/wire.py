@@ -16,7 +16,7 @@ import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeGuard
 
 import safetensors.torch
 import torch
@@ -350,17 +350,19 @@ def assemble_chunk(parts: Sequence[DecodedPart]) -> tuple[torch.Tensor, torch.Te
 
     if any((p.tokens is None) != (first.tokens is None) for p in ordered):
         raise RejectedRecord("decode", f"chunk {first.chunk_id} mixes labeled and text parts")
+    # Every part is of the first one's kind (checked above) and a labeled part holds x and y, so the
+    # `is not None` filters drop nothing.
     if first.tokens is not None:
-        return torch.cat([p.tokens for p in ordered])
-    xs = [p.x for p in ordered]
+        return torch.cat([p.tokens for p in ordered if p.tokens is not None])
+    xs = [p.x for p in ordered if p.x is not None]
     if any(x.dtype != xs[0].dtype for x in xs):
         raise RejectedRecord("dtype", f"chunk {first.chunk_id} mixes x dtypes {sorted({str(x.dtype) for x in xs})}")
     if any(x.shape[1:] != xs[0].shape[1:] for x in xs):
         raise RejectedRecord("shape", f"chunk {first.chunk_id} mixes example shapes")
-    return torch.cat(xs), torch.cat([p.y for p in ordered])
+    return torch.cat(xs), torch.cat([p.y for p in ordered if p.y is not None])
 
 
-def _is_int(value: object) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     # bool is an int subclass; True as a chunk id or class count is a bug, not a 1.
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -440,6 +442,7 @@ def _validate_labeled(x: torch.Tensor, y: torch.Tensor, schema: StreamSchema) ->
     if y.dim() != 1 or y.shape[0] != x.shape[0]:
         raise RejectedRecord("shape", f"y has shape {tuple(y.shape)}; expected ({x.shape[0]},)")
     low, high = int(y.min()), int(y.max())
+    assert schema.num_classes is not None  # StreamSchema requires it of a labeled stream
     if low < 0 or high >= schema.num_classes:
         raise RejectedRecord("label_range", f"labels span [{low}, {high}]; expected [0, {schema.num_classes})")
     if x.is_floating_point() and not bool(torch.isfinite(x).all()):
@@ -452,6 +455,7 @@ def _validate_tokens(tokens: torch.Tensor, schema: StreamSchema) -> None:
     if tokens.dim() != 1 or tokens.shape[0] == 0:
         raise RejectedRecord("shape", f"tokens have shape {tuple(tokens.shape)}; expected non-empty 1-D")
     low, high = int(tokens.min()), int(tokens.max())
+    assert schema.vocab_size is not None  # StreamSchema requires it of a text stream
     # Tokens are the language model's labels (next-token targets), so their range failure shares
     # the "label_range" reason instead of adding a label value used by one stream kind only.
     if low < 0 or high >= schema.vocab_size:
