@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -55,7 +56,7 @@ def flat(config: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def varying_keys(runs: list[RunLike]) -> list[str]:
+def varying_keys(runs: Sequence[RunLike]) -> list[str]:
     """The config keys whose values differ between the runs, seeds left out."""
     flats = [flat(run.config) for run in runs]
     keys = sorted({k for f in flats for k in f})
@@ -64,7 +65,7 @@ def varying_keys(runs: list[RunLike]) -> list[str]:
 
 def describe(params: dict) -> str:
     """A short name for a configuration: ``ens width=4 wait=10 replay``."""
-    parts = []
+    parts: list[str] = []
     for key, value in params.items():
         leaf = key.split(".")[-1]
         if key == "learner.name":
@@ -85,7 +86,7 @@ def _order_key(params: dict) -> tuple:
     return tuple((str(type(v)), v if isinstance(v, int | float) else str(v)) for v in params.values())
 
 
-def configurations(runs: list[RunLike]) -> dict[tuple, list[RunLike]]:
+def configurations(runs: Sequence[RunLike]) -> dict[tuple, list[RunLike]]:
     """Runs grouped by configuration (same values of the varying keys, seeds aside)."""
     keys = varying_keys(runs)
     groups: dict[tuple, list[RunLike]] = defaultdict(list)
@@ -98,18 +99,18 @@ def _mean(values: list[float]) -> float:
     return statistics.fmean(values)
 
 
-def cer_lines(runs: list[RunLike], x_key: str, y_key: str) -> dict[str, list[tuple[float, float, dict]]]:
+def cer_lines(runs: Sequence[RunLike], x_key: str, y_key: str) -> dict[str, list[tuple[float, float, dict]]]:
     """Per line (configuration without its policy keys): its points (x, y, policy params), in order."""
     lines: dict[str, list[tuple[float, float, dict]]] = defaultdict(list)
     for config, group in configurations(runs).items():
-        xs = [r.summary.get(x_key) for r in group]
+        xs = [r.summary.get(x_key) or 0.0 for r in group]
         ys = [r.summary.get(y_key) for r in group]
-        if any(x is None or x <= 0 for x in xs) or any(y is None for y in ys):
+        if any(x <= 0 for x in xs) or any(y is None for y in ys):
             continue
         params = dict(config)
         line = {k: v for k, v in params.items() if not k.startswith(POLICY_PREFIX)}
         policy = {k: v for k, v in params.items() if k.startswith(POLICY_PREFIX)}
-        lines[describe(line)].append((_mean(xs), _mean(ys), policy))
+        lines[describe(line)].append((_mean(xs), _mean([float(y) for y in ys if y is not None]), policy))
     for points in lines.values():
         points.sort(key=lambda p: (_order_key(p[2]), p[0]))
     return dict(sorted(lines.items()))
@@ -122,7 +123,7 @@ def _legend(ax, count: int) -> None:
         ax.legend(fontsize="small")
 
 
-def plot_cer_lines(runs: list[RunLike], x_key: str, x_label: str, y_key: str, y_label: str, path: Path) -> None:
+def plot_cer_lines(runs: Sequence[RunLike], x_key: str, x_label: str, y_key: str, y_label: str, path: Path) -> None:
     """CER (``y_key``) against a cost (``x_key``): one line per (method, size) joining its waits."""
     lines = cer_lines(runs, x_key, y_key)
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
@@ -164,7 +165,7 @@ def mean_curve(group: list[RunLike], key: str) -> tuple[list[int], list[float], 
     return ts, [_mean(values[t]) for t in ts], first_trained
 
 
-def plot_error_curves(runs: list[RunLike], key: str, y_label: str, path: Path, log: bool = False) -> None:
+def plot_error_curves(runs: Sequence[RunLike], key: str, y_label: str, path: Path, log: bool = False) -> None:
     """``key`` (a per-chunk measure) against mega-batches received, one curve per configuration.
 
     The y range covers every curve from its first training stage on; an untrained model's error
@@ -198,7 +199,7 @@ def plot_error_curves(runs: list[RunLike], key: str, y_label: str, path: Path, l
 
 
 def replay_pairs(
-    runs: list[RunLike], x_key: str, y_key: str
+    runs: Sequence[RunLike], x_key: str, y_key: str
 ) -> list[tuple[str, tuple[float, float], tuple[float, float]]]:
     """Configurations run both without and with replay: (name, (x, y) without, (x, y) with)."""
     if REPLAY_KEY not in varying_keys(runs):
@@ -213,29 +214,35 @@ def replay_pairs(
         if any(v is None for v in xs + ys):
             continue
         key = tuple(params.items())
-        points[key][replay] = (_mean(xs), _mean(ys))
+        points[key][replay] = (
+            _mean([float(x) for x in xs if x is not None]),
+            _mean([float(y) for y in ys if y is not None]),
+        )
         names[key] = describe(params)
     return [
         (names[k], p[False], p[True]) for k, p in sorted(points.items(), key=lambda kv: names[kv[0]]) if len(p) == 2
     ]
 
 
-def plot_replay_arrows(runs: list[RunLike], x_key: str, x_label: str, y_key: str, y_label: str, path: Path) -> bool:
+def plot_replay_arrows(runs: Sequence[RunLike], x_key: str, x_label: str, y_key: str, y_label: str, path: Path) -> bool:
     """Fig. 4: an arrow per configuration from its run without replay to its run with replay, over
     every run as a grey dot. Returns False (and draws nothing) when no configuration has both."""
     pairs = replay_pairs(runs, x_key, y_key)
     if not pairs:
         return False
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
-    others = [(r.summary.get(x_key), r.summary.get(y_key)) for r in runs]
-    others = [(x, y) for x, y in others if x and y is not None]
+    others = [
+        (float(r.summary[x_key]), float(r.summary[y_key]))
+        for r in runs
+        if r.summary.get(x_key) and r.summary.get(y_key) is not None
+    ]
     if others:
-        ax.scatter(*zip(*others), s=8, color="0.75", label="every run", zorder=1)
+        ax.scatter([x for x, _ in others], [y for _, y in others], s=8, color="0.75", label="every run", zorder=1)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, (name, start, end) in enumerate(pairs):
         color = colors[i % len(colors)]
         ax.annotate("", xy=end, xytext=start, arrowprops={"arrowstyle": "->", "color": color, "lw": 1.5})
-        ax.scatter(*zip(start, end), color=color, s=18, label=name, zorder=2)
+        ax.scatter([start[0], end[0]], [start[1], end[1]], color=color, s=18, label=name, zorder=2)
     ax.set_xscale("log")
     ax.set_xlabel(f"{x_label} (log)")
     ax.set_ylabel(y_label)

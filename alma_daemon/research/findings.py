@@ -14,6 +14,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 HOLDS, DOES_NOT_HOLD, MIXED = "holds", "does not hold", "mixed"
 
@@ -122,11 +123,11 @@ def _chunks(run: RunResult) -> int:
 
 def judge_f1(runs: list[RunResult]) -> tuple[bool, dict]:
     waits, widths = _values(runs, "mnist-wait", "policy.wait"), _values(runs, "mnist-wait", "learner.width")
-    best = {}
-    cer = {}
+    best: dict[int, int] = {}
+    cer: dict[int, dict[int, float]] = {}
     for width in (widths[0], widths[-1]):
-        cer[width] = {w: _one(runs, "mnist-wait", width=width, wait=w).cer for w in waits}
-        best[width] = min(cer[width], key=cer[width].get)
+        cer[width] = by_wait = {w: _one(runs, "mnist-wait", width=width, wait=w).cer for w in waits}
+        best[width] = min(waits, key=lambda w: by_wait[w])
     small, large = widths[0], widths[-1]
     intermediate = waits[0] < best[small] < waits[-1]
     ok = intermediate and best[large] < best[small]
@@ -443,7 +444,7 @@ def judge(finding: Finding, runs: list[RunResult]) -> dict:
             missing = f"{type(exc).__name__}: {exc}"
             continue
         per_seed[seed] = {"holds": ok, **evidence}
-    entry = {"id": finding.id, "claim": finding.claim, "rule": finding.rule}
+    entry: dict[str, Any] = {"id": finding.id, "claim": finding.claim, "rule": finding.rule}
     if not per_seed:
         entry.update(verdict="not judged", evidence={"missing": missing})
         return entry
