@@ -28,6 +28,9 @@ class Normalize(nn.Module):
     passes its input through.
     """
 
+    mean: torch.Tensor
+    std: torch.Tensor
+
     def __init__(self, task: TaskInfo):
         super().__init__()
         mean = torch.tensor(task.mean or (0.0,), dtype=torch.float32) * 255.0
@@ -116,7 +119,7 @@ def vgg_layers(task: TaskInfo, width: int) -> list[nn.Module]:
     channels = task.input_shape[-1] if task.channels_last else task.input_shape[0]
     layers: list[nn.Module] = []
     for convs in VGG19_BLOCKS:
-        block = []
+        block: list[nn.Module] = []
         for _ in range(convs):
             block.append(conv_bn_relu(channels, width))
             channels = width
@@ -128,6 +131,9 @@ def vgg_layers(task: TaskInfo, width: int) -> list[nn.Module]:
 
 class Backbone(nn.Module):
     """Normalization followed by a list of layers; maps raw inputs to logits."""
+
+    normalize: Normalize
+    layers: nn.Sequential
 
     def __init__(self, task: TaskInfo, layers: list[nn.Module]):
         super().__init__()

@@ -43,6 +43,10 @@ def initial_architecture(task: TaskInfo, width: int) -> dict:
 class GrowableLayer(nn.Module):
     """op (Linear, or 3x3 conv + BatchNorm) -> ReLU -> optional 2x2 max-pool."""
 
+    op: nn.Linear | nn.Conv2d
+    norm: nn.BatchNorm2d | nn.Identity
+    pool: nn.MaxPool2d | nn.Identity
+
     def __init__(self, conv: bool, fan_in: int, width: int, pool: bool):
         super().__init__()
         self.op = nn.Conv2d(fan_in, width, 3, padding=1, bias=False) if conv else nn.Linear(fan_in, width)
@@ -92,6 +96,10 @@ def _sync_sizes(module: nn.Module) -> None:
 class GrowableNet(nn.Module):
     """Normalization, growable hidden layers and a linear classifier; maps raw inputs to logits."""
 
+    normalize: Normalize
+    hidden: nn.ModuleList
+    classifier: nn.Linear
+
     def __init__(self, task: TaskInfo, arch: dict):
         super().__init__()
         conv = is_image_task(task)
@@ -102,6 +110,12 @@ class GrowableNet(nn.Module):
             self.hidden.append(GrowableLayer(conv, fan_in, width, pool))
             fan_in = width
         self.classifier = nn.Linear(fan_in, task.num_classes)
+
+    def layer(self, index: int) -> GrowableLayer:
+        """Hidden layer ``index``."""
+        layer = self.hidden[index]
+        assert isinstance(layer, GrowableLayer)  # hidden holds nothing else
+        return layer
 
     def stem(self, x: torch.Tensor) -> torch.Tensor:
         """Raw inputs -> the first hidden layer's input (flattened for the MLP)."""
@@ -120,9 +134,9 @@ class GrowableNet(nn.Module):
             "pools": [isinstance(layer.pool, nn.MaxPool2d) for layer in self.hidden],
         }
 
-    def consumer(self, index: int) -> nn.Module:
+    def consumer(self, index: int) -> nn.Linear | nn.Conv2d:
         """The op that reads hidden layer ``index``'s units (whose columns are their outgoing weights)."""
-        return self.hidden[index + 1].op if index + 1 < len(self.hidden) else self.classifier
+        return self.layer(index + 1).op if index + 1 < len(self.hidden) else self.classifier
 
     # -- growth operations (each keeps the function, up to the perturbations its caller asks for) ------
     @torch.no_grad()
@@ -133,7 +147,7 @@ class GrowableNet(nn.Module):
         to the new units' values, ``op.weight`` rows over the layer's current inputs included;
         ``columns`` are their outgoing weights in the consumer.
         """
-        layer = self.hidden[index]
+        layer = self.layer(index)
         for name in layer.unit_tensors():
             _extend(layer, name, units[name], 0)
         _extend(self.consumer(index), "weight", columns, 1)
@@ -170,7 +184,7 @@ class GrowableNet(nn.Module):
         The two offspring keep the unit's bias and BatchNorm state, so with ``delta = 0`` the
         function is unchanged; the change is second order in ``delta`` (Liu et al. 2019).
         """
-        layer, consumer = self.hidden[index], self.consumer(index)
+        layer, consumer = self.layer(index), self.consumer(index)
         offspring = {name: t[units].clone() for name, t in layer.unit_tensors().items()}
         offspring["op.weight"] -= delta
         layer.op.weight[units] += delta
@@ -188,25 +202,30 @@ class GrowableNet(nn.Module):
         through: given ``stats``, the (mean, variance) per channel of the op's output, it normalizes
         and then undoes the normalization, exactly at test time and up to batch noise in training.
         """
-        previous = self.hidden[index]
+        previous = self.layer(index)
         conv = isinstance(previous.op, nn.Conv2d)
         if conv and stats is None:
             raise ValueError("a conv layer's BatchNorm needs the statistics of its input to pass it through")
         layer = GrowableLayer(conv, previous.width, previous.width, pool=False).to(previous.op.weight.device)
         layer.op.weight.copy_(weight)
         if conv:
+            assert stats is not None  # refused above
             mean, var = stats
-            layer.norm.running_mean.copy_(mean)
-            layer.norm.running_var.copy_(var)
-            layer.norm.weight.copy_((var + layer.norm.eps).sqrt())
-            layer.norm.bias.copy_(mean)
+            norm = layer.norm
+            # A conv layer's norm is a BatchNorm2d that tracks running statistics (the default).
+            assert isinstance(norm, nn.BatchNorm2d) and norm.running_mean is not None and norm.running_var is not None
+            norm.running_mean.copy_(mean)
+            norm.running_var.copy_(var)
+            norm.weight.copy_((var + norm.eps).sqrt())
+            norm.bias.copy_(mean)
         else:
+            assert layer.op.bias is not None  # a Linear op has a bias
             layer.op.bias.zero_()
         self.hidden.insert(index + 1, layer)
 
     def identity_weight(self, index: int) -> torch.Tensor:
         """The op weight that makes a layer inserted after hidden layer ``index`` the identity map."""
-        previous = self.hidden[index]
+        previous = self.layer(index)
         eye = torch.eye(previous.width, device=previous.op.weight.device)
         if isinstance(previous.op, nn.Conv2d):
             return F.pad(eye[:, :, None, None], (1, 1, 1, 1))

@@ -16,6 +16,7 @@ already keep the cores busy, and grouped convolutions would change the arithmeti
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TypeGuard
 
 import torch
 from torch import nn
@@ -30,11 +31,12 @@ def _leaf_layers(member: Backbone) -> list[nn.Module]:
     return [m for m in member.layers.modules() if not list(m.children())]
 
 
-def stackable(members: Sequence[nn.Module]) -> bool:
+def stackable(members: Sequence[nn.Module]) -> TypeGuard[Sequence[Backbone]]:
     """Whether ``members`` are MLP backbones of identical shapes (what :func:`stacked_forward` runs)."""
-    if not members or not all(isinstance(m, Backbone) for m in members):
+    backbones = [m for m in members if isinstance(m, Backbone)]
+    if not members or len(backbones) != len(members):
         return False
-    plans = [_leaf_layers(m) for m in members]
+    plans = [_leaf_layers(m) for m in backbones]
     first = plans[0]
     if not all(isinstance(layer, _STACKABLE) for layer in first):
         return False

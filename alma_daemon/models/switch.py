@@ -77,6 +77,10 @@ class SwitchFFN(nn.Module):
     what makes :meth:`split_experts` exact, see there.
     """
 
+    router: nn.Linear
+    experts: nn.ModuleList
+    gate_scale: torch.Tensor
+
     def __init__(self, d_model: int, d_ff: int, experts: int, capacity_factor: float, dropout: float):
         super().__init__()
         self.capacity_factor = capacity_factor
@@ -149,6 +153,8 @@ class SwitchFFN(nn.Module):
 
 class CausalSelfAttention(nn.Module):
     """Multi-head attention over earlier positions only."""
+
+    mask: torch.Tensor
 
     def __init__(self, config: SwitchLMConfig):
         super().__init__()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+from typing import cast
 
 import torch
 from torch import nn
@@ -43,4 +44,6 @@ def compiled(net: nn.Module, device: torch.device) -> nn.Module:
             _warned.add(reason)
             log.warning("train.compile: running eager", extra={"reason": reason})
         return net
-    return torch.compile(net, mode="reduce-overhead" if device.type == "cuda" else None)
+    # The stubs type the result as a plain callable; given a Module, torch.compile returns an
+    # OptimizedModule, a Module wrapping it.
+    return cast(nn.Module, torch.compile(net, mode="reduce-overhead" if device.type == "cuda" else None))

@@ -121,6 +121,7 @@ class StageInputs:
         """Examples ``index`` as the model takes them; ``gen`` draws the augmentation, if any."""
         x = self.x.index_select(0, index)
         if self.augment:
+            assert gen is not None  # an augmenting stage's caller passes the generator of its draws
             x = flip_and_crop(x, gen)
             if self.normalize is not None:
                 x = self.normalize.standardize(x)

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from alma_daemon.data.tensors import LabeledData
-from alma_daemon.models.backbones import inputs_standardized_outside
+from alma_daemon.models.backbones import Backbone, inputs_standardized_outside
 from alma_daemon.models.stacked import StackedMLP, stackable
 from alma_daemon.training.flops import FlopMeter
 from alma_daemon.training.loop import EVAL_BATCH, EarlyStopping, FitReport, StageInputs, Trainer
@@ -34,9 +34,10 @@ def stacked_fitter(
     """Trains ``(index, member)`` pairs stacked where they allow it (MLP backbones, no augmentation); None otherwise."""
 
     def fit_together(members: Sequence[tuple[int, nn.Module]]) -> dict[int, FitReport] | None:
-        if trainer.augment or not stackable([m for _, m in members]):
+        indices, nets = [i for i, _ in members], [m for _, m in members]
+        if trainer.augment or not stackable(nets):
             return None
-        return fit_stacked(trainer, members, train, val)
+        return fit_stacked(trainer, list(zip(indices, nets)), train, val)
 
     return fit_together
 
@@ -44,7 +45,7 @@ def stacked_fitter(
 class _Member:
     """One member's place in a stacked fit: its generator, its early stopping, what it did."""
 
-    def __init__(self, index: int, net: nn.Module, trainer: Trainer):
+    def __init__(self, index: int, net: Backbone, trainer: Trainer):
         self.index, self.net = index, net
         self.gen = trainer.generator("fit", ("member", index))
         self.stopping = EarlyStopping(trainer.config.patience)
@@ -52,7 +53,7 @@ class _Member:
 
 
 def fit_stacked(
-    trainer: Trainer, members: Sequence[tuple[int, nn.Module]], train: LabeledData, val: LabeledData
+    trainer: Trainer, members: Sequence[tuple[int, Backbone]], train: LabeledData, val: LabeledData
 ) -> dict[int, FitReport]:
     """Train stackable members together for ``train.epochs`` epochs with per-member early stopping."""
     start = time.perf_counter()

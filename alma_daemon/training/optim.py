@@ -22,7 +22,7 @@ def resolve_optimizer_name(config: TrainConfig, dataset: str) -> str:
 
 def optimizer_factory(
     name: str, config: TrainConfig, device: torch.device
-) -> Callable[[list[torch.Tensor]], torch.optim.Optimizer]:
+) -> Callable[[Sequence[torch.Tensor]], torch.optim.Optimizer]:
     """Builds the named optimizer over given tensors, in PyTorch's fastest exact form for ``device``.
 
     On the CPU the single-tensor or multi-tensor (``foreach``) kernels, which give the same results
@@ -32,7 +32,7 @@ def optimizer_factory(
     lr = config.lr if config.lr is not None else DEFAULT_LR[name]
     wd = config.weight_decay if config.weight_decay is not None else DEFAULT_WEIGHT_DECAY[name]
 
-    def kernels(params: list[torch.Tensor]) -> dict:
+    def kernels(params: Sequence[torch.Tensor]) -> dict:
         if device.type == "cuda" and name in ("sgd", "adam"):
             return {"fused": True}
         # One tensor (a flat group) steps fastest on the single-tensor path, several on the multi-tensor one.
@@ -57,9 +57,9 @@ def build_optimizer(name: str, groups: Sequence[Iterable[torch.nn.Parameter]], c
     One per training stage, so parameters added by growth are included; frozen parameters
     (``requires_grad`` False) are left out.
     """
-    groups = [[p for p in group if p.requires_grad] for group in groups]
-    device = next((p.device for group in groups for p in group), torch.device("cpu"))
-    return FlatOptimizer(groups, optimizer_factory(name, config, device))
+    trainable = [[p for p in group if p.requires_grad] for group in groups]
+    device = next((p.device for group in trainable for p in group), torch.device("cpu"))
+    return FlatOptimizer(trainable, optimizer_factory(name, config, device))
 
 
 class FlatOptimizer:
@@ -79,7 +79,7 @@ class FlatOptimizer:
     def __init__(
         self,
         groups: Sequence[Sequence[torch.nn.Parameter]],
-        build: Callable[[list[torch.Tensor]], torch.optim.Optimizer],
+        build: Callable[[Sequence[torch.Tensor]], torch.optim.Optimizer],
     ):
         self.build = build
         self.groups = [list(group) for group in groups if group]
@@ -101,7 +101,8 @@ class FlatOptimizer:
             self._split_per_parameter()
             present = [[p.grad is not None] for group in self.groups for p in group]
         for group, flat, has in zip(self.groups, self.flats, present):
-            flat.grad = torch.cat([p.grad.reshape(-1) for p in group]) if has[0] else None
+            # has[0]: every parameter of the group has a gradient (mixed groups were split above).
+            flat.grad = torch.cat([p.grad.reshape(-1) for p in group if p.grad is not None]) if has[0] else None
         self.inner.step()
         for flat in self.flats:
             flat.grad = None
