@@ -16,7 +16,8 @@ from typing import Any
 import torch
 
 from alma_daemon.core.checkpoints import load_checkpoint
-from serving.codecs import RequestError, codec_for
+from alma_daemon.learners import Learner
+from serving.codecs import Codec, RequestError, codec_for
 
 log = logging.getLogger(__name__)
 
@@ -25,8 +26,8 @@ class AlmaHandler:
     """Answers batches of requests with the predictions of one checkpoint's learner."""
 
     def __init__(self) -> None:
-        self.learner = None
-        self.codec = None
+        self.learner: Learner | None = None
+        self.codec: Codec | None = None
 
     def initialize(self, context: Any) -> None:
         properties = context.system_properties
@@ -43,6 +44,7 @@ class AlmaHandler:
 
     def handle(self, data: list[dict], context: Any) -> list[dict]:
         """One response per request of TorchServe's batch; a malformed request gets a 400 of its own."""
+        assert self.learner is not None and self.codec is not None  # TorchServe calls initialize first
         responses = []
         for index, request in enumerate(data):
             try:

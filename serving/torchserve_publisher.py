@@ -19,6 +19,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 from alma_daemon.config import ServingConfig
 from alma_daemon.core.checkpoints import CheckpointStore
@@ -123,7 +124,8 @@ class TorchServeClient:
         api: str = "management",
         body: bytes | None = None,
         timeout: float = REQUEST_TIMEOUT_SECONDS,
-    ) -> dict | list:
+    ) -> Any:
+        """The endpoint's JSON answer, decoded (an object or a list, as each endpoint documents)."""
         base = self.management_url if api == "management" else self.inference_url
         url = base + path
         for attempt in (1, 2):
@@ -146,6 +148,7 @@ class TorchServeClient:
         raise AssertionError("unreachable: the second attempt returns or raises")
 
     def _renew(self, api: str) -> None:
+        assert self.keys is not None  # _call renews a key only where keys are in use
         request = urllib.request.Request(
             f"{self.management_url}/token?type={api}", headers={"Authorization": f"Bearer {self.keys.key('API')}"}
         )
