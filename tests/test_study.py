@@ -158,3 +158,42 @@ def test_alma_study_without_out_fails_with_a_reason(capsys):
 def test_alma_study_rejects_fewer_than_one_seed(tmp_path, capsys, seeds):
     assert main(["study", "paper", "--out", str(tmp_path), "--seeds", seeds]) == 1
     assert "--seeds" in capsys.readouterr().err
+
+
+@dataclasses.dataclass
+class FakeRun:
+    """What the report's figures read from a run: its config, summary and series."""
+
+    config: dict
+    summary: dict
+    series: list = dataclasses.field(default_factory=list)
+
+
+def fake_run(learner: str, width: int, wait: int, seed: int, cer: float, replay: bool = False) -> FakeRun:
+    config = {
+        "learner": {"name": learner, "width": width},
+        "policy": {"wait": wait},
+        "stream": {"replay": replay, "seed": seed},
+        "seed": seed,
+    }
+    return FakeRun(config, {"cer": cer, "cumulative_train_flops": 1e9 * width * (5 if replay else 1)})
+
+
+def test_cer_lines_join_the_waits_of_each_method_and_size_at_the_mean_over_seeds():
+    from alma_daemon.observability.figures import cer_lines
+
+    runs = [
+        fake_run("sm", width, wait, seed, cer=wait + seed) for width in (8, 16) for wait in (10, 1) for seed in (0, 1)
+    ]
+    lines = cer_lines(runs, "cumulative_train_flops", "cer")
+    assert list(lines) == ["width=8", "width=16"]
+    assert [(p[1], p[2]) for p in lines["width=8"]] == [(1.5, {"policy.wait": 1}), (10.5, {"policy.wait": 10})]
+
+
+def test_replay_pairs_go_from_the_run_without_replay_to_the_same_run_with_it():
+    from alma_daemon.observability.figures import replay_pairs
+
+    runs = [
+        fake_run(m, 8, 10, 0, cer=c, replay=r) for m, c, r in (("sm", 20, False), ("sm", 15, True), ("ens", 9, False))
+    ]
+    assert replay_pairs(runs, "cumulative_train_flops", "cer") == [("sm", (8e9, 20), (4e10, 15))]

@@ -14,6 +14,7 @@ results.json), as :class:`alma_daemon.observability.report.Run` has.
 
 from __future__ import annotations
 
+import re
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
@@ -113,7 +114,28 @@ def cer_lines(runs: Sequence[RunLike], x_key: str, y_key: str) -> dict[str, list
         lines[describe(line)].append((_mean(xs), _mean([float(y) for y in ys if y is not None]), policy))
     for points in lines.values():
         points.sort(key=lambda p: (_order_key(p[2]), p[0]))
-    return dict(sorted(lines.items()))
+    return dict(sorted(lines.items(), key=lambda item: natural(item[0])))
+
+
+def natural(text: str) -> list:
+    """Sort key that puts ``width=8`` before ``width=16``."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text)]
+
+
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+
+
+def _style(label: str, labels) -> tuple[str, str]:
+    """A line's color and marker: one color per method (the label's first word, as the paper colors
+    its methods), one marker per size within a method."""
+    methods = sorted({name.split(" ")[0] for name in labels})
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    method = label.split(" ")[0]
+    if len(methods) == 1:  # one method: the sizes get the colors
+        ordered = sorted(labels, key=natural)
+        return colors[ordered.index(label) % len(colors)], _MARKERS[0]
+    siblings = sorted((name for name in labels if name.split(" ")[0] == method), key=natural)
+    return colors[methods.index(method) % len(colors)], _MARKERS[siblings.index(label) % len(_MARKERS)]
 
 
 def _legend(ax, count: int) -> None:
@@ -129,9 +151,10 @@ def plot_cer_lines(runs: Sequence[RunLike], x_key: str, x_label: str, y_key: str
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     for label, points in lines.items():
         xs, ys = [p[0] for p in points], [p[1] for p in points]
-        (drawn,) = ax.plot(xs, ys, marker="o", markersize=4, label=label)
-        # the line's first point (smallest wait) is hollow, so a reader sees the direction of the waits
-        ax.plot(xs[:1], ys[:1], marker="o", markersize=7, markerfacecolor="white", color=drawn.get_color())
+        color, marker = _style(label, lines)
+        ax.plot(xs, ys, marker=marker, markersize=5, color=color, label=label)
+        if len(points) > 1:  # the smallest wait hollow, so a reader sees which way the waits grow
+            ax.plot(xs[:1], ys[:1], marker=marker, markersize=8, markerfacecolor="white", color=color)
     ax.set_xscale("log")
     ys_all = [p[1] for points in lines.values() for p in points]
     # a log y axis only where the CERs span a decade; within one, log ticks are unreadable
