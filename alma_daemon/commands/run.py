@@ -13,9 +13,10 @@ from alma_daemon.config import Config, load_config
 from alma_daemon.research.simulate import ProgressBar
 from alma_daemon.runtime import run_beside_training
 from alma_daemon.service.connections import kafka_security
-from alma_daemon.service.daemon import Daemon, StepAbandoned
+from alma_daemon.service.daemon import Daemon
 from alma_daemon.service.embedded_redis import EMBEDDED_OVERRIDES, close_redis, connect_redis
 from alma_daemon.service.redis_keys import StreamKeys
+from alma_daemon.service.signals import StepAbandoned
 from alma_daemon.service.status import format_status, read_status
 from alma_daemon.transports.kafka import KafkaPublisher
 from alma_daemon.transports.redis_stream import RedisStreamPublisher

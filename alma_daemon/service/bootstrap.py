@@ -1,0 +1,109 @@
+"""Start-up and reload: the engine as the last committed step left it (a fresh one on first start).
+
+A step is either committed or not at all. After a crash the daemon reloads the committed state,
+deletes the checkpoint an uncommitted stage may have written (version = committed + 1), loads the
+checkpoint of the committed version and redoes the interrupted step. Every stage's randomness
+derives from (seed, stage), so the redone step and the series equal an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from typing import Any
+
+from alma_daemon.config import Config, to_dict
+from alma_daemon.core.assembly import assemble_engine
+from alma_daemon.core.checkpoints import CheckpointStore
+from alma_daemon.core.engine import Engine, EngineObserver
+from alma_daemon.data.datasets import TaskInfo
+from alma_daemon.data.stream_task import StreamTask
+from alma_daemon.data.wire import StreamSchema
+from alma_daemon.observability.results import ResultsWriter
+from alma_daemon.service.engine_store import EngineStateStore
+from alma_daemon.service.redis_buffer import RedisBuffer
+from alma_daemon.service.redis_keys import StreamKeys
+
+log = logging.getLogger(__name__)
+
+
+def stream_schema(task: TaskInfo) -> StreamSchema:
+    """What ingest accepts: examples of the task's input shape with labels in its class range, or
+    token runs of the task's vocabulary for a language model."""
+    if task.kind == "language_model":
+        return StreamSchema("text", vocab_size=task.num_classes)
+    return StreamSchema("labeled", task.input_shape, num_classes=task.num_classes)
+
+
+def redis_name(config: Config) -> str:
+    """Where Redis is, for messages: host:port, or the embedded server's database file."""
+    if config.redis.url:
+        from alma_daemon.service.connections import redis_server
+
+        return redis_server(config.redis.url)
+    from alma_daemon.service.embedded_redis import embedded_db_path
+
+    return f"the embedded server ({embedded_db_path(config)})"
+
+
+def daemon_observers(config: Config) -> list[EngineObserver]:
+    """The observers every daemon attaches to its engine first: the results files in ``daemon.state_dir``."""
+    return [ResultsWriter(config.daemon.state_dir, to_dict(config))]
+
+
+def restore_engine(
+    config: Config,
+    client: Any,
+    keys: StreamKeys,
+    state_store: EngineStateStore,
+    stream: StreamTask,
+    store: CheckpointStore,
+    observers: list[EngineObserver],
+) -> tuple[Engine, RedisBuffer]:
+    """The engine and its Redis buffer as the last committed step left them."""
+    state = state_store.load()
+    version = state.model_version if state is not None else 0
+    drop_uncommitted_checkpoints(store, version)
+    if version and version not in store.versions():
+        raise RuntimeError(
+            f"the engine state in Redis ({keys.engine}) is at model version {version}, "
+            f"but {store.folder} holds no complete version {version}"
+        )
+    buffer = RedisBuffer(client, keys)
+    raw_policy = client.get(keys.policy)
+    engine = assemble_engine(
+        config,
+        stream.task,
+        buffer,
+        test_set=stream.test,
+        checkpoints=store,
+        state=state,
+        policy_state=json.loads(raw_policy) if raw_policy is not None else None,
+        observers=[*daemon_observers(config), *observers],
+    )
+    log.info(
+        "engine restored",
+        extra={
+            "chunks_seen": engine.state.chunks_seen,
+            "model_version": version,
+            "pending": len(buffer.pending_chunks()),
+        },
+    )
+    return engine, buffer
+
+
+def drop_uncommitted_checkpoints(store: CheckpointStore, version: int) -> None:
+    """Delete the checkpoint a stage wrote after committed ``version`` whose step never committed."""
+    newer = [v for v in store.versions() if v > version]
+    if not newer:
+        return
+    if newer != [version + 1]:
+        raise RuntimeError(
+            f"{store.folder} holds versions {newer} newer than the committed model version "
+            f"{version}: Redis has lost recent commits (restore it with its AOF), or the "
+            f"versions belong to another run (use another daemon.checkpoint_dir)"
+        )
+    # The redone step writes it again.
+    log.warning("removing checkpoint of an uncommitted stage", extra={"version": newer[0]})
+    shutil.rmtree(store.path(newer[0]))

@@ -1,0 +1,49 @@
+"""The daemon's health: healthy while Redis answers, the ingest thread runs and no server is down.
+
+``/readyz`` answers the same, and ``alma status`` shows it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from alma_daemon.ingest.worker import IngestWorker
+from alma_daemon.observability.exporter import Exporter
+from alma_daemon.service.outages import REDIS_UNREACHABLE, OutageBoard
+
+log = logging.getLogger(__name__)
+
+
+class Health:
+    """Health checks (from the scheduler's thread) and reports (after each change of an outage)."""
+
+    def __init__(self, client: Any, outages: OutageBoard):
+        self.client = client
+        self.outages = outages
+        self.healthy = True
+        #: Set while the main loop rides out a Redis outage: it declares Redis back itself, after reloading.
+        self.riding_out = threading.Event()
+        self.exporter: Exporter | None = None
+
+    def check(self, ingest: IngestWorker | None, quiet: bool = False) -> None:
+        """Ping Redis, then report."""
+        try:
+            self.client.ping()
+        except REDIS_UNREACHABLE as exc:
+            self.outages.down("redis", exc)
+        else:
+            if not self.riding_out.is_set():
+                self.outages.up("redis")
+        self.report(ingest, quiet)
+
+    def report(self, ingest: IngestWorker | None, quiet: bool = False) -> None:
+        """Update :attr:`healthy` and ``/readyz``; a change is logged unless ``quiet`` (the daemon stopping)."""
+        ingest_ok = ingest is not None and ingest.alive
+        healthy = ingest_ok and not self.outages.degraded
+        if self.healthy != healthy and not quiet:
+            log.warning("health changed", extra={"healthy": healthy, "ingest": ingest_ok, **self.outages.as_status()})
+        self.healthy = healthy
+        if self.exporter is not None:
+            self.exporter.set_ready(healthy)

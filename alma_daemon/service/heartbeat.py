@@ -1,0 +1,71 @@
+"""The daemon's heartbeat: its phase, pid, memory, health and outages, in ``alma:{s}:daemon`` (read by
+``alma status``) and in ``<daemon.state_dir>/daemon-status.json`` (read by ``alma status`` while
+Redis is down)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from alma_daemon.core.atomic_json import write_json_atomic
+from alma_daemon.ingest.worker import IngestWorker
+from alma_daemon.service.outages import REDIS_UNREACHABLE, OutageBoard
+from alma_daemon.service.redis_keys import StreamKeys
+
+#: ``<daemon.state_dir>/STATUS_FILE``: the daemon's status, readable by ``alma status`` while Redis is down.
+STATUS_FILE = "daemon-status.json"
+
+
+class Heartbeat:
+    """Writes the daemon's phase as it changes and its whole status on every beat."""
+
+    def __init__(self, client: Any, keys: StreamKeys, path: Path, outages: OutageBoard):
+        self.client = client
+        self.keys = keys
+        self.path = path
+        self.outages = outages
+        self.phase = "starting"
+
+    def started(self) -> None:
+        self.client.hset(self.keys.daemon, mapping={"pid": os.getpid(), "started_at": f"{time.time():.3f}"})
+
+    def set_phase(self, phase: str) -> None:
+        self.phase = phase
+        try:
+            self.client.hset(self.keys.daemon, mapping={"phase": phase, "phase_since": f"{time.time():.3f}"})
+        except REDIS_UNREACHABLE as exc:
+            # Status only: the main loop notices the outage at its next Redis call.
+            self.outages.down("redis", exc)
+
+    @property
+    def stopping(self) -> bool:
+        return self.phase in ("stopping", "stopped")
+
+    def write_redis(self, healthy: bool, ingest: IngestWorker | None) -> None:
+        """The status in Redis (raises when Redis is unreachable)."""
+        self.client.hset(self.keys.daemon, mapping=self.status(healthy, ingest))
+
+    def write_file(self, healthy: bool, ingest: IngestWorker | None) -> None:
+        write_json_atomic(self.path, self.status(healthy, ingest))
+
+    def status(self, healthy: bool, ingest: IngestWorker | None) -> dict:
+        return {
+            "pid": os.getpid(),
+            "phase": self.phase,
+            "heartbeat": f"{time.time():.3f}",
+            "rss_bytes": psutil.Process().memory_info().rss,
+            "healthy": int(healthy),
+            "ingest": ingest_state(ingest),
+            "degraded": json.dumps(self.outages.as_status()),
+        }
+
+
+def ingest_state(ingest: IngestWorker | None) -> str:
+    if ingest is None or not ingest.alive:
+        return "stopped"
+    return "paused" if ingest.paused else "running"

@@ -1,0 +1,64 @@
+"""The hand-off of new model versions to the publisher, once their step is committed.
+
+A stage writes its checkpoint before its step commits. A crash in between deletes that checkpoint
+and redoes the step, so a version is handed to the publisher only after the commit that keeps it.
+"""
+
+from __future__ import annotations
+
+import time
+
+from alma_daemon.core.engine import Engine, EngineObserver
+from serving.publisher import BackgroundPublisher
+
+#: How long a run that reached its --until-chunks target waits for the last version to be published.
+PUBLISH_DRAIN_SECONDS = 120.0
+
+
+class CheckpointClock(EngineObserver):
+    """Remembers when each checkpoint was written, for the publisher's swap duration."""
+
+    def __init__(self) -> None:
+        self.written_at: dict[int, float] = {}
+
+    def on_checkpoint(self, version: int, path: str, metrics: dict, engine: Engine) -> None:
+        self.written_at[version] = time.monotonic()
+
+    def take(self) -> list[tuple[int, float]]:
+        """The checkpoints written since the last call, oldest first."""
+        written, self.written_at = sorted(self.written_at.items()), {}
+        return written
+
+
+class PublishHandoff:
+    """Hands committed versions to the publisher (none when serving is off)."""
+
+    def __init__(self, publisher: BackgroundPublisher | None):
+        self.publisher = publisher
+        self.clock = CheckpointClock()
+
+    def start(self) -> None:
+        if self.publisher is not None:
+            self.publisher.start()
+
+    def committed(self) -> None:
+        """The step that wrote the latest checkpoints is committed: publish them."""
+        for version, written_at in self.clock.take():
+            if self.publisher is not None:
+                self.publisher.submit(version, written_at=written_at)
+
+    def reloaded(self, version: int) -> None:
+        """The engine was reloaded at committed ``version``: forget checkpoints of the interrupted step
+        (deleted and redone) and hand the committed version over, in case its commit's hand-off was cut."""
+        self.clock.take()
+        if self.publisher is not None and version:
+            self.publisher.submit(version)
+
+    def drain(self) -> None:
+        """Wait for the last version to be published (a scripted run's end)."""
+        if self.publisher is not None:
+            self.publisher.wait_idle(PUBLISH_DRAIN_SECONDS)
+
+    def close(self) -> None:
+        if self.publisher is not None:
+            self.publisher.close(PUBLISH_DRAIN_SECONDS)
