@@ -1,0 +1,3 @@
+"""The ``alma`` subcommands, one module each: ``add_parser(subparsers)`` declares its flags and
+``run(args)`` does the work (see ``alma_daemon/cli.py``).
+"""
