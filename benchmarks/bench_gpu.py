@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from alma_daemon.config import DatasetConfig, LearnerConfig, StreamConfig, TrainConfig, load_config
+from alma_daemon.config import DatasetConfig, StreamConfig, TrainConfig, learner_config, load_config
 from alma_daemon.data.datasets import load_dataset
 from alma_daemon.data.streams import Chunk, partition, split_chunk
 from alma_daemon.data.text import text_stream
@@ -144,7 +144,7 @@ def mfu_lm(
     for batch, compile_flag in [
         (b, c) for b in ([4] if smoke else batches) for c in ([False, True] if with_compile else [False])
     ]:
-        learner = build_learner("switch-lm", stream.task, LearnerConfig(name="switch-lm", **size), seed=0).to(device)
+        learner = build_learner("switch-lm", stream.task, learner_config(name="switch-lm", **size), seed=0).to(device)
 
         def fit(steps: int) -> tuple[int, float]:
             config = TrainConfig(

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from alma_daemon.config import LearnerConfig, TrainConfig
+from alma_daemon.config import TrainConfig, learner_config
 from alma_daemon.data.datasets import MNIST_TASK, load_dataset
 from alma_daemon.data.streams import Chunk, partition, split_chunk
 from alma_daemon.learners import build_learner, ens
@@ -30,7 +30,7 @@ from alma_daemon.training.loop import Trainer
 
 
 def stage_seconds(members: int, stacked: bool, split, config: TrainConfig, seed: int, device: torch.device) -> float:
-    learner = build_learner("ens", MNIST_TASK, LearnerConfig(name="ens", width=64, members=members), seed).to(device)
+    learner = build_learner("ens", MNIST_TASK, learner_config(name="ens", width=64, members=members), seed).to(device)
     trainer = Trainer(config, "adadelta", device, seed=seed)
     original = ens.stacked_fitter
     if not stacked:

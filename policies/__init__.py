@@ -14,9 +14,11 @@ BUILTIN_MODULES: list[str] = ["fixed", "schedule", "budget", "geometric", "adapt
 
 
 def register_policy(cls: type[Policy]) -> type[Policy]:
-    """Class decorator adding a policy to the registry under ``cls.name``."""
+    """Class decorator adding a policy to the registry under ``cls.name``, with its ``config_model``."""
     if cls.name in POLICIES:
         raise ValueError(f"policy name {cls.name!r} registered twice")
+    if cls.config_model.__dataclass_fields__["name"].default != cls.name:
+        raise ValueError(f"policy {cls.name!r}: its config_model must narrow name to Literal[{cls.name!r}]")
     POLICIES[cls.name] = cls
     return cls
 
@@ -24,6 +26,12 @@ def register_policy(cls: type[Policy]) -> type[Policy]:
 def policy_names() -> list[str]:
     _import_builtin_policies()
     return sorted(POLICIES)
+
+
+def policy_config_models() -> dict[str, type[PolicyConfig]]:
+    """Each policy's config model by name: the ``policy`` section is their union, discriminated by name."""
+    _import_builtin_policies()
+    return {name: cls.config_model for name, cls in POLICIES.items()}
 
 
 def build_policy(config: PolicyConfig) -> Policy:
@@ -38,4 +46,13 @@ def _import_builtin_policies() -> None:
         importlib.import_module(f"policies.{module}")
 
 
-__all__ = ["POLICIES", "Decision", "Policy", "PolicyState", "build_policy", "policy_names", "register_policy"]
+__all__ = [
+    "POLICIES",
+    "Decision",
+    "Policy",
+    "PolicyState",
+    "build_policy",
+    "policy_config_models",
+    "policy_names",
+    "register_policy",
+]

@@ -27,8 +27,12 @@ length decide alike. Its counts and error sums are its persisted state.
 from __future__ import annotations
 
 import math
+from typing import Literal
+
+from pydantic.dataclasses import dataclass
 
 from alma_daemon.config import PolicyConfig
+from alma_daemon.config.base import PLUGIN_SECTION
 from policies import register_policy
 from policies.base import Decision, Policy, PolicyState
 
@@ -86,15 +90,24 @@ def _shown(value: float, kind: str) -> str:
     return f"perplexity {math.exp(value):.2f}" if kind == "perplexity" else f"error {value:.3f}"
 
 
+@dataclass(config=PLUGIN_SECTION)
+class AdaptiveConfig(PolicyConfig):
+    """adaptive: no keys of its own, one configuration for every stream (policy.grow_every: 0 still
+    turns growth off)."""
+
+    name: Literal["adaptive"] = "adaptive"
+
+
 @register_policy
 class Adaptive(Policy):
     """Waits a number of chunks that grows with the data trained on, and longer when stages stop having
     an effect; trains at once when the newest chunk's error jumps (a drift)."""
 
     name = "adaptive"
+    config_model = AdaptiveConfig
     decides_growth = True
 
-    def __init__(self, config: PolicyConfig):
+    def __init__(self, config: AdaptiveConfig):
         super().__init__(config)
         #: chunks_seen at the last new chunk counted, so that a check between chunks counts nothing twice.
         self.seen = 0

@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import dataclasses
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from alma_daemon.config import ConfigError, PolicyConfig
-
-#: policy.* keys that only some policies read (default None); any other policy rejects them when set.
-OPTIONAL_KEYS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(PolicyConfig) if f.default is None)
+from alma_daemon.config import PolicyConfig
 
 
 @dataclass(frozen=True)
@@ -72,25 +68,20 @@ class Policy(ABC):
     #: True when a decision can change with the clock alone; only such policies are asked between
     #: chunks (the daemon's periodic check), so the others are not re-asked every second.
     time_based: ClassVar[bool] = False
-    #: The optional policy.* keys (:data:`OPTIONAL_KEYS`) this policy reads.
-    config_keys: ClassVar[frozenset[str]] = frozenset()
+    #: The ``policy`` section this policy reads, declared next to it; its ``name`` is ``Literal[name]``.
+    #: A key of another policy fails at start-up (policy.cron with policy.name fixed would otherwise
+    #: train greedily instead of nightly).
+    config_model: ClassVar[type[PolicyConfig]]
     #: True when the policy decides itself when a growing learner grows; ``policy.grow_every: 0``
     #: still turns growth off. Otherwise growth follows ``policy.grow_every`` (:meth:`train_decision`).
     decides_growth: ClassVar[bool] = False
 
     def __init__(self, config: PolicyConfig):
         self.config = config
-        # A key meant for another policy would otherwise be silently ignored, e.g. policy.cron with the
-        # default policy.name (fixed) would train greedily instead of nightly.
-        for key in OPTIONAL_KEYS:
-            if key not in self.config_keys and getattr(config, key) is not None:
-                raise ConfigError(
-                    f"policy.{key}: not read by the {self.name!r} policy; did you mean another policy.name?"
-                )
 
     @classmethod
     def contract_configs(cls) -> list[dict[str, Any]]:
-        """PolicyConfig keyword arguments (without ``name``) that tests/test_policy_contract.py runs."""
+        """Keys of :attr:`config_model` (without ``name``) that tests/test_policy_contract.py runs."""
         return [{}]
 
     @abstractmethod

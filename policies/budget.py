@@ -13,9 +13,32 @@ reason shows the numbers. With replay every stage retrains on all kept chunks, s
 
 from __future__ import annotations
 
+from typing import Literal
+
+from pydantic import Field
+from pydantic.dataclasses import dataclass
+
 from alma_daemon.config import ConfigError, PolicyConfig
+from alma_daemon.config.base import PLUGIN_SECTION, Float
 from policies import register_policy
 from policies.base import Decision, Policy, PolicyState
+
+
+@dataclass(config=PLUGIN_SECTION)
+class BudgetConfig(PolicyConfig):
+    """budget: one or both of a compute budget per hour of wall time."""
+
+    name: Literal["budget"] = "budget"
+    #: Training FLOPs allowed per hour of wall time.
+    flops_per_hour: Float | None = Field(default=None, gt=0)
+    #: GPU-seconds allowed per hour of wall time.
+    gpu_seconds_per_hour: Float | None = Field(default=None, gt=0)
+
+    def __post_init__(self) -> None:
+        if self.flops_per_hour is None and self.gpu_seconds_per_hour is None:
+            raise ConfigError(
+                "policy.flops_per_hour / policy.gpu_seconds_per_hour: the budget policy needs at least one"
+            )
 
 
 @register_policy
@@ -23,19 +46,9 @@ class Budget(Policy):
     """Train when spending the next stage's estimated compute keeps the hourly average within budget."""
 
     name = "budget"
+    config_model = BudgetConfig
+    config: BudgetConfig
     time_based = True
-    config_keys = frozenset({"flops_per_hour", "gpu_seconds_per_hour"})
-
-    def __init__(self, config: PolicyConfig):
-        super().__init__(config)
-        if config.flops_per_hour is None and config.gpu_seconds_per_hour is None:
-            raise ConfigError(
-                "policy.flops_per_hour / policy.gpu_seconds_per_hour: the budget policy needs at least one"
-            )
-        for key in ("flops_per_hour", "gpu_seconds_per_hour"):
-            value = getattr(config, key)
-            if value is not None and value <= 0:
-                raise ConfigError(f"policy.{key}: must be > 0 (a zero budget never trains); got {value!r}")
 
     @classmethod
     def contract_configs(cls) -> list[dict]:

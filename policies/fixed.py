@@ -5,8 +5,24 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
+from pydantic import Field
+from pydantic.dataclasses import dataclass
+
+from alma_daemon.config import PolicyConfig
+from alma_daemon.config.base import PLUGIN_SECTION, Int
 from policies import register_policy
 from policies.base import Decision, Policy, PolicyState
+
+
+@dataclass(config=PLUGIN_SECTION)
+class FixedWaitConfig(PolicyConfig):
+    """fixed: the number of chunks to wait for."""
+
+    name: Literal["fixed"] = "fixed"
+    #: Train once this many chunks have accumulated (1 = greedy, B = tardy).
+    wait: Int = Field(default=1, gt=0)
 
 
 @register_policy
@@ -14,6 +30,8 @@ class FixedWait(Policy):
     """Train every ``wait`` chunks."""
 
     name = "fixed"
+    config_model = FixedWaitConfig
+    config: FixedWaitConfig
 
     @classmethod
     def contract_configs(cls) -> list[dict]:

@@ -10,8 +10,13 @@ why a growing wait beats every constant one (docs/policies.md has the measuremen
 from __future__ import annotations
 
 import math
+from typing import Literal
 
-from alma_daemon.config import ConfigError, PolicyConfig
+from pydantic import Field
+from pydantic.dataclasses import dataclass
+
+from alma_daemon.config import PolicyConfig
+from alma_daemon.config.base import PLUGIN_SECTION, Float
 from policies import register_policy
 from policies.base import Decision, Policy, PolicyState
 
@@ -25,18 +30,25 @@ def geometric_threshold(ratio: float, chunks_trained: int) -> int:
     return max(1, math.ceil(ratio * chunks_trained - 1e-9))
 
 
+@dataclass(config=PLUGIN_SECTION)
+class GeometricConfig(PolicyConfig):
+    """geometric: how fast the wait grows with the chunks trained on."""
+
+    name: Literal["geometric"] = "geometric"
+    #: Train once the pending chunks reach ratio x the chunks trained on (None = DEFAULT_RATIO).
+    ratio: Float | None = Field(default=None, gt=0)
+
+
 @register_policy
 class Geometric(Policy):
     """Train when the pending chunks reach ``ratio`` times the chunks trained on so far (at least one)."""
 
     name = "geometric"
-    config_keys = frozenset({"ratio"})
+    config_model = GeometricConfig
 
-    def __init__(self, config: PolicyConfig):
+    def __init__(self, config: GeometricConfig):
         super().__init__(config)
         self.ratio = DEFAULT_RATIO if config.ratio is None else config.ratio
-        if self.ratio <= 0:
-            raise ConfigError(f"policy.ratio: must be > 0; got {config.ratio!r}")
 
     @classmethod
     def contract_configs(cls) -> list[dict]:

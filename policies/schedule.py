@@ -11,15 +11,42 @@ from __future__ import annotations
 
 import math
 from datetime import datetime
+from typing import Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from apscheduler.triggers.cron import CronTrigger
+from pydantic import Field
+from pydantic.dataclasses import dataclass
 
 from alma_daemon.config import ConfigError, PolicyConfig
+from alma_daemon.config.base import PLUGIN_SECTION, Float, Str
 from policies import register_policy
 from policies.base import Decision, Policy, PolicyState
 
 _WEEKDAYS = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
+
+
+@dataclass(config=PLUGIN_SECTION)
+class ScheduleConfig(PolicyConfig):
+    """schedule: exactly one of a cron expression and an interval."""
+
+    name: Literal["schedule"] = "schedule"
+    #: A cron expression ("0 2 * * *": nightly at 02:00), read in ``timezone``.
+    cron: Str | None = None
+    #: Or an interval in seconds.
+    interval_seconds: Float | None = Field(default=None, gt=0)
+    #: IANA time zone in which cron is read ("Europe/Paris"); UTC keeps runs reproducible.
+    timezone: Str = "UTC"
+
+    def __post_init__(self) -> None:
+        if (self.cron is None) == (self.interval_seconds is None):
+            raise ConfigError(
+                "policy.cron / policy.interval_seconds: the schedule policy needs exactly one of them; "
+                f"got cron={self.cron!r}, interval_seconds={self.interval_seconds!r}"
+            )
+        tz = _time_zone(self.timezone)
+        if self.cron is not None:
+            _cron_trigger(self.cron, tz)
 
 
 @register_policy
@@ -27,25 +54,16 @@ class Schedule(Policy):
     """Train on a cron schedule or a fixed interval, once per period, if a new chunk has arrived."""
 
     name = "schedule"
+    config_model = ScheduleConfig
+    config: ScheduleConfig
     time_based = True
-    config_keys = frozenset({"cron", "interval_seconds"})
 
-    def __init__(self, config: PolicyConfig):
+    def __init__(self, config: ScheduleConfig):
         super().__init__(config)
-        if (config.cron is None) == (config.interval_seconds is None):
-            raise ConfigError(
-                "policy.cron / policy.interval_seconds: the schedule policy needs exactly one of them; "
-                f"got cron={config.cron!r}, interval_seconds={config.interval_seconds!r}"
-            )
-        try:
-            self.tz = ZoneInfo(config.timezone)
-        except (ZoneInfoNotFoundError, ValueError) as exc:
-            raise ConfigError(f"policy.timezone: unknown time zone {config.timezone!r}") from exc
+        self.tz = _time_zone(config.timezone)
         self.trigger: CronTrigger | None = None
         if config.cron is not None:
             self.trigger = _cron_trigger(config.cron, self.tz)
-        elif config.interval_seconds <= 0:
-            raise ConfigError(f"policy.interval_seconds: must be > 0; got {config.interval_seconds!r}")
         self.next_fire: float | None = None
 
     @classmethod
@@ -98,6 +116,13 @@ class Schedule(Policy):
 
     def _show(self, t: float) -> str:
         return datetime.fromtimestamp(t, self.tz).isoformat(timespec="seconds")
+
+
+def _time_zone(name: str) -> ZoneInfo:
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError) as exc:
+        raise ConfigError(f"policy.timezone: unknown time zone {name!r}") from exc
 
 
 def _cron_trigger(expr: str, tz: ZoneInfo) -> CronTrigger:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
-from alma_daemon.config import Config, build_config
+from alma_daemon.config import Config, LearnerConfig, build_config, learner_config
 from alma_daemon.data.datasets import MNIST_TASK, TaskInfo
 from alma_daemon.data.tensors import LabeledData
 
@@ -15,6 +17,15 @@ pytest_plugins = ["tests.servers"]
 TINY_IMAGE_TASK = TaskInfo(
     "classification", (8, 8, 3), 4, mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25), channels_last=True, augment=True
 )
+
+
+def learner_settings(name: str, values: dict) -> LearnerConfig:
+    """Learner ``name``'s config from ``values`` without the keys it does not read, so that one set of small
+    sizes (``width``, ``members``, ...) serves every learner."""
+    from alma_daemon.learners import learner_class
+
+    keys = {f.name for f in dataclasses.fields(learner_class(name).config_model)}
+    return learner_config({k: v for k, v in values.items() if k in keys}, name=name)
 
 
 def separable_data(task: TaskInfo, n: int, seed: int = 0) -> LabeledData:

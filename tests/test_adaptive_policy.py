@@ -13,7 +13,7 @@ import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
-from alma_daemon.config import PolicyConfig, build_config
+from alma_daemon.config import build_config, policy_config
 from alma_daemon.core.chunk_buffer import MemoryBuffer
 from alma_daemon.core.engine import Engine, EngineState
 from alma_daemon.data.datasets import MNIST_TASK
@@ -29,7 +29,7 @@ EXAMPLES = 1000  # per chunk: a standard error of about 0.01 at an error of 0.1
 
 def drive(error_of, chunks: int, *, grows: bool = False, grow_every: int = 1, measure: str = "error"):
     """Feed ``chunks`` chunks whose prequential measure is ``error_of(chunk, stages done)``."""
-    policy = build_policy(PolicyConfig(name="adaptive", grow_every=grow_every))
+    policy = build_policy(policy_config(name="adaptive", grow_every=grow_every))
     trained_at, decisions, pending, stages = [], [], 0, 0
     for chunk in range(1, chunks + 1):
         pending += 1
@@ -125,7 +125,7 @@ def test_language_models_are_judged_on_log_perplexity():
 
 
 def test_a_check_between_chunks_counts_nothing():
-    policy = build_policy(PolicyConfig(name="adaptive"))
+    policy = build_policy(policy_config(name="adaptive"))
     before = policy.state_dict()
     tick = PolicyState(
         chunks_seen=3,

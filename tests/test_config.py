@@ -85,3 +85,164 @@ def test_config_yaml_documents_every_key_with_its_default():
     assert loaded == Config()
     for key in dotted_keys(Config):
         assert re.search(rf"^\s*#?\s*{re.escape(key.split('.')[-1])}:", text, re.M), f"config.yaml lacks {key}"
+
+
+def model_defaults(model: type) -> dict[str, object]:
+    """Each key of a config model with its default (some plugin models need keys set to be built at all)."""
+    return {name: info.get_default(call_default_factory=True) for name, info in model.__pydantic_fields__.items()}
+
+
+def plugin_models() -> dict[str, dict[str, type]]:
+    from alma_daemon.learners import learner_config_models
+    from policies import policy_config_models
+
+    return {"learner": learner_config_models(), "policy": policy_config_models()}
+
+
+def documented_plugin_keys(text: str, section: str) -> dict[str, dict[str, object]]:
+    """config.yaml's ``section``: the keys (and defaults) it documents for each plugin name.
+
+    Keys written out belong to every plugin that reads them; a commented group ``# ens, umix:`` lists
+    keys (``#   members: 5``) of the plugins it names.
+    """
+    import re
+
+    import yaml
+
+    lines = text.split(f"\n{section}:", 1)[1].split("\n\n", 1)[0].splitlines()[1:]
+    written: dict[str, object] = {}
+    groups: dict[str, dict[str, object]] = {}
+    names: list[str] = []
+    for line in lines:
+        if match := re.match(r"^  (\w+): (.*)$", line):
+            written.update(yaml.safe_load(f"{match[1]}: {match[2]}"))
+        elif match := re.match(r"^  #   (\w+): (.*)$", line):
+            for name in names:
+                groups.setdefault(name, {}).update(yaml.safe_load(f"{match[1]}: {match[2]}"))
+        elif match := re.match(r"^  # ([\w, -]+?)(?: \(.*\))?:", line):
+            names = [n.strip() for n in match[1].split(",")]
+    return {"written": written, **groups}
+
+
+@pytest.mark.parametrize("section", ["learner", "policy"])
+def test_config_yaml_documents_each_plugins_keys_with_their_defaults(section):
+    text = (ROOT / "config.yaml").read_text()
+    documented = documented_plugin_keys(text, section)
+    for name, model in plugin_models()[section].items():
+        defaults = {key: value for key, value in model_defaults(model).items() if key != "name"}
+        own = documented.get(name, {})
+        for key, default in defaults.items():
+            value = own.get(key, documented["written"].get(key, "missing"))
+            assert value == default, f"config.yaml documents {section}.{key} of {name} as {value!r}; it is {default!r}"
+        for key in own:
+            assert key in defaults, f"config.yaml lists {section}.{key} under {name}, which does not read it"
+
+
+def readme_rows() -> dict[str, str]:
+    """The README's configuration reference: each key of a row, with the default the row states."""
+    import re
+
+    text = (ROOT / "README.md").read_text().split("## Configuration reference", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for keys_cell, defaults_cell in re.findall(r"^\| (`[^|]+`) \| (`[^|]*`) \|", text, re.M):
+        keys, defaults = re.findall(r"`([^`]+)`", keys_cell), re.findall(r"`([^`]*)`", defaults_cell)
+        for key, default in zip(keys, defaults * len(keys) if len(defaults) == 1 else defaults):
+            rows[key] = default
+    return rows
+
+
+def test_readme_reference_states_the_models_defaults_and_every_learner_and_policy_key():
+    import yaml
+
+    from alma_daemon.config import Config
+
+    rows = readme_rows()
+    defaults = {key: value for key, value in flat_defaults(Config()).items()}
+    for section, models in plugin_models().items():
+        for model in models.values():
+            for key, value in model_defaults(model).items():
+                defaults.setdefault(f"{section}.{key}", set()).add(repr(value))
+    for key, stated in rows.items():
+        assert key in defaults, f"README documents {key}, which is no config key"
+        expected = defaults[key]
+        stated_value = repr(yaml.safe_load(stated))
+        if isinstance(expected, set):
+            if key.endswith(".name"):
+                continue
+            assert stated_value in expected, f"README: {key} defaults to one of {expected}, not {stated}"
+        else:
+            assert stated_value == repr(expected), f"README: {key} defaults to {expected!r}, not {stated}"
+    for key in defaults:
+        if key.startswith(("learner.", "policy.")):
+            assert key in rows, f"README's configuration reference lacks {key}"
+
+
+def flat_defaults(config, prefix: str = "") -> dict[str, object]:
+    import dataclasses
+
+    out: dict[str, object] = {}
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if f.name in ("learner", "policy") and not prefix:
+            continue
+        if dataclasses.is_dataclass(value):
+            out.update(flat_defaults(value, f"{prefix}{f.name}."))
+        else:
+            out[prefix + f.name] = value
+    return out
+
+
+def test_a_key_of_another_learner_names_the_key_and_the_chosen_learner():
+    with pytest.raises(ConfigError, match=r"learner\.grow_members: not read by the 'sm' learner"):
+        build_config({}, ["learner.grow_members=2"])
+    with pytest.raises(ConfigError, match=r"learner\.width: not read by the 'switch-lm' learner"):
+        build_config({"learner": {"name": "switch-lm", "width": 8}})
+    with pytest.raises(ConfigError, match=r"learner\.name: unknown learner 'nope'; known: ens, "):
+        build_config({}, ["learner.name=nope"])
+    assert build_config({}, ["learner.name=gens", "learner.grow_members=2"]).learner.grow_members == 2
+
+
+def test_config_schema_command_prints_a_schema_that_shipped_configs_pass_and_foreign_keys_fail(capsys):
+    import json
+
+    import jsonschema
+    import yaml
+
+    from alma_daemon.cli import main
+
+    assert main(["config", "schema"]) == 0
+    schema = json.loads(capsys.readouterr().out)
+    tags = {s["$ref"].rsplit("/", 1)[1] for s in schema["properties"]["learner"]["oneOf"]}
+    assert len(tags) == len(plugin_models()["learner"])
+    validator = jsonschema.Draft202012Validator(schema)
+    for path in [ROOT / "config.yaml", *sorted((ROOT / "examples").glob("*.yaml"))]:
+        errors = [e.message for e in validator.iter_errors(yaml.safe_load(path.read_text()))]
+        assert not errors, f"{path.name}: {errors}"
+    assert validator.is_valid({"learner": {"width": 8}}), "without learner.name, the learner is sm"
+    assert not validator.is_valid({"learner": {"members": 3}})
+    assert not validator.is_valid({"learner": {"name": "sm", "members": 3}})
+    assert not validator.is_valid({"policy": {"name": "fixed", "cron": "0 2 * * *"}})
+    assert validator.is_valid({"learner": {"name": "ens", "members": 3}, "policy": {"name": "geometric", "ratio": 0.5}})
+
+
+def test_config_check_command_names_the_bad_key(tmp_path, capsys):
+    from alma_daemon.cli import main
+
+    path = tmp_path / "bad.yaml"
+    path.write_text("learner: {name: sm, members: 3}\n")
+    assert main(["config", "check", str(path)]) == 2
+    assert "learner.members: not read by the 'sm' learner" in capsys.readouterr().err
+    path.write_text("learner: {name: ens, members: 3}\n")
+    assert main(["config", "check", str(path)]) == 0
+
+
+def test_a_checkpoint_spec_saved_with_every_learners_keys_still_loads():
+    """Specs written while one flat config class served every learner carry all of its keys."""
+    from alma_daemon.data.datasets import MNIST_TASK
+    from alma_daemon.learners import build_learner, learner_from_spec
+    from tests.conftest import learner_settings
+
+    spec = build_learner("ens", MNIST_TASK, learner_settings("ens", {"width": 8, "members": 3}), 0).spec()
+    spec["config"] = {**spec["config"], "name": "sm", "grow_members": 1, "gating": "soft", "d_model": 128}
+    config = learner_from_spec(spec).config
+    assert (config.name, config.width, config.members) == ("ens", 8, 3)

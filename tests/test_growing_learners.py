@@ -8,14 +8,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from alma_daemon.config import LearnerConfig, TrainConfig, from_dict
+from alma_daemon.config import TrainConfig
 from alma_daemon.data.datasets import MNIST_TASK
 from alma_daemon.learners import build_learner, learner_from_spec
 from alma_daemon.learners.firefly import Candidate, apply, propose, select, trace
 from alma_daemon.learners.gmoe import routed_forward
 from alma_daemon.models.firefly_net import parameter_count
 from alma_daemon.training.loop import Trainer
-from tests.conftest import separable_data
+from tests.conftest import learner_settings, separable_data
 from tests.test_learner_contract import CIFAR_LIKE
 
 TASKS = {"mlp": MNIST_TASK, "vgg": CIFAR_LIKE}
@@ -23,7 +23,7 @@ TASKS = {"mlp": MNIST_TASK, "vgg": CIFAR_LIKE}
 
 def make(name: str, task_name: str = "mlp", n: int = 128, **overrides):
     task = TASKS[task_name]
-    learner = build_learner(name, task, from_dict(LearnerConfig, {"width": 8, **overrides}), seed=0)
+    learner = build_learner(name, task, learner_settings(name, {"width": 8, **overrides}), seed=0)
     return learner, separable_data(task, n, seed=1), separable_data(task, n // 2, seed=2)
 
 

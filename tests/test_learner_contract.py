@@ -12,13 +12,13 @@ import json
 import pytest
 import torch
 
-from alma_daemon.config import LearnerConfig, TrainConfig, from_dict
+from alma_daemon.config import TrainConfig
 from alma_daemon.core.checkpoints import CheckpointStore
 from alma_daemon.data.datasets import MNIST_TASK, TaskInfo
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import build_learner, learner_class, learner_from_spec, learner_names
 from alma_daemon.training.loop import Trainer
-from tests.conftest import separable_data
+from tests.conftest import learner_settings, separable_data
 
 CIFAR_LIKE = TaskInfo(
     "classification", (32, 32, 3), 4, mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25), channels_last=True, augment=True
@@ -52,7 +52,7 @@ def cases():
 
 def make(name: str, task_name: str, overrides: dict, seed: int = 0):
     task, data_fn, n = TASKS[task_name]
-    config = from_dict(LearnerConfig, {"width": 8, "members": 2, **overrides})
+    config = learner_settings(name, {"width": 8, "members": 2, **overrides})
     learner = build_learner(name, task, config, seed)
     train, val = data_fn(n, seed=1), data_fn(n // 4, seed=2)
     return learner, train, val

@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from alma_daemon.config import ConfigError, PolicyConfig, build_config
+from alma_daemon.config import ConfigError, build_config, policy_config
 from policies import Decision, Policy, PolicyState, build_policy
 
 T0 = 1_704_067_200.0  # 2024-01-01 00:00 UTC, a Monday
@@ -16,7 +16,7 @@ DAY = 24 * HOUR
 
 
 def policy(name: str, **kwargs) -> Policy:
-    return build_policy(PolicyConfig(name=name, **kwargs))
+    return build_policy(policy_config(name=name, **kwargs))
 
 
 def state(now: float = T0, pending: int = 1, **fields) -> PolicyState:

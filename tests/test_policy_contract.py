@@ -10,6 +10,7 @@ error on each new chunk that falls as the model trains on more chunks.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import time
 import typing
@@ -17,9 +18,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from alma_daemon.config import ConfigError, PolicyConfig
-from policies import POLICIES, Decision, Policy, PolicyState, build_policy, policy_names
-from policies.base import OPTIONAL_KEYS
+from alma_daemon.config import ConfigError, policy_config
+from policies import POLICIES, Decision, Policy, PolicyState, build_policy, policy_config_models, policy_names
 
 T0 = 1_704_067_200.0  # 2024-01-01 00:00 UTC, a Monday
 STEP_SECONDS = 20 * 60
@@ -92,7 +92,7 @@ class Stream:
 
 
 def build(name: str, kwargs: dict, **overrides) -> Policy:
-    return build_policy(PolicyConfig(name=name, **{**kwargs, **overrides}))
+    return build_policy(policy_config(name=name, **{**kwargs, **overrides}))
 
 
 def test_every_policy_declares_contract_configs():
@@ -170,8 +170,10 @@ def test_decision_is_a_function_of_config_state_and_loaded_state(name, kwargs, m
 
 @pytest.mark.parametrize("name,kwargs", CASES)
 def test_keys_of_other_policies_are_rejected(name, kwargs):
-    hints = typing.get_type_hints(PolicyConfig)
-    for key in set(OPTIONAL_KEYS) - POLICIES[name].config_keys:
-        value = "0 2 * * *" if str in typing.get_args(hints[key]) else 1.0
-        with pytest.raises(ConfigError, match=f"policy.{key}"):
-            build(name, kwargs, **{key: value})
+    own = {f.name for f in dataclasses.fields(POLICIES[name].config_model)}
+    for model in policy_config_models().values():
+        hints = typing.get_type_hints(model)
+        for key in {f.name for f in dataclasses.fields(model)} - own:
+            value = "0 2 * * *" if str in (hints[key], *typing.get_args(hints[key])) else 1.0
+            with pytest.raises(ConfigError, match=f"policy.{key}"):
+                build(name, kwargs, **{key: value})

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from alma_daemon.cli import main
-from alma_daemon.config import LearnerConfig, TrainConfig, build_config
+from alma_daemon.config import TrainConfig, build_config
 from alma_daemon.core.checkpoints import CheckpointStore
 from alma_daemon.core.chunk_buffer import MemoryBuffer
 from alma_daemon.core.engine import Engine
@@ -27,7 +27,7 @@ from policies import build_policy
 from serving import build_publisher
 from serving.local_publisher import LocalPublisher
 from serving.publisher import BackgroundPublisher, Candidate, PublishError
-from tests.conftest import separable_data
+from tests.conftest import learner_settings, separable_data
 
 MODEL = "alma"
 
@@ -38,7 +38,7 @@ def quick_trainer(seed: int = 0) -> Trainer:
 
 
 def new_learner(name: str = "sm", task: TaskInfo = MNIST_TASK, seed: int = 0) -> Learner:
-    return build_learner(name, task, LearnerConfig(width=8, members=2), seed)
+    return build_learner(name, task, learner_settings(name, {"width": 8, "members": 2}), seed)
 
 
 def save_version(store: CheckpointStore, version: int, learner: Learner, sample: LabeledData) -> Path:

@@ -16,7 +16,7 @@ import safetensors.torch
 import torch
 
 from alma_daemon.cli import main
-from alma_daemon.config import Config, LearnerConfig, build_config, from_dict
+from alma_daemon.config import Config, build_config
 from alma_daemon.data.datasets import CIFAR10_TASK, MNIST_TASK, TaskInfo
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.data.text import WordVocabulary, sequences
@@ -25,7 +25,7 @@ from serving import make_publisher
 from serving.codecs import SAFETENSORS_CONTENT_TYPE, codec_for
 from serving.publisher import BackgroundPublisher
 from serving.torchserve_publisher import TorchServePublisher
-from tests.conftest import separable_data
+from tests.conftest import learner_settings, separable_data
 from tests.servers import TorchServeServer, free_ports, http_request, java_available
 from tests.test_serving_local import good_and_bad, metric_value, new_learner, quick_trainer, save_version  # noqa: F401
 
@@ -98,7 +98,7 @@ def predict(server: TorchServeServer, body: bytes, content_type: str = "applicat
 def test_handler_answers_like_the_learner_in_process(torchserve_server, tmp_path, name, task, overrides, grow):
     server = torchserve_server()
     publisher = publisher_for(server, tmp_path)
-    learner = build_learner(name, task, from_dict(LearnerConfig, {"width": 8, "members": 2, **overrides}), 0)
+    learner = build_learner(name, task, learner_settings(name, {"width": 8, "members": 2, **overrides}), 0)
     sample = sample_for(task, 16)
     if grow:
         learner.fit(sample, sample, quick_trainer())

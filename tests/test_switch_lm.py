@@ -7,20 +7,21 @@ import math
 import pytest
 import torch
 
-from alma_daemon.config import LearnerConfig, TrainConfig, from_dict
+from alma_daemon.config import TrainConfig
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import build_learner
 from alma_daemon.learners.switch_lm_gmoe import expert_losses
 from alma_daemon.models.switch import SwitchFFN, balance_loss
 from alma_daemon.training.loop import Trainer
 from alma_daemon.training.optim import warmup_linear_decay
+from tests.conftest import learner_settings
 from tests.test_learner_contract import TOKENS, token_data
 
 TINY = {"layers": 2, "d_model": 16, "heads": 2, "d_ff": 32, "experts": 3, "dropout": 0.0}
 
 
 def tiny_learner(name: str, **overrides):
-    return build_learner(name, TOKENS, from_dict(LearnerConfig, {**TINY, **overrides}), seed=0)
+    return build_learner(name, TOKENS, learner_settings(name, {**TINY, **overrides}), seed=0)
 
 
 def trainer(steps: int = 4, stage: int = 1) -> Trainer:

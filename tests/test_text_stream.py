@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from alma_daemon.config import Config, LearnerConfig, build_config, from_dict
+from alma_daemon.config import Config, build_config, learner_config
 from alma_daemon.core.checkpoints import CheckpointStore
 from alma_daemon.data.datasets import DatasetError, resolve_data_root
 from alma_daemon.data.text import BPETokenizer, WordVocabulary, split_lines, text_stream, tokenizer_from_task
@@ -127,7 +127,7 @@ def test_tokenizer_is_saved_and_reloaded_with_every_checkpoint(tmp_path, corpus_
     else:
         config = text_config(tmp_path)
     stream = text_stream(config.dataset, config.stream)
-    learner = build_learner("switch-lm", stream.task, from_dict(LearnerConfig, TINY_LM), seed=0)
+    learner = build_learner("switch-lm", stream.task, learner_config(TINY_LM), seed=0)
     store = CheckpointStore(tmp_path / "store", "lm")
     path = store.save(learner, 1, {})
     assert json.loads((path / "spec.json").read_text())["task"]["extra"]["tokenizer"] == stream.task.extra["tokenizer"]

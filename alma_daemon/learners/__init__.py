@@ -10,9 +10,11 @@ LEARNERS: dict[str, type[Learner]] = {}
 
 
 def register_learner(cls: type[Learner]) -> type[Learner]:
-    """Class decorator adding a learner to the registry under ``cls.name``."""
+    """Class decorator adding a learner to the registry under ``cls.name``, with its ``config_model``."""
     if cls.name in LEARNERS:
         raise ValueError(f"learner name {cls.name!r} registered twice")
+    if cls.config_model.__dataclass_fields__["name"].default != cls.name:
+        raise ValueError(f"learner {cls.name!r}: its config_model must narrow name to Literal[{cls.name!r}]")
     LEARNERS[cls.name] = cls
     return cls
 
@@ -30,8 +32,15 @@ def build_learner(name: str, task: TaskInfo, config: LearnerConfig, seed: int) -
 
 def learner_from_spec(spec: dict) -> Learner:
     """Rebuild the architecture described by a learner's ``spec()`` (weights are loaded separately)."""
-    task, config = config_from_spec(spec)
-    return learner_class(spec["learner"])(task, config, int(spec["seed"]), arch=spec["arch"])
+    cls = learner_class(spec["learner"])
+    task, config = config_from_spec(spec, cls.config_model)
+    return cls(task, config, int(spec["seed"]), arch=spec["arch"])
+
+
+def learner_config_models() -> dict[str, type[LearnerConfig]]:
+    """Each learner's config model by name: the ``learner`` section is their union, discriminated by name."""
+    _import_builtin_learners()
+    return {name: cls.config_model for name, cls in LEARNERS.items()}
 
 
 def learner_names() -> list[str]:
@@ -66,6 +75,7 @@ __all__ = [
     "Learner",
     "build_learner",
     "learner_class",
+    "learner_config_models",
     "learner_from_spec",
     "learner_names",
     "register_learner",

@@ -1,4 +1,4 @@
-"""The learner interface (DESIGN.md section 4).
+"""The learner interface (adding a learner: docs/architecture.md).
 
 A learner owns one ``nn.Module`` (``self.model``) holding every parameter, so checkpoints are one
 state dict. Subclasses implement :meth:`build` (the architecture), :meth:`fit` (what to hand to the
@@ -11,15 +11,20 @@ from __future__ import annotations
 import dataclasses
 import weakref
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch
+from pydantic import Field
+from pydantic.dataclasses import dataclass
 from torch import nn
 
 from alma_daemon.config import LearnerConfig, from_dict
+from alma_daemon.config.base import PLUGIN_SECTION, Int
 from alma_daemon.data.datasets import TaskInfo
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.models.backbones import Normalize, inputs_standardized_outside
+from alma_daemon.seeding import derive_seed
 from alma_daemon.training.flops import count_flops
 from alma_daemon.training.loop import EVAL_BATCH, FitReport, Trainer
 
@@ -31,11 +36,30 @@ def seeded_build(seed: int, build: Any) -> Any:
         return build()
 
 
+def seeded_members(learner: Learner, indices: range, build: Callable[[], nn.Module]) -> list[nn.Module]:
+    """The ensembles' members (image and language), each initialized from its own seed (its index).
+
+    Members differ from each other, and a member added by a growth step is rebuilt identically when a
+    checkpoint is loaded, whatever the order members were created in.
+    """
+    return [seeded_build(derive_seed(learner.build_seed, "member", i), build) for i in indices]
+
+
+@dataclass(config=PLUGIN_SECTION)
+class BackboneConfig(LearnerConfig):
+    """Keys of the learners built from the image backbones (MLP, reduced VGG19-BN)."""
+
+    #: Hidden units (MLP) or channels (VGG) of every layer of the backbone.
+    width: Int = Field(default=64, gt=0)
+
+
 class Learner(ABC):
     """A model that learns from a stream of chunks: fit, predict, count, describe itself."""
 
     #: Name in config (``learner.name``) and in checkpoints' spec.json.
     name: ClassVar[str]
+    #: The ``learner`` section this learner reads, declared next to it; its ``name`` is ``Literal[name]``.
+    config_model: ClassVar[type[LearnerConfig]]
     #: True for learners whose :meth:`grow` changes the architecture.
     grows: ClassVar[bool] = False
     #: The measure :meth:`evaluate` reports: "error" (classification) or "perplexity" (LM).
@@ -187,5 +211,10 @@ class SingleNetwork(Learner):
         return self.model(x).softmax(1)
 
 
-def config_from_spec(spec: dict) -> tuple[TaskInfo, LearnerConfig]:
-    return TaskInfo.from_dict(spec["task"]), from_dict(LearnerConfig, spec["config"], prefix="spec.config.")
+def config_from_spec(spec: dict, model: type[LearnerConfig]) -> tuple[TaskInfo, LearnerConfig]:
+    """The task and learner config saved in a spec.json, read as ``model`` (the spec's learner's)."""
+    # Specs saved before each learner had its own model carry every learner's keys (and name "sm"
+    # for any learner built without one): only the keys this learner reads are its config.
+    keys = {f.name for f in dataclasses.fields(model)}
+    saved = {k: v for k, v in spec["config"].items() if k in keys}
+    return TaskInfo.from_dict(spec["task"]), from_dict(model, {**saved, "name": spec["learner"]}, prefix="spec.config.")

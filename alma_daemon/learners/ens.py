@@ -7,28 +7,30 @@ own initialization, shuffling and early stopping, with the results of training t
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Literal, cast
 
 import torch
+from pydantic import Field
+from pydantic.dataclasses import dataclass
 from torch import nn
 
+from alma_daemon.config.base import PLUGIN_SECTION, Int
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import register_learner
-from alma_daemon.learners.base import Learner, seeded_build
+from alma_daemon.learners.base import BackboneConfig, Learner, seeded_members
 from alma_daemon.models.backbones import build_backbone
-from alma_daemon.seeding import derive_seed
 from alma_daemon.training.distributed import train_members
 from alma_daemon.training.loop import FitReport, Trainer
 from alma_daemon.training.members import stacked_fitter
 
 
 def independent_members(learner: Learner, count: int, first: int = 0) -> list[nn.Module]:
-    """``count`` backbones, each initialized from its own seed (member index), so they differ."""
-    return [
-        seeded_build(
-            derive_seed(learner.build_seed, "member", i), lambda: build_backbone(learner.task, learner.config.width)
-        )
-        for i in range(first, first + count)
-    ]
+    """``count`` backbones, members ``first`` to ``first + count - 1``."""
+    return seeded_members(
+        learner,
+        range(first, first + count),
+        lambda: build_backbone(learner.task, cast(BackboneConfig, learner.config).width),
+    )
 
 
 def member_fitter(trainer: Trainer, train: LabeledData, val: LabeledData) -> Callable[[int, nn.Module], FitReport]:
@@ -49,11 +51,22 @@ def average_member_proba(members: list[nn.Module] | nn.ModuleList, x: torch.Tens
     return torch.stack([m(x).softmax(1) for m in members]).mean(0)
 
 
+@dataclass(config=PLUGIN_SECTION)
+class EnsembleConfig(BackboneConfig):
+    """Ens: the backbone's width and the number of members."""
+
+    name: Literal["ens"] = "ens"
+    #: Independent backbones, each initialized from its own seed.
+    members: Int = Field(default=5, gt=0)
+
+
 @register_learner
 class Ensemble(Learner):
     """``learner.members`` backbones trained independently; the output is their mean probability."""
 
     name = "ens"
+    config_model = EnsembleConfig
+    config: EnsembleConfig
 
     def build(self, arch: dict) -> nn.Module:
         return nn.ModuleList(independent_members(self, self.config.members))

@@ -31,15 +31,20 @@ import math
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
+import pydantic.dataclasses
 import torch
 import torch.nn.functional as F
+from pydantic import Field
 from torch import nn
 
+from alma_daemon.config.base import PLUGIN_SECTION, Float
 from alma_daemon.data.datasets import TaskInfo
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import register_learner
-from alma_daemon.learners.base import SingleNetwork
+from alma_daemon.learners.base import BackboneConfig, SingleNetwork
+from alma_daemon.learners.growing import GrowsOnceTrained
 from alma_daemon.models.firefly_net import (
     GrowableLayer,
     GrowableNet,
@@ -50,7 +55,7 @@ from alma_daemon.models.firefly_net import (
     parameter_count,
 )
 from alma_daemon.training.flops import count_flops
-from alma_daemon.training.loop import FitReport, Trainer
+from alma_daemon.training.loop import Trainer
 
 #: Size of every candidate's step, relative to the norm of the weights it perturbs (Firefly's epsilon).
 STEP = 0.001
@@ -336,15 +341,25 @@ def firefly_step(net: GrowableNet, task: TaskInfo, data: LabeledData, budget: fl
     }
 
 
+@pydantic.dataclasses.dataclass(config=PLUGIN_SECTION)
+class FireflyConfig(BackboneConfig):
+    """Firefly: the backbone's (initial) width and how much each growth step adds."""
+
+    name: Literal["firefly"] = "firefly"
+    #: Parameters added per growth step as a share of the initial count (linear growth).
+    growth_rate: Float = Field(default=0.25, ge=0)
+
+
 @register_learner
-class Firefly(SingleNetwork):
+class Firefly(GrowsOnceTrained, SingleNetwork):
     """The SM backbone grown by Firefly steps, each adding about ``growth_rate`` x its initial parameters.
 
     ``arch``: the :class:`GrowableNet` architecture plus ``"trained"`` (whether a stage has trained).
     """
 
     name = "firefly"
-    grows = True
+    config_model = FireflyConfig
+    config: FireflyConfig
 
     def initial_architecture(self) -> dict:
         return {**initial_architecture(self.task, self.config.width), "trained": False}
@@ -352,10 +367,11 @@ class Firefly(SingleNetwork):
     def build(self, arch: dict) -> nn.Module:
         return GrowableNet(self.task, arch)
 
-    def grow(self, val: LabeledData, trainer: Trainer) -> dict:
-        """One Firefly step on a subsample of ``val`` (skipped until a stage has trained)."""
-        if not self.arch["trained"]:
-            return {"reason": "not trained yet", "parameters_added": 0}
+    def growth_skipped(self) -> dict:
+        return {"parameters_added": 0}
+
+    def grow_trained(self, val: LabeledData, trainer: Trainer) -> dict:
+        """One Firefly step on a subsample of ``val``."""
         limit = SCORING_IMAGES if is_image_task(self.task) else SCORING_EXAMPLES
         pick = torch.randperm(len(val), generator=trainer.generator("firefly", "subsample"))[:limit]
         data = LabeledData(val.x[pick].to(self.device), val.y[pick].to(self.device))
@@ -366,8 +382,3 @@ class Firefly(SingleNetwork):
         )
         self.arch = {**self.model.architecture(), "trained": True}
         return {**summary, "flops": flops}
-
-    def fit(self, train: LabeledData, val: LabeledData, trainer: Trainer) -> FitReport:
-        report = super().fit(train, val, trainer)
-        self.arch = {**self.arch, "trained": True}
-        return report

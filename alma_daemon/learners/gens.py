@@ -13,18 +13,33 @@ Without a growth step (``policy.grow_every`` > 1) a stage fine-tunes the newest 
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
+from pydantic import Field
+from pydantic.dataclasses import dataclass
 from torch import nn
 
+from alma_daemon.config.base import PLUGIN_SECTION, Int
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import register_learner
-from alma_daemon.learners.base import Learner
+from alma_daemon.learners.base import BackboneConfig, Learner
 from alma_daemon.learners.ens import average_member_proba, independent_members, train_independent_members
+from alma_daemon.learners.growing import GrowsOnceTrained
 from alma_daemon.training.loop import FitReport, Trainer
 
 
+@dataclass(config=PLUGIN_SECTION)
+class GrowingEnsembleConfig(BackboneConfig):
+    """gEns: the backbone's width and the members added per growth step."""
+
+    name: Literal["gens"] = "gens"
+    #: Members added per growth step (k).
+    grow_members: Int = Field(default=1, gt=0)
+
+
 @register_learner
-class GrowingEnsemble(Learner):
+class GrowingEnsemble(GrowsOnceTrained, Learner):
     """Independent members; growth freezes them and adds k new ones, the only ones trained afterwards.
 
     ``arch``: ``{"members": count, "frozen": members kept fixed (the first ones), "trained": whether
@@ -32,7 +47,8 @@ class GrowingEnsemble(Learner):
     """
 
     name = "gens"
-    grows = True
+    config_model = GrowingEnsembleConfig
+    config: GrowingEnsembleConfig
 
     def initial_architecture(self) -> dict:
         return {"members": 1, "frozen": 0, "trained": False}
@@ -40,11 +56,12 @@ class GrowingEnsemble(Learner):
     def build(self, arch: dict) -> nn.Module:
         return nn.ModuleList(independent_members(self, arch["members"]))
 
-    def grow(self, val: LabeledData, trainer: Trainer) -> dict:
-        """Freeze every member and add k freshly initialized ones (skipped until the newest have trained)."""
+    def growth_skipped(self) -> dict:
+        return {"added": 0, "members": self.arch["members"]}
+
+    def grow_trained(self, val: LabeledData, trainer: Trainer) -> dict:
+        """Freeze every member and add k freshly initialized ones."""
         count = self.arch["members"]
-        if not self.arch["trained"]:
-            return {"added": 0, "members": count, "reason": "newest members not trained yet"}
         added = self.config.grow_members
         self.model.extend(m.to(self.device) for m in independent_members(self, added, first=count))
         self.arch = {"members": count + added, "frozen": count, "trained": False}
@@ -54,7 +71,7 @@ class GrowingEnsemble(Learner):
         """Train the non-frozen members, each independently (stacked where they allow it, as in Ens)."""
         trainable = [(i, self.model[i]) for i in range(self.arch["frozen"], self.arch["members"])]
         report = train_independent_members(trainable, trainer, train, val)
-        self.arch = {**self.arch, "trained": True}
+        self.mark_trained()
         return report
 
     def forward_proba(self, x: torch.Tensor) -> torch.Tensor:

@@ -14,18 +14,23 @@ training on it, which is the same sequence of steps.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 import torch.nn.functional as F
+from pydantic.dataclasses import dataclass
 from torch import nn
 
+from alma_daemon.config.base import PLUGIN_SECTION
 from alma_daemon.data.datasets import TaskInfo
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import register_learner
-from alma_daemon.learners.base import SingleNetwork, seeded_build
+from alma_daemon.learners.base import BackboneConfig, SingleNetwork, seeded_build
+from alma_daemon.learners.growing import GrowsOnceTrained
 from alma_daemon.models.backbones import Backbone, Normalize, mlp_layers, vgg_layers
 from alma_daemon.models.moe import LEAF, TreeGatedMoE, binary_gate, count_experts
 from alma_daemon.training.flops import count_flops
-from alma_daemon.training.loop import EVAL_BATCH, FitReport, Trainer
+from alma_daemon.training.loop import EVAL_BATCH, Trainer
 
 #: Backbone layers that are mixtures of experts (paper section 5: "at the first two layers").
 MIXTURE_LAYERS = 2
@@ -74,15 +79,25 @@ def cumulative_losses(net: Backbone, data: LabeledData) -> list[torch.Tensor]:
     return totals
 
 
+@dataclass(config=PLUGIN_SECTION)
+class GrowingMixtureOfExpertsConfig(BackboneConfig):
+    """gMoE: the backbone's width and how the experts are gated."""
+
+    name: Literal["gmoe"] = "gmoe"
+    #: "soft" (softmax gates) or "hard" (straight-through in training, argmax at test time).
+    gating: Literal["soft", "hard"] = "soft"
+
+
 @register_learner
-class GrowingMixtureOfExperts(SingleNetwork):
+class GrowingMixtureOfExperts(GrowsOnceTrained, SingleNetwork):
     """SM whose first two layers are tree-gated mixtures that split their losing expert at each growth step.
 
     ``arch``: ``{"trees": [gating tree per mixture layer], "trained": whether a stage has trained}``.
     """
 
     name = "gmoe"
-    grows = True
+    config_model = GrowingMixtureOfExpertsConfig
+    config: GrowingMixtureOfExpertsConfig
 
     @classmethod
     def contract_cases(cls) -> list[tuple[str, dict]]:
@@ -105,10 +120,11 @@ class GrowingMixtureOfExperts(SingleNetwork):
     def mixtures(self) -> list[TreeGatedMoE]:
         return [layer for layer in self.model.layers if isinstance(layer, TreeGatedMoE)]
 
-    def grow(self, val: LabeledData, trainer: Trainer) -> dict:
-        """Split the losing expert of every mixture layer (skipped until a stage has trained)."""
-        if not self.arch["trained"]:
-            return {"split": [], "reason": "not trained yet"}
+    def growth_skipped(self) -> dict:
+        return {"split": []}
+
+    def grow_trained(self, val: LabeledData, trainer: Trainer) -> dict:
+        """Split the losing expert of every mixture layer."""
         val = LabeledData(val.x.to(self.device), val.y.to(self.device))
         losses, flops = count_flops(lambda: cumulative_losses(self.model, val))
         splits = []
@@ -127,8 +143,3 @@ class GrowingMixtureOfExperts(SingleNetwork):
             )
         self.arch = {"trees": [m.tree for m in self.mixtures()], "trained": True}
         return {"split": splits, "experts": [len(m.experts) for m in self.mixtures()], "flops": flops}
-
-    def fit(self, train: LabeledData, val: LabeledData, trainer: Trainer) -> FitReport:
-        report = super().fit(train, val, trainer)
-        self.arch = {**self.arch, "trained": True}
-        return report

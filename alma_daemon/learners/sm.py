@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
+from pydantic.dataclasses import dataclass
 from torch import nn
 
+from alma_daemon.config.base import PLUGIN_SECTION
 from alma_daemon.learners import register_learner
-from alma_daemon.learners.base import SingleNetwork
+from alma_daemon.learners.base import BackboneConfig, SingleNetwork
 from alma_daemon.models.backbones import build_backbone
+
+
+@dataclass(config=PLUGIN_SECTION)
+class SingleModelConfig(BackboneConfig):
+    """sm reads only the backbone's width."""
+
+    name: Literal["sm"] = "sm"
 
 
 @register_learner
@@ -14,6 +25,8 @@ class SingleModel(SingleNetwork):
     """One backbone (MLP or reduced VGG19-BN) of ``learner.width`` units per layer."""
 
     name = "sm"
+    config_model = SingleModelConfig
+    config: SingleModelConfig
 
     def build(self, arch: dict) -> nn.Module:
         return build_backbone(self.task, self.config.width)

@@ -11,11 +11,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
+from pydantic import Field
+from pydantic.dataclasses import dataclass
 from torch import nn
 
+from alma_daemon.config import LearnerConfig
+from alma_daemon.config.base import PLUGIN_SECTION, Float, Int
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import register_learner
 from alma_daemon.learners.base import Learner
@@ -46,10 +51,36 @@ def validation_loss(net: nn.Module, val: LabeledData, meter: FlopMeter) -> float
     return token_nll(log_proba, val, val.x.device)
 
 
+@dataclass(config=PLUGIN_SECTION)
+class LanguageModelConfig(LearnerConfig):
+    """Keys of every Switch LM learner: the size of one Switch Transformer LM (Fedus et al. 2021)."""
+
+    #: Experts per Switch layer.
+    experts: Int = Field(default=4, gt=0)
+    #: Transformer blocks, model width, attention heads, expert FFN width, dropout.
+    layers: Int = Field(default=2, gt=0)
+    d_model: Int = Field(default=128, gt=0)
+    heads: Int = Field(default=4, gt=0)
+    d_ff: Int = Field(default=512, gt=0)
+    dropout: Float = Field(default=0.1, ge=0)
+    #: Tokens over an expert's capacity skip the FFN through the residual.
+    capacity_factor: Float = Field(default=1.0, gt=0)
+    #: Weight of the load-balancing loss.
+    balance_loss_weight: Float = Field(default=0.01, ge=0)
+
+
+@dataclass(config=PLUGIN_SECTION)
+class SwitchLanguageModelConfig(LanguageModelConfig):
+    """switch-lm reads only the LM's size."""
+
+    name: Literal["switch-lm"] = "switch-lm"
+
+
 class LanguageModel(Learner):
     """Base of the Switch LM learners: token inputs, perplexity, one step-budget stage per network."""
 
     measure = "perplexity"
+    config: LanguageModelConfig
 
     @classmethod
     def contract_cases(cls) -> list[tuple[str, dict]]:
@@ -111,6 +142,7 @@ class SwitchLanguageModel(LanguageModel):
     """SM: one Switch Transformer LM with ``learner.experts`` experts in every block."""
 
     name = "switch-lm"
+    config_model: ClassVar[type[LearnerConfig]] = SwitchLanguageModelConfig
 
     def build(self, arch: dict) -> nn.Module:
         return self.new_network()

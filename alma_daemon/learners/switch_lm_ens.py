@@ -3,23 +3,27 @@
 from __future__ import annotations
 
 import math
+from typing import ClassVar, Literal, cast
 
 import torch
+from pydantic import Field
+from pydantic.dataclasses import dataclass
 from torch import nn
 
+from alma_daemon.config import LearnerConfig
+from alma_daemon.config.base import PLUGIN_SECTION, Int
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import register_learner
-from alma_daemon.learners.base import seeded_build
-from alma_daemon.learners.switch_lm import LanguageModel
+from alma_daemon.learners.base import seeded_members
+from alma_daemon.learners.switch_lm import LanguageModel, LanguageModelConfig
 from alma_daemon.models.switch import SwitchLM
-from alma_daemon.seeding import derive_seed
 from alma_daemon.training.distributed import train_members
 from alma_daemon.training.loop import FitReport, Trainer
 
 
 def member_networks(learner: LanguageModel, indices: range) -> list[SwitchLM]:
-    """Members initialized from their own seeds (member index), so they differ and a grown one replays."""
-    return [seeded_build(derive_seed(learner.build_seed, "member", i), learner.new_network) for i in indices]
+    """The Switch LMs ``indices`` of an ensemble."""
+    return seeded_members(learner, indices, learner.new_network)
 
 
 def mixture_log_proba(members: nn.ModuleList, x: torch.Tensor) -> torch.Tensor:
@@ -28,14 +32,26 @@ def mixture_log_proba(members: nn.ModuleList, x: torch.Tensor) -> torch.Tensor:
     return log_probas.logsumexp(0) - math.log(len(members))
 
 
+@dataclass(config=PLUGIN_SECTION)
+class SwitchLMEnsembleConfig(LanguageModelConfig):
+    """switch-lm-ens: the size of each LM and the number of members."""
+
+    name: Literal["switch-lm-ens"] = "switch-lm-ens"
+    #: Switch LMs, each initialized from its own seed.
+    members: Int = Field(default=5, gt=0)
+
+
 @register_learner
 class SwitchLMEnsemble(LanguageModel):
     """``learner.members`` Switch LMs, each trained on the same data for the same number of steps."""
 
     name = "switch-lm-ens"
+    config_model: ClassVar[type[LearnerConfig]] = SwitchLMEnsembleConfig
 
     def build(self, arch: dict) -> nn.Module:
-        return nn.ModuleList(member_networks(self, range(self.config.members)))
+        # switch-lm-gens shares this class but not the key: it builds its members from arch.
+        members = cast(SwitchLMEnsembleConfig, self.config).members
+        return nn.ModuleList(member_networks(self, range(members)))
 
     def members_to_train(self) -> range:
         return range(len(self.model))

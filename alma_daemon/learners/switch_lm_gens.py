@@ -7,20 +7,37 @@ member, so every stage learns from its data.
 
 from __future__ import annotations
 
+from typing import Literal
+
+from pydantic import Field
+from pydantic.dataclasses import dataclass
 from torch import nn
 
+from alma_daemon.config.base import PLUGIN_SECTION, Int
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import register_learner
+from alma_daemon.learners.growing import GrowsOnceTrained
+from alma_daemon.learners.switch_lm import LanguageModelConfig
 from alma_daemon.learners.switch_lm_ens import SwitchLMEnsemble, member_networks
-from alma_daemon.training.loop import FitReport, Trainer
+from alma_daemon.training.loop import Trainer
+
+
+@dataclass(config=PLUGIN_SECTION)
+class GrowingSwitchLMEnsembleConfig(LanguageModelConfig):
+    """switch-lm-gens: the size of each LM and the members added per growth step."""
+
+    name: Literal["switch-lm-gens"] = "switch-lm-gens"
+    #: Members added per growth step.
+    grow_members: Int = Field(default=1, gt=0)
 
 
 @register_learner
-class GrowingSwitchLMEnsemble(SwitchLMEnsemble):
+class GrowingSwitchLMEnsemble(GrowsOnceTrained, SwitchLMEnsemble):
     """A Switch LM ensemble that grows by whole members; ``arch["trained"]`` counts the trained ones."""
 
     name = "switch-lm-gens"
-    grows = True
+    config_model = GrowingSwitchLMEnsembleConfig
+    config: GrowingSwitchLMEnsembleConfig
 
     def initial_architecture(self) -> dict:
         return {"members": 1, "trained": 0}
@@ -31,20 +48,21 @@ class GrowingSwitchLMEnsemble(SwitchLMEnsemble):
     def members_to_train(self) -> range:
         return range(min(self.arch["trained"], len(self.model) - 1), len(self.model))
 
-    def fit(self, train: LabeledData, val: LabeledData, trainer: Trainer) -> FitReport:
-        report = super().fit(train, val, trainer)
-        self.arch["trained"] = len(self.model)
-        return report
+    def newest_part_trained(self) -> bool:
+        return self.arch["trained"] >= len(self.model)
 
-    def grow(self, val: LabeledData, trainer: Trainer) -> dict:
+    def mark_trained(self) -> None:
+        self.arch["trained"] = len(self.model)
+
+    def mark_untrained(self) -> None:
+        self.arch["trained"] = 0
+
+    def growth_skipped(self) -> dict:
+        return {"added": 0, "members": len(self.model)}
+
+    def grow_trained(self, val: LabeledData, trainer: Trainer) -> dict:
         count = len(self.model)
-        if self.arch["trained"] < count:
-            return {"added": 0, "members": count, "reason": "the newest member is not trained yet"}
         new = member_networks(self, range(count, count + self.config.grow_members))
         self.model.extend(m.to(self.device) for m in new)
         self.arch["members"] = len(self.model)
         return {"added": len(new), "members": len(self.model)}
-
-    def reinitialize(self, seed: int) -> None:
-        self.arch["trained"] = 0
-        super().reinitialize(seed)

@@ -10,16 +10,22 @@ that ranks the experts are charged to the stage's training FLOPs by the engine.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 import torch.nn.functional as F
+from pydantic import Field
+from pydantic.dataclasses import dataclass
 from torch import nn
 
+from alma_daemon.config.base import PLUGIN_SECTION, Int
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import register_learner
-from alma_daemon.learners.switch_lm import LM_EVAL_BATCH, SwitchLanguageModel
+from alma_daemon.learners.growing import GrowsOnceTrained
+from alma_daemon.learners.switch_lm import LM_EVAL_BATCH, LanguageModelConfig, SwitchLanguageModel
 from alma_daemon.models.switch import SwitchLM
 from alma_daemon.training.flops import count_flops
-from alma_daemon.training.loop import FitReport, Trainer
+from alma_daemon.training.loop import Trainer
 
 
 def expert_losses(net: SwitchLM, val: LabeledData, device: torch.device) -> list[torch.Tensor]:
@@ -36,12 +42,22 @@ def expert_losses(net: SwitchLM, val: LabeledData, device: torch.device) -> list
     return totals
 
 
+@dataclass(config=PLUGIN_SECTION)
+class GrowingSwitchLMConfig(LanguageModelConfig):
+    """switch-lm-gmoe: the LM's initial size and the experts copied per growth step."""
+
+    name: Literal["switch-lm-gmoe"] = "switch-lm-gmoe"
+    #: Experts copied per growth step (top-k by validation loss).
+    grow_experts: Int = Field(default=2, gt=0)
+
+
 @register_learner
-class GrowingSwitchLM(SwitchLanguageModel):
+class GrowingSwitchLM(GrowsOnceTrained, SwitchLanguageModel):
     """A Switch LM whose blocks gain ``learner.grow_experts`` copied experts per growth."""
 
     name = "switch-lm-gmoe"
-    grows = True
+    config_model = GrowingSwitchLMConfig
+    config: GrowingSwitchLMConfig
 
     def initial_architecture(self) -> dict:
         return {"experts": [self.config.experts] * self.config.layers, "trained": False}
@@ -49,14 +65,10 @@ class GrowingSwitchLM(SwitchLanguageModel):
     def build(self, arch: dict) -> nn.Module:
         return self.new_network(arch["experts"])
 
-    def fit(self, train: LabeledData, val: LabeledData, trainer: Trainer) -> FitReport:
-        report = super().fit(train, val, trainer)
-        self.arch["trained"] = True
-        return report
+    def growth_skipped(self) -> dict:
+        return {"copied": [], "experts": list(self.arch["experts"])}
 
-    def grow(self, val: LabeledData, trainer: Trainer) -> dict:
-        if not self.arch["trained"]:
-            return {"copied": [], "experts": list(self.arch["experts"]), "reason": "not trained yet"}
+    def grow_trained(self, val: LabeledData, trainer: Trainer) -> dict:
         losses, flops = count_flops(lambda: expert_losses(self.model, val, self.device))
         copied = []
         for block, loss in zip(self.model.blocks, losses):
@@ -65,7 +77,3 @@ class GrowingSwitchLM(SwitchLanguageModel):
             copied.append(chosen)
         self.arch["experts"] = [len(block.ffn.experts) for block in self.model.blocks]
         return {"copied": copied, "experts": list(self.arch["experts"]), "flops": flops}
-
-    def reinitialize(self, seed: int) -> None:
-        self.arch["trained"] = False
-        super().reinitialize(seed)

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
+from pydantic import Field
+from pydantic.dataclasses import dataclass
 from torch import nn
 
+from alma_daemon.config.base import PLUGIN_SECTION, Int
 from alma_daemon.learners import register_learner
-from alma_daemon.learners.base import SingleNetwork
+from alma_daemon.learners.base import BackboneConfig, SingleNetwork
 from alma_daemon.learners.ens import independent_members
 
 
@@ -21,11 +26,22 @@ class LogitAverage(nn.Module):
         return torch.stack([m(x) for m in self.members]).mean(0)
 
 
+@dataclass(config=PLUGIN_SECTION)
+class UniformMixtureConfig(BackboneConfig):
+    """UMix: the backbone's width and the number of members."""
+
+    name: Literal["umix"] = "umix"
+    #: Backbones whose averaged logits are trained end to end.
+    members: Int = Field(default=5, gt=0)
+
+
 @register_learner
 class UniformMixture(SingleNetwork):
     """``learner.members`` backbones whose averaged logits are trained end to end."""
 
     name = "umix"
+    config_model = UniformMixtureConfig
+    config: UniformMixtureConfig
 
     def build(self, arch: dict) -> nn.Module:
         return LogitAverage(independent_members(self, self.config.members))

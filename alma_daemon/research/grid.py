@@ -57,9 +57,18 @@ def load_grid(path: str | Path) -> tuple[dict, list[GridRun]]:
     for key, value in (spec.get("set") or {}).items():
         set_dotted(base, key, value)
     runs = expand_grid(spec)
-    for run in runs:  # validate every combination before spending hours on the first
-        data = _with_overrides(base, run.overrides)
-        build_config(data)
+    # Validate every combination before spending hours on the first. A combination the config refuses
+    # (e.g. learner.members with learner.name sm) fails at its turn, reported; a mistake every
+    # combination shares (a key in base or set) stops the grid here.
+    refused = []
+    for run in runs:
+        try:
+            build_config(_with_overrides(base, run.overrides))
+        except ConfigError as exc:
+            refused.append(exc)
+            log.warning("grid run refused by the config", extra={"run": run.name, "error": str(exc)})
+    if len(refused) == len(runs):
+        raise refused[0]
     return base, runs
 
 

@@ -1,0 +1,36 @@
+"""``alma config schema`` prints the config's JSON Schema; ``alma config check FILE`` validates a config file.
+
+Editors check a config.yaml against the schema as it is typed (with the YAML language server: a first
+line ``# yaml-language-server: $schema=alma.schema.json``); ``check`` applies the same rules alma applies
+at start-up, including those a schema cannot state (e.g. exactly one of policy.cron and interval_seconds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from alma_daemon.config import load_config
+from alma_daemon.config.loading import json_schema
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser("config", help="the config's JSON Schema, or check a config file")
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    schema = actions.add_parser("schema", help="print the JSON Schema of a config file (every learner and policy)")
+    schema.set_defaults(func=print_schema)
+    check = actions.add_parser("check", help="validate a config file (and --set overrides) as alma does at start-up")
+    check.add_argument("file", help="the YAML config file")
+    check.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    check.set_defaults(func=check_file)
+
+
+def print_schema(args: argparse.Namespace) -> int:
+    print(json.dumps(json_schema(), indent=2))
+    return 0
+
+
+def check_file(args: argparse.Namespace) -> int:
+    config = load_config(args.file, args.overrides)
+    print(f"{args.file}: valid (learner {config.learner.name}, policy {config.policy.name})")
+    return 0

@@ -1,0 +1,94 @@
+"""Reading a config: YAML files, ``--set key=value`` overrides, and the JSON Schema editors check files with.
+
+YAML files and overrides are merged into a plain dict, then validated into :class:`Config` in one go,
+so that an unknown key or a bad value fails at start-up, naming the dotted key, not an hour in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, cast
+
+import yaml
+from pydantic import TypeAdapter
+
+from alma_daemon.config.base import ConfigError, validate
+from alma_daemon.config.sections import Config
+
+
+def from_dict(cls: type, data: Any, prefix: str = "") -> Any:
+    """Build config model ``cls`` (a section, or LearnerConfig / PolicyConfig: the model ``name`` picks)
+    from ``data``, failing with the dotted key (under ``prefix``) on any problem."""
+    return validate(cls, data, prefix)
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """Split ``key=value``; the value is parsed as YAML so ``true``, ``16`` and ``[1, 2]`` get their types."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r}: expected key=value, e.g. learner.width=16")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ConfigError(f"override {text!r}: empty key")
+    return key, yaml.safe_load(raw) if raw.strip() else None
+
+
+def set_dotted(data: dict, key: str, value: Any) -> None:
+    """Set ``data["a"]["b"] = value`` for key ``a.b``, creating intermediate mappings."""
+    node = data
+    parts = key.split(".")
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{key}: '{part}' is a value, not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def read_yaml(path: str | Path) -> dict:
+    """Read a YAML mapping (safe loader only: config files are data, never code)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    with path.open() as f:
+        data = yaml.safe_load(f) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    return data
+
+
+def build_config(data: dict | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Merge ``overrides`` (``key=value``) into ``data`` and validate the result."""
+    merged = _deep_copy(data or {})
+    for text in overrides:
+        set_dotted(merged, *parse_override(text))
+    return cast(Config, validate(Config, merged))
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Load ``path`` (or the defaults when None), apply ``--set`` overrides, validate."""
+    return build_config(read_yaml(path) if path else {}, overrides)
+
+
+def to_dict(config: Any) -> dict:
+    """The resolved config as plain data, as saved next to every run's results: a password written in
+    a URL is masked (secrets come from files; alma_daemon/service/credentials.py)."""
+    from alma_daemon.service.credentials import mask_secrets  # it imports ConfigError from this package
+
+    return mask_secrets(dataclasses.asdict(config))
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema of a config file: every section, and each learner's and policy's own keys."""
+    schema = TypeAdapter(Config).json_schema()
+    schema["title"] = "alma-daemon config"
+    return schema
+
+
+def _deep_copy(data: Any) -> Any:
+    if isinstance(data, dict):
+        return {k: _deep_copy(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_deep_copy(v) for v in data]
+    return data

@@ -1,0 +1,67 @@
+"""The ``learner`` and ``policy`` sections: each learner and each policy declares its own config model.
+
+A learner's model lives in its module next to the learner (``learners/sm.py``: ``SingleModelConfig``),
+subclasses :class:`LearnerConfig`, narrows ``name`` to the learner's name and adds the keys it reads; the
+learner class names it as ``config_model`` and registers. The section is the union of those models,
+discriminated by ``name``, so a key the chosen learner does not read fails at start-up. Policies alike.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, cast
+
+from pydantic import BeforeValidator, Field
+from pydantic.dataclasses import dataclass
+
+from alma_daemon.config.base import PLUGIN_SECTION, Int, PluginConfig, Str, UnionSchema, validate
+
+
+@dataclass(config=PLUGIN_SECTION)
+class LearnerConfig(PluginConfig):
+    """Keys every learner has; each learner's model adds its own."""
+
+    #: sm, ens, umix, gens, gmoe, firefly, switch-lm, switch-lm-ens, switch-lm-gens, switch-lm-gmoe.
+    name: Str = "sm"
+
+    section = "learner"
+    default_name = "sm"
+
+    @classmethod
+    def registered(cls) -> dict[str, type[PluginConfig]]:
+        from alma_daemon.learners import learner_config_models  # the learners import this module
+
+        return dict(learner_config_models())
+
+
+@dataclass(config=PLUGIN_SECTION)
+class PolicyConfig(PluginConfig):
+    """Keys every waiting-time policy has; each policy's model adds its own."""
+
+    #: fixed, geometric, adaptive, schedule, budget.
+    name: Str = "fixed"
+    #: Growing learners grow every k-th training stage (1 = every stage, 0 = never).
+    grow_every: Int = Field(default=1, ge=0)
+
+    section = "policy"
+    default_name = "fixed"
+
+    @classmethod
+    def registered(cls) -> dict[str, type[PluginConfig]]:
+        from policies import policy_config_models  # the policies import this module
+
+        return dict(policy_config_models())
+
+
+#: The ``learner`` and ``policy`` fields of the whole config: the named plugin's model.
+LearnerSection = Annotated[LearnerConfig, BeforeValidator(LearnerConfig.choose), UnionSchema(LearnerConfig)]
+PolicySection = Annotated[PolicyConfig, BeforeValidator(PolicyConfig.choose), UnionSchema(PolicyConfig)]
+
+
+def learner_config(data: dict[str, Any] | None = None, **values: Any) -> LearnerConfig:
+    """The ``learner`` section from ``data`` and keyword ``values`` (``name`` picks the learner; default sm)."""
+    return cast(LearnerConfig, validate(LearnerConfig, {**(data or {}), **values}, prefix="learner."))
+
+
+def policy_config(data: dict[str, Any] | None = None, **values: Any) -> PolicyConfig:
+    """The ``policy`` section from ``data`` and keyword ``values`` (``name`` picks the policy; default fixed)."""
+    return cast(PolicyConfig, validate(PolicyConfig, {**(data or {}), **values}, prefix="policy."))
