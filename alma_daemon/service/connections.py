@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import re
 import ssl
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
@@ -57,15 +57,15 @@ def redis_client(config: RedisConfig) -> redis.Redis:
     options.update({key: getattr(config, key) for key in REDIS_TLS_KEYS if getattr(config, key)})
     client = redis.Redis.from_url(config.url, **options)
     try:
-        _check_login(client, config)
+        _check_login(client, config.url, config.username)
     except ConfigError:
         client.close()
         raise
     return client
 
 
-def _check_login(client: redis.Redis, config: RedisConfig) -> None:
-    server = redis_server(config.url)
+def _check_login(client: redis.Redis, url: str, username: str | None) -> None:
+    server = redis_server(url)
     try:
         client.ping()
     except redis.AuthenticationError as exc:
@@ -82,7 +82,7 @@ def _check_login(client: redis.Redis, config: RedisConfig) -> None:
         ) from None
     log.info(
         "redis connected",
-        extra={"server": server, "user": config.username or "default", "tls": urlsplit(config.url).scheme == "rediss"},
+        extra={"server": server, "user": username or "default", "tls": urlsplit(url).scheme == "rediss"},
     )
 
 
@@ -104,6 +104,7 @@ def kafka_security(config: KafkaConfig) -> dict[str, Any]:
         return {}
     settings: dict[str, Any] = {"security_protocol": config.security_protocol}
     if config.security_protocol.startswith("SASL_"):
+        assert config.sasl_password_file is not None  # KafkaConfig requires it for the SASL protocols
         settings.update(
             sasl_mechanism=config.sasl_mechanism,
             sasl_plain_username=config.sasl_username,
@@ -114,7 +115,7 @@ def kafka_security(config: KafkaConfig) -> dict[str, Any]:
 
 
 def kafka_client(
-    client_class: type[ClientT], bootstrap_servers: str, security: Mapping[str, Any], **options: Any
+    client_class: Callable[..., ClientT], bootstrap_servers: str, security: Mapping[str, Any], **options: Any
 ) -> ClientT:
     """``client_class`` (KafkaConsumer, KafkaProducer or KafkaAdminClient) on ``bootstrap_servers``
     with ``security`` (:func:`kafka_security`); a refused SASL login fails with one line."""

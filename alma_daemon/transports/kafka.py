@@ -48,7 +48,7 @@ class KafkaSource:
 
     server = "kafka"
     #: What kafka-python raises while no broker answers (it reconnects by itself meanwhile).
-    unreachable = (
+    unreachable: tuple[type[BaseException], ...] = (
         KafkaTimeoutError,
         KafkaConnectionError,
         BrokerNotAvailableError,
