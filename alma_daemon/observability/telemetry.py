@@ -1,4 +1,4 @@
-"""The Prometheus metrics of alma-daemon (DESIGN.md section 9), in one registry.
+"""The Prometheus metrics of alma-daemon (listed in docs/observability.md), in one registry.
 
 Every part of the service (ingest, buffer, engine, publisher) updates these objects; the exporter
 (``/metrics``, :mod:`alma_daemon.observability.exporter`) renders :data:`REGISTRY`. Base units, ``_total`` for
@@ -37,7 +37,7 @@ UPDATE_KINDS: tuple[str, ...] = ("finetune", "grow", "scratch")
 DECISION_ACTIONS: tuple[str, ...] = ("wait", "train", "grow+train")
 #: ``alma_server_up{server}``: the servers the daemon depends on (alma_daemon/service/outages.py).
 SERVERS: tuple[str, ...] = ("redis", "kafka")
-#: ``alma_swap_failures_total{stage}``: the publishing steps of DESIGN.md section 8.
+#: ``alma_swap_failures_total{stage}``: the publishing steps of docs/serving.md.
 SWAP_STAGES: tuple[str, ...] = ("archive", "guard", "register", "probe", "set_default", "drain", "delete")
 
 # -- ingest and buffer --------------------------------------------------------------------------
