@@ -64,6 +64,7 @@ class Exporter:
     @property
     def url(self) -> str:
         host = self._server.server_address[0]
+        assert isinstance(host, str)  # an IP socket's address (bytes only for AF_UNIX)
         return f"http://{f'[{host}]' if ':' in host else host}:{self.port}"
 
     @property

@@ -17,6 +17,7 @@ import logging
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from alma_daemon.config import ConfigError, build_config, read_yaml, set_dotted
 from alma_daemon.core.atomic_json import write_json_atomic
@@ -83,7 +84,7 @@ def run_grid(path: str | Path, out: str | Path, progress: bool = True) -> dict:
     """Run every combination; a failed run is reported in ``grid.json`` and skipped."""
     base, runs = load_grid(path)
     out = Path(out)
-    status = {"grid": str(path), "runs": []}
+    status: dict[str, Any] = {"grid": str(path), "runs": []}
     for i, run in enumerate(runs, start=1):
         folder = out / run.name
         entry = {"name": run.name, "overrides": run.overrides, "folder": str(folder)}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -103,7 +103,7 @@ def run_simulation(
     out: str | Path | None = None,
     *,
     progress: bool = True,
-    observers: list[EngineObserver] | None = None,
+    observers: Sequence[EngineObserver] | None = None,
     checkpoint_dir: str | Path | None = None,
 ) -> dict:
     """Run a whole simulated stream and return the results (also written to ``out`` when given)."""

@@ -68,6 +68,7 @@ class StreamIdentity:
             in_redis = uuid.uuid4().hex
             if not self.client.set(self.keys.identity, in_redis, nx=True):
                 in_redis = self._in_redis()
+                assert in_redis is not None  # SET NX failed: another daemon has just set it
         if on_disk is not None and on_disk != in_redis:
             raise RedisLostTheStream(
                 f"Redis at {self.redis_name} holds stream {self.keys.stream!r} with identity {in_redis}, but "
