@@ -129,8 +129,8 @@ def test_a_tiny_study_runs_judges_reports_and_resumes(tmp_path, capsys):
     assert all(f["verdict"] in ("holds", "does not hold", "mixed") for f in findings), findings
     written = json.loads((tmp_path / "findings.json").read_text())
     assert written["findings"] == json.loads(json.dumps(findings))
-    assert written["failed_runs"] == {}
-    assert said[-1].startswith(f"[{written['runs']}/{written['runs']}]")
+    assert written["failed_runs"] == {} and written["seeds_judged"] == [0]
+    assert said[-1].startswith(f"[{written['runs']}/{written['of']}]") and written["runs"] == written["of"]
     page = (tmp_path / "report.html").read_text()
     assert page.count("data:image/png;base64,") >= 3 * 6 and "http" not in page.replace("http-equiv", "")
     assert (tmp_path / "figures" / "mnist-replay-replay.png").is_file()

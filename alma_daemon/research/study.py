@@ -326,8 +326,15 @@ def run_study(
                     failures[run.label] = f"{type(exc).__name__}: {exc}"
                     progress.report(run, None, failures[run.label])
     results = collect(runs)
-    findings = judge_all(results)
-    write_json_atomic(out / "findings.json", {"findings": findings, "failed_runs": failures, "runs": len(results)})
+    # A seed with runs missing (failed, or the study was stopped) is left out of every verdict: a
+    # rule must not compare one seed's finished runs with another seed's.
+    counts = {seed: sum(1 for r in runs if r.seed == seed) for seed in range(seeds)}
+    complete = [seed for seed in range(seeds) if sum(1 for r in results if r.seed == seed) == counts[seed]]
+    findings = judge_all([r for r in results if r.seed in complete])
+    summary = {"runs": len(results), "of": len(runs), "seeds_judged": complete, "failed_runs": failures}
+    write_json_atomic(out / "findings.json", {"findings": findings, **summary})
+    if len(complete) < seeds:
+        say(f"judged on seed(s) {complete} only: the others have runs missing; run the study again to finish them")
     from alma_daemon.research.study_report import write_study_report
 
     write_study_report(out, experiments, findings, scale, seeds)
