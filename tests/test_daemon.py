@@ -80,7 +80,11 @@ def service_config(tmp_path: Path, redis_url: str | None, name: str, **sections)
         },
     }
     for section, values in sections.items():
-        data.setdefault(section, {}).update(values)
+        if section == "learner" and "name" in values:
+            # Another learner reads other keys: the MLP's width would be refused as foreign to it.
+            data[section] = dict(values)
+        else:
+            data.setdefault(section, {}).update(values)
     return data
 
 
