@@ -141,8 +141,7 @@ class Adaptive(Policy):
 
     # -- the decision -----------------------------------------------------------------------------
     def decide(self, state: PolicyState) -> Decision:
-        new_chunk = state.prequential is not None and state.chunks_seen > self.seen
-        if not new_chunk:
+        if state.prequential is None or state.chunks_seen <= self.seen:
             return Decision(
                 False,
                 False,
@@ -167,6 +166,7 @@ class Adaptive(Policy):
         rule = f"max(1, {RATIO:g} x {self.trained} chunk(s) trained on since chunk {self.regime_start}) = {threshold}"
         gain, plateau = self._stage_gain(kind, estimates)
         if plateau:
+            assert self.last_stage is not None  # a plateau is judged on the last stage
             doubled = 2 * self.last_stage["chunks"]
             if doubled > threshold:
                 threshold = doubled

@@ -85,6 +85,7 @@ class Budget(Policy):
         fits = True
         checks = []
         for unit, per_hour, spent, per_example in budgets:
+            assert per_example is not None  # an unmeasured budget returned above
             cost = per_example * examples
             allowed = per_hour * hours
             within = spent + cost <= allowed

@@ -101,6 +101,7 @@ class Schedule(Policy):
         """The first fire time strictly after ``now``."""
         if self.trigger is None:
             interval = self.config.interval_seconds
+            assert interval is not None  # no cron, so the config set it
             if self.next_fire is None:
                 return now + interval
             # Stay on the grid of the first fire time; missed periods coalesce.
@@ -111,6 +112,7 @@ class Schedule(Policy):
 
     def _describe(self) -> str:
         if self.trigger is None:
+            assert self.config.interval_seconds is not None  # no cron, so the config set it
             return f"every {float(self.config.interval_seconds)!r} s"
         return f"cron {self.config.cron} {self.config.timezone}"
 
