@@ -14,12 +14,9 @@ chunk), interleaved, for the before/after figure. The CER and final error must m
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
-from pathlib import Path
 
-import torch
+from figures_file import write_figures  # this script's folder is on sys.path when it runs
 
 from alma_daemon.config import build_config
 from alma_daemon.core.engine import Engine
@@ -85,22 +82,7 @@ def main() -> None:
                 f"CER {result['cer']:.4f}"
             )
             runs.append(result)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(
-        json.dumps(
-            {
-                "machine": platform.processor() or platform.machine(),
-                "torch": torch.__version__,
-                "threads": torch.get_num_threads(),
-                "load_average_before": load_before,
-                "load_average_after": os.getloadavg(),
-                "runs": runs,
-            },
-            indent=1,
-        )
-    )
-    print(f"written: {out}")
+    write_figures(args.out, {"runs": runs}, load_before)
 
 
 if __name__ == "__main__":

@@ -13,14 +13,13 @@ noise hits all alike; the figure is the median ratio of the 5-member stage to th
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
 import time
 from pathlib import Path
 
 import torch
+from figures_file import write_figures  # this script's folder is on sys.path when it runs
 
 from alma_daemon.config import TrainConfig, learner_config
 from alma_daemon.data.datasets import MNIST_TASK, load_dataset
@@ -72,29 +71,20 @@ def main() -> None:
         f"(1 member: {statistics.median(runs['one']):.2f} s)"
     )
     out = Path(args.out or f"benchmarks/results/members{'' if device.type == 'cpu' else '-' + device.type}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    machine = (
-        torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
+    machine = torch.cuda.get_device_name(device) if device.type == "cuda" else ""
+    write_figures(
+        out,
+        {
+            "members": args.members,
+            "epochs": args.epochs,
+            "train_examples": len(split.train),
+            "ratio_stacked_median": ratios["stacked"],
+            "ratio_one_by_one_median": ratios["one_by_one"],
+            "seconds": runs,
+        },
+        load_before,
+        machine,
     )
-    out.write_text(
-        json.dumps(
-            {
-                "machine": machine,
-                "torch": torch.__version__,
-                "threads": torch.get_num_threads(),
-                "load_average_before": load_before,
-                "load_average_after": os.getloadavg(),
-                "members": args.members,
-                "epochs": args.epochs,
-                "train_examples": len(split.train),
-                "ratio_stacked_median": ratios["stacked"],
-                "ratio_one_by_one_median": ratios["one_by_one"],
-                "seconds": runs,
-            },
-            indent=1,
-        )
-    )
-    print(f"written: {out}")
 
 
 if __name__ == "__main__":

@@ -17,15 +17,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
-import platform
 import statistics
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from figures_file import write_figures  # this script's folder is on sys.path when it runs
 
 from alma_daemon.config import TrainConfig
 from alma_daemon.data.augment import flip_and_crop
@@ -144,22 +142,7 @@ def main() -> None:
             f"speed ratio {result['speed_ratio_median']:.3f}{extra}, same result {result['same_result']}"
         )
         results.append(result)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(
-        json.dumps(
-            {
-                "machine": platform.processor() or platform.machine(),
-                "torch": torch.__version__,
-                "threads": torch.get_num_threads(),
-                "load_average_before": load_before,
-                "load_average_after": os.getloadavg(),
-                "results": results,
-            },
-            indent=1,
-        )
-    )
-    print(f"written: {out}")
+    write_figures(args.out, {"results": results}, load_before)
 
 
 if __name__ == "__main__":
