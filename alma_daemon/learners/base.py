@@ -12,7 +12,7 @@ import dataclasses
 import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import torch
 from pydantic import Field
@@ -28,6 +28,8 @@ from alma_daemon.seeding import derive_seed
 from alma_daemon.training.flops import count_flops
 from alma_daemon.training.loop import EVAL_BATCH, FitReport, Trainer
 
+ModuleT = TypeVar("ModuleT", bound=nn.Module)
+
 
 def seeded_build(seed: int, build: Any) -> Any:
     """Call ``build()`` with torch's global RNG seeded, without disturbing the caller's RNG state."""
@@ -36,7 +38,7 @@ def seeded_build(seed: int, build: Any) -> Any:
         return build()
 
 
-def seeded_members(learner: Learner, indices: range, build: Callable[[], nn.Module]) -> list[nn.Module]:
+def seeded_members(learner: Learner, indices: range, build: Callable[[], ModuleT]) -> list[ModuleT]:
     """The ensembles' members (image and language), each initialized from its own seed (its index).
 
     Members differ from each other, and a member added by a growth step is rebuilt identically when a

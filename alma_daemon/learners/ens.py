@@ -66,6 +66,7 @@ class Ensemble(Learner):
 
     name = "ens"
     config_model = EnsembleConfig
+    model: nn.ModuleList
     config: EnsembleConfig
 
     def build(self, arch: dict) -> nn.Module:

@@ -138,7 +138,8 @@ def trace(net: GrowableNet, x: torch.Tensor, y: torch.Tensor) -> tuple[list[Laye
     """Every hidden layer's :class:`LayerTrace` (test-time BatchNorm), and the loss."""
     net.eval()
     z, kept = net.stem(x), []
-    for layer in net.hidden:
+    for i in range(len(net.hidden)):
+        layer = net.layer(i)
         a = layer.op(z)
         pre = layer.norm(a)
         h = F.relu(pre)
@@ -164,6 +165,7 @@ def random_direction(shape: tuple[int, ...], generator: torch.Generator, device:
 def norm_scale(layer: GrowableLayer) -> torch.Tensor:
     """Per-unit factor of the test-time BatchNorm (1 without one): how a change of the op output shows."""
     if isinstance(layer.norm, nn.BatchNorm2d):
+        assert layer.norm.running_var is not None  # the layer's BatchNorm tracks running statistics
         return (layer.norm.weight / (layer.norm.running_var + layer.norm.eps).sqrt()).detach()
     return torch.ones(layer.width, device=layer.op.weight.device)
 
@@ -186,7 +188,7 @@ def split_candidates(layer: GrowableLayer, t: LayerTrace, g: torch.Generator) ->
 
 def new_unit_candidates(net: GrowableNet, index: int, t: LayerTrace, count: int, g: torch.Generator) -> tuple:
     """Incoming and outgoing weights of ``count`` new units for a layer, and each one's loss decrease."""
-    layer, consumer = net.hidden[index], net.consumer(index)
+    layer, consumer = net.layer(index), net.consumer(index)
     weight, out_weight = layer.op.weight.detach(), consumer.weight.detach()
     in_size = weight.flatten(1).norm(dim=1).mean()
     out_size = STEP * out_weight.transpose(0, 1).flatten(1).norm(dim=1).mean()
@@ -198,6 +200,7 @@ def new_unit_candidates(net: GrowableNet, index: int, t: LayerTrace, count: int,
         c = apply_op(layer.op, t.z, unit_rows(rows) * in_size)
         if not conv:
             return layer.pool(F.relu(c)), None
+        assert isinstance(layer.norm, nn.BatchNorm2d)  # a conv layer has one
         mean, var = c.mean((0, 2, 3)), c.var((0, 2, 3), unbiased=False)
         c = (c - per_unit(mean, c)) / per_unit((var + layer.norm.eps).sqrt(), c)  # a fresh BatchNorm
         return layer.pool(F.relu(c)), (mean, var)
@@ -240,7 +243,8 @@ def propose(
     many as it has units), so that no way of growing is ruled out by a short list.
     """
     directions, candidates = [], []
-    for i, (layer, t) in enumerate(zip(net.hidden, traces)):
+    for i, t in enumerate(traces):
+        layer = net.layer(i)
         unit_cost = sum(p[0].numel() for p in layer.parameters()) + net.consumer(i).weight[:, 0].numel()
         count = max(layer.width, math.ceil(budget / unit_cost))
         split_delta, split_gains = split_candidates(layer, t, g)
@@ -264,7 +268,8 @@ def fill(candidates: list[Candidate], budget: float, price: Callable[[Counter], 
     units added to adjacent layers, and the growth of a new layer inserted after a widened one.
     None when nothing fits (a new layer alone may not).
     """
-    chosen, added = [], Counter()
+    chosen: list[Candidate] = []
+    added: Counter[int] = Counter()
     if price(added) > budget:
         return None
     for c in sorted(candidates, key=lambda c: -c.gain):
@@ -291,7 +296,7 @@ def select(candidates: list[Candidate], budget: float, count: Pricing) -> list[C
 def apply(net: GrowableNet, chosen: list[Candidate], directions: list[Directions], x: torch.Tensor) -> None:
     """Take the chosen steps: width first (layer by layer), then the new layer, if any."""
     for i, d in enumerate(directions):
-        fan_in = net.hidden[i].op.weight.shape[1]
+        fan_in = net.layer(i).op.weight.shape[1]
         splits = [c.index for c in chosen if c.kind == "split" and c.layer == i]
         if splits:
             net.split_units(i, torch.tensor(splits), pad_inputs(d.split_delta[splits], fan_in))
@@ -312,7 +317,7 @@ def insert_layer(net: GrowableNet, index: int, delta: torch.Tensor, x: torch.Ten
     z = net.stem(x)
     for layer in net.hidden[: index + 1]:
         z = layer(z)
-    y = apply_op(net.hidden[index].op, z, weight)
+    y = apply_op(net.layer(index).op, z, weight)
     stats = (y.mean((0, 2, 3)), y.var((0, 2, 3), unbiased=False)) if y.dim() == 4 else None
     net.insert_layer(index, weight, stats)
 
@@ -359,6 +364,7 @@ class Firefly(GrowsOnceTrained, SingleNetwork):
 
     name = "firefly"
     config_model = FireflyConfig
+    model: GrowableNet
     config: FireflyConfig
 
     def initial_architecture(self) -> dict:

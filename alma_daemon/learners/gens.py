@@ -48,6 +48,7 @@ class GrowingEnsemble(GrowsOnceTrained, Learner):
 
     name = "gens"
     config_model = GrowingEnsembleConfig
+    model: nn.ModuleList
     config: GrowingEnsembleConfig
 
     def initial_architecture(self) -> dict:

@@ -97,6 +97,7 @@ class GrowingMixtureOfExperts(GrowsOnceTrained, SingleNetwork):
 
     name = "gmoe"
     config_model = GrowingMixtureOfExpertsConfig
+    model: Backbone
     config: GrowingMixtureOfExpertsConfig
 
     @classmethod

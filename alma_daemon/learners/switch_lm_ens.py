@@ -47,6 +47,7 @@ class SwitchLMEnsemble(LanguageModel):
 
     name = "switch-lm-ens"
     config_model: ClassVar[type[LearnerConfig]] = SwitchLMEnsembleConfig
+    model: nn.ModuleList
 
     def build(self, arch: dict) -> nn.Module:
         # switch-lm-gens shares this class but not the key: it builds its members from arch.

@@ -31,7 +31,7 @@ from alma_daemon.training.loop import Trainer
 def expert_losses(net: SwitchLM, val: LabeledData, device: torch.device) -> list[torch.Tensor]:
     """Per block, the summed next-token loss of the validation tokens routed to each expert."""
     net.eval()
-    totals = [torch.zeros(len(block.ffn.experts), device=device) for block in net.blocks]
+    totals = [torch.zeros(len(ffn.experts), device=device) for ffn in net.switch_layers()]
     with torch.inference_mode():
         for i in range(0, len(val), LM_EVAL_BATCH):
             x, y = val.x[i : i + LM_EVAL_BATCH].to(device), val.y[i : i + LM_EVAL_BATCH].to(device)
@@ -57,6 +57,7 @@ class GrowingSwitchLM(GrowsOnceTrained, SwitchLanguageModel):
 
     name = "switch-lm-gmoe"
     config_model = GrowingSwitchLMConfig
+    model: SwitchLM
     config: GrowingSwitchLMConfig
 
     def initial_architecture(self) -> dict:
@@ -71,9 +72,9 @@ class GrowingSwitchLM(GrowsOnceTrained, SwitchLanguageModel):
     def grow_trained(self, val: LabeledData, trainer: Trainer) -> dict:
         losses, flops = count_flops(lambda: expert_losses(self.model, val, self.device))
         copied = []
-        for block, loss in zip(self.model.blocks, losses):
+        for ffn, loss in zip(self.model.switch_layers(), losses):
             chosen = loss.topk(min(self.config.grow_experts, len(loss))).indices.tolist()
-            block.ffn.split_experts(chosen)
+            ffn.split_experts(chosen)
             copied.append(chosen)
-        self.arch["experts"] = [len(block.ffn.experts) for block in self.model.blocks]
+        self.arch["experts"] = [len(ffn.experts) for ffn in self.model.switch_layers()]
         return {"copied": copied, "experts": list(self.arch["experts"]), "flops": flops}

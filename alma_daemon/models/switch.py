@@ -226,6 +226,14 @@ class SwitchLM(nn.Module):
             routes.append(route)
         return LMOutput(self.head(self.ln_f(x)), torch.stack(balances).mean(), routes)
 
+    def switch_layers(self) -> list[SwitchFFN]:
+        """Each block's Switch layer, in order."""
+        layers = []
+        for block in self.blocks:
+            assert isinstance(block, Block)  # blocks holds nothing else
+            layers.append(block.ffn)
+        return layers
+
 
 def _init_weights(module: nn.Module) -> None:
     if isinstance(module, (nn.Linear, nn.Embedding)):
