@@ -25,7 +25,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
-from matplotlib.ticker import ScalarFormatter
+from matplotlib.ticker import NullFormatter, ScalarFormatter
 
 #: Config keys that only reseed a run: runs differing in these alone are averaged.
 SEED_KEYS = frozenset({"seed", "stream.seed"})
@@ -162,6 +162,8 @@ def plot_cer_lines(runs: Sequence[RunLike], x_key: str, x_label: str, y_key: str
     if log_y:
         ax.set_yscale("log")
         ax.yaxis.set_major_formatter(ScalarFormatter())
+        ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.xaxis.set_minor_formatter(NullFormatter())  # a label on every minor tick of a short decade overlaps
     ax.set_xlabel(f"{x_label} (log)")
     ax.set_ylabel(f"{y_label} (log)" if log_y else y_label)
     waits = {k for points in lines.values() for p in points for k in p[2]}
