@@ -10,7 +10,7 @@ import pytest
 from alma_daemon.cli import main
 from alma_daemon.research import findings as F
 from alma_daemon.research.findings import RunResult, judge
-from alma_daemon.research.study import QUICK, paper_experiments, plan_runs, run_study
+from alma_daemon.research.study import FULL, QUICK, paper_experiments, plan_runs, run_study
 
 FINDING = {f.id: f for f in F.FINDINGS}
 
@@ -113,13 +113,12 @@ TINY = dataclasses.replace(
 )
 
 
-def test_quick_scale_plans_every_experiment_and_finishes_every_stream():
-    runs = plan_runs(paper_experiments(QUICK), QUICK.seeds, QUICK_OUT)
-    assert {r.experiment for r in runs} == {e.name for e in paper_experiments(QUICK)}
-    assert len({r.folder for r in runs}) == len(runs)
-
-
-QUICK_OUT = __import__("pathlib").Path("unused")
+def test_the_quick_and_full_scales_plan_every_experiment_with_one_folder_per_run(tmp_path):
+    for scale, seeds in ((QUICK, 1), (FULL, 3)):
+        runs = plan_runs(paper_experiments(scale), seeds, tmp_path)
+        assert {r.experiment for r in runs} == {e.name for e in paper_experiments(scale)}
+        assert len({r.folder for r in runs}) == len(runs)
+        assert {r.seed for r in runs} == set(range(seeds))
 
 
 def test_a_tiny_study_runs_judges_reports_and_resumes(tmp_path, capsys):
