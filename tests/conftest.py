@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 import pytest
 import torch
@@ -17,6 +18,18 @@ pytest_plugins = ["tests.servers"]
 TINY_IMAGE_TASK = TaskInfo(
     "classification", (8, 8, 3), 4, mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25), channels_last=True, augment=True
 )
+
+
+def config_for_any_learner(data: dict, overrides: Sequence[str] = ()) -> Config:
+    """``build_config(data, overrides)`` where ``data["learner"]`` holds small sizes for every learner: the
+    keys the chosen learner does not read are dropped, as :func:`learner_settings` does."""
+    from alma_daemon.learners import learner_class
+
+    chosen = [o.split("=", 1)[1] for o in overrides if o.startswith("learner.name=")]
+    name = chosen[-1] if chosen else data.get("learner", {}).get("name", "sm")
+    keys = {f.name for f in dataclasses.fields(learner_class(name).config_model)}
+    learner = {k: v for k, v in data.get("learner", {}).items() if k in keys}
+    return build_config({**data, "learner": learner}, list(overrides))
 
 
 def learner_settings(name: str, values: dict) -> LearnerConfig:
@@ -44,11 +57,3 @@ def separable_data(task: TaskInfo, n: int, seed: int = 0) -> LabeledData:
 @pytest.fixture
 def mnist_like() -> tuple[TaskInfo, LabeledData, LabeledData]:
     return MNIST_TASK, separable_data(MNIST_TASK, 600, seed=1), separable_data(MNIST_TASK, 200, seed=2)
-
-
-@pytest.fixture
-def small_config() -> Config:
-    """A config that trains for a few epochs only."""
-    return build_config(
-        {"train": {"epochs": 3, "patience": 1, "batch_size": 64}, "learner": {"width": 8, "members": 2}}
-    )

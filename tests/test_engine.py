@@ -12,13 +12,13 @@ from alma_daemon.data.datasets import MNIST_TASK
 from alma_daemon.data.streams import Chunk, partition
 from alma_daemon.learners import build_learner
 from policies import build_policy
-from tests.conftest import separable_data
+from tests.conftest import config_for_any_learner, separable_data
 
 B = 6
 
 
 def run_stream(overrides: list[str], observers=(), chunks: int = B):
-    config = build_config(
+    config = config_for_any_learner(
         {"train": {"epochs": 2, "patience": 1, "batch_size": 64}, "learner": {"width": 8, "members": 2}}, overrides
     )
     data = separable_data(MNIST_TASK, 60 * chunks, seed=1)
