@@ -204,10 +204,13 @@ class Learner(ABC):
 
 
 class SingleNetwork(Learner):
-    """A learner whose model is one network giving class logits: trained whole, softmax at the output."""
+    """A learner whose model is one network giving class logits: trained whole, softmax at the output.
+
+    Under torchrun the ranks train the network data-parallel (:mod:`alma_daemon.training.data_parallel`).
+    """
 
     def fit(self, train: LabeledData, val: LabeledData, trainer: Trainer) -> FitReport:
-        return trainer.fit(self.model, train, val)
+        return trainer.fit(self.model, train, val, data_parallel=True)
 
     def forward_proba(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x).softmax(1)

@@ -108,8 +108,15 @@ class LanguageModel(Learner):
         return loss + self.config.balance_loss_weight * out.balance_loss
 
     def train_network(
-        self, net: nn.Module, train: LabeledData, val: LabeledData, trainer: Trainer, purpose: object = "model"
+        self,
+        net: nn.Module,
+        train: LabeledData,
+        val: LabeledData,
+        trainer: Trainer,
+        purpose: object = "model",
+        data_parallel: bool = False,
     ) -> FitReport:
+        """One step-budget stage of ``net``; ``data_parallel``: split over the ranks (one network, not members)."""
         return trainer.fit(
             net,
             train,
@@ -118,6 +125,7 @@ class LanguageModel(Learner):
             objective=self.objective,
             steps=trainer.config.steps_per_chunk,
             validate=validation_loss,
+            data_parallel=data_parallel,
         )
 
     def log_proba(self, x: torch.Tensor) -> torch.Tensor:
@@ -148,4 +156,4 @@ class SwitchLanguageModel(LanguageModel):
         return self.new_network()
 
     def fit(self, train: LabeledData, val: LabeledData, trainer: Trainer) -> FitReport:
-        return self.train_network(self.model, train, val, trainer)
+        return self.train_network(self.model, train, val, trainer, data_parallel=True)

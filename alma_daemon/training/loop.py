@@ -36,6 +36,7 @@ from alma_daemon.models.backbones import Normalize, inputs_standardized_outside
 from alma_daemon.models.dropout import draw_dropout_from
 from alma_daemon.seeding import generator as seeded_generator
 from alma_daemon.training.compile import compiled
+from alma_daemon.training.data_parallel import DataParallel
 from alma_daemon.training.flops import FlopMeter
 from alma_daemon.training.optim import build_optimizer, warmup_linear_decay
 
@@ -166,6 +167,7 @@ class Trainer:
         objective: Objective = cross_entropy_objective,
         steps: int | None = None,
         validate: Validate | None = None,
+        data_parallel: bool = False,
     ) -> FitReport:
         """Train ``net`` (only ``params`` if given) and keep its best state on the validation measure.
 
@@ -173,14 +175,20 @@ class Trainer:
         exactly ``steps`` batches (drawn from consecutive reshuffled passes) under a linear warm-up over
         ``warmup_steps`` then a linear decay to zero, validated at its end (paper appendix B.2: the same
         compute for every chunk). ``validate`` replaces the classification error (e.g. a validation loss).
+        With ``data_parallel``, the ranks torchrun started (if any) split every batch and the validation
+        set between them (:mod:`alma_daemon.training.data_parallel`); every rank must then call ``fit``.
         """
         start = time.perf_counter()
+        parallel = DataParallel.across_ranks() if data_parallel else DataParallel()
         gen = self.generator("fit", purpose)
-        draw_dropout_from(net, seeded_generator(self.seed, "dropout", purpose, device=self.device))
+        # Every rank shuffles with ``gen`` alike; what a rank draws for its own slice comes from its own.
+        augment_gen = self.generator("fit", purpose, *parallel.own()) if parallel.split else gen
+        draw_dropout_from(net, seeded_generator(self.seed, "dropout", purpose, *parallel.own(), device=self.device))
         optimizer = build_optimizer(self.optimizer, [net.parameters() if params is None else params], self.config)
         schedule = warmup_linear_decay(optimizer, steps, self.config.warmup_steps) if steps is not None else None
         validate = validate or self.validation_error
-        fast = compiled(net, self.device) if self.config.compile else net
+        model = parallel.wrap(net, self.device, self.config.batch_size)
+        fast = compiled(model, self.device) if self.config.compile else model
         meter = FlopMeter()
         stopping = EarlyStopping(self.config.patience)
         steps_done = epoch = 0
@@ -190,19 +198,24 @@ class Trainer:
                 val_inputs = StageInputs(val, normalize, self.device, augment=False).whole()
                 for epoch in range(1, (1 if steps is not None else self.config.epochs) + 1):
                     net.train()
-                    for index in self.batches(len(inputs), gen, steps):
-                        xb, yb = inputs.batch(index, gen)
+                    for batch in self.batches(len(inputs), gen, steps):
+                        index = parallel.take(batch)
+                        if index is None:
+                            continue
+                        xb, yb = inputs.batch(index, augment_gen)
+                        share = parallel.loss_share(len(index), len(batch))
                         meter.run(
                             ("train", tuple(xb.shape)),
-                            lambda: self.step(fast, optimizer, objective, xb, yb),
-                            counted=lambda: self.step(net, optimizer, objective, xb, yb),
+                            lambda: self.step(fast, optimizer, objective, xb, yb, share),
+                            counted=lambda: self.step(model, optimizer, objective, xb, yb, share),
                         )
                         if schedule is not None:
                             schedule.step()
                         steps_done += 1
+                    parallel.sync_buffers(net)
                     net.eval()
                     with torch.inference_mode(), self.autocast():
-                        error = validate(net, val_inputs, meter)
+                        error = parallel.validate(validate, net, val_inputs, meter)
                     if stopping.update(error, epoch, net):
                         break
         finally:
@@ -210,9 +223,10 @@ class Trainer:
         stopping.restore(net)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+        flops, seconds = parallel.summed(meter.total, time.perf_counter() - start)
         return FitReport(
-            flops=meter.total,
-            seconds=time.perf_counter() - start,
+            flops=int(flops),
+            seconds=seconds,
             steps=steps_done,
             epochs=epoch,
             best_epoch=stopping.best_epoch,
@@ -236,11 +250,14 @@ class Trainer:
             yield queue[:batch]
             queue = queue[batch:]
 
-    def step(self, net: nn.Module, optimizer, objective: Objective, x: torch.Tensor, y: torch.Tensor) -> None:
+    def step(
+        self, net: nn.Module, optimizer, objective: Objective, x: torch.Tensor, y: torch.Tensor, share: float = 1.0
+    ) -> None:
+        """One optimizer step on ``share`` times the batch's loss (1 but for a rank's uneven slice)."""
         optimizer.zero_grad()
         with self.autocast():
             loss = objective(net, x, y)
-        loss.backward()
+        (loss if share == 1.0 else loss * share).backward()
         optimizer.step()
 
     @staticmethod

@@ -1,0 +1,118 @@
+"""One network trained data-parallel by the ranks torchrun started (DistributedDataParallel).
+
+Where a learner trains one network (SM, UMix, gMoE, Firefly, the Switch LMs), :meth:`Trainer.fit`
+spreads every mini-batch over the ranks. Every rank draws the same shuffled order (the stage's
+generator is seeded alike everywhere) and takes its slice of each batch of ``train.batch_size``
+examples, so the effective batch size stays ``train.batch_size``; DistributedDataParallel averages
+the gradients (gloo on CPU, NCCL on GPU), and each rank's loss is scaled by its share of the batch,
+so the averaged gradient is the whole batch's mean even where the slices differ by one example. The
+validation set is split the same way and its measure combined over the ranks, so every rank reads
+the same figure and early stopping decides the same everywhere. BatchNorm statistics follow rank 0
+(DDP broadcasts them before every forward pass, and once more before validation), so all ranks keep
+the same weights. Augmentation and dropout draw from generators of the rank's own, so ranks do not
+repeat each other's masks. A report's FLOPs and seconds are summed over the ranks: the compute of
+the whole stage.
+
+Alone (no torchrun, or a learner that trains members one rank each, see
+:mod:`alma_daemon.training.distributed`) every method is the identity, and the loop is the
+one-process loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from alma_daemon.data.tensors import LabeledData
+from alma_daemon.training.flops import FlopMeter
+
+
+@dataclass(frozen=True)
+class DataParallel:
+    """This rank's part of a data-parallel fit: slice ``rank`` of ``size`` of every batch (0 of 1: alone)."""
+
+    rank: int = 0
+    size: int = 1
+
+    @classmethod
+    def across_ranks(cls) -> DataParallel:
+        """The ranks of the process group torchrun started, or alone without one."""
+        if dist.is_available() and dist.is_initialized():
+            return cls(dist.get_rank(), dist.get_world_size())
+        return cls()
+
+    @property
+    def split(self) -> bool:
+        return self.size > 1
+
+    def own(self) -> tuple:
+        """What to add to a generator's purpose so that each rank draws its own numbers."""
+        return ("rank", self.rank) if self.split else ()
+
+    def wrap(self, net: nn.Module, device: torch.device, batch_size: int) -> nn.Module:
+        """``net`` whose backward pass averages gradients over the ranks; ``net`` itself alone.
+
+        Call once the optimizer made the parameters views into its flat buffer: DDP registers its
+        hooks on the parameters as they are then.
+        """
+        if not self.split:
+            return net
+        if batch_size < self.size:
+            raise ValueError(f"train.batch_size ({batch_size}) is smaller than the number of ranks ({self.size})")
+        # Every parameter takes part in every forward pass here (a Switch layer runs even an expert no
+        # token reaches, on no rows), so DDP need not search the graph for unused ones at each step.
+        return DistributedDataParallel(net, device_ids=[device] if device.type == "cuda" else None)
+
+    def take(self, batch: torch.Tensor) -> torch.Tensor | None:
+        """This rank's slice of a batch of indices; None (on every rank) for a batch too small to split."""
+        if not self.split:
+            return batch
+        if len(batch) < self.size:
+            return None
+        return batch[self.slice(len(batch))]
+
+    def slice(self, count: int) -> slice:
+        """This rank's part of ``count`` items: near-equal consecutive parts, the first ones one longer."""
+        base, extra = divmod(count, self.size)
+        start = self.rank * base + min(self.rank, extra)
+        return slice(start, start + base + int(self.rank < extra))
+
+    def loss_share(self, part: int, whole: int) -> float:
+        """The factor on a slice's mean loss that makes DDP's average of the ranks' gradients the batch mean."""
+        return part * self.size / whole
+
+    def sync_buffers(self, net: nn.Module) -> None:
+        """Rank 0's buffers (BatchNorm statistics) everywhere, as DDP does before each forward pass."""
+        if self.split:
+            for buffer in net.buffers():
+                dist.broadcast(buffer, src=0)
+
+    def validate(
+        self,
+        validate: Callable[[nn.Module, LabeledData, FlopMeter], float],
+        net: nn.Module,
+        val: LabeledData,
+        meter: FlopMeter,
+    ) -> float:
+        """``validate``'s measure (a mean over examples) on the whole of ``val``, each rank measuring its slice."""
+        if not self.split:
+            return validate(net, val, meter)
+        part = val.subset(self.slice(len(val)))
+        measure = validate(net, part, meter) if len(part) else 0.0
+        combined = torch.tensor([measure * len(part), len(part)], dtype=torch.float64, device=val.y.device)
+        dist.all_reduce(combined)
+        return float(combined[0] / combined[1].clamp_min(1))
+
+    def summed(self, *values: float) -> list[float]:
+        """Each value summed over the ranks (float64 holds a stage's FLOP count exactly)."""
+        if not self.split:
+            return list(values)
+        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
+        total = torch.tensor(values, dtype=torch.float64, device=device)
+        dist.all_reduce(total)
+        return total.tolist()
