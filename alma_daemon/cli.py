@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     if launched_with_ranks() and args.command not in RANKED_COMMANDS:
         print(
             f"alma {args.command}: error: runs as one process; start it without torchrun (only "
-            f"`alma simulate` spreads ensemble members over ranks)",
+            f"`alma simulate` trains over ranks)",
             file=sys.stderr,
         )
         return 2

@@ -8,6 +8,8 @@ one-process run records. A member's shuffling, augmentation and dropout come fro
 by its index, and torch's global RNG is reseeded by its index too, so nothing it draws depends on
 which rank trains it or on what trained before it. Rank 0 alone
 writes results and checkpoints. Collectives run on gloo for CPU models and NCCL for CUDA ones.
+Learners that train one network split its batches over the ranks instead
+(:mod:`alma_daemon.training.data_parallel`).
 """
 
 from __future__ import annotations
