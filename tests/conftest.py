@@ -20,6 +20,17 @@ TINY_IMAGE_TASK = TaskInfo(
 )
 
 
+#: ``--set`` overrides for a small MNIST stream (4 chunks of 300, 2 epochs, width 8) that trains in seconds.
+TINY_MNIST = [
+    "stream.train_examples=1200",
+    "stream.megabatches=4",
+    "train.epochs=2",
+    "learner.width=8",
+    "dataset.test_examples=300",
+    "device=cpu",
+]
+
+
 def config_for_any_learner(data: dict, overrides: Sequence[str] = ()) -> Config:
     """``build_config(data, overrides)`` where ``data["learner"]`` holds small sizes for every learner: the
     keys the chosen learner does not read are dropped, as :func:`learner_settings` does."""

@@ -10,23 +10,13 @@ import pytest
 import yaml
 
 from alma_daemon.data.datasets import resolve_data_root
+from tests.conftest import TINY_MNIST
 
 pytestmark = pytest.mark.skipif(
     not (resolve_data_root(None) / "mnist").is_dir(), reason="MNIST files not in the data folder (see README: data)"
 )
 
-SMALL = [
-    "--set",
-    "stream.train_examples=1200",
-    "--set",
-    "stream.megabatches=4",
-    "--set",
-    "train.epochs=2",
-    "--set",
-    "learner.width=8",
-    "--set",
-    "dataset.test_examples=300",
-]
+SMALL = [arg for item in TINY_MNIST if item != "device=cpu" for arg in ("--set", item)]
 
 
 def alma(*args: str) -> subprocess.CompletedProcess:

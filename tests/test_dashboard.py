@@ -26,19 +26,12 @@ from alma_daemon.core.engine import Engine, EngineObserver
 from alma_daemon.observability import telemetry
 from alma_daemon.observability.exporter import MetricsObserver, start_exporter
 from alma_daemon.research.simulate import run_simulation
+from tests.conftest import TINY_MNIST as TINY
 from tests.servers import PrometheusServer, http_request
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 GRAFANA = DEPLOY / "grafana"
 DASHBOARDS = sorted((GRAFANA / "dashboards").glob("*.json"))
-TINY = [
-    "stream.train_examples=1200",
-    "stream.megabatches=4",
-    "train.epochs=2",
-    "learner.width=8",
-    "dataset.test_examples=300",
-    "device=cpu",
-]
 #: Grafana 9.4 (36) to 11.x (41) read these JSON models without migrating them.
 SCHEMA_VERSIONS = range(36, 42)
 #: Panels allowed to hold only NaN on an image-classification stream in process: perplexity is for

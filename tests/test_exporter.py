@@ -19,16 +19,8 @@ from alma_daemon.core.engine import Engine, EngineObserver
 from alma_daemon.observability import telemetry
 from alma_daemon.observability.exporter import MetricsObserver, start_exporter
 from alma_daemon.research.simulate import run_simulation
+from tests.conftest import TINY_MNIST as TINY
 from tests.servers import free_ports, http_request, port_open
-
-TINY = [
-    "stream.train_examples=1200",
-    "stream.megabatches=4",
-    "train.epochs=2",
-    "learner.width=8",
-    "dataset.test_examples=300",
-    "device=cpu",
-]
 
 #: docs/observability.md, as exposed (prometheus_client adds ``_total`` to counters).
 DESIGN_METRICS = {

@@ -12,15 +12,8 @@ from alma_daemon.core.engine import Engine, EngineObserver
 from alma_daemon.observability.report import TABLE_HEADER, cer_target, find_runs, write_report
 from alma_daemon.observability.results import ResultsWriter, read_results
 from alma_daemon.research.simulate import build_engine, run_simulation, simulated_stream
+from tests.conftest import TINY_MNIST as TINY
 
-TINY = [
-    "stream.train_examples=1200",
-    "stream.megabatches=4",
-    "train.epochs=2",
-    "learner.width=8",
-    "dataset.test_examples=300",
-    "device=cpu",
-]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 

@@ -17,7 +17,7 @@ import json
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from alma_daemon.config import build_config, set_dotted, to_dict
@@ -85,25 +85,18 @@ FULL = Scale(
     test_examples=1000,
 )
 
-#: ``--quick``: every experiment, one seed, a fifth of the streams, fewer epochs.
-QUICK = Scale(
+#: ``--quick``: every experiment, one seed, a fifth of MNIST's stream and of CIFAR-10's images, a
+#: smaller large VGG and test set; the epochs per stage are the full study's.
+QUICK = replace(
+    FULL,
     name="quick",
     seeds=1,
     mnist_megabatches=100,
     mnist_examples=12_000,
     mnist_waits=[1, 5, 10, 50, 100],
-    mnist_epochs=5,
-    mnist_wait_widths=[4, 64],
-    mnist_method_widths=[4, 32],
-    mnist_sm_sizes=[8, 16, 64],
     mnist_methods_wait=10,
     mnist_replay_wait=10,
-    mnist_replay_width=8,
-    cifar_megabatches=100,
     cifar_examples=10_000,
-    cifar_waits=[1, 10, 100],
-    cifar_epochs=3,
-    cifar_width=4,
     cifar_large_width=8,
     test_examples=500,
 )
