@@ -7,16 +7,21 @@ explains the reasoning and shows the benchmark):
    ``geometric`` policy's rule: under a power-law learning curve the value of one more chunk falls
    with the data already trained on, so the wait grows in proportion to it. The count starts again
    at a detected drift, because the data before it no longer describes the stream.
-2. **Stages must have an effect.** The live model's prequential error (its error on each new chunk
-   before training on it, averaged since its stage) is compared with the previous model's. When the
-   last stage moved it by less than 1 standard error either way, a stage of that size no longer
-   matters: the next stage waits for at least twice as many chunks, which saves compute on a
-   plateau. A growing learner grows at that stage (its capacity, not its data, limits it), unless
-   ``policy.grow_every`` is 0. A stage that made the model clearly worse is bad luck of one stage,
-   not a plateau: the next one comes on schedule.
-3. **Drift trains at once.** A new chunk whose error is at least 0.1 above the live model's (and 4
+2. **Drift trains at once.** A new chunk whose error is at least 0.1 above the live model's (and 4
    standard errors) means the stream changed: train now on what is pending, and start the growing
    wait again from that chunk, so that the first stages after it come quickly.
+3. **Growth where it pays.** A learner whose growth step keeps the function it computes (gMoE's
+   split, Firefly's small steps, the Switch LM's copied experts) grows at every stage: the step costs
+   no error and the next stages fill the new capacity. A learner whose growth adds an untrained part
+   (gEns's new member, trained from then on alone) grows when the last stage had no measurable effect
+   on the live model's prequential error (its error on each new chunk before training on it, averaged
+   since its stage): the newest part has stopped learning from its data, and a fresh part trained on
+   a stage too small to shape it would only dilute the ensemble. ``policy.grow_every: 0`` turns
+   growth off.
+
+An earlier version also doubled the wait after a stage with no measurable effect, to save compute
+on a plateau. It did save 16 to 23 % of the FLOPs but cost 1.5 to 2 % CER on three of four stationary
+streams: a late stage's gain is below one chunk's noise yet pays over every chunk that follows.
 
 For language models the same rules run on the log of the perplexity (a rise of 0.1 is about 10 %),
 with a standard error of 1 % of the perplexity, since a chunk's tokens are not independent draws.
@@ -39,7 +44,7 @@ from policies.base import Decision, Policy, PolicyState
 #: The growing wait: train once the pending chunks reach RATIO x the chunks trained on since the last drift.
 RATIO = 0.5
 #: A stage had a measurable effect when the live model's error is this many standard errors away from
-#: the previous model's (below: it paid off; above: it made the model worse, bad luck of one stage).
+#: the previous model's (below: it paid off; above: it made the model worse).
 GAIN_SIGNIFICANCE = 1.0
 #: A new chunk signals a drift when its error is this many standard errors above the live model's ...
 DRIFT_SIGNIFICANCE = 4.0
@@ -100,8 +105,9 @@ class AdaptiveConfig(PolicyConfig):
 
 @register_policy
 class Adaptive(Policy):
-    """Waits a number of chunks that grows with the data trained on, and longer when stages stop having
-    an effect; trains at once when the newest chunk's error jumps (a drift)."""
+    """Waits a number of chunks that grows with the data trained on; trains at once when the newest
+    chunk's error jumps (a drift); grows at every stage where growth keeps the function, else when
+    the last stage had no measurable effect."""
 
     name = "adaptive"
     config_model = AdaptiveConfig
@@ -165,18 +171,12 @@ class Adaptive(Policy):
         threshold = max(1, math.ceil(RATIO * self.trained - 1e-9))
         rule = f"max(1, {RATIO:g} x {self.trained} chunk(s) trained on since chunk {self.regime_start}) = {threshold}"
         gain, plateau = self._stage_gain(kind, estimates)
-        if plateau:
-            assert self.last_stage is not None  # a plateau is judged on the last stage
-            doubled = 2 * self.last_stage["chunks"]
-            if doubled > threshold:
-                threshold = doubled
-                rule = f"{doubled}, twice the last stage, which had no measurable effect"
         estimates["wait_chunks"] = float(threshold)
         pending = state.chunks_pending
         facts = f"live model {_shown(self.live.mean, kind)} on {self.live.chunks} chunk(s){gain}"
         if pending >= threshold:
             reason = f"{pending} chunk(s) pending >= {rule}; {facts}"
-            return self._train(state, reason, estimates, value, drift=False, grow=plateau)
+            return self._train(state, reason, estimates, value, drift=False, plateau=plateau)
         return Decision(False, False, f"{pending} chunk(s) pending < {rule}; {facts}", estimates)
 
     def _drift(self, value: float, examples: int, kind: str, estimates: dict) -> str | None:
@@ -217,10 +217,9 @@ class Adaptive(Policy):
         return text, plateau
 
     def _train(
-        self, state: PolicyState, reason: str, estimates: dict, value: float, *, drift: bool, grow: bool = False
+        self, state: PolicyState, reason: str, estimates: dict, value: float, *, drift: bool, plateau: bool = False
     ) -> Decision:
         pending = state.chunks_pending
-        grow = grow and state.learner_grows and self.config.grow_every > 0
         if drift:
             self.regime_start = state.chunks_seen
             # Only the newest chunk comes from the new distribution; the old model's error on it is
@@ -232,8 +231,14 @@ class Adaptive(Policy):
         else:
             self.trained += pending
             self.previous = self.live
-        if grow:
-            reason += "; grow first: the last stage had no measurable effect, so capacity, not data, limits the model"
+        grow = False
+        if state.learner_grows and self.config.grow_every > 0:
+            if state.growth_keeps_function:
+                grow = True
+                reason += "; grow first: the learner's growth keeps its function, so new capacity costs no error"
+            elif plateau:
+                grow = True
+                reason += "; grow first: the last stage had no measurable effect, so the newest part stopped learning"
         self.live = _Errors()
         self.last_stage = {"chunks": pending, "drift": drift}
         return Decision(True, grow, reason, estimates)

@@ -33,6 +33,9 @@ class PolicyState:
     next_stage_examples: int | None = None
     #: Whether the learner can grow; policies never ask a fixed architecture to grow.
     learner_grows: bool = False
+    #: Whether the learner's growth step leaves the function it computes unchanged (gMoE, Firefly, the
+    #: Switch LM's gMoE) rather than adding an untrained part (gEns).
+    growth_keeps_function: bool = False
     #: The live model's measure on the newest chunk before training on it (its prequential error, or
     #: perplexity), the examples it was taken on, and which measure it is. None on a check between
     #: chunks, where no chunk is new.

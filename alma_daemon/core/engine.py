@@ -149,6 +149,7 @@ class Engine:
             # The validation share of each chunk is held out from training.
             next_stage_examples=round(kept * (1 - self.config.stream.val_fraction)),
             learner_grows=self.learner.grows,
+            growth_keeps_function=self.learner.growth_keeps_function,
             prequential=prequential,
             prequential_examples=prequential_examples,
             measure=self.learner.measure,

@@ -64,6 +64,9 @@ class Learner(ABC):
     config_model: ClassVar[type[LearnerConfig]]
     #: True for learners whose :meth:`grow` changes the architecture.
     grows: ClassVar[bool] = False
+    #: True where a growth step leaves the function the model computes unchanged (a split, a copied
+    #: expert), False where it adds an untrained part; the adaptive policy grows the former at every stage.
+    growth_keeps_function: ClassVar[bool] = False
     #: The measure :meth:`evaluate` reports: "error" (classification) or "perplexity" (LM).
     measure: ClassVar[str] = "error"
 

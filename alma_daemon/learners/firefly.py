@@ -363,6 +363,8 @@ class Firefly(GrowsOnceTrained, SingleNetwork):
     """
 
     name = "firefly"
+    #: Every candidate is a small, scored step (STEP): the function barely changes.
+    growth_keeps_function = True
     config_model = FireflyConfig
     model: GrowableNet
     config: FireflyConfig

@@ -96,6 +96,8 @@ class GrowingMixtureOfExperts(GrowsOnceTrained, SingleNetwork):
     """
 
     name = "gmoe"
+    #: Splitting an expert leaves the loss unchanged (Algorithm 2): the copies differ only once trained.
+    growth_keeps_function = True
     config_model = GrowingMixtureOfExpertsConfig
     model: Backbone
     config: GrowingMixtureOfExpertsConfig

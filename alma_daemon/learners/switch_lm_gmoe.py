@@ -56,6 +56,8 @@ class GrowingSwitchLM(GrowsOnceTrained, SwitchLanguageModel):
     """A Switch LM whose blocks gain ``learner.grow_experts`` copied experts per growth."""
 
     name = "switch-lm-gmoe"
+    #: Copied experts and router rows compute what the originals did until training separates them.
+    growth_keeps_function = True
     config_model = GrowingSwitchLMConfig
     model: SwitchLM
     config: GrowingSwitchLMConfig
