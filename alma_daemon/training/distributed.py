@@ -15,6 +15,7 @@ Learners that train one network split its batches over the ranks instead
 from __future__ import annotations
 
 import functools
+import gc
 import math
 import os
 from collections.abc import Callable, Sequence
@@ -64,6 +65,11 @@ def join_process_group(device: torch.device) -> World:
 def leave_process_group() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+        # Objects the last stage left in reference cycles may still hold the group (and gloo's worker
+        # threads, which end only with it): collected now, the threads are joined here. Left to the
+        # interpreter's exit, they abort the process ("terminate called without an active
+        # exception") while another rank is still running.
+        gc.collect()
 
 
 def current_world() -> World:
