@@ -11,9 +11,10 @@ import importlib
 import logging
 import sys
 
-from alma_daemon.config import ConfigError
+from alma_daemon.config import Config, ConfigError
 from alma_daemon.logs import configure_logging
 from alma_daemon.training.distributed import launched_with_ranks
+from policies import build_policy
 
 #: Subcommand modules under alma_daemon.commands, in the order ``alma --help`` lists them.
 COMMANDS = [
@@ -55,9 +56,20 @@ def add_config_arguments(parser: argparse.ArgumentParser, required: bool = False
     )
 
 
-#: Commands whose every rank has a part under torchrun (training/distributed.py); the others would
-#: run whole once per rank, consuming a stream or writing one folder N times.
-RANKED_COMMANDS = frozenset({"simulate"})
+#: Commands whose every rank has a part under torchrun (training/distributed.py,
+#: service/rank_followers.py); the others would run whole once per rank, consuming a stream or
+#: writing one folder N times.
+RANKED_COMMANDS = frozenset({"simulate", "run"})
+
+
+def refuse_clock_policy_under_ranks(config: Config) -> None:
+    """Under torchrun, a policy that decides from the clock is refused: each rank would read its own
+    clock, and ranks that decide differently never meet at the collectives of a training stage."""
+    if launched_with_ranks() and build_policy(config.policy).time_based:
+        raise ConfigError(
+            f"policy.name: {config.policy.name!r} decides from the clock, which differs between "
+            f"ranks; under torchrun use a policy that decides from the chunks (fixed)"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     if launched_with_ranks() and args.command not in RANKED_COMMANDS:
         print(
             f"alma {args.command}: error: runs as one process; start it without torchrun (only "
-            f"`alma simulate` trains over ranks)",
+            f"`alma simulate` and `alma run` train over ranks)",
             file=sys.stderr,
         )
         return 2

@@ -170,12 +170,12 @@ def test_alone_every_member_trains_here_in_the_given_order() -> None:
 @pytest.mark.parametrize(
     "command",
     [
-        ["run", "--embedded", "--until-chunks", "1"],
+        ["replay", "--embedded", "--dataset", "mnist"],
         ["grid", "grid.yaml", "--out", "runs"],
         ["ablate-iid", "--chunks", "2", "--out", "ablation.json"],
     ],
 )
-def test_commands_other_than_simulate_refuse_to_start_under_torchrun(tmp_path, command) -> None:
+def test_commands_other_than_simulate_and_run_refuse_to_start_under_torchrun(tmp_path, command) -> None:
     env = {**os.environ, "WORLD_SIZE": "2"}
     done = subprocess.run(
         [sys.executable, "-m", "alma_daemon", *command],
@@ -188,14 +188,15 @@ def test_commands_other_than_simulate_refuse_to_start_under_torchrun(tmp_path, c
     assert not any(tmp_path.iterdir())  # nothing started, nothing written
 
 
-def test_simulate_under_torchrun_refuses_a_policy_that_reads_the_clock(tmp_path) -> None:
+@pytest.mark.parametrize("command", ["simulate", "run"])
+def test_simulate_and_run_under_torchrun_refuse_a_policy_that_reads_the_clock(tmp_path, command) -> None:
     env = {**os.environ, "WORLD_SIZE": "2"}
     done = subprocess.run(
         [
             sys.executable,
             "-m",
             "alma_daemon",
-            "simulate",
+            command,
             "--set",
             "policy.name=schedule",
             "--set",

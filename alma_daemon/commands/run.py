@@ -1,4 +1,7 @@
-"""``alma run``: start the daemon (consume the stream, train, checkpoint; resumes where it stopped)."""
+"""``alma run``: start the daemon (consume the stream, train, checkpoint; resumes where it stopped).
+
+Under torchrun rank 0 is the daemon and the other ranks follow its steps (service/rank_followers.py).
+"""
 
 from __future__ import annotations
 
@@ -8,16 +11,18 @@ import sys
 import threading
 from typing import Any
 
-from alma_daemon.cli import add_config_arguments
+from alma_daemon.cli import add_config_arguments, refuse_clock_policy_under_ranks
 from alma_daemon.config import Config, load_config
 from alma_daemon.research.simulate import ProgressBar
-from alma_daemon.runtime import run_beside_training
+from alma_daemon.runtime import resolve_device, run_beside_training
 from alma_daemon.service.connections import kafka_security
 from alma_daemon.service.daemon import Daemon
 from alma_daemon.service.embedded_redis import EMBEDDED_OVERRIDES, close_redis, connect_redis
+from alma_daemon.service.rank_followers import RankLeader, RankStepFailed, follow
 from alma_daemon.service.redis_keys import StreamKeys
 from alma_daemon.service.signals import StepAbandoned
 from alma_daemon.service.status import format_status, read_status
+from alma_daemon.training.distributed import World, join_process_group, leave_process_group
 from alma_daemon.transports.kafka import KafkaPublisher
 from alma_daemon.transports.redis_stream import RedisStreamPublisher
 from alma_daemon.transports.replay import Publisher, chunk_source, replay, resume_point
@@ -56,11 +61,27 @@ def run(args: argparse.Namespace) -> int:
     if args.embedded:
         overrides.extend(EMBEDDED_OVERRIDES)
     config = load_config(args.config, overrides)
+    refuse_clock_policy_under_ranks(config)
+    world = join_process_group(resolve_device(config.device))
+    try:
+        if not world.is_main:
+            follow(config)
+            return 0
+        return serve(args, config, world)
+    except RankStepFailed as exc:
+        print(f"alma run: error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        leave_process_group()
+
+
+def serve(args: argparse.Namespace, config: Config, world: World) -> int:
+    """The daemon, with the other ranks (if any) following it."""
     client = connect_redis(config)
     replayer: ReplayThread | None = None
     try:
         bar = ProgressBar(args.until_chunks, enabled=not args.no_progress)
-        daemon = Daemon(config, client, until_chunks=args.until_chunks, observers=[bar])
+        daemon = Daemon(config, client, until_chunks=args.until_chunks, observers=[bar], followers=RankLeader(world))
         daemon.restore()
         if args.replay:
             replayer = ReplayThread(config, client, daemon.stop_requested)

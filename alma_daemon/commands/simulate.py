@@ -5,13 +5,12 @@ from __future__ import annotations
 import argparse
 from contextlib import ExitStack
 
-from alma_daemon.cli import add_config_arguments
-from alma_daemon.config import ConfigError, load_config
+from alma_daemon.cli import add_config_arguments, refuse_clock_policy_under_ranks
+from alma_daemon.config import load_config
 from alma_daemon.observability.exporter import MetricsObserver, start_exporter
 from alma_daemon.research.simulate import run_simulation
 from alma_daemon.runtime import resolve_device
-from alma_daemon.training.distributed import join_process_group, launched_with_ranks, leave_process_group
-from policies import build_policy
+from alma_daemon.training.distributed import join_process_group, leave_process_group
 
 
 def add_parser(subparsers) -> None:
@@ -50,13 +49,7 @@ def run(args: argparse.Namespace) -> int:
     if args.metrics_port is not None:
         overrides.append(f"metrics.port={args.metrics_port}")
     config = load_config(args.config, overrides)
-    if launched_with_ranks() and build_policy(config.policy).time_based:
-        # Each rank would read its own clock, and ranks that decide differently never meet at the
-        # collectives of a training stage.
-        raise ConfigError(
-            f"policy.name: {config.policy.name!r} decides from the clock, which differs between "
-            f"ranks; under torchrun use a policy that decides from the chunks (fixed)"
-        )
+    refuse_clock_policy_under_ranks(config)
     world = join_process_group(resolve_device(config.device))
     with ExitStack() as stack:
         stack.callback(leave_process_group)

@@ -10,7 +10,8 @@ The parts, one job each: ``bootstrap.py`` (the engine as the last committed step
 after a crash), ``step_commit.py`` (the commit, dead-lettering), ``redis_outage.py`` (riding out
 Redis), ``heartbeat.py`` (status in Redis and on disk), ``health.py`` (health and ``/readyz``),
 ``gauges.py``, ``signals.py`` (stop signals), ``publish_handoff.py`` and ``scheduler.py`` (the
-periodic jobs). Every thread is stopped and joined before :meth:`Daemon.run` returns, whatever failed.
+periodic jobs), ``rank_followers.py`` (under torchrun, the other ranks run each step with this one).
+Every thread is stopped and joined before :meth:`Daemon.run` returns, whatever failed.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from alma_daemon.service.health import Health
 from alma_daemon.service.heartbeat import STATUS_FILE, Heartbeat
 from alma_daemon.service.outages import REDIS_UNREACHABLE, OutageBoard, one_line
 from alma_daemon.service.publish_handoff import PublishHandoff
+from alma_daemon.service.rank_followers import RankLeader
 from alma_daemon.service.redis_buffer import ReadyChunks, RedisBuffer
 from alma_daemon.service.redis_keys import StreamKeys
 from alma_daemon.service.redis_outage import RedisOutage
@@ -63,6 +65,7 @@ class Daemon:
         *,
         until_chunks: int | None = None,
         observers: list[EngineObserver] | tuple[EngineObserver, ...] = (),
+        followers: RankLeader | None = None,
     ):
         self.config = config
         self.client = client
@@ -70,6 +73,8 @@ class Daemon:
         self.state_store = EngineStateStore(client, self.keys)
         self.until_chunks = until_chunks
         self.extra_observers = list(observers)
+        #: The other ranks under torchrun (service/rank_followers.py); alone, it does nothing.
+        self.followers = followers or RankLeader()
         self.ready = ReadyChunks(client, self.keys)
         self.stop_requested = threading.Event()
         self.wake = threading.Event()
@@ -112,10 +117,11 @@ class Daemon:
             self.identity = StreamIdentity(self.client, self.keys, store, redis_name(self.config))
             self.identity.establish()
             self.steps = StepCommit(self.client, self.keys, self.state_store, self.identity)
-        observers = [self.metrics, self.handoff.clock, *self.extra_observers]
+        observers = [self.metrics, self.handoff.clock, self.followers, *self.extra_observers]
         self.engine, self.buffer = restore_engine(
             self.config, self.client, self.keys, self.state_store, self._task, store, observers
         )
+        self.followers.engine_restored(self.engine, self.buffer)
         self.metrics.sync(self.engine)
         return self.engine
 
@@ -197,6 +203,7 @@ class Daemon:
             ("signals", self.signals.restore),
             ("phase", lambda: self.heartbeat.set_phase("stopped")),
             ("status", self.write_status),
+            ("followers", self.followers.stop),
         ]
         for name, step in steps:
             try:
@@ -256,7 +263,8 @@ class Daemon:
             steps.discard(self.ready, chunk_id, rejection)
             return
         self.heartbeat.set_phase(f"processing chunk {chunk_id}")
-        engine.on_chunk(chunk)
+        with self.followers.step(engine, chunk):
+            engine.on_chunk(chunk)
         self._commit(consumed=chunk_id)
 
     def _policy_tick(self) -> None:

@@ -133,14 +133,15 @@ class RedisBuffer:
         ids = sorted(self._pending + self._kept) if replay else self._pending
         if not ids:
             raise ValueError("no chunk to train on")
-        trains, vals = [], []
-        for chunk_id in ids:
-            train, val = self.client.hmget(self.keys.split(chunk_id), ["train", "val"])
-            if train is None or val is None:
-                raise RuntimeError(f"buffered chunk {chunk_id} is missing from Redis ({self.keys.split(chunk_id)})")
-            trains.append(_decode(train))
-            vals.append(_decode(val))
-        return LabeledData.concat(trains), LabeledData.concat(vals)
+        splits = [self.split(chunk_id) for chunk_id in ids]
+        return LabeledData.concat([s.train for s in splits]), LabeledData.concat([s.val for s in splits])
+
+    def split(self, chunk_id: int) -> SplitChunk:
+        """The buffered chunk ``chunk_id`` as the engine split it."""
+        train, val = self.client.hmget(self.keys.split(chunk_id), ["train", "val"])
+        if train is None or val is None:
+            raise RuntimeError(f"buffered chunk {chunk_id} is missing from Redis ({self.keys.split(chunk_id)})")
+        return SplitChunk(chunk_id, _decode(train), _decode(val))
 
     def mark_trained(self, replay: bool) -> None:
         if replay:
