@@ -1,8 +1,8 @@
 """The daemon under torchrun (2 gloo ranks) against a real Redis: rank 0 serves, rank 1 follows its steps.
 
 Its series is the one-process simulator's within data-parallel tolerance, and kill -9 of either rank
-in the middle of a step resumes, after a restart of the command, to the uninterrupted run's series
-exactly.
+in the middle of a training step resumes, after a restart of the command, to the uninterrupted
+run's series exactly.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import torch
 from safetensors.torch import load_file
 
 from alma_daemon.config import build_config
+from alma_daemon.service.redis_buffer import RedisBuffer
 from alma_daemon.service.redis_keys import StreamKeys
 from alma_daemon.transports.redis_stream import RedisStreamPublisher
 from alma_daemon.transports.replay import ReplayChunk, dataset_chunks, replay
@@ -121,9 +122,13 @@ def test_the_daemon_on_two_ranks_ends_within_half_a_point_of_the_one_process_sim
 @pytest.mark.integration
 @pytest.mark.slow
 def test_kill_9_of_either_rank_mid_step_resumes_to_the_uninterrupted_series(tmp_path, redis_server, redis_db) -> None:
+    """Stages at chunks 2 and 4 (wait 2) over every chunk so far (replay): each restart hands rank 1
+    the buffered chunks, pending and kept, that it trains on next."""
     configs = {}
     for stream in ("uninterrupted", "killed"):
         data = stream_config(tmp_path, redis_server.url, stream)
+        data["stream"]["replay"] = True
+        data["policy"] = {"name": "fixed", "wait": 2}
         configs[stream] = (build_config(data), write_config(tmp_path, data))
     config, config_path = configs["uninterrupted"]
     chunks = list(dataset_chunks(config))
@@ -131,8 +136,11 @@ def test_kill_9_of_either_rank_mid_step_resumes_to_the_uninterrupted_series(tmp_
     finish(start_ranks(config_path, "--until-chunks", "4"))
 
     config, config_path = configs["killed"]
-    publish(redis_db, config, chunks[:2])
-    for killed, done in ((1, 2), (0, 3)):
+    keys = StreamKeys("killed")
+    published = 0
+    # Killed in the steps that train (chunks 2 and 4): without rank 1 they cannot end.
+    for killed, done, buffered in ((1, 1, ([], [1])), (0, 3, ([1, 2], [3]))):
+        publish(redis_db, config, chunks[published:done])
         launcher = start_ranks(config_path)
         leader, follower = rank_process(launcher, 0), rank_process(launcher, 1)
         wait_until(
@@ -144,7 +152,10 @@ def test_kill_9_of_either_rank_mid_step_resumes_to_the_uninterrupted_series(tmp_
         )
         # Rank 1 frozen: rank 0 takes the next chunk and cannot end its step without it.
         follower.send_signal(signal.SIGSTOP)
+        buffer = RedisBuffer(redis_db, keys)
+        assert (buffer.kept_chunks(), buffer.pending_chunks()) == buffered
         publish(redis_db, config, chunks[done : done + 1])
+        published = done + 1
         wait_until(lambda: phase(redis_db, "killed") == f"processing chunk {done + 1}".encode(), "in step", launcher)
         if killed == 1:
             follower.send_signal(signal.SIGKILL)
@@ -158,11 +169,12 @@ def test_kill_9_of_either_rank_mid_step_resumes_to_the_uninterrupted_series(tmp_
 
     reference, resumed = engine_state(redis_db, "uninterrupted"), engine_state(redis_db, "killed")
     assert [r["chunk"] for r in resumed["series"]] == [1, 2, 3, 4]
+    assert [r["trained"] for r in resumed["series"]] == [False, True, False, True]
     assert exact(resumed["series"]) == exact(reference["series"])
     results = json.loads((Path(config.daemon.state_dir) / "results.json").read_text())
     assert exact(results["series"]) == exact(reference["series"])
     weights = {
-        stream: load_file(str(Path(c.daemon.checkpoint_dir) / c.serving.model_name / "4" / "weights.safetensors"))
+        stream: load_file(str(Path(c.daemon.checkpoint_dir) / c.serving.model_name / "2" / "weights.safetensors"))
         for stream, (c, _) in configs.items()
     }
     assert weights["killed"].keys() == weights["uninterrupted"].keys()
