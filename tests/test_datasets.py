@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from alma_daemon.data.augment import flip_and_crop
+from alma_daemon.data.augment import PixelRows, flip_and_crop
 from alma_daemon.data.datasets import DatasetError, load_dataset, resolve_data_root
 
 
@@ -108,6 +108,22 @@ def test_augmentation_flips_and_shifts_whole_batches():
         padded = [torch.nn.functional.pad(c.permute(2, 0, 1), (1, 1, 1, 1)).permute(1, 2, 0) for c in candidates]
         windows = [p[dy : dy + 4, dx : dx + 4] for p in padded for dy in range(3) for dx in range(3)]
         assert any(torch.equal(out[i], w) for w in windows)
+
+
+@pytest.mark.parametrize("padding", [1, 4])
+def test_pixel_rows_crop_a_stage_exactly_as_flip_and_crop_crops_the_gathered_batch(padding):
+    g = torch.Generator().manual_seed(padding)
+    stored = torch.randint(0, 256, (12, 3, 7, 5), dtype=torch.uint8, generator=g).permute(0, 2, 3, 1)  # NCHW bytes
+    index = torch.tensor([3, 0, 11, 3, 7])
+    mean, std = torch.tensor([120.0, 110.0, 100.0]), torch.tensor([60.0, 50.0, 70.0])
+    for standardize_ in (None, lambda z: z.sub_(mean).div_(std)):
+        draws, twin = torch.Generator().manual_seed(9), torch.Generator().manual_seed(9)
+        out = PixelRows(stored, standardize_).flip_and_crop(index, draws, padding)
+        expected = flip_and_crop(stored[index], twin, padding)
+        if standardize_ is not None:
+            expected = (expected - mean).div_(std)
+        assert torch.equal(out, expected) and out.stride() == expected.stride()
+        assert torch.equal(draws.get_state(), twin.get_state())  # the same draws, nothing more
 
 
 @pytest.mark.skipif(not have("cifar10"), reason="CIFAR-10 files not in the data folder (see README: data)")

@@ -53,6 +53,10 @@ class Normalize(nn.Module):
             x = x.float()
         return (x - self.mean).div_(self.std)
 
+    def standardize_(self, z: torch.Tensor) -> torch.Tensor:
+        """:meth:`standardize` in place, on raw values already in a float32 tensor (the same floats)."""
+        return z.sub_(self.mean).div_(self.std)
+
     def arrange(self, z: torch.Tensor) -> torch.Tensor:
         """Standardized inputs -> the layout the layers take (a view: channels-last images become NCHW)."""
         return z.permute(0, 3, 1, 2) if self.channels_last else z

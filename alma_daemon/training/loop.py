@@ -10,11 +10,15 @@ several ensemble members at once).
 
 Where its time goes, and what the loop does about it (``benchmarks/bench_training.py`` measures it
 against a hand-written loop): the stage's inputs are standardized once, not per batch
-(:func:`~alma_daemon.models.backbones.inputs_standardized_outside`); the optimizer updates every
-parameter as one flat tensor (:class:`~alma_daemon.training.optim.FlatOptimizer`); batch indices
-move to the device once per epoch and evaluation reads one count back per pass, so a GPU is not
-stalled by host synchronizations; ``train.compile`` and ``train.precision`` are opt-in. None of
-this changes a CPU result: the series are bit for bit those of the plain loop.
+(:func:`~alma_daemon.models.backbones.inputs_standardized_outside`), and an augmented batch is one
+gather of standardized pixels (:class:`~alma_daemon.data.augment.PixelRows`); the optimizer updates
+every parameter as one flat tensor with torch.optim's arithmetic but not its per-step bookkeeping
+(:class:`~alma_daemon.training.optim.FlatOptimizer`); batch indices move to the device once per
+epoch and evaluation reads one count back per pass, so a GPU is not stalled by host
+synchronizations; ``train.compile`` and ``train.precision`` are opt-in. None of this changes a CPU
+result: the series are bit for bit those of the plain loop. What it cannot touch is the model's own
+arithmetic: on the CPU a VGG step is mostly convolutions and batch norms, the same kernels in both
+loops (docs/scaling.md gives the profile).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from alma_daemon.config import TrainConfig
-from alma_daemon.data.augment import flip_and_crop
+from alma_daemon.data.augment import PixelRows
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.models.backbones import Normalize, inputs_standardized_outside
 from alma_daemon.models.dropout import draw_dropout_from
@@ -104,15 +108,21 @@ class EarlyStopping:
 class StageInputs:
     """A stage's examples on the training device, standardized once where the model allows it.
 
-    Without augmentation every example is standardized once per stage and a batch is a gather of
-    rows. With augmentation (flips and padded crops work in raw units, padding black) a batch is
-    gathered raw, augmented, then standardized: the same floats as the model's own Normalize gives.
+    Every example is standardized once per stage and a batch is a gather of rows. With augmentation
+    (flips and padded crops, padding black) the padding pixel is standardized alike and a batch is
+    one gather of pixels (:class:`~alma_daemon.data.augment.PixelRows`): the same floats as cropping
+    raw images and standardizing them, since standardizing is elementwise.
     """
 
     def __init__(self, data: LabeledData, normalize: Normalize | None, device: torch.device, augment: bool):
-        self.normalize, self.augment = normalize, augment
+        self.normalize = normalize
         x = data.x.to(device)
-        self.x = x if normalize is None or augment else normalize.standardize(x)
+        self.crops: PixelRows | None = None
+        if augment:
+            self.crops = PixelRows(x, None if normalize is None else normalize.standardize_)
+            self.x = self.crops.images()
+        else:
+            self.x = x if normalize is None else normalize.standardize(x)
         self.y = data.y.to(device)
 
     def __len__(self) -> int:
@@ -120,20 +130,16 @@ class StageInputs:
 
     def batch(self, index: torch.Tensor, gen: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Examples ``index`` as the model takes them; ``gen`` draws the augmentation, if any."""
-        x = self.x.index_select(0, index)
-        if self.augment:
+        if self.crops is None:
+            x = self.x.index_select(0, index)
+        else:
             assert gen is not None  # an augmenting stage's caller passes the generator of its draws
-            x = flip_and_crop(x, gen)
-            if self.normalize is not None:
-                x = self.normalize.standardize(x)
+            x = self.crops.flip_and_crop(index, gen)
         return (x if self.normalize is None else self.normalize.arrange(x)), self.y.index_select(0, index)
 
     def whole(self) -> LabeledData:
         """Every example, as the model takes it (for evaluation passes)."""
-        x = self.x
-        if self.normalize is not None:
-            x = self.normalize.arrange(self.normalize.standardize(x) if self.augment else x)
-        return LabeledData(x, self.y)
+        return LabeledData(self.x if self.normalize is None else self.normalize.arrange(self.x), self.y)
 
 
 class Trainer:
