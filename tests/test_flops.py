@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
 
-from alma_daemon.data.datasets import MNIST_TASK
+from alma_daemon.data.datasets import CIFAR10_TASK, MNIST_TASK
 from alma_daemon.models.backbones import build_backbone
+from alma_daemon.models.switch import SwitchLM, SwitchLMConfig
 from alma_daemon.training.flops import FlopMeter, count_flops
 
 
@@ -34,3 +37,26 @@ def test_meter_counts_each_shape_once_and_adds_the_figure_for_repeats():
     for _ in range(3):
         meter.run("mm", lambda: a @ b)
     assert meter.total == 3 * 2 * 8 * 16 * 4
+
+
+def test_the_count_is_flop_counter_modes_total_on_a_conv_net_and_a_switch_lm():
+    torch.manual_seed(0)
+    vgg = build_backbone(CIFAR10_TASK, 4)
+    images, labels = torch.randint(0, 255, (6, 32, 32, 3), dtype=torch.uint8), torch.randint(0, 10, (6,))
+    lm = SwitchLM(SwitchLMConfig(vocab_size=50, block_size=16, d_model=32, heads=2, d_ff=64))
+    tokens = torch.randint(0, 50, (3, 16))
+
+    def vgg_step():
+        F.cross_entropy(vgg(images), labels).backward()
+
+    def lm_step():
+        out = lm(tokens)
+        (F.cross_entropy(out.logits.flatten(0, 1), tokens.flatten()) + out.balance_loss).backward()
+
+    for step in (vgg_step, lm_step):
+        torch.manual_seed(1)  # the same routing and dropout in both runs
+        with FlopCounterMode(display=False) as reference:
+            step()
+        torch.manual_seed(1)
+        _, flops = count_flops(step)
+        assert flops == reference.get_total_flops() > 0

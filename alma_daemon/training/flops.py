@@ -1,8 +1,10 @@
-"""FLOP counting with ``torch.utils.flop_counter.FlopCounterMode`` on real steps.
+"""FLOP counting with PyTorch's FLOP formulas (``torch.utils.flop_counter``) on real steps.
 
-Counting every step under the counter's dispatch mode would slow training several fold. A step's
-FLOPs depend only on the architecture and the input shape, so :class:`FlopMeter` counts the first
-real step of each shape under the counter and adds that figure for later steps of the same shape.
+Counting every step under a dispatch mode would slow training several fold. A step's FLOPs depend
+only on the architecture and the input shape, so :class:`FlopMeter` counts the first real step of
+each shape and adds that figure for later steps of the same shape. The counting mode is
+``FlopCounterMode``'s, without its per-module breakdown, whose module hooks cost more than the
+count itself (the totals are the same, tests/test_flops.py checks).
 """
 
 from __future__ import annotations
@@ -10,16 +12,39 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 from typing import TypeVar
 
-from torch.utils.flop_counter import FlopCounterMode
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import flop_registry
 
 T = TypeVar("T")
 
 
+class _TotalFlops(TorchDispatchMode):
+    """Sums the FLOP formula of every op that runs, first decomposing what decomposes (as FlopCounterMode does)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.total = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is not torch.ops.prim.device.default:
+            with self:
+                out = func.decompose(*args, **kwargs)
+            if out is not NotImplemented:
+                return out
+        out = func(*args, **kwargs)
+        formula = flop_registry.get(func._overloadpacket)
+        if formula is not None:
+            self.total += formula(*args, **kwargs, out_val=out)
+        return out
+
+
 def count_flops(fn: Callable[[], T]) -> tuple[T, int]:
     """Run ``fn`` once under the FLOP counter; return its result and the FLOPs it executed."""
-    with FlopCounterMode(display=False) as counter:
+    with _TotalFlops() as counter:
         result = fn()
-    return result, int(counter.get_total_flops())
+    return result, int(counter.total)
 
 
 class FlopMeter:
