@@ -115,12 +115,13 @@ def test_noise_around_a_steady_error_is_no_drift():
     assert not any(d.reason.startswith("drift") for d in decisions)
 
 
-def test_a_learner_that_grows_an_untrained_part_grows_after_a_stage_with_no_effect_and_only_then():
+def test_a_learner_that_grows_an_untrained_part_grows_after_two_stages_with_no_effect_and_only_then():
     flat = lambda chunk, stages: 0.5  # noqa: E731 - no stage ever changes the error
     trained_at, decisions = drive(flat, 20, grows=True)
     grew = [t for t, d in zip(range(1, 21), decisions) if d.grow]
-    assert grew == [2, 3, 5, 8, 12, 18] and all(decisions[t - 1].action == "grow+train" for t in grew)
-    assert "grow first: the last stage had no measurable effect" in decisions[1].reason
+    # Stages at 1, 2, 3, 5, 8, 12, 18: each after the first had no effect; every second such one grows.
+    assert grew == [3, 8, 18] and all(decisions[t - 1].action == "grow+train" for t in grew)
+    assert "grow first: 2 stages in a row had no measurable effect" in decisions[2].reason
     assert not any(d.grow for d in drive(learning, 20, grows=True)[1])
     assert not any(d.grow for d in drive(flat, 20, grows=True, grow_every=0)[1])
     assert not any(d.grow for d in drive(flat, 20, grows=False)[1])
