@@ -85,9 +85,28 @@ SETTINGS: dict[str, tuple[dict, list[int], str]] = {
         "MNIST, B = 100, SM width 64, labels permuted from chunk 50",
     ),
     "cifar-sm16": (
-        {"dataset.name": "cifar10", "learner.name": "sm", "learner.width": 16, "stream.megabatches": 100},
+        # The study's scale (alma study paper): 3 epochs per stage, whatever --epochs says for MNIST.
+        {
+            "dataset.name": "cifar10",
+            "learner.name": "sm",
+            "learner.width": 16,
+            "stream.megabatches": 100,
+            "train.epochs": 3,
+        },
         WAITS_100,
-        "CIFAR-10, B = 100, SM (VGG) width 16",
+        "CIFAR-10, B = 100, SM (VGG) width 16, 3 epochs per stage",
+    ),
+    "cifar-sm4": (
+        # The study's small CIFAR-10 model; width 16 is its large one.
+        {
+            "dataset.name": "cifar10",
+            "learner.name": "sm",
+            "learner.width": 4,
+            "stream.megabatches": 100,
+            "train.epochs": 3,
+        },
+        WAITS_100,
+        "CIFAR-10, B = 100, SM (VGG) width 4, 3 epochs per stage",
     ),
     "mnist-gens8": (
         {"learner.name": "gens", "learner.width": 8, "stream.megabatches": 500},
@@ -137,7 +156,7 @@ def run_one(setting: str, policy: dict, seed: int, common: dict, keep_series: bo
     from alma_daemon.config import build_config
     from alma_daemon.research.simulate import run_simulation
 
-    values = {**SETTINGS[setting][0], **common, **policy, "seed": seed, "stream.seed": seed}
+    values = {**common, **SETTINGS[setting][0], **policy, "seed": seed, "stream.seed": seed}
     config = build_config({}, [f"{key}={json.dumps(value)}" for key, value in values.items()])
     start = time.perf_counter()
     results = run_simulation(config, progress=False)
@@ -320,6 +339,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=10, help="train.epochs cap (default 10)")
     parser.add_argument("--test-examples", type=int, default=1000, help="dataset.test_examples (default 1000)")
     parser.add_argument("--jobs", type=int, default=1, help="runs in parallel, one torch thread each")
+    parser.add_argument("--device", default="cpu", help="device of every run (cuda: runs share the GPU)")
     parser.add_argument("--runs", type=Path, default=RESULTS / "policy_runs.json", help="cache of finished runs")
     parser.add_argument("--out", type=Path, default=RESULTS / "policy.json")
     parser.add_argument(
@@ -332,7 +352,7 @@ def main() -> None:
     parser.add_argument("--machine", help="where the cached runs ran, for the report (default: this machine)")
     args = parser.parse_args()
 
-    common = {"train.epochs": args.epochs, "dataset.test_examples": args.test_examples, "device": "cpu"}
+    common = {"train.epochs": args.epochs, "dataset.test_examples": args.test_examples, "device": args.device}
     runs = load_runs(args.runs)
     todo = [
         (setting, policy, seed)
@@ -379,11 +399,12 @@ def main() -> None:
                 f"--seeds {' '.join(map(str, args.seeds))}",
                 f"--epochs {args.epochs}",
                 f"--test-examples {args.test_examples}",
+                *([f"--device {args.device}"] if args.device != "cpu" else []),
                 f"--runs {args.runs}",
             ]
         ),
         "machine": f"{args.machine or f'{platform.machine()}, {os.cpu_count()} cores'}, torch {', '.join(versions)} "
-        f"(CPU, one thread per run)",
+        f"({args.device.upper()}, one CPU thread per run)",
         "seeds": args.seeds,
         "common": common,
     }
