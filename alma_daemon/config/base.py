@@ -130,7 +130,11 @@ def _message(error: Any, root: type, prefix: str) -> str:
     if kind in ("unexpected_keyword_argument", "extra_forbidden"):
         if plugin is not None and any(names[-1] in _keys(m) for m in plugin.registered().values()):
             section, name = plugin.section, _keys(plugin)["name"].default
-            return f"{key}: not read by the {name!r} {section}; did you mean another {section}.name?"
+            return (
+                f"{key}: not read by the {name!r} {section}; did you mean another {section}.name? "
+                f"(to switch {section} on the command line, replace the whole section: "
+                f'--set \'{section}={{"name": "{name}"}}\')'
+            )
         return f"unknown config key '{key}' (known keys here: {', '.join(sorted(_keys(holder)))})"
     if kind == "union_tag_invalid":
         return f"{key}.name: unknown value {ctx.get('tag')}; known: {ctx.get('expected_tags')}"
