@@ -64,19 +64,26 @@ class Stepper(Protocol):
 UpdateRule = Callable[[torch.Tensor, torch.Tensor, dict, dict], None]
 
 
+def _as_tensors(param: torch.Tensor, **constants: float) -> dict[str, torch.Tensor]:
+    """Constant operands as 0-dim tensors of ``param``'s dtype: the same product or sum as with the
+    Python number (which PyTorch rounds to that dtype), without converting the number at every call."""
+    return {k: torch.tensor(v, dtype=param.dtype, device=param.device) for k, v in constants.items()}
+
+
 def adadelta_update(param: torch.Tensor, grad: torch.Tensor, state: dict, group: dict) -> None:
     """``torch.optim.Adadelta``'s single-tensor update, op for op; its two temporaries live in ``state``."""
     if not state:
         state.update({k: torch.zeros_like(param) for k in ("square_avg", "acc_delta", "std", "delta")})
-    rho, eps, weight_decay = group["rho"], group["eps"], group["weight_decay"]
+        state.update(_as_tensors(param, rho=group["rho"], eps=group["eps"]))
+    rho, eps, weight_decay = state["rho"], state["eps"], group["weight_decay"]
     square_avg, acc_delta, std, delta = state["square_avg"], state["acc_delta"], state["std"], state["delta"]
     if weight_decay != 0:
         grad = grad.add_(param, alpha=weight_decay)
-    square_avg.mul_(rho).addcmul_(grad, grad, value=1 - rho)
+    square_avg.mul_(rho).addcmul_(grad, grad, value=1 - group["rho"])
     torch.add(square_avg, eps, out=std).sqrt_()
     torch.add(acc_delta, eps, out=delta).sqrt_()
     delta.div_(std).mul_(grad)
-    acc_delta.mul_(rho).addcmul_(delta, delta, value=1 - rho)
+    acc_delta.mul_(rho).addcmul_(delta, delta, value=1 - group["rho"])
     param.add_(delta, alpha=-group["lr"])
 
 
@@ -89,8 +96,9 @@ def sgd_update(param: torch.Tensor, grad: torch.Tensor, state: dict, group: dict
         buf = state.get("momentum_buffer")
         if buf is None:
             buf = state["momentum_buffer"] = grad.clone()
+            state.update(_as_tensors(param, momentum=momentum))
         else:
-            buf.mul_(momentum).add_(grad, alpha=1 - group["dampening"])
+            buf.mul_(state["momentum"]).add_(grad, alpha=1 - group["dampening"])
         grad = buf
     param.add_(grad, alpha=-group["lr"])
 
@@ -99,15 +107,16 @@ def adam_update(param: torch.Tensor, grad: torch.Tensor, state: dict, group: dic
     """``torch.optim.Adam``'s single-tensor update (no AMSGrad), op for op; its temporary lives in ``state``."""
     if not state:
         state.update({"step": 0.0, **{k: torch.zeros_like(param) for k in ("exp_avg", "exp_avg_sq", "denom")}})
+        state.update(_as_tensors(param, beta2=group["betas"][1], eps=group["eps"]))
     (beta1, beta2), weight_decay = group["betas"], group["weight_decay"]
     exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
     state["step"] = step = state["step"] + 1
     if weight_decay != 0:
         grad = grad.add_(param, alpha=weight_decay)
     exp_avg.lerp_(grad, 1 - beta1)
-    exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+    exp_avg_sq.mul_(state["beta2"]).addcmul_(grad, grad, value=1 - beta2)
     step_size = group["lr"] / (1 - beta1**step)
-    denom = torch.sqrt(exp_avg_sq, out=state["denom"]).div_((1 - beta2**step) ** 0.5).add_(group["eps"])
+    denom = torch.sqrt(exp_avg_sq, out=state["denom"]).div_((1 - beta2**step) ** 0.5).add_(state["eps"])
     param.addcdiv_(exp_avg, denom, value=-step_size)
 
 
