@@ -8,9 +8,12 @@ normalization on every batch, ``.item()``-free. Both reach the same validation e
 ``same_result``), so the ratio compares speed only. The figure is plain_seconds / ours_seconds
 (1.0 = as fast; target >= 1.5), median of repeats, the two loops interleaved so machine noise hits
 both alike. ``--compile`` adds our loop with ``train.compile`` (compile time excluded: reported
-apart, first stage).
+apart, first stage). ``--profile`` adds, for one more run of each loop under ``torch.profiler``, the
+seconds spent in each kind of op (convolutions, batch norms, ...; profiled runs are slower): where
+the two loops run the same kernels, those bound the ratio.
 
-    python benchmarks/bench_training.py [--repeats 5] [--epochs 10] [--out benchmarks/results/training.json]
+    python benchmarks/bench_training.py [--repeats 5] [--epochs 10] [--compile] [--profile]
+        [--out benchmarks/results/training.json]
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import time
 import torch
 import torch.nn.functional as F
 from figures_file import write_figures  # this script's folder is on sys.path when it runs
+from torch.profiler import ProfilerActivity, profile
 
 from alma_daemon.config import TrainConfig
 from alma_daemon.data.augment import flip_and_crop
@@ -39,6 +43,16 @@ CASES = {
     "mnist-mlp64": ("mnist", MNIST_TASK, 64, 6000, "adadelta"),  # the README's main job, one stage
     "cifar-vgg8": ("cifar10", CIFAR10_TASK, 8, 1000, "sgd"),
     "cifar-vgg16": ("cifar10", CIFAR10_TASK, 16, 1000, "sgd"),  # examples/cifar-sm.yaml's width
+}
+
+
+#: The ops ``--profile`` reports, by kind (forward and backward kernels; CPU op names).
+OP_KINDS = {
+    "convolution": ("aten::mkldnn_convolution", "aten::convolution_backward"),
+    "batch norm": ("aten::native_batch_norm", "aten::native_batch_norm_backward"),
+    "max pool": ("aten::max_pool2d_with_indices", "aten::max_pool2d_with_indices_backward"),
+    "relu": ("aten::relu", "aten::relu_", "aten::clamp_min", "aten::clamp_min_", "aten::threshold_backward"),
+    "matmul": ("aten::mm", "aten::addmm"),
 }
 
 
@@ -72,13 +86,22 @@ def plain_loop(net, train, val, config: TrainConfig, optimizer_name: str, augmen
     return min(errors)
 
 
+def op_seconds(fn) -> dict[str, float]:
+    """Self CPU seconds of each kind of op (``OP_KINDS``) in one run of ``fn``, and of all ops together."""
+    with profile(activities=[ProfilerActivity.CPU]) as profiler:
+        fn()
+    events = profiler.key_averages()
+    seconds = {kind: sum(e.self_cpu_time_total for e in events if e.key in ops) / 1e6 for kind, ops in OP_KINDS.items()}
+    return {**seconds, "all ops": sum(e.self_cpu_time_total for e in events) / 1e6}
+
+
 def timed(fn):
     start = time.perf_counter()
     result = fn()
     return time.perf_counter() - start, result
 
 
-def run_case(name: str, repeats: int, epochs: int, with_compile: bool) -> dict:
+def run_case(name: str, repeats: int, epochs: int, with_compile: bool, with_profile: bool = False) -> dict:
     dataset_name, task, width, examples, optimizer = CASES[name]
     dataset = load_dataset(dataset_name)
     chunk = Chunk(1, partition(dataset.train, 1, seed=0, limit=examples)[0])
@@ -121,6 +144,11 @@ def run_case(name: str, repeats: int, epochs: int, with_compile: bool) -> dict:
         result["compiled_speed_ratio_median"] = statistics.median(
             p / o for p, o in zip(times["plain"], times["ours_compiled"])
         )
+    if with_profile:
+        result["profiled_op_seconds"] = {
+            "ours": op_seconds(lambda: ours(config, 0)),
+            "plain": op_seconds(lambda: plain(0)),
+        }
     return result
 
 
@@ -130,17 +158,20 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--cases", nargs="*", default=list(CASES))
     parser.add_argument("--compile", action="store_true", help="also time our loop with train.compile")
+    parser.add_argument("--profile", action="store_true", help="also profile one run of each loop by kind of op")
     parser.add_argument("--out", default="benchmarks/results/training.json")
     args = parser.parse_args()
     load_before = os.getloadavg()
     results = []
     for name in args.cases:
-        result = run_case(name, args.repeats, args.epochs, args.compile)
+        result = run_case(name, args.repeats, args.epochs, args.compile, args.profile)
         extra = f", compiled ratio {result['compiled_speed_ratio_median']:.3f}" if args.compile else ""
         print(
             f"{name}: ours {result['ours_seconds_median']:.2f} s, plain {result['plain_seconds_median']:.2f} s, "
             f"speed ratio {result['speed_ratio_median']:.3f}{extra}, same result {result['same_result']}"
         )
+        for loop, seconds in result.get("profiled_op_seconds", {}).items():
+            print(f"  {loop}, profiled: " + ", ".join(f"{kind} {s:.2f} s" for kind, s in seconds.items() if s))
         results.append(result)
     write_figures(args.out, {"results": results}, load_before)
 
