@@ -13,7 +13,7 @@ import sys
 
 from alma_daemon.config import Config, ConfigError
 from alma_daemon.logs import configure_logging
-from alma_daemon.training.distributed import launched_with_ranks
+from alma_daemon.training.ranks import launched_with_ranks
 from policies import build_policy
 
 #: Subcommand modules under alma_daemon.commands, in the order ``alma --help`` lists them.

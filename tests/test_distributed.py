@@ -14,8 +14,9 @@ import torch
 import yaml
 
 from alma_daemon.training.data_parallel import DataParallel
-from alma_daemon.training.distributed import World, current_world, train_members
+from alma_daemon.training.distributed import train_members
 from alma_daemon.training.loop import FitReport
+from alma_daemon.training.ranks import World, current_world
 from tests.test_text_stream import TINY_LM, corpus
 
 REPO = Path(__file__).resolve().parents[1]

@@ -22,7 +22,8 @@ from alma_daemon.service.rank_followers import RankLeader, RankStepFailed, follo
 from alma_daemon.service.redis_keys import StreamKeys
 from alma_daemon.service.signals import StepAbandoned
 from alma_daemon.service.status import format_status, read_status
-from alma_daemon.training.distributed import World, join_process_group, leave_process_group
+from alma_daemon.training.distributed import join_process_group, leave_process_group
+from alma_daemon.training.ranks import World
 from alma_daemon.transports.kafka import KafkaPublisher
 from alma_daemon.transports.redis_stream import RedisStreamPublisher
 from alma_daemon.transports.replay import Publisher, chunk_source, replay, resume_point

@@ -44,7 +44,7 @@ from alma_daemon.learners import learner_from_spec
 from alma_daemon.runtime import resolve_device
 from alma_daemon.service.engine_store import state_fields
 from alma_daemon.service.redis_buffer import RedisBuffer
-from alma_daemon.training.distributed import World
+from alma_daemon.training.ranks import World
 from policies import Decision, Policy, PolicyState
 
 log = logging.getLogger(__name__)

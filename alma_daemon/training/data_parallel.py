@@ -30,21 +30,18 @@ from torch.nn.parallel import DistributedDataParallel
 
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.training.flops import FlopMeter
+from alma_daemon.training.ranks import World, current_world
 
 
 @dataclass(frozen=True)
-class DataParallel:
+class DataParallel(World):
     """This rank's part of a data-parallel fit: slice ``rank`` of ``size`` of every batch (0 of 1: alone)."""
-
-    rank: int = 0
-    size: int = 1
 
     @classmethod
     def across_ranks(cls) -> DataParallel:
         """The ranks of the process group torchrun started, or alone without one."""
-        if dist.is_available() and dist.is_initialized():
-            return cls(dist.get_rank(), dist.get_world_size())
-        return cls()
+        world = current_world()
+        return cls(world.rank, world.size)
 
     @property
     def split(self) -> bool:

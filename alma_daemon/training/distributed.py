@@ -17,9 +17,7 @@ from __future__ import annotations
 import functools
 import gc
 import math
-import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
@@ -28,29 +26,12 @@ from torch import nn
 
 from alma_daemon.seeding import derive_seed
 from alma_daemon.training.loop import FitReport
-
-
-@dataclass(frozen=True)
-class World:
-    """This process's place among the ranks: ``rank`` of ``size`` (0 of 1 without torchrun)."""
-
-    rank: int = 0
-    size: int = 1
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
+from alma_daemon.training.ranks import World, current_world, launched_with_ranks
 
 #: How long a rank waits at a collective. A rank that trains one member more than another waits a
 #: whole member's training, hours at paper scale; a rank that fails is stopped by torchrun, which
 #: then stops the others, so a long wait never hides a failure.
 COLLECTIVE_TIMEOUT = timedelta(hours=24)
-
-
-def launched_with_ranks() -> bool:
-    """Whether torchrun started this process as one of several ranks."""
-    return int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
 def join_process_group(device: torch.device) -> World:
@@ -70,12 +51,6 @@ def leave_process_group() -> None:
         # interpreter's exit, they abort the process ("terminate called without an active
         # exception") while another rank is still running.
         gc.collect()
-
-
-def current_world() -> World:
-    if dist.is_available() and dist.is_initialized():
-        return World(dist.get_rank(), dist.get_world_size())
-    return World()
 
 
 #: ``fit_together(members) -> {index: report}`` trains several members at once, or returns None where it cannot.
