@@ -109,8 +109,10 @@ def test_redis_killed_mid_training_and_restarted_leaves_the_daemon_up_and_its_se
         tmp_path,
         redis.url,
         stream,
-        stream={"megabatches": 4, "train_examples": 1200},
-        train={"epochs": 4, "patience": 4},
+        stream={"megabatches": 4, "train_examples": 2400},
+        # Long enough stages (about 300 steps each) that the 0.1 s poll below sees chunk 2 in progress:
+        # at 4 epochs a stage took tens of milliseconds once the loop got faster, and the poll missed it.
+        train={"epochs": 60, "patience": 60},
         metrics={"port": metrics_port},
     )
     config = build_config(data)
