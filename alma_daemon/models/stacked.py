@@ -1,10 +1,11 @@
 """Several MLP backbones of one shape run as one batched model: member m's inputs through member m's weights.
 
 An ensemble of five small MLPs is five small matrix products per layer, each too small to keep a
-CPU or a GPU busy. :class:`StackedMLP` stacks the members' weights at every call (a copy of a
-few hundred kilobytes) and runs each layer as one batched product (``torch.baddbmm``), so the
-per-kernel costs are paid once for all members. Gradients flow back through the stack into each
-member's own parameters: members keep their own parameters, optimizer state and checkpoint layout.
+CPU or a GPU busy. :class:`StackedMLP` stacks the members' weights once, one tensor per layer, and
+runs each layer as one batched product (``torch.baddbmm``), so the per-kernel costs are paid once
+for all members. Training steps the stacked tensors (one optimizer over all members, which is exact
+since the optimizers are elementwise) while each member's parameters are views into them, so the
+members keep their own parameters and checkpoint layout.
 
 The backward pass of :class:`StackedLinear` computes the same products as the backward pass of
 ``F.linear`` (the weight gradient as ``grad^T @ input``, not ``input^T @ grad``), so a member's
@@ -67,19 +68,51 @@ class StackedLinear(torch.autograd.Function):
         grad_x = grad.bmm(weight) if ctx.needs_input_grad[0] else None
         # One product per member, as F.linear computes it: MKL's batched product of these shapes can
         # sum in another order than its single one for small outputs (a classifier's 10 rows).
-        grad_weight = (
-            torch.stack([g.t().mm(xm) for g, xm in zip(grad.unbind(), x.unbind())]) if ctx.needs_input_grad[1] else None
-        )
+        grad_weight = None
+        if ctx.needs_input_grad[1]:
+            grad_weight = weight.new_empty(weight.shape)
+            for g, xm, out in zip(grad.unbind(), x.unbind(), grad_weight.unbind()):
+                torch.mm(g.t(), xm, out=out)
         grad_bias = grad.sum(1) if ctx.needs_input_grad[2] else None
         return grad_x, grad_weight, grad_bias
 
 
 class StackedMLP:
-    """Members of one shape run as one batched model; built once per set of members (a training stage)."""
+    """Members of one shape run as one batched model, its weights stacked once: one tensor per layer.
+
+    :meth:`parameters` are the stacked tensors (a layer's weights of every member, ``(M, out, in)``),
+    leaves that an optimizer can step as they are. :meth:`share_with_members` then makes each
+    member's parameters views into them, so the members see every step without a copy per call and
+    their checkpoints, early stopping and optimizer-free uses keep working on the member alone;
+    :meth:`unshare` gives each member its own storage back.
+    """
 
     def __init__(self, members: Sequence[Backbone]):
         self.members = list(members)
         self.plan = list(zip(*(_leaf_layers(m) for m in members)))
+        self.stacked: list[tuple[nn.Parameter, nn.Parameter] | None] = [
+            (_stack([layer.weight for layer in layers]), _stack([layer.bias for layer in layers]))
+            if isinstance(layers[0], nn.Linear)
+            else None
+            for layers in self.plan
+        ]
+
+    def parameters(self) -> list[nn.Parameter]:
+        return [tensor for pair in self.stacked if pair is not None for tensor in pair]
+
+    def share_with_members(self) -> None:
+        """Member m's weights and biases become views of slice m of the stacked tensors (as they are now)."""
+        for layers, pair in zip(self.plan, self.stacked):
+            if pair is not None:
+                weight, bias = pair
+                for m, layer in enumerate(layers):
+                    layer.weight.data, layer.bias.data = weight.detach()[m], bias.detach()[m]
+
+    def unshare(self) -> None:
+        """Every member's parameters in a storage of their own again (same values)."""
+        for member in self.members:
+            for p in member.parameters():
+                p.data = p.data.clone()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """Logits ``(M, B, classes)`` of member m on ``x[m]``, for standardized inputs ``x`` of shape ``(M, B, ...)``.
@@ -87,17 +120,18 @@ class StackedMLP:
         ``x`` may be one batch expanded to all members (``x.expand(M, ...)``) for evaluation.
         """
         z = x
-        for layers in self.plan:
-            first = layers[0]
-            if isinstance(first, nn.Flatten):
+        for layers, pair in zip(self.plan, self.stacked):
+            if pair is not None:
+                z = StackedLinear.apply(z, *pair)
+            elif isinstance(layers[0], nn.Flatten):
                 z = z.flatten(2)
-            elif isinstance(first, nn.ReLU):
-                z = torch.relu(z)
             else:
-                weight = torch.stack([layer.weight for layer in layers])
-                bias = torch.stack([layer.bias for layer in layers])
-                z = StackedLinear.apply(z, weight, bias)
+                z = torch.relu(z)
         return z
+
+
+def _stack(tensors: Sequence[torch.Tensor]) -> nn.Parameter:
+    return nn.Parameter(torch.stack([t.detach() for t in tensors]))
 
 
 def stacked_forward(members: Sequence[Backbone], x: torch.Tensor) -> torch.Tensor:

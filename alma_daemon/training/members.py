@@ -4,11 +4,11 @@
 everything that makes each member independent: member i draws its shuffling from the generator
 ``Trainer.fit`` would give it (``purpose=("member", i)``), is validated after every epoch on its own,
 and stops early on its own patience; a member that stops leaves the stack with its best weights
-and the others go on. Its optimizer state is its own too (one flat group per member in the
-:class:`~alma_daemon.training.optim.FlatOptimizer`). Since the stacked products are those of the
-member alone, each member's weights, and its report, are bit for bit what ``Trainer.fit`` gives it
-(tests/test_stacked_members.py); only the wall time is shared, split by steps. Stacked members
-run eager whatever ``train.compile`` says.
+and the others go on with their optimizer state. One optimizer steps the stacked tensors of all
+members at once; the optimizers are elementwise, so each member's update is the one it would get
+alone. Since the stacked products are those of the member alone too, each member's weights, and
+its report, are bit for bit what ``Trainer.fit`` gives it (tests/test_stacked_members.py); only
+the wall time is shared, split by steps. Stacked members run eager whatever ``train.compile`` says.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ def stacked_fitter(
 
     def fit_together(members: Sequence[tuple[int, nn.Module]]) -> dict[int, FitReport] | None:
         indices, nets = [i for i, _ in members], [m for _, m in members]
-        if trainer.augment or not stackable(nets):
+        frozen = any(not p.requires_grad for net in nets for p in net.parameters())
+        if trainer.augment or frozen or not stackable(nets):
             return None
         return fit_stacked(trainer, list(zip(indices, nets)), train, val)
 
@@ -52,15 +53,48 @@ class _Member:
         self.flops = self.steps = self.epochs = 0
 
 
+class _TrainingStack:
+    """The members still training as one :class:`StackedMLP`, and one optimizer over its stacked tensors."""
+
+    def __init__(self, nets: Sequence[Backbone], trainer: Trainer):
+        self.trainer = trainer
+        self.model = StackedMLP(nets)
+        self.optimizer = build_optimizer(trainer.optimizer, [self.model.parameters()], trainer.config)
+        # After the optimizer has moved the stacked tensors into its flat buffer: views of their final place.
+        self.model.share_with_members()
+
+    def keep(self, positions: list[int]) -> _TrainingStack:
+        """A stack of the members at ``positions`` (in this stack's order) that goes on with their optimizer state."""
+        self.model.unshare()
+        shapes = [p.shape for p in self.model.parameters()]
+        kept = _TrainingStack([self.model.members[i] for i in positions], self.trainer)
+        old, new = self.optimizer, kept.optimizer
+        old_flat, new_flat = old.flats[0], new.flats[0]
+        sizes = [shape.numel() for shape in shapes]
+
+        def members_kept(values: torch.Tensor) -> torch.Tensor:
+            return torch.cat([v.view(shape)[positions].reshape(-1) for v, shape in zip(values.split(sizes), shapes)])
+
+        new.param_groups[0].update({k: v for k, v in old.param_groups[0].items() if k != "params"})
+        new.inner.state[new_flat] = {
+            k: members_kept(v) if torch.is_tensor(v) and v.shape == old_flat.shape else v
+            for k, v in old.inner.state.get(old_flat, {}).items()
+        }
+        return kept
+
+    def close(self) -> None:
+        self.model.unshare()
+
+
 def fit_stacked(
     trainer: Trainer, members: Sequence[tuple[int, Backbone]], train: LabeledData, val: LabeledData
 ) -> dict[int, FitReport]:
     """Train stackable members together for ``train.epochs`` epochs with per-member early stopping."""
     start = time.perf_counter()
     state = [_Member(index, net, trainer) for index, net in members]
-    optimizer = build_optimizer(trainer.optimizer, [m.net.parameters() for m in state], trainer.config)
     meter = FlopMeter()
     active = list(state)
+    stack = _TrainingStack([m.net for m in active], trainer)
     try:
         with inputs_standardized_outside(nn.ModuleList([m.net for m in state])) as normalize:
             inputs = StageInputs(train, normalize, trainer.device, augment=False)
@@ -68,7 +102,6 @@ def fit_stacked(
             for epoch in range(1, trainer.config.epochs + 1):
                 for m in active:
                     m.net.train()
-                model = StackedMLP([m.net for m in active])
                 # Every member's pass has the same batch sizes: one stacked step per batch position.
                 passes = [list(trainer.batches(len(inputs), m.gen, None)) for m in active]
                 for position in range(len(passes[0])):
@@ -76,21 +109,23 @@ def fit_stacked(
                     xb, yb = inputs.batch(index.reshape(-1))
                     xb, yb = xb.view(*index.shape, *xb.shape[1:]), yb.view(index.shape)
                     key = ("train", len(active), tuple(xb.shape))
-                    meter.run(key, lambda: _stacked_step(trainer, model, optimizer, xb, yb))
+                    meter.run(key, lambda: _stacked_step(trainer, stack.model, stack.optimizer, xb, yb))
                     for m in active:
                         m.flops += meter.share(key) // len(active)
                         m.steps += 1
-                errors = _validation_errors(trainer, model, active, val_inputs, meter)
+                errors = _validation_errors(trainer, stack.model, active, val_inputs, meter)
                 still = []
                 for m, error in zip(active, errors):
                     m.epochs = epoch
                     if not m.stopping.update(error, epoch, m.net):
                         still.append(m)
-                active = still
-                if not active:
+                if not still:
                     break
+                if len(still) < len(active):
+                    stack = stack.keep([active.index(m) for m in still])
+                active = still
     finally:
-        optimizer.release()
+        stack.close()
     for m in state:
         m.stopping.restore(m.net)
     if trainer.device.type == "cuda":
