@@ -85,6 +85,12 @@ def test_only_mlp_backbones_of_one_shape_are_stacked_and_augmented_tasks_train_a
     data = noisy_data(40, seed=1)
     augmenting = Trainer(CONFIG, "sgd", torch.device("cpu"), seed=0, augment=True)
     assert stacked_fitter(augmenting, data, data)(list(enumerate(members(2)))) is None
+    # One stacked optimizer steps every stacked weight, so a member with a frozen parameter trains alone.
+    partly_frozen = members(2)
+    next(partly_frozen[1].parameters()).requires_grad_(False)
+    plain = Trainer(CONFIG, "sgd", torch.device("cpu"), seed=0)
+    assert stacked_fitter(plain, data, data)(list(enumerate(partly_frozen))) is None
+    assert stacked_fitter(plain, data, data)(list(enumerate(members(2)))) is not None
 
 
 def test_stacked_fit_leaves_each_member_with_storage_of_its_own() -> None:
