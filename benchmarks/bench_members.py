@@ -10,7 +10,11 @@ fewest kernels (autograd's batched backward, which is not bit-exact per member, 
 no validation), 5 members against 1. Runs are interleaved so machine noise hits all alike; the
 figures are median ratios of the 5-member stage to the 1-member stage.
 
-    python benchmarks/bench_members.py [--repeats 5] [--epochs 10] [--members 5]
+``vgg`` asks whether convolutional members would gain from the same idea: SGD steps of 5 reduced
+VGG19-BN members (CIFAR-shaped batches of 128) one after another, and as one network whose
+convolutions are grouped by member (``groups=5``), each against one member's steps.
+
+    python benchmarks/bench_members.py [--repeats 5] [--epochs 10] [--members 5] [--vgg-widths 4 8 16]
 """
 
 from __future__ import annotations
@@ -26,9 +30,10 @@ import torch.nn.functional as F
 from figures_file import write_figures  # this script's folder is on sys.path when it runs
 
 from alma_daemon.config import TrainConfig, learner_config
-from alma_daemon.data.datasets import MNIST_TASK, load_dataset
+from alma_daemon.data.datasets import CIFAR10_TASK, MNIST_TASK, load_dataset
 from alma_daemon.data.streams import Chunk, partition, split_chunk
 from alma_daemon.learners import build_learner, ens
+from alma_daemon.models.backbones import VGG19_BLOCKS, vgg_layers
 from alma_daemon.training.loop import Trainer
 
 
@@ -88,12 +93,48 @@ def hand_stacked_seconds(members: int, split, config: TrainConfig, seed: int, de
     return time.perf_counter() - start
 
 
+def grouped_vgg(width: int, members: int) -> torch.nn.Sequential:
+    """``members`` reduced VGG19-BNs as one network: member m owns channel group m of every layer."""
+    channels, layers = 3 * members, []
+    for convs in VGG19_BLOCKS:
+        for _ in range(convs):
+            conv = torch.nn.Conv2d(channels, width * members, 3, padding=1, bias=False, groups=members)
+            layers += [conv, torch.nn.BatchNorm2d(width * members), torch.nn.ReLU(inplace=True)]
+            channels = width * members
+        layers.append(torch.nn.MaxPool2d(2))
+    return torch.nn.Sequential(*layers, torch.nn.Flatten(2), torch.nn.Conv1d(channels, 10 * members, 1, groups=members))
+
+
+def vgg_steps_seconds(width: int, members: int, grouped: bool, steps: int, device: torch.device) -> float:
+    """``steps`` SGD steps of ``members`` VGG members of ``width``: one after another or grouped."""
+    if grouped:
+        nets = [grouped_vgg(width, members).to(device)]
+        x = torch.randn(128, 3 * members, 32, 32, device=device)
+    else:
+        nets = [torch.nn.Sequential(*vgg_layers(CIFAR10_TASK, width)).to(device) for _ in range(members)]
+        x = torch.randn(128, 3, 32, 32, device=device)
+    y = torch.randint(0, 10, (128 * (members if grouped else 1),), device=device)
+    optimizers = [torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9) for net in nets]
+    start = time.perf_counter()
+    for _ in range(steps):
+        for net, optimizer in zip(nets, optimizers):
+            optimizer.zero_grad()
+            logits = net(x).reshape(len(y), 10) if grouped else net(x)
+            F.cross_entropy(logits, y).backward()
+            optimizer.step()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - start
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--members", type=int, default=5)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--vgg-widths", type=int, nargs="*", default=[4, 8, 16], help="none: skip the VGG part")
+    parser.add_argument("--vgg-steps", type=int, default=10)
     parser.add_argument(
         "--out", default=None, help="default benchmarks/results/members.json (members-DEVICE.json off the CPU)"
     )
@@ -102,7 +143,7 @@ def main() -> None:
     split = split_chunk(Chunk(1, partition(dataset.train, 1, seed=0, limit=6000)[0]), 0.1, seed=0)
     config = TrainConfig(epochs=args.epochs, patience=args.epochs, batch_size=128)
     load_before = os.getloadavg()
-    runs = {"one": [], "stacked": [], "one_by_one": [], "hand_one": [], "hand_stacked": []}
+    runs: dict[str, list[float]] = {"one": [], "stacked": [], "one_by_one": [], "hand_one": [], "hand_stacked": []}
     device = torch.device(args.device)
     stage_seconds(1, True, split, config, 0, device)  # warm-up: imports, allocator, kernels
     for r in range(args.repeats):
@@ -117,6 +158,22 @@ def main() -> None:
         f"{args.members} members / 1 member: stacked {ratios['stacked']:.2f}x, one by one {ratios['one_by_one']:.2f}x, "
         f"bound (hand-written stacked loop) {ratios['bound']:.2f}x (1 member: {statistics.median(runs['one']):.2f} s)"
     )
+    vgg = {}
+    for width in args.vgg_widths:
+        vgg_steps_seconds(width, args.members, True, 1, device)  # warm-up
+        times: dict[str, list[float]] = {"one": [], "one_by_one": [], "grouped": []}
+        for _ in range(args.repeats):
+            times["one"].append(vgg_steps_seconds(width, 1, False, args.vgg_steps, device))
+            times["one_by_one"].append(vgg_steps_seconds(width, args.members, False, args.vgg_steps, device))
+            times["grouped"].append(vgg_steps_seconds(width, args.members, True, args.vgg_steps, device))
+        vgg[width] = {
+            f"ratio_{k}_median": statistics.median(t / o for t, o in zip(times[k], times["one"]))
+            for k in ("one_by_one", "grouped")
+        } | {"seconds": times}
+        print(
+            f"VGG width {width}, {args.members} members / 1: one by one {vgg[width]['ratio_one_by_one_median']:.2f}x, "
+            f"grouped convolutions {vgg[width]['ratio_grouped_median']:.2f}x"
+        )
     out = Path(args.out or f"benchmarks/results/members{'' if device.type == 'cpu' else '-' + device.type}.json")
     machine = torch.cuda.get_device_name(device) if device.type == "cuda" else ""
     write_figures(
@@ -129,6 +186,7 @@ def main() -> None:
             "ratio_one_by_one_median": ratios["one_by_one"],
             "ratio_bound_median": ratios["bound"],
             "seconds": runs,
+            "vgg": {"steps": args.vgg_steps, "batch": 128, "widths": vgg},
         },
         load_before,
         machine,
