@@ -72,6 +72,20 @@ def test_gens_trains_only_the_new_members():
     assert not torch.equal(initialized.layers[0][1].weight, learner.model[1].layers[0][1].weight)
 
 
+def test_gens_retrained_from_scratch_trains_every_member_again():
+    """train.from_scratch re-draws every member, the frozen ones too: the next stage must train them all."""
+    learner, train, val = make("gens")
+    stage(learner, train, val, 1)
+    stage(learner, train, val, 2)
+    assert learner.arch["frozen"] == 1
+    learner.reinitialize(1234)
+    redrawn = [snapshot(member) for member in learner.model]
+    growth = stage(learner, train, val, 3)
+    assert growth["added"] == 0  # nothing trained since the re-draw: no growth
+    for member, before in zip(learner.model, redrawn):
+        assert any(not torch.equal(v, before[k]) for k, v in member.state_dict().items())
+
+
 def test_gens_inference_cost_grows_with_the_members():
     learner, train, val = make("gens")
     stage(learner, train, val, 1)

@@ -57,6 +57,10 @@ class GrowingEnsemble(GrowsOnceTrained, Learner):
     def build(self, arch: dict) -> nn.Module:
         return nn.ModuleList(independent_members(self, arch["members"]))
 
+    def mark_untrained(self) -> None:
+        # Retraining from scratch re-draws every member, frozen ones included: all train again.
+        self.arch = {**self.arch, "frozen": 0, "trained": False}
+
     def growth_skipped(self) -> dict:
         return {"added": 0, "members": self.arch["members"]}
 
