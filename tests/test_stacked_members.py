@@ -10,7 +10,7 @@ import torch
 from alma_daemon.config import TrainConfig
 from alma_daemon.data.datasets import CIFAR10_TASK, MNIST_TASK
 from alma_daemon.models.backbones import build_backbone
-from alma_daemon.models.stacked import stackable, stacked_forward
+from alma_daemon.models.stacked import StackedMLP, stackable
 from alma_daemon.training.loop import Trainer
 from alma_daemon.training.members import fit_stacked, stacked_fitter
 from tests.conftest import separable_data
@@ -67,12 +67,12 @@ def test_a_member_gets_the_same_result_whatever_else_is_stacked_with_it() -> Non
         assert torch.equal(a, b)
 
 
-def test_stacked_forward_is_each_members_forward() -> None:
+def test_the_stacked_model_computes_each_members_forward() -> None:
     nets = members(3, width=8)
     x = separable_data(MNIST_TASK, 10, seed=0).x
     standardized = nets[0].normalize.standardize(x)
     with torch.inference_mode():
-        out = stacked_forward(nets, standardized.expand(3, *standardized.shape))
+        out = StackedMLP(nets)(standardized.expand(3, *standardized.shape))
         for i, net in enumerate(nets):
             assert torch.equal(out[i], net(x))
 

@@ -33,7 +33,7 @@ def _leaf_layers(member: Backbone) -> list[nn.Module]:
 
 
 def stackable(members: Sequence[nn.Module]) -> TypeGuard[Sequence[Backbone]]:
-    """Whether ``members`` are MLP backbones of identical shapes (what :func:`stacked_forward` runs)."""
+    """Whether ``members`` are MLP backbones of identical shapes (what :class:`StackedMLP` runs)."""
     backbones = [m for m in members if isinstance(m, Backbone)]
     if not members or len(backbones) != len(members):
         return False
@@ -132,8 +132,3 @@ class StackedMLP:
 
 def _stack(tensors: Sequence[torch.Tensor]) -> nn.Parameter:
     return nn.Parameter(torch.stack([t.detach() for t in tensors]))
-
-
-def stacked_forward(members: Sequence[Backbone], x: torch.Tensor) -> torch.Tensor:
-    """:class:`StackedMLP` of ``members`` on ``x``, once."""
-    return StackedMLP(members)(x)

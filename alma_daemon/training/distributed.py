@@ -5,8 +5,9 @@ engine on the same stream. Where a learner trains independent members (Ens, gEns
 model versions), member i trains on rank i mod N; then every rank receives every member's weights and
 training report, so all ranks hold the same model, take the same decisions and record what a
 one-process run records. A member's shuffling, augmentation and dropout come from generators seeded
-by its index, and torch's global RNG is reseeded by its index too, so nothing it draws depends on
-which rank trains it or on what trained before it. Rank 0 alone
+by its index, and torch's global RNG is reseeded by its index too before a member trains alone
+(stacked members draw nothing from it), so nothing it draws depends on which rank trains it or on
+what trained before it. Rank 0 alone
 writes results and checkpoints. Collectives run on gloo for CPU models and NCCL for CUDA ones.
 Learners that train one network split its batches over the ranks instead
 (:mod:`alma_daemon.training.data_parallel`).
@@ -69,6 +70,8 @@ def train_members(
     :mod:`alma_daemon.training.members`), else one after another with ``fit_one``. Either gives each
     member the same result, so the split over ranks does not change it.
     """
+    if not members:
+        return FitReport()
     world = current_world()
     local = [(index, member) for index, member in members if index % world.size == world.rank]
     reports = (fit_together(local) if fit_together is not None and local else None) or {}
