@@ -43,13 +43,14 @@ def config_for_any_learner(data: dict, overrides: Sequence[str] = ()) -> Config:
     return build_config({**data, "learner": learner}, list(overrides))
 
 
-def learner_settings(name: str, values: dict) -> LearnerConfig:
-    """Learner ``name``'s config from ``values`` without the keys it does not read, so that one set of small
-    sizes (``width``, ``members``, ...) serves every learner."""
+def learner_settings(name: str, shared: dict, overrides: dict | None = None) -> LearnerConfig:
+    """Learner ``name``'s config from ``shared`` small sizes (``width``, ``members``, ...) without the keys it
+    does not read, so that one set serves every learner, and ``overrides`` as given: a key the learner
+    does not read there fails, as it would in a user's config."""
     from alma_daemon.learners import learner_class
 
     keys = {f.name for f in dataclasses.fields(learner_class(name).config_model)}
-    return learner_config({k: v for k, v in values.items() if k in keys}, name=name)
+    return learner_config({**{k: v for k, v in shared.items() if k in keys}, **(overrides or {})}, name=name)
 
 
 def separable_data(task: TaskInfo, n: int, seed: int = 0) -> LabeledData:

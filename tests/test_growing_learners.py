@@ -23,7 +23,7 @@ TASKS = {"mlp": MNIST_TASK, "vgg": CIFAR_LIKE}
 
 def make(name: str, task_name: str = "mlp", n: int = 128, **overrides):
     task = TASKS[task_name]
-    learner = build_learner(name, task, learner_settings(name, {"width": 8, **overrides}), seed=0)
+    learner = build_learner(name, task, learner_settings(name, {"width": 8}, overrides), seed=0)
     return learner, separable_data(task, n, seed=1), separable_data(task, n // 2, seed=2)
 
 

@@ -52,7 +52,7 @@ def cases():
 
 def make(name: str, task_name: str, overrides: dict, seed: int = 0):
     task, data_fn, n = TASKS[task_name]
-    config = learner_settings(name, {"width": 8, "members": 2, **overrides})
+    config = learner_settings(name, {"width": 8, "members": 2}, overrides)
     learner = build_learner(name, task, config, seed)
     train, val = data_fn(n, seed=1), data_fn(n // 4, seed=2)
     return learner, train, val

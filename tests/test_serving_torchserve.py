@@ -98,7 +98,7 @@ def predict(server: TorchServeServer, body: bytes, content_type: str = "applicat
 def test_handler_answers_like_the_learner_in_process(torchserve_server, tmp_path, name, task, overrides, grow):
     server = torchserve_server()
     publisher = publisher_for(server, tmp_path)
-    learner = build_learner(name, task, learner_settings(name, {"width": 8, "members": 2, **overrides}), 0)
+    learner = build_learner(name, task, learner_settings(name, {"width": 8, "members": 2}, overrides), 0)
     sample = sample_for(task, 16)
     if grow:
         learner.fit(sample, sample, quick_trainer())

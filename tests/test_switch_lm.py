@@ -21,7 +21,7 @@ TINY = {"layers": 2, "d_model": 16, "heads": 2, "d_ff": 32, "experts": 3, "dropo
 
 
 def tiny_learner(name: str, **overrides):
-    return build_learner(name, TOKENS, learner_settings(name, {**TINY, **overrides}), seed=0)
+    return build_learner(name, TOKENS, learner_settings(name, TINY, overrides), seed=0)
 
 
 def trainer(steps: int = 4, stage: int = 1) -> Trainer:
