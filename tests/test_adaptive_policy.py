@@ -35,8 +35,10 @@ def drive(
     keeps_function: bool = False,
     grow_every: int = 1,
     measure: str = "error",
+    restart_every_chunk: bool = False,
 ):
-    """Feed ``chunks`` chunks whose prequential measure is ``error_of(chunk, stages done)``."""
+    """Feed ``chunks`` chunks whose prequential measure is ``error_of(chunk, stages done)``; with
+    ``restart_every_chunk`` the policy goes on after every decision as a new one loaded from its saved state."""
     policy = build_policy(policy_config(name="adaptive", grow_every=grow_every))
     trained_at, decisions, pending, stages = [], [], 0, 0
     for chunk in range(1, chunks + 1):
@@ -60,6 +62,10 @@ def drive(
             )
         )
         decisions.append(decision)
+        if restart_every_chunk:
+            saved = json.loads(json.dumps(policy.state_dict()))
+            policy = build_policy(policy_config(name="adaptive", grow_every=grow_every))
+            policy.load_state_dict(saved)
         if decision.train:
             trained_at.append(chunk)
             stages += 1
@@ -125,6 +131,13 @@ def test_a_learner_that_grows_an_untrained_part_grows_after_two_stages_with_no_e
     assert not any(d.grow for d in drive(learning, 20, grows=True)[1])
     assert not any(d.grow for d in drive(flat, 20, grows=True, grow_every=0)[1])
     assert not any(d.grow for d in drive(flat, 20, grows=False)[1])
+
+
+def test_the_count_of_stages_with_no_effect_survives_a_restart_at_every_chunk():
+    flat = lambda chunk, stages: 0.5  # noqa: E731 - no stage ever changes the error
+    trained_at, decisions = drive(flat, 20, grows=True, restart_every_chunk=True)
+    assert trained_at == [1, 2, 3, 5, 8, 12, 18]
+    assert [t for t, d in zip(range(1, 21), decisions) if d.grow] == [3, 8, 18]
 
 
 def test_a_learner_whose_growth_keeps_its_function_grows_at_every_stage():
