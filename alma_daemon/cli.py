@@ -13,7 +13,7 @@ import sys
 
 from alma_daemon.config import Config, ConfigError
 from alma_daemon.logs import configure_logging
-from alma_daemon.training.ranks import launched_with_ranks
+from alma_daemon.training.ranks import launched_ranks, launched_with_ranks
 from policies import build_policy
 
 #: Subcommand modules under alma_daemon.commands, in the order ``alma --help`` lists them.
@@ -62,13 +62,28 @@ def add_config_arguments(parser: argparse.ArgumentParser, required: bool = False
 RANKED_COMMANDS = frozenset({"simulate", "run"})
 
 
-def refuse_clock_policy_under_ranks(config: Config) -> None:
-    """Under torchrun, a policy that decides from the clock is refused: each rank would read its own
-    clock, and ranks that decide differently never meet at the collectives of a training stage."""
-    if launched_with_ranks() and build_policy(config.policy).time_based:
+def check_config_under_ranks(config: Config) -> None:
+    """What torchrun's ranks cannot run, refused at start-up rather than at the first stage, where a
+    daemon would fail the same step at every restart.
+
+    A policy that decides from the clock: each rank would read its own clock, and ranks that decide
+    differently never meet at the collectives of a training stage. A batch smaller than the ranks,
+    for a learner that splits every batch between them.
+    """
+    if not launched_with_ranks():
+        return
+    if build_policy(config.policy).time_based:
         raise ConfigError(
             f"policy.name: {config.policy.name!r} decides from the clock, which differs between "
             f"ranks; under torchrun use a policy that decides from the chunks (fixed)"
+        )
+    from alma_daemon.learners import learner_class
+
+    ranks = launched_ranks()
+    if learner_class(config.learner.name).splits_batches_over_ranks and config.train.batch_size < ranks:
+        raise ConfigError(
+            f"train.batch_size: {config.train.batch_size} is smaller than the {ranks} ranks torchrun "
+            f"started, and learner {config.learner.name!r} splits every batch between them"
         )
 
 

@@ -209,3 +209,18 @@ def test_simulate_and_run_under_torchrun_refuse_a_policy_that_reads_the_clock(tm
         timeout=PROCESS_LIMIT_SECONDS,
     )
     assert done.returncode == 2 and b"policy.name: 'schedule' decides from the clock" in done.stderr
+
+
+@pytest.mark.parametrize("command", ["simulate", "run"])
+def test_under_torchrun_a_batch_smaller_than_the_ranks_is_refused_at_start_up(tmp_path, command) -> None:
+    """Not at the first stage, where a daemon would fail the same step at every restart."""
+    env = {**os.environ, "WORLD_SIZE": "2"}
+    done = subprocess.run(
+        [sys.executable, "-m", "alma_daemon", command, "--set", "train.batch_size=1"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        timeout=PROCESS_LIMIT_SECONDS,
+    )
+    assert done.returncode == 2 and b"train.batch_size: 1 is smaller than the 2 ranks" in done.stderr
+    assert not any(tmp_path.iterdir())

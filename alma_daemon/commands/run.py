@@ -11,7 +11,7 @@ import sys
 import threading
 from typing import Any
 
-from alma_daemon.cli import add_config_arguments, refuse_clock_policy_under_ranks
+from alma_daemon.cli import add_config_arguments, check_config_under_ranks
 from alma_daemon.config import Config, load_config
 from alma_daemon.research.simulate import ProgressBar
 from alma_daemon.runtime import resolve_device, run_beside_training
@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     if args.embedded:
         overrides.extend(EMBEDDED_OVERRIDES)
     config = load_config(args.config, overrides)
-    refuse_clock_policy_under_ranks(config)
+    check_config_under_ranks(config)
     world = join_process_group(resolve_device(config.device))
     try:
         if not world.is_main:

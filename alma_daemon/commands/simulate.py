@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from contextlib import ExitStack
 
-from alma_daemon.cli import add_config_arguments, refuse_clock_policy_under_ranks
+from alma_daemon.cli import add_config_arguments, check_config_under_ranks
 from alma_daemon.config import load_config
 from alma_daemon.observability.exporter import MetricsObserver, start_exporter
 from alma_daemon.research.simulate import run_simulation
@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     if args.metrics_port is not None:
         overrides.append(f"metrics.port={args.metrics_port}")
     config = load_config(args.config, overrides)
-    refuse_clock_policy_under_ranks(config)
+    check_config_under_ranks(config)
     world = join_process_group(resolve_device(config.device))
     with ExitStack() as stack:
         stack.callback(leave_process_group)

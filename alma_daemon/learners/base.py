@@ -69,6 +69,9 @@ class Learner(ABC):
     growth_keeps_function: ClassVar[bool] = False
     #: The measure :meth:`evaluate` reports: "error" (classification) or "perplexity" (LM).
     measure: ClassVar[str] = "error"
+    #: True where one network trains data-parallel under torchrun (every batch split over the ranks);
+    #: False where independent members train one per rank.
+    splits_batches_over_ranks: ClassVar[bool] = False
 
     def __init__(self, task: TaskInfo, config: LearnerConfig, seed: int, arch: dict | None = None):
         # torch imports its compiler stack (over a second) when the first FLOP counter or optimizer is
@@ -211,6 +214,8 @@ class SingleNetwork(Learner):
 
     Under torchrun the ranks train the network data-parallel (:mod:`alma_daemon.training.data_parallel`).
     """
+
+    splits_batches_over_ranks = True
 
     def fit(self, train: LabeledData, val: LabeledData, trainer: Trainer) -> FitReport:
         return trainer.fit(self.model, train, val, data_parallel=True)

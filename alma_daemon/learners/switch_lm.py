@@ -151,6 +151,7 @@ class SwitchLanguageModel(LanguageModel):
 
     name = "switch-lm"
     config_model: ClassVar[type[LearnerConfig]] = SwitchLanguageModelConfig
+    splits_batches_over_ranks = True
 
     def build(self, arch: dict) -> nn.Module:
         return self.new_network()

@@ -59,6 +59,7 @@ class DataParallel(World):
         """
         if not self.split:
             return net
+        # check_config_under_ranks refuses such a config at start-up; this guards other callers.
         if batch_size < self.size:
             raise ValueError(f"train.batch_size ({batch_size}) is smaller than the number of ranks ({self.size})")
         # Every parameter takes part in every forward pass here (a Switch layer runs even an expert no

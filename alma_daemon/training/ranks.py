@@ -20,9 +20,14 @@ class World:
         return self.rank == 0
 
 
+def launched_ranks() -> int:
+    """How many ranks torchrun started (1 without torchrun), known before the process group is joined."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
 def launched_with_ranks() -> bool:
     """Whether torchrun started this process as one of several ranks."""
-    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+    return launched_ranks() > 1
 
 
 def current_world() -> World:
