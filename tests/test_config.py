@@ -246,3 +246,7 @@ def test_a_checkpoint_spec_saved_with_every_learners_keys_still_loads():
     spec["config"] = {**spec["config"], "name": "sm", "grow_members": 1, "gating": "soft", "d_model": 128}
     config = learner_from_spec(spec).config
     assert (config.name, config.width, config.members) == ("ens", 8, 3)
+    # Keys it never had are not dropped: a renamed or unknown key fails, naming it.
+    spec["config"]["member_count"] = 3
+    with pytest.raises(ConfigError, match="spec.config.member_count"):
+        learner_from_spec(spec)

@@ -224,10 +224,18 @@ class SingleNetwork(Learner):
         return self.model(x).softmax(1)
 
 
+#: The keys of the one flat learner config every learner shared before each had its own model.
+_SHARED_CONFIG_KEYS = frozenset(
+    {"name", "width", "members", "grow_members", "gating", "growth_rate", "experts", "layers", "d_model"}
+    | {"heads", "d_ff", "dropout", "capacity_factor", "balance_loss_weight", "grow_experts"}
+)
+
+
 def config_from_spec(spec: dict, model: type[LearnerConfig]) -> tuple[TaskInfo, LearnerConfig]:
     """The task and learner config saved in a spec.json, read as ``model`` (the spec's learner's)."""
-    # Specs saved before each learner had its own model carry every learner's keys (and name "sm"
-    # for any learner built without one): only the keys this learner reads are its config.
+    # Specs saved with the shared config carry every learner's keys (and name "sm" for any learner
+    # built without one): of those, only the ones this learner reads are its config. Any other key
+    # is not dropped: a renamed key must fail rather than load its default.
     keys = {f.name for f in dataclasses.fields(model)}
-    saved = {k: v for k, v in spec["config"].items() if k in keys}
+    saved = {k: v for k, v in spec["config"].items() if k in keys or k not in _SHARED_CONFIG_KEYS}
     return TaskInfo.from_dict(spec["task"]), from_dict(model, {**saved, "name": spec["learner"]}, prefix="spec.config.")
