@@ -141,6 +141,18 @@ def test_a_tiny_study_runs_judges_reports_and_resumes(tmp_path, capsys):
     assert said == [f"study tiny: {written['runs']} runs (1 seed(s)); {written['runs']} already finished in {tmp_path}"]
     assert [f["verdict"] for f in again] == [f["verdict"] for f in findings]
 
+    # A second seed with one run that cannot finish (a file stands where its folder goes): that seed
+    # is left out of every verdict, which stay seed 0's alone.
+    blocked = next(r for r in plan_runs(paper_experiments(TINY), 2, tmp_path) if r.seed == 1)
+    blocked.folder.parent.mkdir(parents=True, exist_ok=True)
+    blocked.folder.write_text("not a folder")
+    said.clear()
+    two = run_study(tmp_path, TINY, seeds=2, say=said.append)
+    summary = json.loads((tmp_path / "findings.json").read_text())
+    assert summary["seeds_judged"] == [0] and list(summary["failed_runs"]) == [blocked.label]
+    assert said[-1].startswith("judged on seed(s) [0] only")
+    assert [(f["id"], f["verdict"]) for f in two] == [(f["id"], f["verdict"]) for f in findings]
+
 
 def test_alma_study_list_names_every_finding(capsys):
     assert main(["study", "--list"]) == 0
