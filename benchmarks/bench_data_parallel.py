@@ -95,6 +95,8 @@ def main() -> None:
     args = parser.parse_args()
     if shutil.which("taskset") is None:
         parser.error("taskset (util-linux) is needed to pin each case to its cores")
+    if min(args.cores) < 2:
+        parser.error("--cores: each count must be at least 2 (one process against as many ranks as cores)")
     if max(args.cores) > (os.cpu_count() or 1):
         parser.error(f"--cores {max(args.cores)} exceeds this machine's {os.cpu_count()} cores")
     load_before = os.getloadavg()
