@@ -44,12 +44,12 @@ class DataParallel(World):
         return cls(world.rank, world.size)
 
     @property
-    def split(self) -> bool:
+    def spans_ranks(self) -> bool:
         return self.size > 1
 
     def own(self) -> tuple:
         """What to add to a generator's purpose so that each rank draws its own numbers."""
-        return ("rank", self.rank) if self.split else ()
+        return ("rank", self.rank) if self.spans_ranks else ()
 
     def wrap(self, net: nn.Module, device: torch.device, batch_size: int) -> nn.Module:
         """``net`` whose backward pass averages gradients over the ranks; ``net`` itself alone.
@@ -57,7 +57,7 @@ class DataParallel(World):
         Call once the optimizer made the parameters views into its flat buffer: DDP registers its
         hooks on the parameters as they are then.
         """
-        if not self.split:
+        if not self.spans_ranks:
             return net
         # check_config_under_ranks refuses such a config at start-up; this guards other callers.
         if batch_size < self.size:
@@ -68,13 +68,13 @@ class DataParallel(World):
 
     def take(self, batch: torch.Tensor) -> torch.Tensor | None:
         """This rank's slice of a batch of indices; None (on every rank) for a batch too small to split."""
-        if not self.split:
+        if not self.spans_ranks:
             return batch
         if len(batch) < self.size:
             return None
-        return batch[self.slice(len(batch))]
+        return batch[self.part_of(len(batch))]
 
-    def slice(self, count: int) -> slice:
+    def part_of(self, count: int) -> slice:
         """This rank's part of ``count`` items: near-equal consecutive parts, the first ones one longer."""
         base, extra = divmod(count, self.size)
         start = self.rank * base + min(self.rank, extra)
@@ -86,7 +86,7 @@ class DataParallel(World):
 
     def sync_buffers(self, net: nn.Module) -> None:
         """Rank 0's buffers (BatchNorm statistics) everywhere, as DDP does before each forward pass."""
-        if self.split:
+        if self.spans_ranks:
             for buffer in net.buffers():
                 dist.broadcast(buffer, src=0)
 
@@ -98,9 +98,9 @@ class DataParallel(World):
         meter: FlopMeter,
     ) -> float:
         """``validate``'s measure (a mean over examples) on the whole of ``val``, each rank measuring its slice."""
-        if not self.split:
+        if not self.spans_ranks:
             return validate(net, val, meter)
-        part = val.subset(self.slice(len(val)))
+        part = val.subset(self.part_of(len(val)))
         measure = validate(net, part, meter) if len(part) else 0.0
         combined = torch.tensor([measure * len(part), len(part)], dtype=torch.float64, device=val.y.device)
         dist.all_reduce(combined)
@@ -108,7 +108,7 @@ class DataParallel(World):
 
     def summed(self, *values: float) -> list[float]:
         """Each value summed over the ranks (float64 holds a stage's FLOP count exactly)."""
-        if not self.split:
+        if not self.spans_ranks:
             return list(values)
         device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
         total = torch.tensor(values, dtype=torch.float64, device=device)

@@ -188,7 +188,7 @@ class Trainer:
         parallel = DataParallel.across_ranks() if data_parallel else DataParallel()
         gen = self.generator("fit", purpose)
         # Every rank shuffles with ``gen`` alike; what a rank draws for its own slice comes from its own.
-        augment_gen = self.generator("fit", purpose, *parallel.own()) if parallel.split else gen
+        augment_gen = self.generator("fit", purpose, *parallel.own()) if parallel.spans_ranks else gen
         draw_dropout_from(net, seeded_generator(self.seed, "dropout", purpose, *parallel.own(), device=self.device))
         optimizer = build_optimizer(self.optimizer, [net.parameters() if params is None else params], self.config)
         schedule = warmup_linear_decay(optimizer, steps, self.config.warmup_steps) if steps is not None else None
