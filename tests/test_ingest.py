@@ -7,6 +7,7 @@ import pickle
 import time
 
 import pytest
+import redis
 import safetensors.torch
 import torch
 
@@ -28,6 +29,7 @@ from alma_daemon.observability import telemetry
 from alma_daemon.service.redis_buffer import ReadyChunks
 from alma_daemon.service.redis_keys import StreamKeys
 from alma_daemon.transports.redis_stream import RedisStreamSource, encode_entry
+from tests.servers import RedisServer
 
 STREAM = "tiny"
 SCHEMA = StreamSchema("labeled", (4, 4), num_classes=3, max_part_bytes=4096)
@@ -217,6 +219,60 @@ def test_kafka_parts_are_stored_once_and_a_restart_continues_from_the_stored_off
     restarted.stop()
     assert [int(c) for c in redis_db.zrange(keys.ready, 0, -1)] == [1, 2, 3]
     assert int(redis_db.hget(keys.ingest, "chunks_received")) == 3
+    assert redis_db.xlen(keys.dead) == 0  # a re-read from the start would dead-letter chunk 1's parts
+
+
+class SnapshotRedis(RedisServer):
+    """Redis that keeps only what ``SAVE`` wrote: a kill loses every write since, as a restart from an
+    older snapshot (or the last second of an ``everysec`` AOF) does."""
+
+    def command(self) -> list[str]:
+        command = super().command()
+        command[command.index("--appendonly") + 1] = "no"
+        return command
+
+
+@pytest.mark.integration
+def test_a_redis_that_restarts_without_its_last_writes_gets_them_again_from_the_transport(
+    kafka_broker, tmp_path
+) -> None:
+    """The ingest thread notices the restart itself (the server's run id), though no error reached it."""
+    server = SnapshotRedis(tmp_path)
+    server.start()
+    try:
+        client = server.client()
+        keys = StreamKeys(STREAM)
+        topic = new_topic(kafka_broker)
+        publish_kafka(kafka_broker, topic, records_of(1))
+        worker = kafka_worker(kafka_broker, topic, client)
+        drain(worker, client, {"0": str(len(records_of(1)))})
+        worker.flush()
+        client.save()
+        publish_kafka(kafka_broker, topic, records_of(2))
+        sent = len(records_of(1)) + len(records_of(2))
+        drain(worker, client, {"0": str(sent)})
+        worker.flush()
+        assert [int(c) for c in client.zrange(keys.ready, 0, -1)] == [1, 2]
+
+        server.kill()
+        server.start()
+        assert [int(c) for c in client.zrange(keys.ready, 0, -1)] == [1]  # chunk 2 is lost
+        publish_kafka(kafka_broker, topic, records_of(3))
+        sent += len(records_of(3))
+        deadline = time.monotonic() + 60
+        while {k.decode(): v.decode() for k, v in client.hgetall(keys.offsets).items()}.get("0") != str(sent):
+            assert time.monotonic() < deadline, "ingest never stored the last offsets"
+            try:
+                worker.step(timeout=0.5)
+                worker.flush()
+            except redis.ConnectionError:
+                worker.resync()  # what the ingest thread does after such an error
+        assert [int(c) for c in client.zrange(keys.ready, 0, -1)] == [1, 2, 3]
+        assert client.xlen(keys.dead) == 0 and int(client.hget(keys.ingest, "chunks_received")) == 3
+        worker.stop()
+        client.close()
+    finally:
+        server.stop()
 
 
 @pytest.mark.integration

@@ -14,6 +14,7 @@ from typing import Any
 from alma_daemon.data.wire import DecodedPart, RejectedRecord
 from alma_daemon.ingest.assembler import Assembler, ChunkProgress, part_dtype
 from alma_daemon.service.redis_keys import StreamKeys
+from alma_daemon.service.stream_identity import RedisRestarted, server_run_id
 from alma_daemon.transports.source import SourceRecord
 
 #: The dead-letter stream keeps about this many entries (XADD MAXLEN ~), so bad input cannot fill Redis.
@@ -41,6 +42,18 @@ class IngestStore:
     def __init__(self, client: Any, keys: StreamKeys):
         self.client = client
         self.keys = keys
+        self.follow_server()
+
+    def follow_server(self) -> None:
+        """Take the Redis server answering now as the one whose state ingest holds in memory.
+
+        Call it before reading that state (at start-up, on resync). A commit to another server (a
+        restart, which may have lost the last writes) fails with :class:`RedisRestarted` instead, so
+        ingest rereads Redis and seeks the transport back to the offsets it holds: a restart that
+        redis-py's retry hides, or that no error reached this thread for, would otherwise skip the
+        lost records for good.
+        """
+        self._run_id = server_run_id(self.client)
 
     def offsets(self) -> dict[str, str]:
         return {k.decode(): v.decode() for k, v in self.client.hgetall(self.keys.offsets).items()}
@@ -69,6 +82,10 @@ class IngestStore:
         keys = self.keys
         now = f"{time.time():.3f}"
         pipe = watched_transaction(self.client, keys.offsets)
+        # After the WATCH: a restart from here on breaks the watched connection, so EXEC fails.
+        if server_run_id(self.client) != self._run_id:
+            pipe.reset()
+            raise RedisRestarted("Redis restarted since ingest read its state; ingest resyncs from what it holds")
         for part, record in batch.parts:
             assert record.value is not None
             chunk_key = keys.chunk(part.chunk_id)

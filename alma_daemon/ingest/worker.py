@@ -197,6 +197,7 @@ class IngestWorker:
             future.exception()  # wait; the failure was already reported
         self._in_flight.clear()
         self._commit_failed = False
+        self.store.follow_server()
         self._queued_bound = self.store.queued_bytes()
         self.assembler = self.store.load_assembler()
         self.source.seek(self.store.offsets())

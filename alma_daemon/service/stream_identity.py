@@ -36,6 +36,11 @@ class RedisRestarted(redis.ConnectionError):
     """Redis restarted while a step ran: the step is redone from what Redis holds, as after an outage."""
 
 
+def server_run_id(client: Any) -> str:
+    """The answering Redis server's ``run_id``: a new one at every start of the server."""
+    return str(client.info("server")["run_id"])
+
+
 class StreamIdentity:
     """The stream's identity, as Redis and the model store each hold it."""
 
@@ -100,7 +105,7 @@ class StreamIdentity:
             raise self._lost(self.value or "")
 
     def _server_run_id(self) -> str:
-        return str(self.client.info("server")["run_id"])
+        return server_run_id(self.client)
 
     def _lost(self, identity: str) -> RedisLostTheStream:
         return RedisLostTheStream(
