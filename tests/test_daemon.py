@@ -16,11 +16,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import redis
 import safetensors.torch
 import torch
 import yaml
 from safetensors.torch import load_file
 
+from alma_daemon.commands.run import ReplayThread
 from alma_daemon.config import Config, build_config
 from alma_daemon.core.engine import EngineObserver
 from alma_daemon.data.arrays import load_npz
@@ -36,6 +38,7 @@ from alma_daemon.service.status import format_status, read_status
 from alma_daemon.transports.kafka import KafkaPublisher
 from alma_daemon.transports.redis_stream import RedisStreamPublisher, encode_entry
 from alma_daemon.transports.replay import ReplayChunk, dataset_chunks, labeled_chunks, replay, text_chunks
+from tests.servers import free_port
 from tests.test_ingest import bad_records, records_of
 from tests.test_text_stream import TINY_LM, corpus
 
@@ -295,6 +298,18 @@ def test_bad_records_are_dead_lettered_while_the_daemon_runs_and_sigterm_stops_i
 
 
 @pytest.mark.integration
+def test_a_replay_that_fails_stops_the_daemon_instead_of_leaving_it_waiting() -> None:
+    """Nothing else feeds an `alma run --replay` stream: its daemon must not wait for chunks forever."""
+    config = build_config({}, ["kafka.transport=redis"])
+    nothing_there = redis.Redis(port=free_port(), socket_connect_timeout=1)
+    stop = threading.Event()
+    replayer = ReplayThread(config, nothing_there, threading.Event(), on_failure=stop.set)
+    replayer.start()
+    assert stop.wait(60), "the failed replay did not ask the daemon to stop"
+    replayer.stop()
+    assert replayer.error is not None
+
+
 def test_embedded_run_with_replay_is_one_command(tmp_path) -> None:
     state_dir = tmp_path / "state"
     common = [

@@ -9,6 +9,7 @@ import argparse
 import logging
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from alma_daemon.cli import add_config_arguments, check_config_under_ranks
@@ -85,7 +86,7 @@ def serve(args: argparse.Namespace, config: Config, world: World) -> int:
         daemon = Daemon(config, client, until_chunks=args.until_chunks, observers=[bar], followers=RankLeader(world))
         daemon.restore()
         if args.replay:
-            replayer = ReplayThread(config, client, daemon.stop_requested)
+            replayer = ReplayThread(config, client, daemon.stop_requested, on_failure=daemon.request_stop)
             replayer.start()
         try:
             daemon.run()
@@ -97,6 +98,8 @@ def serve(args: argparse.Namespace, config: Config, world: World) -> int:
             if replayer is not None:
                 daemon.request_stop()  # the replay thread stops with the daemon
                 replayer.stop()
+        if replayer is not None and replayer.error is not None:
+            return 1
         print(format_status(read_status(client, daemon.keys, config.daemon.poll_seconds)))
         return 0
     finally:
@@ -106,10 +109,15 @@ def serve(args: argparse.Namespace, config: Config, world: World) -> int:
 class ReplayThread:
     """``alma run --replay``: the replayer in a thread of the daemon's process, resuming where the stream is."""
 
-    def __init__(self, config: Config, client: Any, stopping: threading.Event):
+    def __init__(
+        self, config: Config, client: Any, stopping: threading.Event, on_failure: Callable[[], None] = lambda: None
+    ):
         self.config = config
         self.client = client
         self.stopping = stopping
+        #: Called when the replay fails: nothing else would feed the stream, so the daemon stops
+        #: rather than wait for chunks that never come.
+        self.on_failure = on_failure
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="replay", daemon=True)
 
@@ -139,6 +147,7 @@ class ReplayThread:
         except BaseException as exc:
             self.error = exc
             log.error("replay failed", exc_info=True)
+            self.on_failure()
 
     def start(self) -> None:
         self._thread.start()

@@ -157,11 +157,11 @@ class Daemon:
                     self._serve_once()
                 except REDIS_UNREACHABLE as error:
                     self._ride_out_redis(error)
-                except Exception:
+                except Exception as error:
                     # A step can fail on data that a restarted Redis no longer holds: then the restart
                     # is the error to act on, and the step is redone or the stream refused.
                     assert self.identity is not None
-                    if not self.redis_outage.restarted_beneath(self.identity):
+                    if not self.redis_outage.restarted_beneath(self.identity, error):
                         raise
             if not self.stop_requested.is_set():
                 # A scripted run (--until-chunks) ends with its last version published; a stop on a

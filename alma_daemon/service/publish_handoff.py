@@ -6,10 +6,13 @@ and redoes the step, so a version is handed to the publisher only after the comm
 
 from __future__ import annotations
 
+import logging
 import time
 
 from alma_daemon.core.engine import Engine, EngineObserver
 from serving.publisher import BackgroundPublisher
+
+log = logging.getLogger(__name__)
 
 #: How long a run that reached its --until-chunks target waits for the last version to be published.
 PUBLISH_DRAIN_SECONDS = 120.0
@@ -55,9 +58,24 @@ class PublishHandoff:
             self.publisher.submit(version)
 
     def drain(self) -> None:
-        """Wait for the last version to be published (a scripted run's end)."""
-        if self.publisher is not None:
-            self.publisher.wait_idle(PUBLISH_DRAIN_SECONDS)
+        """Wait for the last version to be published (a scripted run's end); says so if it was not."""
+        if self.publisher is None:
+            return
+        idle = self.publisher.wait_idle(PUBLISH_DRAIN_SECONDS)
+        live = self.publisher.publisher.pointer.read().live
+        latest = self.publisher.publisher.store.latest()
+        if not idle or live != latest:
+            error = self.publisher.last_error
+            log.warning(
+                "the run ends before its last version is live",
+                extra={
+                    "latest_version": latest,
+                    "live_version": live,
+                    "reason": str(error)
+                    if error is not None
+                    else f"still publishing after {PUBLISH_DRAIN_SECONDS:g} s",
+                },
+            )
 
     def close(self) -> None:
         if self.publisher is not None:

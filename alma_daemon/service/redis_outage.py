@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 
 from alma_daemon.core.engine import Engine
-from alma_daemon.service.outages import REDIS_UNREACHABLE, OutageBoard, retry_delays
+from alma_daemon.service.outages import REDIS_UNREACHABLE, OutageBoard, one_line, retry_delays
 from alma_daemon.service.stream_identity import StreamIdentity
 
 log = logging.getLogger(__name__)
@@ -70,17 +70,22 @@ class RedisOutage:
             },
         )
 
-    def restarted_beneath(self, identity: StreamIdentity) -> bool:
-        """Whether Redis restarted under a step that failed; if so the committed state is reloaded.
+    def restarted_beneath(self, identity: StreamIdentity, error: BaseException) -> bool:
+        """Whether Redis restarted under a step that failed with ``error``; if so the committed state is
+        reloaded.
 
         A step can fail on data that a restarted Redis no longer holds (a buffered chunk, say) before
-        its commit checks the restart: then the restart is the error to act on.
+        its commit checks the restart: then the restart is the error to act on. ``error`` is logged
+        with it, in case it was a defect of its own that the restart happened to meet.
         """
         try:
             restarted = identity.restarted()
         except REDIS_UNREACHABLE:
             return False
         if restarted:
-            log.warning("Redis restarted during the step: redoing it from the last committed step")
+            log.warning(
+                "Redis restarted during the step: redoing it from the last committed step",
+                extra={"error": one_line(error)},
+            )
             self.reload_committed()
         return restarted
