@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -122,6 +123,24 @@ def run_daemon(config: Config, client, until: int, observers=()) -> Daemon:
     daemon = Daemon(config, client, until_chunks=until, observers=list(observers))
     daemon.run()
     return daemon
+
+
+@pytest.mark.integration
+def test_a_start_up_that_fails_half_way_closes_what_it_opened(tmp_path, redis_db) -> None:
+    """The metrics port is taken: the daemon fails, and puts the signal handlers back (it ran its shutdown)."""
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    config = build_config(service_config(tmp_path, None, "halfway", metrics={"port": taken.getsockname()[1]}))
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    daemon = Daemon(config, redis_db, until_chunks=1)
+    try:
+        with pytest.raises(OSError):
+            daemon.run()
+    finally:
+        taken.close()
+    assert {sig: signal.getsignal(sig) for sig in handlers} == handlers
 
 
 @pytest.mark.integration

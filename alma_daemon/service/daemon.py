@@ -131,21 +131,25 @@ class Daemon:
         if self.engine is None:
             self.restore()
         assert self.schema is not None
-        self.ingest = IngestWorker(
-            build_source(self.config, self.client),
-            self.client,
-            self.keys,
-            self.schema,
-            max_buffer_bytes=self.config.redis.max_buffer_bytes,
-            on_chunk_ready=self.wake.set,
-            outages=self.outages,
-        )
         scheduler = build_scheduler(self, self.config.daemon.poll_seconds)
-        self.signals.install()
-        self.heartbeat.started()
-        if self.config.metrics.port:
-            self.exporter = self.health.exporter = start_exporter(self.config.metrics.port, self.config.metrics.host)
+        # Everything that opens a connection, a thread or a signal handler is inside the try: a
+        # start-up that fails half-way (Redis down, the metrics port taken) closes what it opened.
         try:
+            self.ingest = IngestWorker(
+                build_source(self.config, self.client),
+                self.client,
+                self.keys,
+                self.schema,
+                max_buffer_bytes=self.config.redis.max_buffer_bytes,
+                on_chunk_ready=self.wake.set,
+                outages=self.outages,
+            )
+            self.signals.install()
+            self.heartbeat.started()
+            if self.config.metrics.port:
+                self.exporter = self.health.exporter = start_exporter(
+                    self.config.metrics.port, self.config.metrics.host
+                )
             self.handoff.start()
             self.ingest.start()
             scheduler.start()
@@ -197,7 +201,7 @@ class Daemon:
         steps: list[tuple[str, Callable[[], Any]]] = [
             ("exporter", lambda: self.exporter.stop() if self.exporter is not None else None),
             ("phase", lambda: self.heartbeat.set_phase("stopping")),
-            ("scheduler", lambda: scheduler.shutdown(wait=True)),
+            ("scheduler", lambda: scheduler.shutdown(wait=True) if scheduler.running else None),
             ("ingest", lambda: self.ingest.stop() if self.ingest is not None else None),
             ("publisher", self.handoff.close),
             ("signals", self.signals.restore),
