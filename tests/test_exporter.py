@@ -179,7 +179,8 @@ def test_sync_shows_a_resumed_engine_at_once(exporter):
     telemetry.ERROR_RATIO.labels("test").set(math.nan)
     before = scrape(exporter.url)
 
-    MetricsObserver().sync(catcher.engine)  # what a restarted daemon does before its next chunk
+    observer = MetricsObserver()
+    observer.sync(catcher.engine)  # what a restarted daemon does before its next chunk
 
     after = scrape(exporter.url)
     summary = results["summary"]
@@ -190,6 +191,10 @@ def test_sync_shows_a_resumed_engine_at_once(exporter):
     # FLOPs count over the whole stream: the counter resumes from the saved total.
     flops = value(after, "alma_train_flops_total") - value(before, "alma_train_flops_total")
     assert flops == summary["cumulative_train_flops"]
+    # A reload from Redis (after an outage) syncs again: the stream's FLOPs are not counted twice.
+    observer.sync(catcher.engine)
+    again = value(scrape(exporter.url), "alma_train_flops_total") - value(before, "alma_train_flops_total")
+    assert again == summary["cumulative_train_flops"]
     # A daemon's ingest counts arrivals itself: the observer leaves those counters alone.
     assert value(after, "alma_chunks_received_total") == value(before, "alma_chunks_received_total")
 

@@ -145,16 +145,18 @@ class MetricsObserver(EngineObserver):
     def __init__(self, in_process_source: bool = False):
         self.in_process_source = in_process_source
         self._examples_seen = 0
+        #: The stream's training FLOPs this observer has added to ``alma_train_flops_total``.
+        self._flops_counted = 0
 
     def sync(self, engine: Engine) -> None:
-        """Show a resumed engine's state at once; call once per process, before its next chunk.
+        """Show a resumed (or reloaded) engine's state at once, before its next chunk.
 
-        Starts ``alma_train_flops_total`` from the engine's saved total, so it stays the stream's
-        cumulative FLOPs across restarts, and sets the gauges from the saved state instead of
-        leaving them at 0 (or NaN) until the next chunk arrives.
+        Brings ``alma_train_flops_total`` up to the engine's saved total, so it stays the stream's
+        cumulative FLOPs across restarts and reloads, and sets the gauges from the saved state instead
+        of leaving them at 0 (or NaN) until the next chunk arrives.
         """
         state = engine.state
-        telemetry.TRAIN_FLOPS.inc(state.cumulative_train_flops)
+        self._count_flops_up_to(state.cumulative_train_flops)
         if state.series:
             self._set_gauges(StepRecord.from_row(state.series[-1]))
         # Stages started between chunks (time-based policies) are newer than the last record.
@@ -163,13 +165,21 @@ class MetricsObserver(EngineObserver):
         _set_policy_estimates(state.last_decision.get("estimates", {}))
         self._examples_seen = state.examples_seen
 
+    def _count_flops_up_to(self, total: int) -> None:
+        """Raise the counter to the stream's ``total``. A step redone after a reload from Redis (an
+        outage, a restart beneath it) reaches a total already counted, and adds nothing again."""
+        if total > self._flops_counted:
+            telemetry.TRAIN_FLOPS.inc(total - self._flops_counted)
+            self._flops_counted = total
+
     def on_decision(self, decision: Decision, engine: Engine) -> None:
         telemetry.POLICY_DECISIONS.labels(decision.action).inc()
         _set_policy_estimates(decision.estimates)
 
     def on_stage(self, stage: StageRecord, engine: Engine) -> None:
         telemetry.MODEL_UPDATES.labels(stage.kind).inc()
-        telemetry.TRAIN_FLOPS.inc(stage.train_flops)
+        # The engine adds the stage to its total after its observers have seen it.
+        self._count_flops_up_to(engine.state.cumulative_train_flops + stage.train_flops)
         telemetry.TRAIN_DURATION.observe(stage.train_seconds)
         # A new version exists as soon as the stage ends, before the test evaluation of on_step.
         telemetry.MODEL_VERSION.set(stage.model_version)
