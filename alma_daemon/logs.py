@@ -18,6 +18,8 @@ class KeyValueFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         fields = {k: v for k, v in vars(record).items() if k not in _STANDARD}
+        # A record logged with exc_info (log.exception, -vv's traceback) carries its stack.
+        traceback = self.formatException(record.exc_info) if record.exc_info else None
         if self.as_json:
             return json.dumps(
                 {
@@ -26,12 +28,14 @@ class KeyValueFormatter(logging.Formatter):
                     "logger": record.name,
                     "message": record.getMessage(),
                     **fields,
+                    **({"traceback": traceback} if traceback else {}),
                 },
                 default=str,
             )
         extra = " ".join(f"{k}={v}" for k, v in fields.items())
         line = f"{self.formatTime(record, '%H:%M:%S')} {record.levelname.lower()} {record.name}: {record.getMessage()}"
-        return f"{line} {extra}".rstrip()
+        line = f"{line} {extra}".rstrip()
+        return f"{line}\n{traceback}" if traceback else line
 
 
 def configure_logging(verbosity: int = 0, as_json: bool = False) -> None:

@@ -84,3 +84,14 @@ def test_grid_runs_every_combination_skips_failures_and_report_plots_them(tmp_pa
         assert (out / name).stat().st_size > 1000
     table = (out / "report.md").read_text()
     assert "name=sm,wait=1" in table and "name=sm,wait=2" in table
+
+
+def test_dash_vv_prints_the_traceback_of_a_failing_command_in_both_log_formats(tmp_path):
+    (tmp_path / "results.json").write_text("{not json")  # a run folder whose results cannot be read
+    for extra in ([], ["--log-json"]):
+        result = alma("-vv", *extra, "report", str(tmp_path))
+        assert result.returncode == 1
+        assert "Traceback (most recent call last)" in result.stderr, result.stderr
+        if extra:
+            logged = [json.loads(line) for line in result.stderr.splitlines() if line.startswith("{")]
+            assert any("Traceback" in entry.get("traceback", "") for entry in logged)
