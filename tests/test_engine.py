@@ -130,6 +130,16 @@ def test_from_scratch_reinitializes_before_each_later_stage():
     assert [s["kind"] for s in spy.stages] == ["scratch", "scratch"]
 
 
+@pytest.mark.parametrize("name", ["gmoe", "gens"])
+def test_a_growing_learner_retrained_from_scratch_still_grows(name):
+    """Growth chooses from the trained model, then the grown architecture is re-drawn and trained whole."""
+    spy = StageSpy()
+    run_stream(["train.from_scratch=true", "policy.wait=2", f"learner.name={name}"], observers=[spy])
+    assert [s["kind"] for s in spy.stages] == ["scratch", "grow", "grow"]  # nothing trained to grow from at first
+    parameters = [s["parameters"] for s in spy.stages]
+    assert parameters[0] < parameters[1] < parameters[2]
+
+
 def test_chunk_ids_must_increase():
     engine = run_stream(["policy.wait=1"], chunks=2)
     with pytest.raises(ValueError, match="ids must increase"):

@@ -201,12 +201,15 @@ class Engine:
         train, val = self.buffer.training_data(self.config.stream.replay)
         kind = "scratch" if self.config.train.from_scratch else "finetune"
         growth: dict | None = None
-        if self.config.train.from_scratch and self.state.stages_done > 0:
-            self.learner.reinitialize(derive_seed(seed, "scratch", stage))
+        # Growth first: it chooses from the trained model (gMoE's losing expert, Firefly's candidates),
+        # which a retraining from scratch then re-draws at the grown size.
         if decision.grow and self.learner.grows:
             growth = self.learner.grow(val, trainer)
             self.learner.architecture_changed()
-            kind = "grow"
+            if "reason" not in growth:  # a skipped step says why, and grew nothing
+                kind = "grow"
+        if self.config.train.from_scratch and self.state.stages_done > 0:
+            self.learner.reinitialize(derive_seed(seed, "scratch", stage))
         report: FitReport = self.learner.fit(train, val, trainer)
         # The passes that chose how to grow (validation losses, candidate scoring) are training compute.
         report = replace(report, flops=report.flops + int((growth or {}).get("flops", 0)))
