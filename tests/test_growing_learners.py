@@ -86,6 +86,21 @@ def test_gens_retrained_from_scratch_trains_every_member_again():
         assert any(not torch.equal(v, before[k]) for k, v in member.state_dict().items())
 
 
+def test_members_grown_after_a_restore_are_those_grown_without_it():
+    """A checkpoint keeps the seed later members draw from, which a retraining from scratch changed."""
+    learner, train, val = make("gens")
+    stage(learner, train, val, 1)
+    learner.reinitialize(1234)
+    stage(learner, train, val, 2)
+    restored = learner_from_spec(json.loads(json.dumps(learner.spec())))
+    restored.load_state_dict(learner.state_dict())
+    stage(learner, train, val, 3)
+    stage(restored, train, val, 3)
+    assert learner.arch["members"] == restored.arch["members"] == 2
+    for key, value in learner.model[1].state_dict().items():
+        assert torch.equal(value, restored.model[1].state_dict()[key]), key
+
+
 def test_gens_inference_cost_grows_with_the_members():
     learner, train, val = make("gens")
     stage(learner, train, val, 1)

@@ -34,7 +34,10 @@ def learner_from_spec(spec: dict) -> Learner:
     """Rebuild the architecture described by a learner's ``spec()`` (weights are loaded separately)."""
     cls = learner_class(spec["learner"])
     task, config = config_from_spec(spec, cls.config_model)
-    return cls(task, config, int(spec["seed"]), arch=spec["arch"])
+    learner = cls(task, config, int(spec["seed"]), arch=spec["arch"])
+    # Parts grown later draw from it: after a retraining from scratch it is no longer the seed.
+    learner.build_seed = int(spec.get("build_seed", spec["seed"]))
+    return learner
 
 
 def learner_config_models() -> dict[str, type[LearnerConfig]]:

@@ -199,6 +199,7 @@ class Learner(ABC):
             "task": self.task.to_dict(),
             "config": dataclasses.asdict(self.config),
             "seed": self.seed,
+            "build_seed": self.build_seed,
             "arch": self.arch,
         }
 
