@@ -127,7 +127,19 @@ def test_gens_starts_with_one_member_and_trains_only_new_ones():
     report = learner.fit(train, val, trainer(stage=2))
     assert report.steps == 4  # one member's steps
     assert all(torch.equal(v, learner.model[0].state_dict()[k]) for k, v in first.items())
-    assert learner.spec()["arch"] == {"members": 2, "trained": 2}
+    assert learner.spec()["arch"] == {"members": 2, "trained": 2, "frozen": 1}
+
+
+def test_gens_stage_without_growth_fine_tunes_every_member_of_the_last_growth():
+    learner = tiny_learner("switch-lm-gens", grow_members=2)
+    train, val = token_data(64, seed=1), token_data(16, seed=2)
+    learner.fit(train, val, trainer())
+    learner.grow(val, trainer(stage=2))
+    learner.fit(train, val, trainer(stage=2))
+    first = {k: v.clone() for k, v in learner.model[0].state_dict().items()}
+    report = learner.fit(train, val, trainer(stage=3))  # no growth: members 1 and 2 train on
+    assert report.steps == 8
+    assert all(torch.equal(v, learner.model[0].state_dict()[k]) for k, v in first.items())
 
 
 def test_gmoe_growth_copies_the_worst_experts_and_leaves_the_output_unchanged():

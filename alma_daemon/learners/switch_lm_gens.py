@@ -1,8 +1,9 @@
 """gEns for language modeling: start as one Switch LM, add ``learner.grow_members`` per growth, train only new ones.
 
 The first stage trains the first member; a growth before any member was trained adds nothing (the
-paper's gEns has one member at t0, two at t1, ...). A stage without growth fine-tunes the newest
-member, so every stage learns from its data.
+paper's gEns has one member at t0, two at t1, ...). A stage without growth fine-tunes the members
+added at the last growth (the newest ``grow_members``), as image gEns does, so every stage learns
+from its data.
 """
 
 from __future__ import annotations
@@ -33,20 +34,22 @@ class GrowingSwitchLMEnsembleConfig(LanguageModelConfig):
 
 @register_learner
 class GrowingSwitchLMEnsemble(GrowsOnceTrained, SwitchLMEnsemble):
-    """A Switch LM ensemble that grows by whole members; ``arch["trained"]`` counts the trained ones."""
+    """A Switch LM ensemble that grows by whole members; ``arch["trained"]`` counts the trained ones and
+    ``arch["frozen"]`` the ones kept fixed since the last growth."""
 
     name = "switch-lm-gens"
     config_model = GrowingSwitchLMEnsembleConfig
     config: GrowingSwitchLMEnsembleConfig
 
     def initial_architecture(self) -> dict:
-        return {"members": 1, "trained": 0}
+        return {"members": 1, "trained": 0, "frozen": 0}
 
     def build(self, arch: dict) -> nn.Module:
         return nn.ModuleList(member_networks(self, range(arch["members"])))
 
     def members_to_train(self) -> range:
-        return range(min(self.arch["trained"], len(self.model) - 1), len(self.model))
+        # Checkpoints saved before "frozen" was kept grew one member at a time: all but the newest.
+        return range(self.arch.get("frozen", len(self.model) - 1), len(self.model))
 
     def newest_part_trained(self) -> bool:
         return self.arch["trained"] >= len(self.model)
@@ -55,7 +58,8 @@ class GrowingSwitchLMEnsemble(GrowsOnceTrained, SwitchLMEnsemble):
         self.arch["trained"] = len(self.model)
 
     def mark_untrained(self) -> None:
-        self.arch["trained"] = 0
+        # Retraining from scratch re-draws every member: all train again.
+        self.arch["trained"] = self.arch["frozen"] = 0
 
     def growth_skipped(self) -> dict:
         return {"added": 0, "members": len(self.model)}
@@ -65,4 +69,5 @@ class GrowingSwitchLMEnsemble(GrowsOnceTrained, SwitchLMEnsemble):
         new = member_networks(self, range(count, count + self.config.grow_members))
         self.model.extend(m.to(self.device) for m in new)
         self.arch["members"] = len(self.model)
+        self.arch["frozen"] = count
         return {"added": len(new), "members": len(self.model)}
