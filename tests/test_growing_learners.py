@@ -152,6 +152,21 @@ def test_gmoe_splits_the_expert_with_the_largest_validation_loss_not_the_most_us
     torch.testing.assert_close(mixture.experts[2].state_dict(), mixture.experts[1].state_dict())
 
 
+def test_hard_gates_sample_from_the_trainers_generator_not_the_global_rng():
+    """The daemon's publisher thread reseeds the global RNG whenever it builds a model."""
+    import copy
+
+    learner, train, val = make("gmoe", gating="hard")
+    stage(learner, train, val, 1)
+    stage(learner, train, val, 2)  # grown: a gate now samples
+    twin = copy.deepcopy(learner)
+    for net, global_seed in ((learner, 1), (twin, 2)):
+        torch.manual_seed(global_seed)
+        net.fit(train, val, trainer(stage=3))
+    for key, value in learner.model.state_dict().items():
+        assert torch.equal(value, twin.model.state_dict()[key]), key
+
+
 def test_gmoe_does_not_grow_before_training():
     learner, train, val = make("gmoe")
     assert stage(learner, train, val, 1)["split"] == []

@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from alma_daemon.models.noise import DrawsNoise
+
 LEAF = {"expert": 0}
 
 
@@ -42,8 +44,11 @@ def binary_gate(input_size: int) -> nn.Module:
     return nn.Sequential(nn.Flatten(), nn.Linear(input_size, 2))
 
 
-class TreeGatedMoE(nn.Module):
-    """``f(z) = sum_e g(e|z) h(z|e)`` over the leaves ``e`` of a binary gating tree (soft or hard)."""
+class TreeGatedMoE(DrawsNoise):
+    """``f(z) = sum_e g(e|z) h(z|e)`` over the leaves ``e`` of a binary gating tree (soft or hard).
+
+    Hard gating samples each gate's choice in training from ``self.generator`` (see
+    :mod:`alma_daemon.models.noise`)."""
 
     def __init__(self, experts: list[nn.Module], gates: list[nn.Module], tree: dict, hard: bool, input_size: int):
         super().__init__()
@@ -77,7 +82,7 @@ class TreeGatedMoE(nn.Module):
         if not self.hard:
             return p
         if self.training:
-            sample = F.one_hot(torch.multinomial(p, 1).squeeze(1), 2).to(p.dtype)
+            sample = F.one_hot(torch.multinomial(p, 1, generator=self.generator).squeeze(1), 2).to(p.dtype)
             return sample + (p - p.detach())  # forward: exactly the sample; backward: as if soft
         return F.one_hot(p.argmax(1), 2).to(p.dtype)
 

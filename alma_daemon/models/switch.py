@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from alma_daemon.models.dropout import SeededDropout
+from alma_daemon.models.noise import SeededDropout
 
 
 @dataclass(frozen=True)

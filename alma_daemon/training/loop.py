@@ -37,7 +37,7 @@ from alma_daemon.config import TrainConfig
 from alma_daemon.data.augment import PixelRows
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.models.backbones import Normalize, inputs_standardized_outside
-from alma_daemon.models.dropout import draw_dropout_from
+from alma_daemon.models.noise import draw_noise_from
 from alma_daemon.seeding import generator as seeded_generator
 from alma_daemon.training.compile import compiled
 from alma_daemon.training.data_parallel import DataParallel
@@ -189,7 +189,8 @@ class Trainer:
         gen = self.generator("fit", purpose)
         # Every rank shuffles with ``gen`` alike; what a rank draws for its own slice comes from its own.
         augment_gen = self.generator("fit", purpose, *parallel.own()) if parallel.spans_ranks else gen
-        draw_dropout_from(net, seeded_generator(self.seed, "dropout", purpose, *parallel.own(), device=self.device))
+        # The label predates hard gates' samples; kept, so dropout masks stay those of earlier runs.
+        draw_noise_from(net, seeded_generator(self.seed, "dropout", purpose, *parallel.own(), device=self.device))
         optimizer = build_optimizer(self.optimizer, [net.parameters() if params is None else params], self.config)
         schedule = warmup_linear_decay(optimizer, steps, self.config.warmup_steps) if steps is not None else None
         validate = validate or self.validation_error
