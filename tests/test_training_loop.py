@@ -145,3 +145,22 @@ def test_bf16_precision_trains_under_autocast_and_keeps_fp32_weights() -> None:
     report = Trainer(config, "adadelta", torch.device("cpu"), seed=1).fit(net, train, val)
     assert report.val_error <= 0.2
     assert all(p.dtype == torch.float32 for p in net.parameters())
+
+
+def test_a_stage_with_nothing_to_validate_on_trains_every_epoch_and_keeps_the_last_weights() -> None:
+    """A stage of one-example chunks has an empty validation share: no epoch can be judged the best."""
+    from alma_daemon.training.members import fit_stacked
+
+    config = TrainConfig(epochs=4, patience=0, batch_size=8)
+    train = separable_data(MNIST_TASK, 32, seed=1)
+    nothing = train.subset(slice(0, 0))
+    trainer = Trainer(config, "adadelta", torch.device("cpu"), seed=0)
+    torch.manual_seed(0)
+    net = build_backbone(MNIST_TASK, 8)
+    report = trainer.fit(net, train, nothing)
+    assert report.epochs == report.best_epoch == 4 and report.steps == 16
+    assert report.val_error != report.val_error  # NaN: nothing was measured
+    torch.manual_seed(0)
+    members = [build_backbone(MNIST_TASK, 8) for _ in range(2)]
+    stacked = fit_stacked(trainer, list(enumerate(members)), train, nothing)
+    assert all(r.epochs == r.best_epoch == 4 for r in stacked.values())

@@ -65,7 +65,8 @@ def megabatch_stream(data: LabeledData, megabatches: int, seed: int, limit: int 
 
 
 def split_chunk(chunk: Chunk, val_fraction: float, seed: int) -> SplitChunk:
-    """Hold out ``val_fraction`` of the chunk (at least one example) as its validation set.
+    """Hold out ``val_fraction`` of the chunk as its validation set: at least one example, and at least
+    one left to train on (a one-example chunk has none held out; its stage then trains every epoch).
 
     The split depends only on (seed, chunk id), so every front door splits a chunk identically.
     """

@@ -20,6 +20,7 @@ one-process loop.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -104,7 +105,7 @@ class DataParallel(World):
         measure = validate(net, part, meter) if len(part) else 0.0
         combined = torch.tensor([measure * len(part), len(part)], dtype=torch.float64, device=val.y.device)
         dist.all_reduce(combined)
-        return float(combined[0] / combined[1].clamp_min(1))
+        return float(combined[0] / combined[1]) if combined[1] else math.nan
 
     def summed(self, *values: float) -> list[float]:
         """Each value summed over the ranks (float64 holds a stage's FLOP count exactly)."""

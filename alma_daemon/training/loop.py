@@ -24,6 +24,7 @@ loops (docs/scaling.md gives the profile).
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
@@ -93,6 +94,10 @@ class EarlyStopping:
 
     def update(self, error: float, epoch: int, net: nn.Module) -> bool:
         """Record epoch ``epoch``'s measure; True when training should stop."""
+        if math.isnan(error):
+            # Nothing to validate on (a stage of one-example chunks): train every epoch, keep the last.
+            self.best_error, self.best_epoch, self.best_state = error, epoch, None
+            return False
         if error < self.best_error:
             self.best_error, self.best_epoch, self.bad_epochs = error, epoch, 0
             self.best_state = {k: v.detach().clone() for k, v in net.state_dict().items()}
@@ -280,4 +285,4 @@ class Trainer:
                 xb, yb = val.x[i : i + EVAL_BATCH], val.y[i : i + EVAL_BATCH]
                 logits = meter.run(("val", tuple(xb.shape)), lambda: net(xb)) if meter else net(xb)
                 wrong += (logits.argmax(1) != yb).sum()
-        return int(wrong) / max(1, len(val))
+        return int(wrong) / len(val) if len(val) else math.nan

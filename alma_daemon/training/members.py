@@ -13,6 +13,7 @@ the wall time is shared, split by steps. Stacked members run eager whatever ``tr
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 
@@ -170,4 +171,4 @@ def _validation_errors(
             for m in members:
                 m.flops += meter.share(key) // len(members)
             wrong += (logits.argmax(2) != yb).sum(1)
-    return [w / max(1, len(val)) for w in wrong.tolist()]
+    return [w / len(val) if len(val) else math.nan for w in wrong.tolist()]
