@@ -34,9 +34,10 @@ def test_one_mlp_step_matches_the_analytic_count():
 def test_meter_counts_each_shape_once_and_adds_the_figure_for_repeats():
     a, b = torch.randn(8, 16), torch.randn(16, 4)
     meter = FlopMeter()
+    counted = []  # runs of the counted function: only the first of a key runs under the counter
     for _ in range(3):
-        meter.run("mm", lambda: a @ b)
-    assert meter.total == 3 * 2 * 8 * 16 * 4
+        meter.run("mm", lambda: a @ b, counted=lambda: counted.append(1) or a @ b)
+    assert meter.total == 3 * 2 * 8 * 16 * 4 and counted == [1]
 
 
 def test_the_count_is_flop_counter_modes_total_on_a_conv_net_and_a_switch_lm():

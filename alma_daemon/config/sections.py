@@ -91,7 +91,7 @@ class StreamConfig:
 class TrainConfig:
     #: Maximum passes over the stage's training data (paper: 100).
     epochs: Int = Field(default=100, gt=0)
-    #: Stop after this many epochs without a better validation error; the best epoch is kept.
+    #: Stop once more than this many epochs in a row had no better validation error; the best epoch is kept.
     patience: Int = Field(default=25, ge=0)
     batch_size: Int = Field(default=128, gt=0)
     #: Re-initialize the model at every training stage instead of fine-tuning it.

@@ -1,8 +1,11 @@
 """FLOP counting with PyTorch's FLOP formulas (``torch.utils.flop_counter``) on real steps.
 
 Counting every step under a dispatch mode would slow training several fold. A step's FLOPs depend
-only on the architecture and the input shape, so :class:`FlopMeter` counts the first real step of
-each shape and adds that figure for later steps of the same shape. The counting mode is
+on the architecture and the input shape, so :class:`FlopMeter` counts the first real step of each
+shape and adds that figure for later steps of the same shape. One exception, an approximation: a
+Switch layer in training skips the expert FFN for tokens over an expert's capacity, so its steps'
+FLOPs also depend on the routing, and the stage's later steps are counted at the first step's
+routing (docs/language-modeling.md). The counting mode is
 ``FlopCounterMode``'s, without its per-module breakdown, whose module hooks cost more than the
 count itself (the totals are the same, tests/test_flops.py checks).
 """

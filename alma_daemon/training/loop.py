@@ -85,7 +85,8 @@ class FitReport:
 
 
 class EarlyStopping:
-    """The best validation measure so far, the weights that reached it, and whether to stop."""
+    """The best validation measure so far, the weights that reached it, and whether to stop: once more
+    than ``patience`` epochs in a row did not improve on the best."""
 
     def __init__(self, patience: int):
         self.patience = patience
