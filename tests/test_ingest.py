@@ -78,6 +78,7 @@ def bad_records(
     good = encode_chunk(stream, 7, x, y)[0]
     nan = x.float()
     nan[0].view(-1)[0] = float("nan")
+    normalized = x.float() / 255 - 0.5  # features already standardized: not raw units
     too_many = max_part_bytes // x[0].numel() + 1
     return {
         "schema": with_header(good, HEADER_SCHEMA, b"2"),
@@ -94,6 +95,7 @@ def bad_records(
         "shape": with_value(good, {"x": x.reshape(4, -1)[:, :-1].contiguous(), "y": y}),
         "label_range": with_value(good, {"x": x, "y": y + classes}),
         "non_finite": with_value(good, {"x": nan, "y": y}),
+        "value_range": with_value(good, {"x": normalized, "y": y}),
         "chunk_order": encode_chunk(stream, 2, x, y)[0],
     }
 

@@ -192,6 +192,9 @@ CASES: dict[str, Case] = {
     "non_finite-nan": Case(lambda: float_record(float("nan")), "non_finite", FEATURES, "feat"),
     "non_finite-inf": Case(lambda: float_record(float("inf")), "non_finite", FEATURES, "feat"),
     "non_finite-minus-inf": Case(lambda: float_record(float("-inf")), "non_finite", FEATURES, "feat"),
+    # raw units
+    "value_range-negative": Case(lambda: float_record(-0.5), "value_range", FEATURES, "feat"),
+    "value_range-above-255": Case(lambda: float_record(255.5), "value_range", FEATURES, "feat"),
 }
 
 
@@ -301,7 +304,7 @@ def test_parts_never_exceed_the_limit_when_data_nearly_fills_it() -> None:
 @pytest.mark.parametrize("limit", [700, 1000, 4096, 65536])
 def test_float32_round_trip_and_part_sizes(limit: int) -> None:
     g = torch.Generator().manual_seed(limit)
-    x = torch.randn(300, 8, generator=g)
+    x = torch.rand(300, 8, generator=g) * 255  # raw units, the range the wire accepts
     x[0, 0] = -0.0
     y = torch.randint(0, 3, (300,), generator=g)
     records = encode_chunk("feat", 5, x, y, max_part_bytes=limit)

@@ -48,6 +48,7 @@ REJECT_REASONS: tuple[str, ...] = (
     "shape",
     "label_range",
     "non_finite",
+    "value_range",
     "chunk_order",
 )
 
@@ -447,6 +448,14 @@ def _validate_labeled(x: torch.Tensor, y: torch.Tensor, schema: StreamSchema) ->
         raise RejectedRecord("label_range", f"labels span [{low}, {high}]; expected [0, {schema.num_classes})")
     if x.is_floating_point() and not bool(torch.isfinite(x).all()):
         raise RejectedRecord("non_finite", f"x holds {int((~torch.isfinite(x)).sum())} NaN or infinite values")
+    if x.is_floating_point():
+        low_x, high_x = float(x.min()), float(x.max())
+        # The model divides raw units by 255 and serving refuses anything outside [0, 255] (normalized
+        # features would be misread): a model trained on them could never be published.
+        if low_x < 0 or high_x > 255:
+            raise RejectedRecord(
+                "value_range", f"x spans [{low_x:g}, {high_x:g}]; float x must be raw units in [0, 255]"
+            )
 
 
 def _validate_tokens(tokens: torch.Tensor, schema: StreamSchema) -> None:
