@@ -234,6 +234,15 @@ def test_config_check_command_names_the_bad_key(tmp_path, capsys):
     assert "learner.members: not read by the 'sm' learner" in capsys.readouterr().err
     path.write_text("learner: {name: ens, members: 3}\n")
     assert main(["config", "check", str(path)]) == 0
+    # What a command would refuse once started: an arrays stream without its task; a device torch cannot parse.
+    path.write_text("dataset: {name: arrays}\n")
+    assert main(["config", "check", str(path)]) == 2
+    assert "dataset.input_shape" in capsys.readouterr().err
+    path.write_text("device: 'cuda:x'\n")
+    assert main(["config", "check", str(path)]) == 2
+    assert "device: must be auto, cpu, cuda or cuda:N" in capsys.readouterr().err
+    path.write_text("device: 'cuda:1'\n")
+    assert main(["config", "check", str(path)]) == 0
 
 
 def test_a_checkpoint_spec_saved_with_every_learners_keys_still_loads():

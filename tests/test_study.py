@@ -201,6 +201,14 @@ def test_cer_lines_join_the_waits_of_each_method_and_size_at_the_mean_over_seeds
     assert [(p[1], p[2]) for p in lines["width=8"]] == [(1.5, {"policy.wait": 1}), (10.5, {"policy.wait": 10})]
 
 
+def test_runs_whose_list_valued_keys_differ_are_grouped_by_them():
+    from alma_daemon.observability.figures import configurations
+
+    runs = [fake_run("sm", 8, 10, seed, cer=1.0) for seed in (0, 1)]
+    runs[1].config["dataset"] = {"files": ["other.txt"]}
+    assert len(configurations(runs)) == 2  # lists are not hashable as they come from the config
+
+
 def test_replay_pairs_go_from_the_run_without_replay_to_the_same_run_with_it():
     from alma_daemon.observability.figures import replay_pairs
 

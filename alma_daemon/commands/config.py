@@ -12,6 +12,7 @@ import json
 
 from alma_daemon.config import load_config
 from alma_daemon.config.loading import json_schema
+from alma_daemon.data.arrays import arrays_task
 
 
 def add_parser(subparsers) -> None:
@@ -32,5 +33,7 @@ def print_schema(args: argparse.Namespace) -> int:
 
 def check_file(args: argparse.Namespace) -> int:
     config = load_config(args.file, args.overrides)
+    if config.dataset.name == "arrays":
+        arrays_task(config.dataset)  # what a command checks once it starts: the task must be declared
     print(f"{args.file}: valid (learner {config.learner.name}, policy {config.policy.name})")
     return 0

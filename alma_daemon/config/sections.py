@@ -5,6 +5,7 @@ The ``learner`` and ``policy`` sections hold the chosen plugin's own model (alma
 
 from __future__ import annotations
 
+import re
 from dataclasses import field
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
@@ -253,6 +254,6 @@ class Config:
     @field_validator("device")
     @classmethod
     def _a_device(cls, value: str) -> str:
-        if value not in ("auto", "cpu", "cuda") and not value.startswith("cuda:"):
+        if value not in ("auto", "cpu", "cuda") and not re.fullmatch(r"cuda:\d+", value):
             raise ValueError("must be auto, cpu, cuda or cuda:N")
         return value

@@ -80,7 +80,8 @@ def describe(params: dict) -> str:
 
 def _params(run: RunLike, keys: list[str]) -> dict:
     f = flat(run.config)
-    return {k: f.get(k) for k in keys}
+    # Lists (dataset.files, dataset.input_shape) as tuples: the values group runs as dict keys.
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in ((k, f.get(k)) for k in keys)}
 
 
 def _order_key(params: dict) -> tuple:
