@@ -83,8 +83,17 @@ def test_config_yaml_documents_every_key_with_its_default():
     text = (ROOT / "config.yaml").read_text()
     loaded = load_config(ROOT / "config.yaml")
     assert loaded == Config()
+    # Each section's block: from its top-level line to the next top-level key (a key's leaf name is
+    # searched there only, since names such as kind, url or stream recur in several sections).
+    starts = [(m.group(1), m.start()) for m in re.finditer(r"^#?\s?([a-z_]+):", text, re.M) if m.group(0)[0] != " "]
+    blocks = {
+        name: text[start : (starts[i + 1][1] if i + 1 < len(starts) else len(text))]
+        for i, (name, start) in enumerate(starts)
+    }
     for key in dotted_keys(Config):
-        assert re.search(rf"^\s*#?\s*{re.escape(key.split('.')[-1])}:", text, re.M), f"config.yaml lacks {key}"
+        section, leaf = key.split(".")[0], key.split(".")[-1]
+        block = blocks.get(section, "") if "." in key else text
+        assert re.search(rf"^\s*#?\s*{re.escape(leaf)}:", block, re.M), f"config.yaml lacks {key}"
 
 
 def model_defaults(model: type) -> dict[str, object]:
