@@ -15,10 +15,19 @@ if command -v apt-get >/dev/null 2>&1; then
   [ -x /usr/bin/redis-server ] || missing+=(redis-server)
   command -v openssl >/dev/null 2>&1 || missing+=(openssl)  # the test CA of tests/servers.py
   command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
-  command -v java >/dev/null 2>&1 || missing+=(openjdk-17-jre-headless)
-  if [ ${#missing[@]} -gt 0 ]; then
+  need_java=0
+  command -v java >/dev/null 2>&1 || need_java=1
+  if [ ${#missing[@]} -gt 0 ] || [ "$need_java" = 1 ]; then
     SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
     $SUDO apt-get update -qq
+    if [ "$need_java" = 1 ]; then
+      # TorchServe needs Java 17 or newer and is tested on 17 (Debian 12); Debian 13 packages 21 only.
+      if apt-cache show openjdk-17-jre-headless >/dev/null 2>&1; then
+        missing+=(openjdk-17-jre-headless)
+      else
+        missing+=(openjdk-21-jre-headless)
+      fi
+    fi
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
   fi
 fi
