@@ -28,7 +28,7 @@ class DatasetConfig:
     name: Literal["mnist", "cifar10", "ptb", "text", "arrays"] = "mnist"
     #: Folder holding the dataset files; None = $ALMA_DATA_DIR, else ./data, else ../shared/data.
     root: Str | None = None
-    #: Use only the first N test examples (None = all); keeps CIFAR evaluation cheap on a CPU.
+    #: Evaluate on a seeded random subset of N test examples (text: the first N sequences; None = all).
     test_examples: Int | None = Field(default=None, gt=0)
     #: Plain-text files of a user's own corpus (dataset.name = text).
     files: Annotated[list[Str], BeforeValidator(_one_or_more)] = field(default_factory=list)
