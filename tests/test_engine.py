@@ -185,3 +185,21 @@ def test_ticks_between_chunks_train_only_under_time_based_policies():
     stage = scheduled.on_tick()
     assert stage is not None and scheduled.state.stages_done >= 1
     assert scheduled.state.cumulative_train_flops >= stage["train_flops"] > 0
+
+
+def test_a_fire_time_that_passes_with_nothing_pending_is_used_up():
+    """A chunk that arrives after a skipped fire time waits for the next one, not trains at once."""
+    config = build_config({"train": {"epochs": 1, "patience": 0}, "learner": {"width": 8}})
+    chunks = [Chunk(i, part) for i, part in enumerate(partition(separable_data(MNIST_TASK, 120), 2, seed=0), 1)]
+    clock = FakeClock()
+    policy = build_policy(build_config({}, ["policy.name=schedule", "policy.interval_seconds=60"]).policy)
+    learner = build_learner("sm", MNIST_TASK, config.learner, 0)
+    engine = Engine(learner, policy, MemoryBuffer(), config, torch.device("cpu"), clock=clock)
+    engine.on_chunk(chunks[0])
+    clock.now += 61
+    assert engine.on_tick() is not None  # the first fire time: chunk 1 trains
+    clock.now += 60
+    assert engine.on_tick() is None and "skipped" in engine.state.last_decision["reason"]
+    clock.now += 10
+    engine.on_chunk(chunks[1])
+    assert engine.state.stages_done == 1  # chunk 2 waits for the next fire time

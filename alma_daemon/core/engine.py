@@ -174,8 +174,10 @@ class Engine:
         Returns the stage, or None. The stage's FLOPs and seconds are added to the totals here,
         since no step record carries them.
         """
-        if not self.policy.time_based or not self.buffer.pending_chunks():
+        if not self.policy.time_based:
             return None
+        # Asked even with nothing pending: a fire time that passes without a chunk is used up, so a
+        # chunk arriving after it waits for the next one (a nightly schedule's promise).
         decision = self.decide()
         if not decision.train:
             return None
