@@ -44,12 +44,14 @@ def summarize(series: list[dict], wall_seconds: float) -> dict:
     last: StepRecord | None = records[-1] if records else None
     summary = {
         "chunks": len(records),
-        "stages": sum(1 for r in records if r.trained),
+        # From the running totals, not by counting trained steps: a time-based policy's stages between
+        # chunks (Engine.on_tick) have no step record of their own.
+        "stages": last.model_version if last else 0,
         "cumulative_train_flops": last.cumulative_train_flops if last else 0,
         "cumulative_parameters": last.cumulative_parameters if last else 0,
         "final_parameters": last.parameters if last else None,
         "final_inference_flops_per_example": last.inference_flops_per_example if last else None,
-        "train_seconds": sum(r.train_seconds for r in records),
+        "train_seconds": last.cumulative_train_seconds if last else 0.0,
         "wall_seconds": wall_seconds,
     }
     if last is not None and last.measure == "error":
