@@ -119,7 +119,7 @@ class ClassificationCodec(Codec):
 
     def inputs(self, body: Any) -> torch.Tensor:
         """The validated batch of raw examples a request carries."""
-        if isinstance(body, (bytes, bytearray)) and not bytes(body[:1]) == b"{":
+        if isinstance(body, (bytes, bytearray)) and bytes(body).lstrip()[:1] != b"{":
             x = self._from_safetensors(bytes(body))
         else:
             try:

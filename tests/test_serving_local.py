@@ -282,3 +282,12 @@ def test_versions_and_rollback_commands(store, good_and_bad, capsys):
 
     assert main(["rollback", *config, "--to", "5"]) == 1
     assert "version 5 is not in" in capsys.readouterr().err
+
+
+def test_a_json_body_is_read_as_json_even_with_leading_whitespace():
+    """Pretty-printed JSON sent as bytes: it was taken for a safetensors body and refused."""
+    from serving.codecs import codec_for
+
+    instance = torch.zeros(MNIST_TASK.input_shape).tolist()
+    body = ("\n  " + json.dumps({"instances": [instance]})).encode()
+    assert codec_for(MNIST_TASK).inputs(body).shape == (1, *MNIST_TASK.input_shape)

@@ -60,7 +60,10 @@ def find_runs(root: str | Path) -> list[Run]:
     paths = sorted(root.rglob("results.json"))
     if not paths:
         raise FileNotFoundError(f"no results.json under {root}")
-    return [Run(str(p.parent.relative_to(root)) if p.parent != root else root.name, read_results(p)) for p in paths]
+    return [
+        Run(str(p.parent.relative_to(root)) if p.parent != root else root.resolve().name, read_results(p))
+        for p in paths
+    ]
 
 
 def _measure(runs: list[Run]) -> tuple[str, str]:
