@@ -68,19 +68,13 @@ class _TrainingStack:
         """A stack of the members at ``positions`` (in this stack's order) that goes on with their optimizer state."""
         self.model.unshare()
         shapes = [p.shape for p in self.model.parameters()]
-        kept = _TrainingStack([self.model.members[i] for i in positions], self.trainer)
-        old, new = self.optimizer, kept.optimizer
-        old_flat, new_flat = old.flats[0], new.flats[0]
         sizes = [shape.numel() for shape in shapes]
 
         def members_kept(values: torch.Tensor) -> torch.Tensor:
             return torch.cat([v.view(shape)[positions].reshape(-1) for v, shape in zip(values.split(sizes), shapes)])
 
-        new.param_groups[0].update({k: v for k, v in old.param_groups[0].items() if k != "params"})
-        new.inner.state[new_flat] = {
-            k: members_kept(v) if torch.is_tensor(v) and v.shape == old_flat.shape else v
-            for k, v in old.inner.state.get(old_flat, {}).items()
-        }
+        kept = _TrainingStack([self.model.members[i] for i in positions], self.trainer)
+        kept.optimizer.continue_from(self.optimizer, members_kept)
         return kept
 
     def close(self) -> None:

@@ -209,6 +209,16 @@ class FlatOptimizer:
                 p.data = p.data.clone()
         self.flats = []
 
+    def continue_from(self, other: FlatOptimizer, take: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """Go on with ``other``'s hyperparameters and state, both optimizers of one group: ``take`` maps
+        a per-element state tensor of ``other``'s flat tensor onto this one's (ensemble members that
+        stopped training leave the stack, :mod:`alma_daemon.training.members`)."""
+        (old_flat,), (new_flat,) = other.flats, self.flats
+        self.inner.param_groups[0].update({k: v for k, v in other.inner.param_groups[0].items() if k != "params"})
+        state = other.inner.state.get(old_flat)
+        if state:
+            self.inner.state[new_flat] = _carried_state(state, old_flat, take)
+
     def _split_per_parameter(self) -> None:
         old_state, old_flats = self.inner.state, self.flats
         hyper = {k: v for k, v in self.inner.param_groups[0].items() if k != "params"}
@@ -225,16 +235,17 @@ class FlatOptimizer:
         for (p, flat, offset), new in zip(slices, self.flats):
             state = old_state.get(flat)
             if state:
-                self.inner.state[new] = {
-                    k: (
-                        v[offset : offset + p.numel()].clone()
-                        if torch.is_tensor(v) and v.shape == flat.shape
-                        else v.clone()
-                        if torch.is_tensor(v)
-                        else v
-                    )
-                    for k, v in state.items()
-                }
+                part = slice(offset, offset + p.numel())
+                self.inner.state[new] = _carried_state(state, flat, lambda v: v[part].clone())
+
+
+def _carried_state(state: dict, flat: torch.Tensor, take: Callable[[torch.Tensor], torch.Tensor]) -> dict:
+    """``flat``'s optimizer state for another flat tensor: ``take`` maps each per-element tensor (moments,
+    momentum buffers); the rest (constants, step counts) is copied."""
+    return {
+        k: take(v) if torch.is_tensor(v) and v.shape == flat.shape else v.clone() if torch.is_tensor(v) else v
+        for k, v in state.items()
+    }
 
 
 def _share_one_buffer(params: Sequence[torch.nn.Parameter]) -> torch.nn.Parameter:
