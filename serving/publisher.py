@@ -361,6 +361,11 @@ class BackgroundPublisher(EngineObserver):
                 self._condition.wait(remaining)
             return True
 
+    def not_live(self) -> tuple[int, int | None] | None:
+        """The newest checkpoint version and the live one, when they differ; None when it is live."""
+        latest, live = self.publisher.store.latest(), self.publisher.pointer.read().live
+        return None if latest == live else (latest or 0, live)
+
     def _run(self) -> None:
         run_beside_training()
         delay = self.retry_initial_seconds

@@ -62,19 +62,13 @@ class PublishHandoff:
         if self.publisher is None:
             return
         idle = self.publisher.wait_idle(PUBLISH_DRAIN_SECONDS)
-        live = self.publisher.publisher.pointer.read().live
-        latest = self.publisher.publisher.store.latest()
-        if not idle or live != latest:
-            error = self.publisher.last_error
+        behind = self.publisher.not_live()
+        # A version the guard refused is a decision, not a failure: the publisher logged it.
+        if behind is not None and (not idle or self.publisher.last_error is not None):
+            reason = str(self.publisher.last_error) if idle else f"still publishing after {PUBLISH_DRAIN_SECONDS:g} s"
             log.warning(
                 "the run ends before its last version is live",
-                extra={
-                    "latest_version": latest,
-                    "live_version": live,
-                    "reason": str(error)
-                    if error is not None
-                    else f"still publishing after {PUBLISH_DRAIN_SECONDS:g} s",
-                },
+                extra={"latest_version": behind[0], "live_version": behind[1], "reason": reason},
             )
 
     def close(self) -> None:
