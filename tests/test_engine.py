@@ -11,7 +11,7 @@ from alma_daemon.core.engine import Engine, EngineObserver
 from alma_daemon.data.datasets import MNIST_TASK
 from alma_daemon.data.streams import Chunk, partition
 from alma_daemon.learners import build_learner
-from alma_daemon.observability.results import summarize
+from alma_daemon.observability.results import ResultsWriter, read_results, summarize
 from policies import build_policy
 from tests.conftest import config_for_any_learner, separable_data
 
@@ -206,3 +206,21 @@ def test_a_fire_time_that_passes_with_nothing_pending_is_used_up():
     assert engine.state.stages_done == 1  # chunk 2 waits for the next fire time
     # The stage of the tick has no step record: the results' summary counts it from the totals.
     assert summarize(engine.state.series, 0.0)["stages"] == 1
+
+
+def test_results_report_a_stage_trained_between_chunks_before_the_next_chunk(tmp_path):
+    config = build_config({"train": {"epochs": 1, "patience": 0}, "learner": {"width": 8}})
+    chunk = Chunk(1, separable_data(MNIST_TASK, 60))
+    clock = FakeClock()
+    policy = build_policy(build_config({}, ["policy.name=schedule", "policy.interval_seconds=60"]).policy)
+    learner = build_learner("sm", MNIST_TASK, config.learner, 0)
+    engine = Engine(learner, policy, MemoryBuffer(), config, torch.device("cpu"), clock=clock)
+    engine.observers.append(ResultsWriter(tmp_path, {}))
+    engine.on_chunk(chunk)
+    assert read_results(tmp_path)["summary"]["stages"] == 0
+    clock.now += 61
+    stage = engine.on_tick()
+    assert stage is not None
+    summary = read_results(tmp_path)["summary"]
+    assert summary["stages"] == 1
+    assert summary["cumulative_train_flops"] == engine.state.cumulative_train_flops == stage.train_flops > 0

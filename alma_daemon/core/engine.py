@@ -51,6 +51,10 @@ class EngineObserver:
 
     def on_step(self, record: StepRecord, engine: Engine) -> None: ...
 
+    def on_tick_stage(self, stage: StageRecord, engine: Engine) -> None:
+        """A stage trained between chunks (:meth:`Engine.on_tick`), its cost already in the running
+        totals; no step record reports it before the next chunk."""
+
 
 @dataclass
 class EngineState:
@@ -184,6 +188,8 @@ class Engine:
         stage = self.train_stage(decision)
         self.state.cumulative_train_flops += stage.train_flops
         self.state.cumulative_train_seconds += stage.train_seconds
+        for observer in self.observers:
+            observer.on_tick_stage(stage, self)
         return stage
 
     def train_stage(self, decision: Decision) -> StageRecord:

@@ -12,8 +12,8 @@ import tempfile
 from pathlib import Path
 
 from alma_daemon.core.atomic_json import write_json_atomic
-from alma_daemon.core.engine import Engine, EngineObserver
-from alma_daemon.core.records import StepRecord, read_rows
+from alma_daemon.core.engine import Engine, EngineObserver, EngineState
+from alma_daemon.core.records import StageRecord, StepRecord, read_rows
 
 #: Columns of series.csv, in order; other fields stay in results.json only.
 CSV_COLUMNS = [
@@ -38,20 +38,24 @@ CSV_COLUMNS = [
 ]
 
 
-def summarize(series: list[dict], wall_seconds: float) -> dict:
-    """The run's summary: CER (Eq. 1), final error, cumulative FLOPs and parameters (Eq. 2)."""
+def summarize(series: list[dict], wall_seconds: float, state: EngineState | None = None) -> dict:
+    """The run's summary: CER (Eq. 1), final error, cumulative FLOPs and parameters (Eq. 2).
+
+    Stages, training FLOPs and seconds come from the running totals, not by counting trained steps:
+    a time-based policy's stages between chunks (Engine.on_tick) have no step record of their own.
+    The engine's ``state`` holds them up to its last stage; without it, the last record does up to
+    its chunk.
+    """
     records = read_rows(series)
     last: StepRecord | None = records[-1] if records else None
     summary = {
         "chunks": len(records),
-        # From the running totals, not by counting trained steps: a time-based policy's stages between
-        # chunks (Engine.on_tick) have no step record of their own.
-        "stages": last.model_version if last else 0,
-        "cumulative_train_flops": last.cumulative_train_flops if last else 0,
+        "stages": state.model_version if state else last.model_version if last else 0,
+        "cumulative_train_flops": state.cumulative_train_flops if state else last.cumulative_train_flops if last else 0,
         "cumulative_parameters": last.cumulative_parameters if last else 0,
         "final_parameters": last.parameters if last else None,
         "final_inference_flops_per_example": last.inference_flops_per_example if last else None,
-        "train_seconds": last.cumulative_train_seconds if last else 0.0,
+        "train_seconds": state.cumulative_train_seconds if state else last.cumulative_train_seconds if last else 0.0,
         "wall_seconds": wall_seconds,
     }
     if last is not None and last.measure == "error":
@@ -76,7 +80,8 @@ def write_series_csv(path: Path, series: list[dict]) -> None:
 
 
 class ResultsWriter(EngineObserver):
-    """Keeps ``results.json`` and ``series.csv`` of a run up to date after every step."""
+    """Keeps ``results.json`` and ``series.csv`` of a run up to date after every step, and after every
+    stage trained between chunks."""
 
     def __init__(self, folder: str | Path, config: dict, extra: dict | None = None):
         self.folder = Path(folder)
@@ -87,12 +92,15 @@ class ResultsWriter(EngineObserver):
     def on_step(self, record: StepRecord, engine: Engine) -> None:
         self.write(engine)
 
+    def on_tick_stage(self, stage: StageRecord, engine: Engine) -> None:
+        self.write(engine)
+
     def write(self, engine: Engine) -> dict:
         series = engine.state.series
         results = {
             "config": self.config,
             "series": series,
-            "summary": summarize(series, engine.clock() - engine.state.started_at),
+            "summary": summarize(series, engine.clock() - engine.state.started_at, engine.state),
             **self.extra,
         }
         write_json_atomic(self.folder / "results.json", results)

@@ -127,7 +127,7 @@ def run_simulation(
         else {
             "config": to_dict(config),
             "series": engine.state.series,
-            "summary": summarize(engine.state.series, time.time() - start),
+            "summary": summarize(engine.state.series, time.time() - start, engine.state),
         }
     )
     return results
