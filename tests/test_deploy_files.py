@@ -1,0 +1,254 @@
+"""What the deployment and observability guides tell a user to type, checked against the real thing.
+
+tests/test_deploy.py checks that the files of deploy/ fit together, tests/test_dashboard.py the
+dashboard. This module checks the prose around them: every ``alma`` command of docs/deploy.md parses
+with the real ``alma`` parser (also through ``docker run``, ``docker compose exec`` and
+``kubectl exec``), every ``docker compose`` command names the stack's compose file and every
+compose file the guide asks for, docs/observability.md's metric table is the registry's catalogue
+(names, types, labels), and its PromQL and the dashboard's apply ``rate()`` and ``increase()`` to
+counters only and pass ``promtool``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from alma_daemon.cli import build_parser
+from alma_daemon.observability import telemetry
+
+ROOT = Path(__file__).resolve().parents[1]
+DEPLOY_GUIDE = ROOT / "docs" / "deploy.md"
+OBSERVABILITY_GUIDE = ROOT / "docs" / "observability.md"
+DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "alma.json"
+STACK = "deploy/docker-compose.yml"
+#: ``docker run`` options the guide uses that take a value; any other option fails the test, so that
+#: the split between docker's arguments and the image's stays exact.
+DOCKER_RUN_VALUE_OPTIONS = {"-v", "--volume", "-p", "--publish", "--name", "-e", "--env", "--network", "--gpus"}
+DOCKER_RUN_FLAGS = {"--rm", "-d", "--detach", "-i", "-t", "-it", "--init"}
+#: PromQL functions whose argument must be a counter (or a histogram's series, which are counters).
+COUNTER_FUNCTIONS = ("rate", "irate", "increase")
+
+
+# -- reading the guides ---------------------------------------------------------------------------
+def fenced_blocks(path: Path, languages: tuple[str, ...]) -> list[str]:
+    return re.findall(rf"^```(?:{'|'.join(languages)})\n(.*?)^```", path.read_text(), flags=re.S | re.M)
+
+
+def shell_commands(path: Path) -> list[list[str]]:
+    """The commands of the guide's shell blocks, as argv lists: continuation lines joined, comments
+    dropped, pipelines and ``&&`` lists split into their commands."""
+    commands = []
+    for block in fenced_blocks(path, ("bash", "sh")):
+        # A line ending in a backslash or a pipe goes on on the next line.
+        for line in re.sub(r"(\\|\|)\n\s*", lambda m: " " if m.group(1) == "\\" else "| ", block).splitlines():
+            command: list[str] = []
+            for token in shlex.split(line, comments=True):
+                if token in ("|", "&&", "||", ";"):
+                    commands.append(command)
+                    command = []
+                else:
+                    command.append(token)
+            commands.append(command)
+    # Leading VAR=value assignments set the command's environment; the command follows them.
+    commands = [list(itertools.dropwhile(lambda token: re.fullmatch(r"\w+=.*", token), c)) for c in commands]
+    return [c for c in commands if c]
+
+
+def inline_code(path: Path) -> list[str]:
+    text = re.sub(r"^```.*?^```", "", path.read_text(), flags=re.S | re.M)
+    return re.findall(r"`([^`\n]+)`", text)
+
+
+def image_files() -> dict[str, Path]:
+    """Container path -> repository path of what the Dockerfile copies into the image's /etc/alma."""
+    copies = {}
+    for line in (ROOT / "Dockerfile").read_text().splitlines():
+        parts = line.split()
+        if parts[:1] == ["COPY"] and not any(p.startswith("--from=") for p in parts) and len(parts) == 3:
+            copies[parts[2]] = ROOT / parts[1]
+    return copies
+
+
+def in_image(container_path: str) -> Path | None:
+    for target, source in image_files().items():
+        if container_path == target:
+            return source
+        if container_path.startswith(target.rstrip("/") + "/"):
+            return source / container_path[len(target.rstrip("/")) + 1 :]
+    return None
+
+
+def alma_argv(command: list[str]) -> tuple[str, list[str]] | None:
+    """(how it runs, the argv ``alma`` is given) for a command that runs alma; None for others."""
+    if command[0] == "alma":
+        return "alma", command[1:]
+    if command[:2] == ["docker", "run"]:
+        rest = command[2:]
+        while rest and rest[0].startswith("-"):
+            option = rest.pop(0)
+            if option in DOCKER_RUN_VALUE_OPTIONS:
+                rest.pop(0)
+            else:
+                assert option in DOCKER_RUN_FLAGS, f"`{shlex.join(command)}`: unknown docker run option {option}"
+        image, args = rest[0], rest[1:]
+        # The image's ENTRYPOINT is alma; no arguments run its CMD.
+        return ("docker run", args) if re.search(r"(^|/)alma-daemon(:|$)", image) else None
+    if command[:2] == ["docker", "compose"] and "exec" in command:
+        service_and_command = command[command.index("exec") + 1 :]
+        return ("docker compose exec", service_and_command[2:]) if service_and_command[1:2] == ["alma"] else None
+    if command[0] == "kubectl" and "--" in command:
+        after = command[command.index("--") + 1 :]
+        return ("kubectl exec", after[1:]) if after[:1] == ["alma"] else None
+    return None
+
+
+def parse_alma(argv: list[str]):
+    try:
+        return build_parser().parse_args(argv)
+    except SystemExit as exit:
+        if exit.code == 0:  # --help
+            return None
+        pytest.fail(f"`alma {shlex.join(argv)}` is rejected by the alma command line")
+
+
+# -- docs/deploy.md -------------------------------------------------------------------------------
+def test_every_alma_command_of_the_deploy_guide_parses():
+    runs = [found for command in shell_commands(DEPLOY_GUIDE) if (found := alma_argv(command))]
+    assert {how for how, _ in runs} == {"docker run", "docker compose exec", "kubectl exec"}
+    for how, argv in runs:
+        args = parse_alma(argv)
+        config = getattr(args, "config", None)
+        if how == "docker run" and config:
+            # What a bare `docker run` reads must come with the image.
+            source = in_image(config)
+            assert source is not None and source.is_file(), f"`{shlex.join(argv)}`: {config} is not in the image"
+
+
+def compose_files(command: list[str]) -> list[str]:
+    """The files of ``-f`` among compose's own options, before the subcommand (``logs -f`` follows)."""
+    files, rest = [], command[2:]
+    while rest and rest[0].startswith("-"):
+        option = rest.pop(0)
+        assert option in ("-f", "--file", "--profile", "-p"), f"`{shlex.join(command)}`: unknown option {option}"
+        value = rest.pop(0)
+        if option in ("-f", "--file"):
+            files.append(value)
+    return files
+
+
+def test_every_compose_command_of_the_deploy_guide_names_the_stack_and_each_file_it_asks_for():
+    commands = [c for c in shell_commands(DEPLOY_GUIDE) if c[:2] == ["docker", "compose"]]
+    # Inline commands too; a bare `docker compose exec` is a name, not a command.
+    commands += [
+        c for c in map(shlex.split, inline_code(DEPLOY_GUIDE)) if c[:2] == ["docker", "compose"] and len(c) > 3
+    ]
+    assert len(commands) > 10
+    passed: set[str] = set()
+    for command in commands:
+        files = compose_files(command)
+        # Compose finds a file by itself only in the current folder (and reads
+        # docker-compose.override.yml only when no -f is given): the guide runs from the repository root.
+        assert files[:1] == [STACK], f"`{shlex.join(command)}` does not name {STACK} first"
+        passed |= set(files)
+    # A compose file the guide asks the user to write (or ships) is used only if it is passed with -f.
+    mentioned = set(re.findall(r"deploy/docker-compose[\w.-]*\.yml", DEPLOY_GUIDE.read_text()))
+    assert mentioned <= passed, f"compose files the guide names but never passes with -f: {mentioned - passed}"
+    for path in passed:
+        assert (ROOT / path).is_file() or path in mentioned, path
+
+
+# -- metric names and types -----------------------------------------------------------------------
+def exposed_families() -> dict[str, object]:
+    """Sample name -> its family, as /metrics exposes them (counters with _total, histogram series)."""
+    text = generate_latest(telemetry.REGISTRY).decode()
+    return {sample.name: family for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
+def is_counter_series(name: str, families: dict) -> bool:
+    family = families[name]
+    return family.type == "counter" or (family.type == "histogram" and name.endswith(("_bucket", "_sum", "_count")))
+
+
+def check_promql(where: str, expr: str, families: dict) -> None:
+    used = re.findall(r"\balma_\w+", expr)
+    assert used, f"{where}: {expr} names no alma metric"
+    for name in used:
+        # Exported sample names: a histogram is queried through _bucket, _sum or _count.
+        assert name in families, f"{where}: {name} is not exported"
+    for function, name in re.findall(rf"\b({'|'.join(COUNTER_FUNCTIONS)})\(\s*(alma_\w+)", expr):
+        assert is_counter_series(name, families), f"{where}: {function}() of {name}, a {families[name].type}"
+
+
+def observability_queries() -> list[str]:
+    (block,) = fenced_blocks(OBSERVABILITY_GUIDE, ("promql",))
+    return [line.split("#")[0].strip() for line in block.splitlines() if line.split("#")[0].strip()]
+
+
+def dashboard_queries() -> list[tuple[str, str]]:
+    dashboard = json.loads(DASHBOARD.read_text())
+    found = [(p["title"], t["expr"]) for p in dashboard["panels"] for t in p.get("targets", [])]
+    return found + [(a["name"], a["expr"]) for a in dashboard["annotations"]["list"] if "expr" in a]
+
+
+def test_dashboard_queries_take_rates_of_counters_only():
+    families = exposed_families()
+    for where, expr in dashboard_queries():
+        check_promql(where, expr, families)
+
+
+def test_the_observability_guides_queries_name_real_counters_and_pass_promtool(tmp_path):
+    families = exposed_families()
+    queries = observability_queries()
+    assert len(queries) >= 3
+    for expr in queries:
+        check_promql("docs/observability.md", expr, families)
+    rules = {
+        "groups": [{"name": "guide", "rules": [{"record": f"guide:q{i}", "expr": q} for i, q in enumerate(queries)]}]
+    }
+    path = tmp_path / "rules.yml"
+    path.write_text(json.dumps(rules))  # JSON is YAML
+    result = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def metric_table() -> dict[str, tuple[str, dict[str, list[str]]]]:
+    """docs/observability.md's table: metric -> (type, {label: values listed, or [] where it links})."""
+    rows = {}
+    for line in OBSERVABILITY_GUIDE.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 5 and re.fullmatch(r"`alma_\w+`", cells[0]):
+            labels = {}
+            for name, values in re.findall(r"`(\w+)` = ([^;]*)", cells[2]):
+                labels[name] = re.findall(r"`([^`]+)`", values)
+            rows[cells[0].strip("`")] = (cells[1], labels)
+    return rows
+
+
+def test_the_observability_guides_metric_table_is_the_registry():
+    table = metric_table()
+    text = generate_latest(telemetry.REGISTRY).decode()
+    catalogue = {}
+    for family in text_string_to_metric_families(text):
+        exposed = family.name + "_total" if family.type == "counter" else family.name
+        labels: dict[str, set[str]] = {}
+        for sample in family.samples:
+            for name, value in sample.labels.items():
+                if name != "le":
+                    labels.setdefault(name, set()).add(value)
+        catalogue[exposed] = (family.type, labels)
+    assert set(table) == set(catalogue), set(table) ^ set(catalogue)
+    for metric, (kind, labels) in table.items():
+        assert kind == catalogue[metric][0], f"{metric}: the guide says {kind}, the registry {catalogue[metric][0]}"
+        assert set(labels) == set(catalogue[metric][1]), f"{metric}: labels {set(labels)}"
+        for name, values in labels.items():
+            if values:
+                assert set(values) == catalogue[metric][1][name], f"{metric}{{{name}}}: {values}"
