@@ -252,3 +252,33 @@ def test_the_observability_guides_metric_table_is_the_registry():
         for name, values in labels.items():
             if values:
                 assert set(values) == catalogue[metric][1][name], f"{metric}{{{name}}}: {values}"
+
+
+def seconds(duration: str) -> float:
+    """A PromQL duration of one unit (``90s``, ``15m``, ``1h``) in seconds."""
+    number, unit = re.fullmatch(r"(\d+)([smhd])", duration).groups()
+    return int(number) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[unit]
+
+
+def test_the_share_of_time_training_averages_over_the_longest_stage_the_histogram_measures():
+    """A stage's seconds reach the histogram's _sum when the stage ends, so over a window W the rate
+    shows a stage of length L as L / W: a share stays below 100% only with W at least the longest
+    stage. The histogram's top finite bucket is the longest stage it is meant to measure."""
+    dashboard = json.loads(DASHBOARD.read_text())
+    shares = [
+        target["expr"]
+        for panel in dashboard["panels"]
+        if panel.get("fieldConfig", {}).get("defaults", {}).get("unit") == "percentunit"
+        for target in panel.get("targets", [])
+        if "alma_train_duration_seconds_sum" in target["expr"]
+    ]
+    assert shares, "no panel shows the share of time spent training"
+    longest = max(
+        float(sample.labels["le"])
+        for family in text_string_to_metric_families(generate_latest(telemetry.REGISTRY).decode())
+        for sample in family.samples
+        if sample.name == "alma_train_duration_seconds_bucket" and sample.labels["le"] != "+Inf"
+    )
+    for expr in shares:
+        (window,) = re.findall(r"alma_train_duration_seconds_sum\{[^}]*\}\[([^\]]+)\]", expr)
+        assert not window.startswith("$") and seconds(window) >= longest, f"{expr}: window {window} < {longest:g} s"
