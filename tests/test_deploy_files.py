@@ -6,7 +6,8 @@ with the real ``alma`` parser (also through ``docker run``, ``docker compose exe
 ``kubectl exec``), every ``docker compose`` command names the stack's compose file and every
 compose file the guide asks for, docs/observability.md's metric table is the registry's catalogue
 (names, types, labels), and its PromQL and the dashboard's apply ``rate()`` and ``increase()`` to
-counters only and pass ``promtool``.
+counters only and pass ``promtool``. The Kubernetes pods ask to be scraped where compose's
+Prometheus scrapes them.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -282,3 +284,23 @@ def test_the_share_of_time_training_averages_over_the_longest_stage_the_histogra
     for expr in shares:
         (window,) = re.findall(r"alma_train_duration_seconds_sum\{[^}]*\}\[([^\]]+)\]", expr)
         assert not window.startswith("$") and seconds(window) >= longest, f"{expr}: window {window} < {longest:g} s"
+
+
+def test_k8s_pods_with_a_metrics_port_ask_to_be_scraped_on_it():
+    """Compose's Prometheus scrapes the daemon and TorchServe; the pods say the same to a Prometheus
+    that discovers pods by annotation, on the port the container names for metrics."""
+    scraped = set()
+    for path in sorted((ROOT / "deploy" / "k8s").glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if not doc or doc["kind"] not in ("Deployment", "StatefulSet"):
+                continue
+            template = doc["spec"]["template"]
+            (container,) = template["spec"]["containers"]
+            ports = {p["name"]: p["containerPort"] for p in container["ports"] if p["name"].endswith("metrics")}
+            annotations = template["metadata"].get("annotations", {})
+            assert len(ports) == 1, f"{doc['metadata']['name']}: metrics ports {ports}"
+            assert annotations.get("prometheus.io/scrape") == "true", doc["metadata"]["name"]
+            assert annotations["prometheus.io/port"] == str(*ports.values()), doc["metadata"]["name"]
+            assert annotations.get("prometheus.io/path", "/metrics") == "/metrics"
+            scraped.add(doc["metadata"]["name"])
+    assert scraped == {"alma-daemon", "alma-torchserve"}
