@@ -3,7 +3,8 @@
 tests/test_deploy.py checks that the files of deploy/ fit together, tests/test_dashboard.py the
 dashboard. This module checks the prose around them: every ``alma`` command of docs/deploy.md parses
 with the real ``alma`` parser (also through ``docker run``, ``docker compose exec`` and
-``kubectl exec``), every ``docker compose`` command names the stack's compose file and every
+``kubectl exec``) and its ``--set`` overrides load, every config key the guides name exists,
+every ``docker compose`` command names the stack's compose file and every
 compose file the guide asks for, docs/observability.md's metric table is the registry's catalogue
 (names, types, labels), and its PromQL and the dashboard's apply ``rate()`` and ``increase()`` to
 counters only and pass ``promtool``. The Kubernetes pods ask to be scraped where compose's
@@ -12,6 +13,7 @@ Prometheus scrapes them.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import re
@@ -25,6 +27,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from alma_daemon.cli import build_parser
+from alma_daemon.config import Config, load_config
 from alma_daemon.observability import telemetry
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -129,10 +132,26 @@ def test_every_alma_command_of_the_deploy_guide_parses():
     for how, argv in runs:
         args = parse_alma(argv)
         config = getattr(args, "config", None)
-        if how == "docker run" and config:
-            # What a bare `docker run` reads must come with the image.
+        if how in ("docker run", "docker compose exec") and config:
+            # What a bare `docker run` reads must come with the image (compose mounts the same file
+            # over it), and the --set overrides must be keys and values the loader takes.
             source = in_image(config)
             assert source is not None and source.is_file(), f"`{shlex.join(argv)}`: {config} is not in the image"
+            load_config(source, args.overrides)
+
+
+def test_every_config_key_the_guides_name_exists():
+    sections = {f.name: f.type for f in dataclasses.fields(Config)}
+    named = 0
+    for guide in (DEPLOY_GUIDE, OBSERVABILITY_GUIDE):
+        for code in inline_code(guide):
+            match = re.fullmatch(r"(?:--set )?([a-z_]+)\.([a-z_]+)(?:[:=].*)?", code)
+            # learner.* and policy.* belong to the chosen plugin's own model (config/plugins.py).
+            if match and match.group(1) in sections and match.group(1) not in ("learner", "policy"):
+                section = getattr(Config(), match.group(1))
+                assert match.group(2) in {f.name for f in dataclasses.fields(section)}, f"{guide.name}: `{code}`"
+                named += 1
+    assert named > 20
 
 
 def compose_files(command: list[str]) -> list[str]:
