@@ -35,10 +35,10 @@ RUN pip install "/src[serving]"
 
 FROM ${PYTHON_IMAGE}
 # The man1 folder: the JRE's post-install script links its man pages there, and slim images
-# delete that folder, which can make the install fail.
+# delete that folder, which can make the install fail. tini: see ENTRYPOINT.
 RUN mkdir -p /usr/share/man/man1 \
     && apt-get update \
-    && apt-get install -y --no-install-recommends openjdk-17-jre-headless \
+    && apt-get install -y --no-install-recommends openjdk-17-jre-headless tini \
     && rm -rf /var/lib/apt/lists/*
 
 # A fixed uid, so that volumes and Kubernetes' runAsUser/fsGroup (deploy/k8s/) can name it. The
@@ -77,5 +77,9 @@ EXPOSE 9464 8080 8081 8082
 HEALTHCHECK --interval=30s --timeout=5s --start-period=120s --retries=3 \
     CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:9464/healthz', timeout=4)"]
 
-ENTRYPOINT ["alma"]
+# tini as PID 1: the kernel gives PID 1 no default signal actions, so a bare Python there ignores
+# SIGTERM until alma installs its handlers (during a restore, while `alma serve` starts TorchServe)
+# and a stop waits out the grace period; tini forwards signals and reaps the workers TorchServe
+# forks, in compose and in Kubernetes alike (both pass only arguments: deploy/).
+ENTRYPOINT ["tini", "--", "alma"]
 CMD ["run", "--config", "/etc/alma/config.yaml"]

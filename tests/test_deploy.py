@@ -165,7 +165,7 @@ def k8s_container(kind: str, name: str) -> dict:
 # -- Dockerfile -----------------------------------------------------------------------------------
 def test_dockerfile_runs_alma_run_with_the_mounted_config():
     instructions = dict(dockerfile_instructions())  # the last of each kind: the runtime stage's
-    assert yaml.safe_load(instructions["ENTRYPOINT"]) == ["alma"]
+    assert yaml.safe_load(instructions["ENTRYPOINT"]) == ["tini", "--", "alma"]
     assert yaml.safe_load(instructions["CMD"]) == ["run", "--config", CONFIG_IN_CONTAINER]
     assert instructions["USER"] not in ("root", "0"), "the image must not run as root"
     assert "ALMA_DATA_DIR=/data" in instructions["ENV"]

@@ -105,7 +105,7 @@ def alma_argv(command: list[str]) -> tuple[str, list[str]] | None:
             else:
                 assert option in DOCKER_RUN_FLAGS, f"`{shlex.join(command)}`: unknown docker run option {option}"
         image, args = rest[0], rest[1:]
-        # The image's ENTRYPOINT is alma; no arguments run its CMD.
+        # The image's ENTRYPOINT runs alma (under tini); no arguments run its CMD.
         return ("docker run", args) if re.search(r"(^|/)alma-daemon(:|$)", image) else None
     if command[:2] == ["docker", "compose"] and "exec" in command:
         service_and_command = command[command.index("exec") + 1 :]
