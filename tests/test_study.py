@@ -62,6 +62,49 @@ def test_f9_compares_the_geometric_wait_with_the_best_constant_wait_of_its_width
     assert entry["evidence"]["per_seed"][0][64]["best_constant_wait"] == 1
 
 
+def test_f3_on_a_stream_shorter_than_ten_chunks_reads_the_large_model_after_its_first_chunk_not_at_its_end():
+    small = RunResult(
+        "mnist-wait",
+        {"learner.name": "sm", "learner.width": 4, "policy.wait": 10},
+        0,
+        {"cer": 3.0, "final_test_error": 0.2},
+        [0.5] * 5,
+    )
+    large = dataclasses.replace(
+        small, params={**small.params, "learner.width": 64}, test_error=[0.9, 0.9, 0.9, 0.9, 0.05]
+    )
+    entry = judge(FINDING["F3"], [small, large])
+    assert entry["verdict"] == "does not hold"
+    assert entry["evidence"]["per_seed"][0]["mnist"]["large_error_after_a_tenth"] == 0.9
+
+
+def test_f8_is_not_judged_without_a_run_that_waits_for_the_whole_stream():
+    """F8 compares greedy with one stage on all B chunks; a largest wait short of B is not i.i.d."""
+
+    def run(width: int, wait: int) -> RunResult:
+        summary = {"cer": 10.0, "final_test_error": 0.1 if wait == 1 else 0.05, "cumulative_train_flops": 1.0}
+        return dataclasses.replace(wait_run(width, wait, cer=10.0), summary=summary)
+
+    runs = [run(width, w) for width in (4, 64) for w in (1, 10)]
+    entry = judge(FINDING["F8"], runs)
+    assert entry["verdict"] == "not judged"
+    assert "w = B" in entry["evidence"]["missing"]
+    assert judge(FINDING["F8"], [*runs, run(4, 100), run(64, 100)])["verdict"] == "holds"
+
+
+def cifar_run(wait: int, cer: float, early: float, final: float) -> RunResult:
+    """SM width 4 on a CIFAR-10 stream of 100 chunks: ``early`` for the first ten, then ``final``."""
+    params = {"learner.name": "sm", "learner.width": 4, "policy.wait": wait}
+    return RunResult("cifar-wait", params, 0, {"cer": cer, "final_test_error": final}, [early] * 10 + [final] * 90)
+
+
+def test_f2_holds_only_with_a_tardy_run_that_waits_for_the_whole_stream():
+    greedy, middle = cifar_run(1, 80.0, early=0.8, final=0.75), cifar_run(10, 77.0, early=0.9, final=0.72)
+    assert judge(FINDING["F2"], [greedy, middle, cifar_run(100, 90.0, early=0.9, final=0.70)])["verdict"] == "holds"
+    entry = judge(FINDING["F2"], [greedy, middle, cifar_run(50, 90.0, early=0.9, final=0.70)])
+    assert entry["verdict"] == "not judged" and "w = B" in entry["evidence"]["missing"]
+
+
 def method_run(learner: str, width: int, cer: float, flops: float, memory: float, inference: float = 1.0):
     summary = {
         "cer": cer,

@@ -138,6 +138,8 @@ def judge_f2(runs: list[RunResult]) -> tuple[bool, dict]:
     waits, widths = _values(runs, "cifar-wait", "policy.wait"), _values(runs, "cifar-wait", "learner.width")
     by_wait = {w: _one(runs, "cifar-wait", width=widths[0], wait=w) for w in waits}
     greedy, tardy = by_wait[waits[0]], by_wait[waits[-1]]
+    if tardy.wait != _chunks(tardy):
+        raise MissingRuns(f"cifar-wait: no tardy run, w = B = {_chunks(tardy)} (largest wait {tardy.wait})")
     middle = {w: r for w, r in by_wait.items() if w not in (waits[0], waits[-1])}
     if not middle:
         raise MissingRuns("cifar-wait needs a wait between greedy and tardy")
@@ -178,7 +180,8 @@ def judge_f3(runs: list[RunResult]) -> tuple[bool, dict]:
         if len({r.width for r in sizes}) < 2:
             continue
         small, large = min(sizes, key=lambda r: r.width), max(sizes, key=lambda r: r.width)
-        tenth = _chunks(large) // 10
+        # At least one chunk: B // 10 = 0 would read test_error[-1], the large model's final error.
+        tenth = max(1, _chunks(large) // 10)
         ok = _error_at(large, tenth) < small.final_error
         oks.append(ok)
         evidence[dataset] = {
@@ -324,6 +327,8 @@ def judge_f8(runs: list[RunResult]) -> tuple[bool, dict]:
     for width in widths:
         seq = _one(runs, "mnist-wait", width=width, wait=waits[0])
         iid = _one(runs, "mnist-wait", width=width, wait=waits[-1])
+        if iid.wait != _chunks(iid):
+            raise MissingRuns(f"mnist-wait width {width}: no run with w = B = {_chunks(iid)} (largest wait {iid.wait})")
         ok = seq.final_error > iid.final_error
         oks.append(ok)
         evidence[width] = {
