@@ -194,6 +194,7 @@ def test_a_tiny_study_runs_judges_reports_and_resumes(tmp_path, capsys):
     summary = json.loads((tmp_path / "findings.json").read_text())
     assert summary["seeds_judged"] == [0] and list(summary["failed_runs"]) == [blocked.label]
     assert said[-1].startswith("judged on seed(s) [0] only")
+    assert "Verdicts judged on seed(s) [0] only" in (tmp_path / "report.md").read_text()
     assert [(f["id"], f["verdict"]) for f in two] == [(f["id"], f["verdict"]) for f in findings]
 
 

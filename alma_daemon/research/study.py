@@ -330,7 +330,7 @@ def run_study(
         say(f"judged on seed(s) {complete} only: the others have runs missing; run the study again to finish them")
     from alma_daemon.research.study_report import write_study_report
 
-    write_study_report(out, experiments, findings, scale, seeds)
+    write_study_report(out, experiments, findings, scale, seeds, complete)
     return findings
 
 

@@ -46,10 +46,18 @@ def _figures(runs: list[Run], folder: Path, prefix: str) -> list[tuple[str, str]
     return drawn
 
 
-def write_study_report(out: Path, experiments: list, findings: list[dict], scale, seeds: int) -> Path:
-    """Write ``report.md``, ``report.html`` and ``figures/*.png`` for a study in ``out``."""
+def write_study_report(
+    out: Path, experiments: list, findings: list[dict], scale, seeds: int, judged: list[int] | None = None
+) -> Path:
+    """Write ``report.md``, ``report.html`` and ``figures/*.png`` for a study in ``out``.
+
+    ``judged`` are the seeds the verdicts rest on (all ``seeds`` when None); fewer are said under the
+    title, as the tables below still show every finished run."""
     title = f"ALMA study: the paper's findings (scale {scale.name}, {seeds} seed(s))"
-    md = [f"# {title}", "", "| finding | claim | verdict | evidence |", "|---|---|---|---|"]
+    md = [f"# {title}", ""]
+    if judged is not None and len(judged) < seeds:
+        md += [f"Verdicts judged on seed(s) {judged} only: the other seeds have runs missing.", ""]
+    md += ["| finding | claim | verdict | evidence |", "|---|---|---|---|"]
     rows = []
     for f in findings:
         md.append(f"| {f['id']} | {f['claim']} | **{f['verdict']}** | {_key_numbers(f)} |")
