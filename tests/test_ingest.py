@@ -26,10 +26,11 @@ from alma_daemon.data.wire import (
 from alma_daemon.ingest.assembler import Assembler
 from alma_daemon.ingest.worker import IngestWorker
 from alma_daemon.observability import telemetry
+from alma_daemon.service.outages import OutageBoard
 from alma_daemon.service.redis_buffer import ReadyChunks
 from alma_daemon.service.redis_keys import StreamKeys
 from alma_daemon.transports.redis_stream import RedisStreamSource, encode_entry
-from tests.servers import RedisServer
+from tests.servers import KafkaBroker, RedisServer
 
 STREAM = "tiny"
 SCHEMA = StreamSchema("labeled", (4, 4), num_classes=3, max_part_bytes=4096)
@@ -222,6 +223,55 @@ def test_kafka_parts_are_stored_once_and_a_restart_continues_from_the_stored_off
     assert [int(c) for c in redis_db.zrange(keys.ready, 0, -1)] == [1, 2, 3]
     assert int(redis_db.hget(keys.ingest, "chunks_received")) == 3
     assert redis_db.xlen(keys.dead) == 0  # a re-read from the start would dead-letter chunk 1's parts
+
+
+def wait_for(condition, what: str, worker: IngestWorker, limit_seconds: float = 60) -> None:
+    """Wait until ``condition()`` while the ingest thread lives (a safety limit, not a timing check)."""
+    deadline = time.monotonic() + limit_seconds
+    while not condition():
+        assert worker.alive, f"the ingest thread ended before {what}: {worker.error!r}"
+        assert time.monotonic() < deadline, f"no {what} within {limit_seconds} s"
+        time.sleep(0.1)
+
+
+@pytest.mark.integration
+def test_a_broker_lost_before_the_topic_exists_is_reported_and_the_topic_is_read_once_it_comes(
+    tmp_path, redis_db
+) -> None:
+    """Waiting for a topic asks the broker with bounded requests that never create it: while no broker
+    answers, the ingest thread keeps stepping and reports Kafka down, and once the broker is back with
+    the topic, the same source reads it."""
+    from kafka.admin import KafkaAdminClient
+
+    from alma_daemon.transports.kafka import KafkaSource
+
+    broker = KafkaBroker(tmp_path / "tansu")
+    broker.start()
+    topic = "arrives-late"
+    outages = OutageBoard(limit_seconds=float("inf"))
+    keys = StreamKeys(STREAM)
+    source = KafkaSource(broker.bootstrap_servers, topic)
+    worker = IngestWorker(source, redis_db, keys, SCHEMA, max_buffer_bytes=1 << 30, outages=outages)
+    try:
+        assert worker.step(timeout=0.2) == 0
+        admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap_servers)
+        try:
+            assert topic not in admin.list_topics()  # asking for it did not create it
+        finally:
+            admin.close()
+        broker.stop()
+        worker.start()
+        wait_for(lambda: outages.is_down("kafka"), "Kafka reported down", worker)
+        broker.start()  # same port, empty: the topic is made now
+        broker.create_topic(topic, partitions=2)
+        publish_kafka(broker, topic, records_of(1))
+        wait_for(lambda: redis_db.zrange(keys.ready, 0, -1) == [b"1"], "chunk 1 ready", worker)
+        wait_for(lambda: not outages.is_down("kafka"), "Kafka reported back", worker)
+        assert [tp.partition for tp in source.partitions] == [0, 1]
+    finally:
+        worker.stop()
+        broker.stop()
+    assert not worker.alive and worker.error is None
 
 
 class SnapshotRedis(RedisServer):

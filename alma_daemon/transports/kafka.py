@@ -14,13 +14,15 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from kafka import KafkaConsumer, TopicPartition
+from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 from kafka.errors import (
     BrokerNotAvailableError,
     KafkaConnectionError,
     KafkaTimeoutError,
     NodeNotReadyError,
+    NoError,
     RequestTimedOutError,
+    for_code,
 )
 
 from alma_daemon.data.wire import WireRecord
@@ -40,11 +42,20 @@ CONSUMER_SETTINGS = {
 
 #: How long the lag query, which doubles as the broker's health probe, waits for an answer.
 LAG_TIMEOUT_MS = 2000
+#: How long one ask for the topic's partitions waits for an answer (a frozen broker's connection
+#: setup still takes kafka-python's 10 s).
+DISCOVERY_TIMEOUT_MS = 2000
 
 
 class KafkaSource:
     """Every partition of one topic, read from the offsets the caller stores; ``security`` holds the
-    TLS and SASL keywords of ``connections.kafka_security``."""
+    TLS and SASL keywords of ``connections.kafka_security``.
+
+    Until the topic exists, an admin client asks for it with bounded requests that never create it:
+    the consumer's ``partitions_for_topic`` has no time limit (tens of seconds per call while the
+    broker is down, growing with the reconnect backoff), and its ``end_offsets`` (ListOffsets) makes
+    Tansu create a missing topic despite ``allow_auto_create_topics=False``.
+    """
 
     server = "kafka"
     #: What kafka-python raises while no broker answers (it reconnects by itself meanwhile).
@@ -68,9 +79,23 @@ class KafkaSource:
             client_id="alma-ingest",
             **CONSUMER_SETTINGS,
         )
+        # Built here, not on first use: a construction that fails (no broker) leaks its I/O thread.
+        try:
+            self._admin: KafkaAdminClient | None = kafka_client(
+                KafkaAdminClient,
+                bootstrap_servers,
+                security or {},
+                client_id="alma-ingest-discovery",
+                request_timeout_ms=DISCOVERY_TIMEOUT_MS,
+            )
+        except BaseException:
+            self.consumer.close()
+            raise
         self.partitions: list[TopicPartition] = []
         self._offsets: dict[str, str] = {}
         self._next_discovery = 0.0
+        #: What the last ask for the topic met while no broker answered; :meth:`lag` reports it.
+        self._discovery_error: BaseException | None = None
 
     def seek(self, offsets: dict[str, str]) -> None:
         self._offsets = dict(offsets)
@@ -85,14 +110,33 @@ class KafkaSource:
         if now < self._next_discovery:
             return False
         self._next_discovery = now + 1.0
-        found = self.consumer.partitions_for_topic(self.topic)
+        try:
+            found = self._topic_partitions()
+        except self.unreachable as exc:
+            # Like the consumer's poll while the broker is down: nothing now, reported by lag().
+            self._discovery_error = exc
+            return False
+        self._discovery_error = None
         if not found:
             log.info("waiting for topic", extra={"topic": self.topic})
             return False
-        self.partitions = [TopicPartition(self.topic, p) for p in sorted(found)]
+        self._close_admin()
+        self.partitions = [TopicPartition(self.topic, p) for p in found]
         self.consumer.assign(self.partitions)
         self._position_all()
         return True
+
+    def _topic_partitions(self) -> list[int]:
+        """The topic's partition numbers, empty while it does not exist (its Metadata request says
+        ``allow_auto_topic_creation=False``, so asking never creates it)."""
+        assert self._admin is not None  # closed only once the partitions are known
+        (described,) = self._admin.describe_topics([self.topic])
+        error = for_code(described["error_code"])
+        if error is not NoError:
+            if error.retriable:  # UnknownTopicOrPartition, or a leader still being elected
+                return []
+            raise error(f"Kafka topic {self.topic!r} (kafka.topic)")
+        return sorted(p["partition_index"] for p in described["partitions"])
 
     def _position_all(self) -> None:
         for tp in self.partitions:
@@ -125,12 +169,20 @@ class KafkaSource:
 
     def lag(self) -> int | None:
         if not self.partitions:
+            if self._discovery_error is not None:
+                raise self._discovery_error.with_traceback(None)
             return None
         ends = self.consumer.end_offsets(self.partitions, timeout_ms=LAG_TIMEOUT_MS)
         return sum(max(0, ends[tp] - self.consumer.position(tp)) for tp in self.partitions)
 
     def close(self) -> None:
+        self._close_admin()
         self.consumer.close()
+
+    def _close_admin(self) -> None:
+        if self._admin is not None:
+            self._admin.close()
+            self._admin = None
 
 
 class KafkaPublisher:
