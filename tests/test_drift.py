@@ -54,7 +54,8 @@ def test_only_chunks_from_at_on_are_drifted():
     chunks = list(drifted((Chunk(i, part) for i, part in enumerate(partition(data, 4, seed=0), start=1)), drift))
     originals = partition(data, 4, seed=0)
     permutation = label_permutation(10, 0)
-    for chunk, original in zip(chunks, originals):
+    assert [chunk.index for chunk in chunks] == [1, 2, 3, 4]  # every chunk passes, drifted or not
+    for chunk, original in zip(chunks, originals, strict=True):
         expected = permutation[original.y] if chunk.index >= 3 else original.y
         assert torch.equal(chunk.data.y, expected) and torch.equal(chunk.data.x, original.x)
 
@@ -113,7 +114,9 @@ def test_replay_publishes_the_drifted_chunks_the_simulator_trains_on():
         {"stream": {"megabatches": 50, "train_examples": 500, "drift": {"kind": "rotate", "degrees": 30.0, "at": 3}}}
     )
     simulated = simulated_stream(config).chunks
-    for _, chunk, sent in zip(range(4), simulated, chunk_source(config)):
+    sent_chunks = [sent for _, sent in zip(range(4), chunk_source(config))]
+    assert [sent.chunk_id for sent in sent_chunks] == [1, 2, 3, 4]  # else the loop below checks nothing
+    for chunk, sent in zip(simulated, sent_chunks):
         assert chunk.index == sent.chunk_id
         assert torch.equal(chunk.data.x, sent.tensors["x"]) and torch.equal(chunk.data.y, sent.tensors["y"])
     undrifted = simulated_stream(build_config({"stream": {"megabatches": 50, "train_examples": 500}})).chunks
