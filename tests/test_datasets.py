@@ -99,15 +99,29 @@ class Exploit:
 
 
 def test_augmentation_flips_and_shifts_whole_batches():
-    x = torch.arange(2 * 4 * 4 * 1, dtype=torch.float32).reshape(2, 4, 4, 1) + 1
+    n = 16
+    x = torch.arange(n * 4 * 4 * 1, dtype=torch.float32).reshape(n, 4, 4, 1) + 1  # distinct pixels, none black
     g = torch.Generator().manual_seed(0)
     out = flip_and_crop(x, g, padding=1)
     assert out.shape == x.shape
-    for i in range(2):  # every output image is a (possibly flipped) shifted window of its input
-        candidates = [x[i], x[i].flip(1)]
-        padded = [torch.nn.functional.pad(c.permute(2, 0, 1), (1, 1, 1, 1)).permute(1, 2, 0) for c in candidates]
-        windows = [p[dy : dy + 4, dx : dx + 4] for p in padded for dy in range(3) for dx in range(3)]
-        assert any(torch.equal(out[i], w) for w in windows)
+    applied = []
+    for i in range(n):  # every output image is one (possibly flipped) shifted window of its input
+        padded = {
+            flipped: torch.nn.functional.pad(c.permute(2, 0, 1), (1, 1, 1, 1)).permute(1, 2, 0)
+            for flipped, c in ((False, x[i]), (True, x[i].flip(1)))
+        }
+        found = [
+            (flipped, dy, dx)
+            for flipped, p in padded.items()
+            for dy in range(3)
+            for dx in range(3)
+            if torch.equal(out[i], p[dy : dy + 4, dx : dx + 4])
+        ]
+        assert len(found) == 1, (i, found)
+        applied += found
+    # The unchanged image is one of the windows too: only a mix of flips and off-centre crops shows augmenting.
+    assert {flipped for flipped, _, _ in applied} == {False, True}
+    assert any((dy, dx) != (1, 1) for _, dy, dx in applied)
 
 
 @pytest.mark.parametrize("padding", [1, 4])
