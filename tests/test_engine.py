@@ -148,9 +148,15 @@ def test_chunk_ids_must_increase():
 
 
 def test_policies_see_the_last_stage_cost_even_after_waiting_steps():
-    engine = run_stream(["policy.wait=2"], chunks=3)  # trained at 2, waited at 3
+    spy = StageSpy()
+    engine = run_stream(["policy.wait=2"], chunks=3, observers=[spy])  # trained at 2, waited at 3
     state = engine.policy_state()
-    assert state.flops_per_example > 0 and state.train_seconds_per_example > 0
+    (stage,) = spy.stages
+    trained_on = 2 * 54  # chunks 1 and 2: 60 examples each, 10% held out
+    assert stage["train_flops"] > 0 and stage["train_seconds"] > 0
+    # Per training example, as the budget policy multiplies it by the next stage's examples.
+    assert state.flops_per_example == stage["train_flops"] / trained_on
+    assert state.train_seconds_per_example == stage["train_seconds"] / trained_on
     assert state.chunks_pending == 1 and state.next_stage_examples == 54  # 60 examples, 10% held out
 
 
