@@ -50,6 +50,14 @@ def cases():
             )
 
 
+def test_every_learner_declares_contract_cases():
+    # A learner without cases would drop out of the parametrized battery below without a failure.
+    for name in learner_names():
+        declared = learner_class(name).contract_cases()
+        assert declared, f"{name} declares no contract case"
+        assert {task_name for task_name, _ in declared} <= set(TASKS), (name, declared)
+
+
 def make(name: str, task_name: str, overrides: dict, seed: int = 0):
     task, data_fn, n = TASKS[task_name]
     config = learner_settings(name, {"width": 8, "members": 2}, overrides)
