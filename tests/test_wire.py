@@ -417,42 +417,42 @@ def test_single_example_over_the_limit_is_a_clear_error() -> None:
 
 
 @pytest.mark.parametrize(
-    "kwargs",
+    "kwargs,names",
     [
-        {"stream": "has/slash"},
-        {"stream": "{tag}"},
-        {"stream": ""},
-        {"chunk_id": -1},
-        {"chunk_id": 2**53},
-        {"chunk_id": True},
-        {"x": torch.zeros(4, 28, 28, dtype=torch.float64)},
-        {"x": torch.zeros(0, 28, 28, dtype=torch.uint8), "y": torch.zeros(0, dtype=torch.int64)},
-        {"y": torch.zeros(4, dtype=torch.int32)},
-        {"y": torch.zeros(3, dtype=torch.int64)},
-        {"tokens": torch.zeros(5, dtype=torch.int32)},
-        {"x": None},
-        {"max_part_bytes": 0},
+        ({"stream": "has/slash"}, "stream name"),
+        ({"stream": "{tag}"}, "stream name"),
+        ({"stream": ""}, "stream name"),
+        ({"chunk_id": -1}, "chunk_id"),
+        ({"chunk_id": 2**53}, "chunk_id"),
+        ({"chunk_id": True}, "chunk_id"),
+        ({"x": torch.zeros(4, 28, 28, dtype=torch.float64)}, "x must be uint8 or float32"),
+        ({"x": torch.zeros(0, 28, 28, dtype=torch.uint8), "y": torch.zeros(0, dtype=torch.int64)}, "x must be N x"),
+        ({"y": torch.zeros(4, dtype=torch.int32)}, "y must be int64"),
+        ({"y": torch.zeros(3, dtype=torch.int64)}, "y must have shape"),
+        ({"tokens": torch.zeros(5, dtype=torch.int32)}, "not both"),
+        ({"x": None}, "x and y together"),
+        ({"max_part_bytes": 0}, "max_part_bytes"),
     ],
 )
-def test_encoder_rejects_malformed_input(kwargs: dict) -> None:
+def test_encoder_rejects_malformed_input_naming_the_argument(kwargs: dict, names: str) -> None:
     args = {"stream": "mnist", "chunk_id": 1, "x": mnist_x(), "y": mnist_y()} | kwargs
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=names):
         encode_chunk(**args)
 
 
 @pytest.mark.parametrize(
-    "kwargs",
+    "kwargs,names",
     [
-        {"kind": "image", "num_classes": 10},
-        {"kind": "labeled", "example_shape": (28, 28)},
-        {"kind": "labeled", "example_shape": (28, 0), "num_classes": 10},
-        {"kind": "labeled", "example_shape": (28,), "num_classes": 10, "x_dtypes": ("float64",)},
-        {"kind": "text"},
-        {"kind": "text", "vocab_size": 100, "max_part_bytes": 0},
+        ({"kind": "image", "num_classes": 10}, "kind"),
+        ({"kind": "labeled", "example_shape": (28, 28)}, "num_classes"),
+        ({"kind": "labeled", "example_shape": (28, 0), "num_classes": 10}, "example_shape"),
+        ({"kind": "labeled", "example_shape": (28,), "num_classes": 10, "x_dtypes": ("float64",)}, "x_dtypes"),
+        ({"kind": "text"}, "vocab_size"),
+        ({"kind": "text", "vocab_size": 100, "max_part_bytes": 0}, "max_part_bytes"),
     ],
 )
-def test_stream_schema_rejects_bad_configuration(kwargs: dict) -> None:
-    with pytest.raises(ValueError):
+def test_stream_schema_rejects_bad_configuration_naming_the_field(kwargs: dict, names: str) -> None:
+    with pytest.raises(ValueError, match=names):
         StreamSchema(**kwargs)
 
 
