@@ -109,8 +109,20 @@ def test_before_the_first_stage_the_error_is_the_fresh_models():
     assert series[-1]["test_error"] < series[0]["test_error"]
 
 
+class LiveModelError(EngineObserver):
+    """The error on each new chunk of the model that decides what to do with it (before any stage it starts)."""
+
+    def __init__(self, chunks):
+        self.chunks, self.errors = chunks, []
+
+    def on_decision(self, decision, engine):
+        self.errors.append(engine.learner.evaluate(self.chunks[engine.state.chunks_seen - 1])["error"])
+
+
 def test_prequential_error_is_measured_before_training_on_the_chunk():
-    series = run_stream(["policy.wait=1"]).state.series
+    live = LiveModelError(partition(separable_data(MNIST_TASK, 60 * B, seed=1), B, seed=0))  # run_stream's chunks
+    series = run_stream(["policy.wait=1"], observers=[live]).state.series
+    assert [r["prequential_error"] for r in series] == live.errors
     assert series[0]["prequential_error"] > 0.5  # an untrained 10-class model
     assert series[-1]["prequential_error"] < series[0]["prequential_error"]
 
