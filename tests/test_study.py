@@ -9,7 +9,7 @@ import pytest
 
 from alma_daemon.cli import main
 from alma_daemon.research import findings as F
-from alma_daemon.research.findings import RunResult, judge
+from alma_daemon.research.findings import Finding, RunResult, judge
 from alma_daemon.research.study import FULL, QUICK, paper_experiments, plan_runs, run_study
 
 FINDING = {f.id: f for f in F.FINDINGS}
@@ -126,6 +126,14 @@ def test_f4_needs_a_cheaper_sm_with_a_lower_cer_for_every_growing_run():
     entry = judge(FINDING["F4"], [sm, ens, gens, costly_grower, cheap_grower])
     assert entry["verdict"] == "does not hold"
     assert entry["evidence"]["per_seed"][0]["won"] == 4
+
+
+def test_a_rule_that_fails_is_an_error_not_a_finding_left_unjudged():
+    def broken(runs):
+        return runs[0].summary["no such key"], {}
+
+    with pytest.raises(KeyError, match="no such key"):
+        judge(Finding("FX", "claim", "rule", broken), f1_runs(0, 10, 1))
 
 
 def test_a_finding_whose_runs_are_missing_is_not_judged():

@@ -445,7 +445,7 @@ def judge(finding: Finding, runs: list[RunResult]) -> dict:
     for seed in seeds:
         try:
             ok, evidence = finding.judge([r for r in runs if r.seed == seed])
-        except (MissingRuns, KeyError, IndexError) as exc:
+        except MissingRuns as exc:  # a rule's own KeyError or IndexError is a bug, and must show
             missing = f"{type(exc).__name__}: {exc}"
             continue
         per_seed[seed] = {"holds": ok, **evidence}
