@@ -254,6 +254,19 @@ def test_config_check_command_names_the_bad_key(tmp_path, capsys):
     assert main(["config", "check", str(path)]) == 0
 
 
+def test_config_check_takes_the_file_as_other_commands_do_too(tmp_path, capsys):
+    from alma_daemon.cli import main
+
+    path = tmp_path / "bad.yaml"
+    path.write_text("learner: {name: sm, members: 3}\n")
+    assert main(["config", "check", "--config", str(path)]) == 2
+    assert "learner.members" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="give the config file once"):
+        main(["config", "check", str(path), "--config", str(path)])
+    with pytest.raises(SystemExit, match="give the config file once"):
+        main(["config", "check"])
+
+
 def test_a_checkpoint_spec_saved_with_every_learners_keys_still_loads():
     """Specs written while one flat config class served every learner carry all of its keys."""
     from alma_daemon.data.datasets import MNIST_TASK

@@ -21,7 +21,9 @@ def add_parser(subparsers) -> None:
     schema = actions.add_parser("schema", help="print the JSON Schema of a config file (every learner and policy)")
     schema.set_defaults(func=print_schema)
     check = actions.add_parser("check", help="validate a config file (and --set overrides) as alma does at start-up")
-    check.add_argument("file", help="the YAML config file")
+    check.add_argument("file", nargs="?", help="the YAML config file")
+    # Every other command names its config with --config; a user who types it here means the same.
+    check.add_argument("--config", dest="config_file", metavar="FILE", help="the same, as the other commands name it")
     check.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     check.set_defaults(func=check_file)
 
@@ -32,8 +34,11 @@ def print_schema(args: argparse.Namespace) -> int:
 
 
 def check_file(args: argparse.Namespace) -> int:
-    config = load_config(args.file, args.overrides)
+    if (args.file is None) == (args.config_file is None):
+        raise SystemExit("alma config check: give the config file once, as FILE or as --config FILE")
+    path = args.file or args.config_file
+    config = load_config(path, args.overrides)
     if config.dataset.name == "arrays":
         arrays_task(config.dataset)  # what a command checks once it starts: the task must be declared
-    print(f"{args.file}: valid (learner {config.learner.name}, policy {config.policy.name})")
+    print(f"{path}: valid (learner {config.learner.name}, policy {config.policy.name})")
     return 0
