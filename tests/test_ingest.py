@@ -235,6 +235,25 @@ def wait_for(condition, what: str, worker: IngestWorker, limit_seconds: float = 
 
 
 @pytest.mark.integration
+def test_a_topic_description_waits_for_a_missing_topic_and_reports_other_errors() -> None:
+    from kafka.errors import TopicAuthorizationFailedError
+
+    from alma_daemon.transports.kafka import KafkaSource, TopicNotServed, partitions_of
+
+    def described(code: int, partitions: tuple[int, ...] = ()) -> dict:
+        return {"error_code": code, "partitions": [{"partition_index": p} for p in partitions]}
+
+    assert partitions_of(described(0, (1, 0)), "t") == [0, 1]
+    assert partitions_of(described(3), "t") == []  # UNKNOWN_TOPIC_OR_PARTITION: not created yet
+    assert partitions_of(described(5), "t") == []  # LEADER_NOT_AVAILABLE: being created
+    # NOT_CONTROLLER is retriable but says nothing about the topic: an outage, not "no topic yet".
+    with pytest.raises(TopicNotServed, match="NotControllerError") as raised:
+        partitions_of(described(41), "t")
+    assert isinstance(raised.value, KafkaSource.unreachable)
+    with pytest.raises(TopicAuthorizationFailedError, match="kafka.topic"):
+        partitions_of(described(29), "t")
+
+
 def test_a_broker_lost_before_the_topic_exists_is_reported_and_the_topic_is_read_once_it_comes(
     tmp_path, redis_db
 ) -> None:

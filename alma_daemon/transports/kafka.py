@@ -18,10 +18,13 @@ from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 from kafka.errors import (
     BrokerNotAvailableError,
     KafkaConnectionError,
+    KafkaError,
     KafkaTimeoutError,
+    LeaderNotAvailableError,
     NodeNotReadyError,
     NoError,
     RequestTimedOutError,
+    UnknownTopicOrPartitionError,
     for_code,
 )
 
@@ -42,6 +45,34 @@ CONSUMER_SETTINGS = {
 
 #: How long the lag query, which doubles as the broker's health probe, waits for an answer.
 LAG_TIMEOUT_MS = 2000
+
+
+class TopicNotServed(KafkaError):
+    """The broker answered about the awaited topic with a retriable error other than "no such topic
+    yet" (a controller moving, a request timing out broker-side): an outage, retried like one."""
+
+    retriable = True
+
+
+#: Topic errors that mean the topic is not there yet, so ingest waits for it.
+TOPIC_NOT_YET = (UnknownTopicOrPartitionError, LeaderNotAvailableError)
+
+
+def partitions_of(described: Mapping[str, Any], topic: str) -> list[int]:
+    """The partition numbers of one topic of a ``describe_topics`` answer (kafka-python 3 field
+    names); empty while the topic is not there yet. Raises :class:`TopicNotServed` for another
+    retriable error, and the error itself, naming ``kafka.topic``, for one that retrying cannot cure
+    (no permission to describe it)."""
+    error = for_code(described["error_code"])
+    if error is NoError:
+        return sorted(p["partition_index"] for p in described["partitions"])
+    if error in TOPIC_NOT_YET:
+        return []
+    if error.retriable:
+        raise TopicNotServed(f"Kafka topic {topic!r}: {error.__name__}")
+    raise error(f"Kafka topic {topic!r} (kafka.topic)")
+
+
 #: How long one ask for the topic's partitions waits for an answer (a frozen broker's connection
 #: setup still takes kafka-python's 10 s).
 DISCOVERY_TIMEOUT_MS = 2000
@@ -54,7 +85,8 @@ class KafkaSource:
     Until the topic exists, an admin client asks for it with bounded requests that never create it:
     the consumer's ``partitions_for_topic`` has no time limit (tens of seconds per call while the
     broker is down, growing with the reconnect backoff), and its ``end_offsets`` (ListOffsets) makes
-    Tansu create a missing topic despite ``allow_auto_create_topics=False``.
+    Tansu create a missing topic despite ``allow_auto_create_topics=False``. The partitions are
+    read once: partitions added to the topic later are read from their start after a restart.
     """
 
     server = "kafka"
@@ -65,6 +97,7 @@ class KafkaSource:
         BrokerNotAvailableError,
         NodeNotReadyError,
         RequestTimedOutError,
+        TopicNotServed,
     )
 
     def __init__(self, bootstrap_servers: str, topic: str, security: Mapping[str, Any] | None = None):
@@ -131,12 +164,7 @@ class KafkaSource:
         ``allow_auto_topic_creation=False``, so asking never creates it)."""
         assert self._admin is not None  # closed only once the partitions are known
         (described,) = self._admin.describe_topics([self.topic])
-        error = for_code(described["error_code"])
-        if error is not NoError:
-            if error.retriable:  # UnknownTopicOrPartition, or a leader still being elected
-                return []
-            raise error(f"Kafka topic {self.topic!r} (kafka.topic)")
-        return sorted(p["partition_index"] for p in described["partitions"])
+        return partitions_of(described, self.topic)
 
     def _position_all(self) -> None:
         for tp in self.partitions:
