@@ -223,8 +223,13 @@ def paired_difference(ours: list[float], theirs: list[float]) -> dict:
     """Mean per-seed CER difference and its standard error: whether a gap stands out of the seed noise
     (the best schedule is picked in hindsight from many, so its mean is biased low as well)."""
     differences = [a - b for a, b in zip(ours, theirs)]
-    spread = statistics.stdev(differences) / math.sqrt(len(differences)) if len(differences) > 1 else math.nan
+    # None with one seed: json writes a float NaN as a bare NaN, which is not JSON.
+    spread = statistics.stdev(differences) / math.sqrt(len(differences)) if len(differences) > 1 else None
     return {"cer_difference_to_best": statistics.fmean(differences), "cer_difference_standard_error": spread}
+
+
+def standard_error(value: float | None) -> str:
+    return "" if value is None else f" (standard error {value:.2f})"
 
 
 def targets(setting: str, rows: dict) -> dict | None:
@@ -291,7 +296,7 @@ def markdown(report: dict, meta: dict) -> str:
         text = (
             f"Best schedule in hindsight: {verdict['best_schedule']}. Adaptive: CER x{verdict['cer_ratio_to_best']:.3f}, "
             f"FLOPs x{verdict['flops_ratio_to_best']:.2f} of it; per-seed CER difference "
-            f"{verdict['cer_difference_to_best']:+.2f} (standard error {verdict['cer_difference_standard_error']:.2f}). "
+            f"{verdict['cer_difference_to_best']:+.2f}{standard_error(verdict['cer_difference_standard_error'])}. "
         )
         checks = {k: v for k, v in verdict.items() if isinstance(v, bool) and k != "met"}
         text += "; ".join(f"{k.replace('_', ' ')}: {'yes' if v else 'NO'}" for k, v in checks.items())
@@ -399,7 +404,7 @@ def main() -> None:
                     f"FLOPs {record['cumulative_train_flops']:.3g}  stages {record['stages']:3}  {record['seconds']} s"
                 )
 
-    report = summarize(runs, list(SETTINGS), args.seeds, common)
+    report = summarize(runs, args.settings, args.seeds, common)
     versions = sorted({r.get("torch", "?") for r in runs.values()})
     meta = {
         "command": "nice python benchmarks/bench_policy.py "

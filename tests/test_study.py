@@ -206,6 +206,13 @@ def test_a_tiny_study_runs_judges_reports_and_resumes(tmp_path, capsys):
     assert [(f["id"], f["verdict"]) for f in two] == [(f["id"], f["verdict"]) for f in findings]
 
 
+def test_a_study_with_no_complete_seed_says_so(tmp_path):
+    from alma_daemon.research.study_report import write_study_report
+
+    write_study_report(tmp_path, [], [], QUICK, seeds=1, judged=[])
+    assert "Verdicts judged on no seed: the other seeds have runs missing." in (tmp_path / "report.md").read_text()
+
+
 def test_alma_study_list_names_every_finding(capsys):
     assert main(["study", "--list"]) == 0
     out = capsys.readouterr().out

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from alma_daemon.config import load_config
 from alma_daemon.config.loading import json_schema
@@ -23,7 +24,7 @@ def add_parser(subparsers) -> None:
     check = actions.add_parser("check", help="validate a config file (and --set overrides) as alma does at start-up")
     check.add_argument("file", nargs="?", help="the YAML config file")
     # Every other command names its config with --config; a user who types it here means the same.
-    check.add_argument("--config", dest="config_file", metavar="FILE", help="the same, as the other commands name it")
+    check.add_argument("--config", metavar="FILE", help="the same, as the other commands name it")
     check.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     check.set_defaults(func=check_file)
 
@@ -34,9 +35,10 @@ def print_schema(args: argparse.Namespace) -> int:
 
 
 def check_file(args: argparse.Namespace) -> int:
-    if (args.file is None) == (args.config_file is None):
-        raise SystemExit("alma config check: give the config file once, as FILE or as --config FILE")
-    path = args.file or args.config_file
+    if (args.file is None) == (args.config is None):
+        print("alma config check: give the config file once, as FILE or as --config FILE", file=sys.stderr)
+        return 2  # a usage error, as argparse's
+    path = args.file or args.config
     config = load_config(path, args.overrides)
     if config.dataset.name == "arrays":
         arrays_task(config.dataset)  # what a command checks once it starts: the task must be declared

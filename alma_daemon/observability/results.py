@@ -44,7 +44,8 @@ def summarize(series: list[dict], wall_seconds: float, state: EngineState | None
     Stages, training FLOPs and seconds come from the running totals, not by counting trained steps:
     a time-based policy's stages between chunks (Engine.on_tick) have no step record of their own.
     The engine's ``state`` holds them up to its last stage; without it, the last record does up to
-    its chunk.
+    its chunk. The rest (final errors, parameters, inference cost) is the last chunk's, measured
+    before any stage trained since.
     """
     records = read_rows(series)
     last: StepRecord | None = records[-1] if records else None

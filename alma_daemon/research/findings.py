@@ -1,4 +1,4 @@
-"""The paper's findings F1-F9 as rules written in code, judged on a study's results.
+"""The paper's findings F1-F8, and our F9, as rules written in code, judged on a study's results.
 
 Each rule looks at the runs of one seed and answers yes or no, with the numbers it compared. A
 finding *holds* when every seed says yes, *does not hold* when every seed says no, and is *mixed*

@@ -327,7 +327,8 @@ def run_study(
     summary = {"runs": len(results), "of": len(runs), "seeds_judged": complete, "failed_runs": failures}
     write_json_atomic(out / "findings.json", {"findings": findings, **summary})
     if len(complete) < seeds:
-        say(f"judged on seed(s) {complete} only: the others have runs missing; run the study again to finish them")
+        on = f"seed(s) {complete} only" if complete else "no seed"
+        say(f"judged on {on}: the others have runs missing; run the study again to finish them")
     from alma_daemon.research.study_report import write_study_report
 
     write_study_report(out, experiments, findings, scale, seeds, complete)

@@ -56,7 +56,8 @@ def write_study_report(
     title = f"ALMA study: the paper's findings (scale {scale.name}, {seeds} seed(s))"
     md = [f"# {title}", ""]
     if judged is not None and len(judged) < seeds:
-        md += [f"Verdicts judged on seed(s) {judged} only: the other seeds have runs missing.", ""]
+        on = f"seed(s) {judged} only" if judged else "no seed"
+        md += [f"Verdicts judged on {on}: the other seeds have runs missing.", ""]
     md += ["| finding | claim | verdict | evidence |", "|---|---|---|---|"]
     rows = []
     for f in findings:
