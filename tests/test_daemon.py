@@ -169,6 +169,7 @@ def test_a_daemon_killed_at_any_point_resumes_to_the_uninterrupted_series(tmp_pa
         s: Path(c.daemon.checkpoint_dir) / c.serving.model_name / "4" / "weights.safetensors" for s, c in runs.items()
     }
     weights = {s: load_file(str(p)) for s, p in last.items()}
+    assert weights["reference"].keys() == weights["crashed"].keys()
     assert all(torch.equal(weights["reference"][k], weights["crashed"][k]) for k in weights["reference"])
     versions = [name for name in os.listdir(last["crashed"].parents[1]) if name.isdigit()]
     assert sorted(versions) == ["1", "2", "3", "4"]  # the live pointer and its lock sit beside them
