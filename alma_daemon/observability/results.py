@@ -49,14 +49,16 @@ def summarize(series: list[dict], wall_seconds: float, state: EngineState | None
     """
     records = read_rows(series)
     last: StepRecord | None = records[-1] if records else None
+    # Both carry model_version and the cumulative training FLOPs and seconds.
+    totals: EngineState | StepRecord | None = state if state is not None else last
     summary = {
         "chunks": len(records),
-        "stages": state.model_version if state else last.model_version if last else 0,
-        "cumulative_train_flops": state.cumulative_train_flops if state else last.cumulative_train_flops if last else 0,
+        "stages": totals.model_version if totals else 0,
+        "cumulative_train_flops": totals.cumulative_train_flops if totals else 0,
         "cumulative_parameters": last.cumulative_parameters if last else 0,
         "final_parameters": last.parameters if last else None,
         "final_inference_flops_per_example": last.inference_flops_per_example if last else None,
-        "train_seconds": state.cumulative_train_seconds if state else last.cumulative_train_seconds if last else 0.0,
+        "train_seconds": totals.cumulative_train_seconds if totals else 0.0,
         "wall_seconds": wall_seconds,
     }
     if last is not None and last.measure == "error":
