@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import pickle
+import threading
 import time
 
 import pytest
@@ -291,6 +292,42 @@ def test_a_broker_lost_before_the_topic_exists_is_reported_and_the_topic_is_read
         worker.stop()
         broker.stop()
     assert not worker.alive and worker.error is None
+
+
+def kafka_io_threads() -> int:
+    return sum(thread.name.startswith("kafka-io") for thread in threading.enumerate())
+
+
+@pytest.mark.integration
+def test_ingest_started_before_its_broker_reports_kafka_down_then_reads_the_topic(tmp_path, redis_db) -> None:
+    """A daemon may start before its broker (Kubernetes orders nothing): the source connects on its
+    first polls, reports the outage meanwhile, and tries no client while no broker accepts connections
+    (a client that fails to bootstrap leaks its I/O thread)."""
+    from alma_daemon.transports.kafka import DISCOVERY_INTERVAL, KafkaSource
+
+    broker = KafkaBroker(tmp_path / "tansu")  # its port is chosen, nothing listens on it yet
+    topic = "broker-comes-later"
+    outages = OutageBoard(limit_seconds=float("inf"))
+    keys = StreamKeys(STREAM)
+    threads_before = kafka_io_threads()
+    source = KafkaSource(broker.bootstrap_servers, topic)
+    worker = IngestWorker(source, redis_db, keys, SCHEMA, max_buffer_bytes=1 << 30, outages=outages)
+    try:
+        worker.start()
+        wait_for(lambda: outages.is_down("kafka"), "Kafka reported down", worker)
+        time.sleep(2 * DISCOVERY_INTERVAL)  # more tries at the broker, none of which may leave a thread
+        assert kafka_io_threads() == threads_before
+        assert "no Kafka broker accepts connections" in outages.outages()[0].reason
+        broker.start()
+        broker.create_topic(topic)
+        publish_kafka(broker, topic, records_of(1))
+        wait_for(lambda: redis_db.zrange(keys.ready, 0, -1) == [b"1"], "chunk 1 ready", worker)
+        wait_for(lambda: not outages.is_down("kafka"), "Kafka reported back", worker)
+    finally:
+        worker.stop()
+        broker.stop()
+    assert not worker.alive and worker.error is None
+    assert kafka_io_threads() == threads_before
 
 
 class SnapshotRedis(RedisServer):

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from alma_daemon.config import Config
+from alma_daemon.config import Config, ConfigError
 from alma_daemon.core.checkpoints import CheckpointStore
 from alma_daemon.core.engine import Engine, EngineObserver
 from alma_daemon.data.stream_task import StreamTask, load_stream_task
@@ -243,8 +243,11 @@ class Daemon:
 
     def _check_ingest(self) -> None:
         assert self.ingest is not None
-        if self.ingest.error is not None:
-            raise IngestFailed(f"ingest stopped: {self.ingest.error!r}") from self.ingest.error
+        error = self.ingest.error
+        if isinstance(error, ConfigError):
+            raise error  # e.g. a refused Kafka login, met when the transport first connects
+        if error is not None:
+            raise IngestFailed(f"ingest stopped: {error!r}") from error
 
     def _step(self, work: Callable[[], None]) -> None:
         self._in_step = True

@@ -10,11 +10,13 @@ would break exactly-once).
 from __future__ import annotations
 
 import logging
+import socket
 import time
 from collections.abc import Mapping
 from typing import Any
 
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
+from kafka.cluster import collect_hosts
 from kafka.errors import (
     BrokerNotAvailableError,
     KafkaConnectionError,
@@ -76,13 +78,34 @@ def partitions_of(described: Mapping[str, Any], topic: str) -> list[int]:
 #: How long one ask for the topic's partitions waits for an answer (a frozen broker's connection
 #: setup still takes kafka-python's 10 s).
 DISCOVERY_TIMEOUT_MS = 2000
+#: Seconds between two asks for the broker or the topic while either is missing.
+DISCOVERY_INTERVAL = 1.0
+#: How long building a client waits for the broker's first answer (kafka-python's default: 30 s).
+BOOTSTRAP_TIMEOUT_MS = 5000
+#: How long the TCP probe that precedes building the clients waits for each bootstrap server.
+PROBE_TIMEOUT_SECONDS = 2.0
+
+
+def broker_accepts_connections(bootstrap_servers: str) -> None:
+    """Return once one of ``bootstrap_servers`` accepts a TCP connection; raise
+    :class:`~kafka.errors.KafkaConnectionError` (an outage) naming them when none does."""
+    errors = []
+    for host, port, _family in collect_hosts(bootstrap_servers, randomize=False):
+        try:
+            socket.create_connection((host, port), timeout=PROBE_TIMEOUT_SECONDS).close()
+            return
+        except OSError as exc:
+            errors.append(f"{host}:{port}: {exc}")
+    raise KafkaConnectionError(f"no Kafka broker accepts connections ({'; '.join(errors)})")
 
 
 class KafkaSource:
     """Every partition of one topic, read from the offsets the caller stores; ``security`` holds the
     TLS and SASL keywords of ``connections.kafka_security``.
 
-    Until the topic exists, an admin client asks for it with bounded requests that never create it:
+    Nothing connects at construction: the first polls build the clients once a broker accepts
+    connections, so a daemon started before its broker runs and reports Kafka down meanwhile. Until
+    the topic exists, an admin client asks for it with bounded requests that never create it:
     the consumer's ``partitions_for_topic`` has no time limit (tens of seconds per call while the
     broker is down, growing with the reconnect backoff), and its ``end_offsets`` (ListOffsets) makes
     Tansu create a missing topic despite ``allow_auto_create_topics=False``. The partitions are
@@ -102,33 +125,50 @@ class KafkaSource:
 
     def __init__(self, bootstrap_servers: str, topic: str, security: Mapping[str, Any] | None = None):
         self.topic = topic
-        self.consumer = kafka_client(
+        self.bootstrap_servers = bootstrap_servers
+        self.security = dict(security or {})
+        #: Built once a broker accepts connections (:meth:`_connect`): a daemon may start before its broker.
+        self.consumer: KafkaConsumer | None = None
+        self._admin: KafkaAdminClient | None = None
+        self.partitions: list[TopicPartition] = []
+        self._offsets: dict[str, str] = {}
+        self._next_discovery = 0.0
+        #: What the last ask for the broker or the topic met while no broker answered; :meth:`lag` reports it.
+        self._discovery_error: BaseException | None = None
+
+    def _connect(self) -> None:
+        """Build the consumer and the admin client, once a broker accepts a TCP connection.
+
+        A client whose construction fails (no broker to bootstrap from) leaks its I/O thread, so a
+        broker that is down is first found out with a plain connection attempt; only a broker that
+        accepts connections but never answers can still cost a thread per try (one every
+        ``DISCOVERY_INTERVAL`` seconds at most).
+        """
+        broker_accepts_connections(self.bootstrap_servers)
+        consumer = kafka_client(
             KafkaConsumer,
-            bootstrap_servers,
-            security or {},
+            self.bootstrap_servers,
+            self.security,
             group_id=None,
             enable_auto_commit=False,
             allow_auto_create_topics=False,
             client_id="alma-ingest",
+            bootstrap_timeout_ms=BOOTSTRAP_TIMEOUT_MS,
             **CONSUMER_SETTINGS,
         )
-        # Built here, not on first use: a construction that fails (no broker) leaks its I/O thread.
         try:
-            self._admin: KafkaAdminClient | None = kafka_client(
+            self._admin = kafka_client(
                 KafkaAdminClient,
-                bootstrap_servers,
-                security or {},
+                self.bootstrap_servers,
+                self.security,
                 client_id="alma-ingest-discovery",
                 request_timeout_ms=DISCOVERY_TIMEOUT_MS,
+                bootstrap_timeout_ms=BOOTSTRAP_TIMEOUT_MS,
             )
         except BaseException:
-            self.consumer.close()
+            consumer.close()
             raise
-        self.partitions: list[TopicPartition] = []
-        self._offsets: dict[str, str] = {}
-        self._next_discovery = 0.0
-        #: What the last ask for the topic met while no broker answered; :meth:`lag` reports it.
-        self._discovery_error: BaseException | None = None
+        self.consumer = consumer
 
     def seek(self, offsets: dict[str, str]) -> None:
         self._offsets = dict(offsets)
@@ -142,8 +182,10 @@ class KafkaSource:
         now = time.monotonic()
         if now < self._next_discovery:
             return False
-        self._next_discovery = now + 1.0
+        self._next_discovery = now + DISCOVERY_INTERVAL
         try:
+            if self.consumer is None:
+                self._connect()
             found = self._topic_partitions()
         except self.unreachable as exc:
             # Like the consumer's poll while the broker is down: nothing now, reported by lag().
@@ -154,6 +196,7 @@ class KafkaSource:
             log.info("waiting for topic", extra={"topic": self.topic})
             return False
         self._close_admin()
+        assert self.consumer is not None  # connected above
         self.partitions = [TopicPartition(self.topic, p) for p in found]
         self.consumer.assign(self.partitions)
         self._position_all()
@@ -167,6 +210,7 @@ class KafkaSource:
         return partitions_of(described, self.topic)
 
     def _position_all(self) -> None:
+        assert self.consumer is not None  # partitions are assigned only once connected
         for tp in self.partitions:
             stored = self._offsets.get(str(tp.partition))
             if stored is None:
@@ -178,6 +222,7 @@ class KafkaSource:
         if not self._discover():
             time.sleep(min(timeout, 0.2))
             return []
+        assert self.consumer is not None  # discovered, hence connected
         batches = self.consumer.poll(timeout_ms=int(timeout * 1000), max_records=max_records)
         return [
             SourceRecord(
@@ -200,12 +245,14 @@ class KafkaSource:
             if self._discovery_error is not None:
                 raise self._discovery_error.with_traceback(None)
             return None
+        assert self.consumer is not None  # partitions are assigned only once connected
         ends = self.consumer.end_offsets(self.partitions, timeout_ms=LAG_TIMEOUT_MS)
         return sum(max(0, ends[tp] - self.consumer.position(tp)) for tp in self.partitions)
 
     def close(self) -> None:
         self._close_admin()
-        self.consumer.close()
+        if self.consumer is not None:
+            self.consumer.close()
 
     def _close_admin(self) -> None:
         if self._admin is not None:
