@@ -98,6 +98,16 @@ def _shown(value: float, kind: str) -> str:
     return f"perplexity {math.exp(value):.2f}" if kind == "perplexity" else f"error {value:.3f}"
 
 
+def _rise(delta: float, kind: str) -> str:
+    """A rise on the rules' scale as a person reads it: error points, or percent of the perplexity."""
+    return f"{100 * math.expm1(delta):.1f} %" if kind == "perplexity" else f"{delta:.3g}"
+
+
+def _fall(delta: float, kind: str) -> str:
+    """A fall on the rules' scale as a person reads it: error points, or percent of the perplexity."""
+    return f"{-100 * math.expm1(-delta):.1f} % of the perplexity" if kind == "perplexity" else f"{delta:.3g}"
+
+
 @dataclass(config=PLUGIN_SECTION)
 class AdaptiveConfig(PolicyConfig):
     """adaptive: no keys of its own, one configuration for every stream (policy.grow_every: 0 still
@@ -122,8 +132,8 @@ class Adaptive(Policy):
         self.seen = 0
         #: Chunks trained on since the start of the stream or the last drift.
         self.trained = 0
-        #: The chunk the current regime started at (1 = the stream's start, else the drifted chunk).
-        self.regime_start = 1
+        #: The id of the chunk the current regime started at: None from the stream's start, else the drifted chunk.
+        self.regime_start: int | None = None
         self.live = _Errors()
         self.previous: _Errors | None = None
         #: The last stage: its size in chunks, and whether a drift triggered it.
@@ -146,7 +156,8 @@ class Adaptive(Policy):
     def load_state_dict(self, state: dict) -> None:
         self.seen = int(state.get("seen", 0))
         self.trained = int(state.get("trained", 0))
-        self.regime_start = int(state.get("regime_start", 1))
+        start = state.get("regime_start")
+        self.regime_start = None if start is None else int(start)
         self.live = _Errors(state.get("live"))
         self.previous = _Errors(state["previous"]) if state.get("previous") else None
         self.last_stage = state.get("last_stage")
@@ -163,34 +174,50 @@ class Adaptive(Policy):
             )
         self.seen = state.chunks_seen
         kind = state.measure
-        value = _value(state.prequential, kind)
         estimates: dict[str, float] = {}
-
-        drift_reason = self._drift(value, state.prequential_examples, kind, estimates)
-        self.live.add(value, state.prequential_examples)
-        if kind == "error":
-            estimates["live_error"] = self.live.mean
-            if self.previous is not None:
-                estimates["previous_error"] = self.previous.mean
+        # A NaN or infinite measure (a diverged language model, a chunk with no tokens) says nothing
+        # about the stream: it is left out of the means and of the drift test, and the wait goes on.
+        usable = math.isfinite(state.prequential)
+        value = _value(state.prequential, kind) if usable else math.nan
+        drift_reason = self._drift(value, state.prequential_examples, kind, estimates) if usable else None
+        if usable:
+            self.live.add(value, state.prequential_examples)
         if drift_reason is not None:
             return self._train(state, drift_reason, estimates, value, drift=True)
 
-        threshold = max(1, math.ceil(RATIO * self.trained - 1e-9))
-        rule = f"max(1, {RATIO:g} x {self.trained} chunk(s) trained on since chunk {self.regime_start}) = {threshold}"
+        threshold = self._threshold()
+        since = "the stream's start" if self.regime_start is None else f"chunk {self.regime_start}"
+        rule = f"max(1, {RATIO:g} x {self.trained} chunk(s) trained on since {since}) = {threshold}"
         gain, plateau = self._stage_gain(kind, estimates)
+        self._export_means(kind, estimates)
         estimates["wait_chunks"] = float(threshold)
         pending = state.chunks_pending
-        facts = f"live model {_shown(self.live.mean, kind)} on {self.live.chunks} chunk(s){gain}"
+        if self.live.chunks:
+            facts = f"live model {_shown(self.live.mean, kind)} on {self.live.chunks} chunk(s){gain}"
+        else:
+            facts = "no finite measure of the live model yet"
+        if not usable:
+            facts += f"; the newest chunk's {kind} ({state.prequential}) is not finite and was left out"
         if pending >= threshold:
             reason = f"{pending} chunk(s) pending >= {rule}; {facts}"
             return self._train(state, reason, estimates, value, drift=False, plateau=plateau)
         return Decision(False, False, f"{pending} chunk(s) pending < {rule}; {facts}", estimates)
 
+    def _threshold(self) -> int:
+        """Pending chunks the next stage waits for."""
+        return max(1, math.ceil(RATIO * self.trained - 1e-9))
+
+    def _export_means(self, kind: str, estimates: dict) -> None:
+        """The live and previous models' mean errors, as estimates (error rates only; NaN where none)."""
+        if kind == "error":
+            estimates["live_error"] = self.live.mean if self.live.chunks else math.nan
+            estimates["previous_error"] = self.previous.mean if self.previous and self.previous.chunks else math.nan
+
     def _drift(self, value: float, examples: int, kind: str, estimates: dict) -> str | None:
         """Why the newest chunk signals a drift, or None. It is compared with the live model's errors
         so far, or right after a stage (none yet) with the previous model's."""
         reference = self.live if self.live.chunks else self.previous
-        if reference is None:
+        if reference is None or not reference.chunks:
             return None
         jump = value - reference.mean
         spread = math.sqrt(_variance(value, examples, kind) + _variance(reference.mean, reference.examples, kind))
@@ -200,13 +227,15 @@ class Adaptive(Policy):
             return None
         whose = "live model's" if reference is self.live else "model before the last stage's"
         return (
-            f"drift: the newest chunk's {_shown(value, kind)} is {jump:.3g} above the {whose} "
+            f"drift: the newest chunk's {_shown(value, kind)} is {_rise(jump, kind)} above the {whose} "
             f"{_shown(reference.mean, kind)} ({score:.1f} standard errors)"
         )
 
     def _stage_gain(self, kind: str, estimates: dict) -> tuple[str, bool]:
         """The last stage's measured gain as text, and whether it had no measurable effect (a plateau)."""
         if self.previous is None or self.last_stage is None or self.last_stage["drift"]:
+            return "", False
+        if not (self.previous.chunks and self.live.chunks):
             return "", False
         gain = self.previous.mean - self.live.mean
         spread = math.sqrt(
@@ -217,8 +246,9 @@ class Adaptive(Policy):
         estimates["stage_gain_score"] = score
         plateau = abs(score) < GAIN_SIGNIFICANCE
         verdict = "no measurable effect" if plateau else ("paid off" if score > 0 else "made it worse")
+        gained = _fall(gain, kind) if gain >= 0 else f"-{_rise(-gain, kind)}"
         text = (
-            f", previous model {_shown(self.previous.mean, kind)}: the last stage gained {gain:.3g} "
+            f", previous model {_shown(self.previous.mean, kind)}: the last stage gained {gained} "
             f"({score:.1f} standard errors: {verdict})"
         )
         return text, plateau
@@ -228,16 +258,19 @@ class Adaptive(Policy):
     ) -> Decision:
         pending = state.chunks_pending
         if drift:
-            self.regime_start = state.chunks_seen
+            newest = state.newest_chunk if state.newest_chunk is not None else state.chunks_seen
+            self.regime_start = newest
             # Only the newest chunk comes from the new distribution; the old model's error on it is
             # what the next stage must improve on.
             self.trained = 1
             self.previous = _Errors()
             self.previous.add(value, state.prequential_examples)
-            reason += f"; training now on {pending} pending chunk(s) and waiting again from chunk {state.chunks_seen}"
+            reason += f"; training now on {pending} pending chunk(s) and waiting again from chunk {newest}"
         else:
             self.trained += pending
-            self.previous = self.live
+            # A live model with no finite measure tells nothing: the one before it stays the reference.
+            if self.live.chunks or self.previous is None:
+                self.previous = self.live
         self.flat_stages = self.flat_stages + 1 if plateau else 0
         grow = False
         if state.learner_grows and self.config.grow_every > 0:
@@ -253,4 +286,10 @@ class Adaptive(Policy):
                 )
         self.live = _Errors()
         self.last_stage = {"chunks": pending, "drift": drift}
-        return Decision(True, grow, reason, estimates)
+        # The estimates describe the state after the decision, which the gauges show until the next
+        # chunk: a new live model with nothing measured yet, the replaced one as the previous, the
+        # next wait. The drift score stays: it is the newest chunk's.
+        after = {"drift_score": estimates["drift_score"]} if "drift_score" in estimates else {}
+        self._export_means(state.measure, after)
+        after["wait_chunks"] = float(self._threshold())
+        return Decision(True, grow, reason, after)

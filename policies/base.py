@@ -42,6 +42,9 @@ class PolicyState:
     prequential: float | None = None
     prequential_examples: int = 0
     measure: str = "error"
+    #: The id of the newest chunk received (ids increase but need not start at 1 or be consecutive:
+    #: a replay from a later chunk, dead-lettered chunks); None before the first.
+    newest_chunk: int | None = None
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from alma_daemon.core.engine import Engine, EngineState
 from alma_daemon.data.datasets import MNIST_TASK
 from alma_daemon.data.streams import Chunk, partition
 from alma_daemon.learners import build_learner
+from alma_daemon.observability import telemetry
 from alma_daemon.observability.exporter import MetricsObserver, start_exporter
 from policies import build_policy
 from policies.base import PolicyState
@@ -36,9 +37,11 @@ def drive(
     grow_every: int = 1,
     measure: str = "error",
     restart_every_chunk: bool = False,
+    first_id: int = 1,
 ):
     """Feed ``chunks`` chunks whose prequential measure is ``error_of(chunk, stages done)``; with
-    ``restart_every_chunk`` the policy goes on after every decision as a new one loaded from its saved state."""
+    ``restart_every_chunk`` the policy goes on after every decision as a new one loaded from its saved
+    state. Chunk n (1-based) has the id ``first_id + n - 1``."""
     policy = build_policy(policy_config(name="adaptive", grow_every=grow_every))
     trained_at, decisions, pending, stages = [], [], 0, 0
     for chunk in range(1, chunks + 1):
@@ -59,6 +62,7 @@ def drive(
                 prequential=error_of(chunk, stages),
                 prequential_examples=EXAMPLES,
                 measure=measure,
+                newest_chunk=first_id + chunk - 1,
             )
         )
         decisions.append(decision)
@@ -81,9 +85,21 @@ def learning(chunk: int, stages: int) -> float:
 def test_while_stages_pay_off_the_wait_grows_like_the_geometric_policy():
     trained_at, decisions = drive(learning, 20)
     assert trained_at == [1, 2, 3, 5, 8, 12, 18]
-    assert decisions[3].reason.startswith("1 chunk(s) pending < max(1, 0.5 x 3 chunk(s) trained on since chunk 1) = 2")
-    assert "the last stage gained" in decisions[4].reason and "paid off" in decisions[4].reason
-    assert decisions[4].estimates["wait_chunks"] == 2
+    assert decisions[3].reason.startswith(
+        "1 chunk(s) pending < max(1, 0.5 x 3 chunk(s) trained on since the stream's start) = 2"
+    )
+    assert decisions[3].estimates["wait_chunks"] == 2
+    assert "the last stage gained 0.1 " in decisions[4].reason and "paid off" in decisions[4].reason
+
+
+def test_a_training_decision_exports_the_state_it_leaves_not_the_one_it_found():
+    """The gauges show a decision's estimates until the next chunk: after a stage, a live model with
+    nothing measured yet, the replaced one as the previous, and the wait for the next stage."""
+    _, decisions = drive(learning, 5)
+    stage = decisions[4]  # chunk 5: 2 pending after 3 trained, so it trains; 5 trained, next wait 3
+    assert stage.train and math.isnan(stage.estimates["live_error"])
+    assert stage.estimates["previous_error"] == pytest.approx(0.1)  # the error after 3 stages, now replaced
+    assert stage.estimates["wait_chunks"] == 3 and "stage_gain_score" not in stage.estimates
 
 
 def test_a_stage_with_no_measurable_effect_keeps_the_wait_on_schedule():
@@ -91,7 +107,7 @@ def test_a_stage_with_no_measurable_effect_keeps_the_wait_on_schedule():
     trained_at, decisions = drive(lambda chunk, stages: 0.5, 20)
     assert trained_at == [1, 2, 3, 5, 8, 12, 18]
     assert "(0.0 standard errors: no measurable effect)" in decisions[2].reason
-    assert decisions[2].estimates["stage_gain_score"] == pytest.approx(0.0)
+    assert decisions[3].estimates["stage_gain_score"] == pytest.approx(0.0)
 
 
 def test_a_stage_that_made_the_model_worse_is_followed_on_schedule():
@@ -113,6 +129,30 @@ def test_a_jump_in_the_prequential_error_trains_at_once_and_restarts_the_wait():
     assert drift.train and drift.reason.startswith("drift: the newest chunk's error 0.9")
     assert "waiting again from chunk 30" in drift.reason and drift.estimates["drift_score"] > 4
     assert "since chunk 30" in decisions[30].reason
+
+
+def test_reasons_name_chunks_by_their_ids_not_by_how_many_came():
+    """A daemon fed from a later chunk on (a replay with --from-chunk, dead-lettered chunks) names the
+    chunks it met."""
+
+    def drifts_at_the_30th(chunk: int, stages: int) -> float:
+        return learning(chunk, stages) if chunk < 30 else 0.9 * 0.5 ** (stages - 8)
+
+    _, decisions = drive(drifts_at_the_30th, 31, first_id=101)
+    assert "waiting again from chunk 130" in decisions[29].reason and "since chunk 130" in decisions[30].reason
+
+
+def test_a_measure_that_is_not_finite_is_left_out_and_the_wait_goes_on():
+    """A diverged language model measures NaN: that is no drift, and the schedule is kept."""
+    for measure, bad in (("error", math.nan), ("perplexity", math.nan), ("perplexity", math.inf)):
+        trained_at, decisions = drive(
+            lambda chunk, stages, bad=bad: bad if chunk in (15, 16) else 200.0 * 0.5**stages + 0.1,
+            20,
+            measure=measure,
+        )
+        assert trained_at == [1, 2, 3, 5, 8, 12, 18], measure
+        assert not any(d.reason.startswith("drift") for d in decisions), measure
+        assert "is not finite and was left out" in decisions[14].reason
 
 
 def test_noise_around_a_steady_error_is_no_drift():
@@ -149,7 +189,10 @@ def test_a_learner_whose_growth_keeps_its_function_grows_at_every_stage():
 
 def test_language_models_are_judged_on_log_perplexity():
     trained_at, decisions = drive(lambda chunk, stages: 200.0 if chunk < 10 else 260.0, 14, measure="perplexity")
-    assert 10 in trained_at and decisions[9].reason.startswith("drift: the newest chunk's perplexity 260.00")
+    assert 10 in trained_at and decisions[9].reason.startswith(
+        "drift: the newest chunk's perplexity 260.00 is 30.0 % above the live model's perplexity 200.00"
+    )
+    assert "gained 0.0 % of the perplexity" in decisions[1].reason  # a log-perplexity is never shown as one
     assert "live_error" not in decisions[9].estimates  # an error gauge never shows a perplexity
 
 
@@ -237,7 +280,10 @@ def test_the_policy_estimates_are_exported_as_metrics():
             text = response.read().decode()
     samples = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
     estimates = engine.state.last_decision["estimates"]
-    assert samples["alma_policy_live_error_ratio"] == estimates["live_error"]
+    for name, gauge in telemetry.POLICY_ESTIMATES.items():
+        exported = samples[gauge._name]  # every gauge, NaN for an estimate the last decision lacks
+        expected = estimates.get(name, math.nan)
+        assert exported == expected or (math.isnan(exported) and math.isnan(expected)), name
     assert samples["alma_policy_wait_chunks"] == estimates["wait_chunks"]
     assert samples["alma_policy_drift_score"] == estimates["drift_score"]
     assert not math.isnan(samples["alma_policy_previous_error_ratio"])

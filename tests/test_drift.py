@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -97,6 +99,15 @@ def test_drift_needs_its_first_chunk_and_labeled_images():
         build_config({"stream": {"drift": {"kind": "rotate", "at": 0}}})
     with pytest.raises(ConfigError, match="stream.drift.kind"):
         build_config({"stream": {"drift": {"kind": "shuffle", "at": 2}}})
+    # Values that would be read by nothing, or crash the run half-way, fail at start-up.
+    with pytest.raises(ConfigError, match="stream.drift.at: set, but stream.drift.kind is none"):
+        build_config({"stream": {"drift": {"at": 5}}})
+    with pytest.raises(ConfigError, match="stream.drift.at: chunk 40 never comes, the stream has stream.megabatches=4"):
+        build_config({"stream": {"megabatches": 4, "drift": {"kind": "permute_labels", "at": 40}}})
+    for angle in (math.inf, math.nan):
+        with pytest.raises(ConfigError, match="stream.drift.degrees: Input should be a finite number"):
+            build_config({"stream": {"drift": {"kind": "rotate", "at": 2, "degrees": angle}}})
+    assert build_config({"stream": {"megabatches": 4, "drift": {"kind": "rotate", "at": 4}}}).stream.drift.at == 4
     language = TaskInfo("language_model", (64,), 1000)
     with pytest.raises(ConfigError, match="stream.drift.kind: permute_labels needs labeled examples"):
         build_drift(permute_from(2), language, seed=0)

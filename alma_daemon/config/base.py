@@ -37,8 +37,8 @@ PLUGIN_SECTION = ConfigDict(extra="forbid", json_schema_extra=_name_required_unl
 
 # Values are taken as written: "16" is not an integer and 1 is not true (YAML already types them).
 Int = Annotated[int, Field(strict=True)]
-#: An integer is a number, a boolean is not.
-Float = Annotated[float, Field(strict=True)]
+#: An integer is a number, a boolean is not; YAML's .inf and .nan are not values of any key.
+Float = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 Bool = Annotated[bool, Field(strict=True)]
 Str = Annotated[str, Field(strict=True)]
 

@@ -58,6 +58,8 @@ class DriftConfig:
     def __post_init__(self) -> None:
         if self.kind != "none" and self.at is None:
             raise ConfigError(f"stream.drift.at: stream.drift.kind={self.kind} needs the first drifted chunk (1-based)")
+        if self.kind == "none" and self.at is not None:
+            raise ConfigError("stream.drift.at: set, but stream.drift.kind is none, so nothing drifts")
 
 
 @dataclass(config=SECTION)
@@ -86,6 +88,14 @@ class StreamConfig:
         if not 0.0 < value < 1.0:
             raise ValueError("must be in (0, 1)")
         return value
+
+    def __post_init__(self) -> None:
+        # Drifts transform replays of the dataset's B chunks only, so a later first chunk never comes.
+        if self.drift.at is not None and self.drift.at > self.megabatches:
+            raise ConfigError(
+                f"stream.drift.at: chunk {self.drift.at} never comes, the stream has "
+                f"stream.megabatches={self.megabatches} chunks"
+            )
 
 
 @dataclass(config=SECTION)

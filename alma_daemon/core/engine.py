@@ -157,6 +157,7 @@ class Engine:
             prequential=prequential,
             prequential_examples=prequential_examples,
             measure=self.learner.measure,
+            newest_chunk=self.state.last_chunk or None,
         )
 
     def decide(self, prequential: float | None = None, prequential_examples: int = 0) -> Decision:

@@ -128,10 +128,10 @@ def _or_nan(value: float | None) -> float:
 
 
 def _set_policy_estimates(estimates: dict[str, float]) -> None:
-    for name, value in estimates.items():
-        gauge = telemetry.POLICY_ESTIMATES.get(name)
-        if gauge is not None:
-            gauge.set(value)
+    """Every estimate gauge from one decision: one it does not carry is NaN, not a stale earlier value
+    (so a restarted daemon exports what an uninterrupted one does)."""
+    for name, gauge in telemetry.POLICY_ESTIMATES.items():
+        gauge.set(estimates.get(name, math.nan))
 
 
 class MetricsObserver(EngineObserver):
