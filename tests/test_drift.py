@@ -135,3 +135,19 @@ def test_replay_publishes_the_drifted_chunks_the_simulator_trains_on():
         not torch.equal(a.data.x, b.data.x) for _, a, b in zip(range(4), undrifted, simulated_stream(config).chunks)
     ]
     assert changed == [False, False, True, True]
+
+
+def test_a_replay_refuses_a_drift_its_data_cannot_take_before_it_publishes_anything():
+    """``alma replay`` builds its chunk source before it connects to the transport: the refusal
+    comes at the call, not at the first chunk (when a topic may already have been made)."""
+    from alma_daemon.transports.replay import labeled_chunks, text_chunks
+
+    config = build_config(
+        {"dataset": {"name": "ptb"}, "learner": {"name": "switch-lm"}, "stream": {"drift": {"kind": "rotate", "at": 2}}}
+    )
+    with pytest.raises(ConfigError, match="stream.drift.kind: rotate needs labeled examples"):
+        text_chunks(config)
+    vectors = separable_data(TaskInfo("classification", (16,), 3), 30, seed=0)
+    rotated = build_config({"stream": {"megabatches": 3, "drift": {"kind": "rotate", "at": 2}}})
+    with pytest.raises(ConfigError, match="stream.drift.kind: rotate needs images"):
+        labeled_chunks(vectors, rotated, TaskInfo("classification", (16,), 3))

@@ -45,15 +45,15 @@ class ReplayChunk:
 def labeled_chunks(data: LabeledData, config: Config, task: TaskInfo | None = None) -> Iterator[ReplayChunk]:
     """``data`` partitioned into ``stream.megabatches`` chunks exactly as the simulator does, drifted
     from ``stream.drift.at`` on as the simulator drifts them. ``task`` describes the examples (None:
-    the arrays declared in ``dataset.*``)."""
+    the arrays declared in ``dataset.*``). A drift these examples cannot take fails here, before
+    anything is published."""
     drift = None
     if config.stream.drift.kind != "none":
         from alma_daemon.data.arrays import arrays_task
 
         drift = build_drift(config.stream.drift, task or arrays_task(config.dataset), config.stream.seed)
     chunks = megabatch_stream(data, config.stream.megabatches, config.stream.seed, limit=config.stream.train_examples)
-    for chunk in drifted(chunks, drift):
-        yield ReplayChunk(chunk.index, {"x": chunk.data.x, "y": chunk.data.y})
+    return (ReplayChunk(chunk.index, {"x": chunk.data.x, "y": chunk.data.y}) for chunk in drifted(chunks, drift))
 
 
 def dataset_chunks(config: Config) -> Iterator[ReplayChunk]:
@@ -63,14 +63,15 @@ def dataset_chunks(config: Config) -> Iterator[ReplayChunk]:
 
 
 def text_chunks(config: Config) -> Iterator[ReplayChunk]:
-    """The corpus of ``dataset.name`` as the simulator streams it: each chunk's contiguous tokens."""
+    """The corpus of ``dataset.name`` as the simulator streams it: each chunk's contiguous tokens (a
+    drift fails here, before anything is published: text has no labels to permute)."""
     if config.stream.drift.kind != "none":
         raise ConfigError(
             f"stream.drift.kind: {config.stream.drift.kind} needs labeled examples; "
             f"dataset {config.dataset.name!r} is text"
         )
-    for chunk in text_stream(config.dataset, config.stream).chunks:
-        yield ReplayChunk(chunk.index, {"tokens": token_run(chunk.data).to(torch.int32)})
+    chunks = text_stream(config.dataset, config.stream).chunks
+    return (ReplayChunk(chunk.index, {"tokens": token_run(chunk.data).to(torch.int32)}) for chunk in chunks)
 
 
 #: ``dataset.name`` -> the chunks of its stream.
