@@ -1,8 +1,10 @@
 """Checkpoints: ``<root>/<model>/<version>/`` with weights.safetensors, spec.json and metrics.json.
 
-A version is written into a temporary folder and renamed into place, so a reader (the publisher,
-a restarted daemon) sees either a complete checkpoint or none. Versions are monotone integers and
-never reused. Weights are safetensors: loading one never runs code.
+A version is written into a temporary folder, each file flushed to the disk (fsync), and renamed
+into place, so a reader (the publisher, a restarted daemon) sees either a complete checkpoint or
+none, after a power loss too. Versions are monotone integers. A number is written twice only when
+the step that wrote it never committed: a restarted daemon deletes that version and redoes the step
+(``alma_daemon/service/bootstrap.py``). Weights are safetensors: loading one never runs code.
 """
 
 from __future__ import annotations
@@ -64,9 +66,15 @@ class CheckpointStore:
             if validation is not None and len(validation):
                 sample = validation.subset(slice(0, VALIDATION_SAMPLE))
                 save_file({"x": sample.x.contiguous().cpu(), "y": sample.y.contiguous().cpu()}, str(tmp / VALIDATION))
-            _fsync_dir(tmp)
+            # safetensors writes without fsync; the JSON files are synced by write_json_atomic. Without
+            # this a power loss could leave the renamed folder, counted by versions(), with truncated
+            # tensors.
+            for name in (WEIGHTS, VALIDATION):
+                if (tmp / name).is_file():
+                    _fsync(tmp / name)
+            _fsync(tmp)
             os.rename(tmp, target)
-            _fsync_dir(self.folder)
+            _fsync(self.folder)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -95,7 +103,8 @@ def load_checkpoint(path: str | Path, device: str = "cpu") -> Learner:
     return learner.to(device)
 
 
-def _fsync_dir(path: Path) -> None:
+def _fsync(path: Path) -> None:
+    """Flush a file's data, or a folder's entries, to the disk."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

@@ -1,0 +1,40 @@
+"""The checkpoint store: a version is complete on disk, or absent, after a crash or a power loss."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from alma_daemon.core.checkpoints import VALIDATION, WEIGHTS, CheckpointStore
+from alma_daemon.data.datasets import MNIST_TASK
+from alma_daemon.learners import build_learner
+from tests.conftest import learner_settings, separable_data
+
+
+def test_every_tensor_file_reaches_the_disk_before_its_version_is_renamed_into_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_fsync = os.fsync
+    synced: list[Path] = []
+
+    def recording_fsync(fd: int) -> None:
+        synced.append(Path(os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    store = CheckpointStore(tmp_path, "alma")
+    learner = build_learner("sm", MNIST_TASK, learner_settings("sm", {"width": 8}), seed=1)
+    sample = separable_data(MNIST_TASK, 16)
+    store.save(learner, 1, {}, validation=sample)
+
+    # Synced in the staging folder (".1-..."), so before the rename that makes the version count.
+    staged = {path.name for path in synced if path.parent.name.startswith(".1-")}
+    assert {WEIGHTS, VALIDATION} <= staged
+    assert store.versions() == [1]
+    saved = store.load(1).model.state_dict()
+    assert all(torch.equal(saved[name], tensor) for name, tensor in learner.model.state_dict().items())
+    validation = store.validation(1)
+    assert validation is not None and torch.equal(validation.x, sample.x) and torch.equal(validation.y, sample.y)
