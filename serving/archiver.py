@@ -1,13 +1,25 @@
 """Model archives (.mar) for TorchServe, built with torch-model-archiver from a checkpoint folder.
 
 An archive holds :mod:`serving.handler` plus the checkpoint's ``spec.json`` and
-``weights.safetensors`` as extra files, and carries the checkpoint's version. Its file name
-includes the version, because TorchServe copies a registered archive into its model store under
-its file name, and a version is never reused.
+``weights.safetensors`` as extra files, and carries the checkpoint's version.
+
+Its file name, ``<model>-v<version>-<digest>.mar``, names the checkpoint's content as well as its
+version, because a version number can be written twice: a restarted daemon deletes the checkpoint
+of a step that never committed and redoes the step under the same number (after Redis lost its
+last commit, the first one may already have been published). The name alone then tells which
+checkpoint an archive holds, so:
+
+- an existing archive is reused only when it holds exactly the checkpoint's files;
+- TorchServe, which copies a registered archive into its own model store under its file name and
+  keeps that copy across its restarts, never confuses the two;
+- a registration, whose ``modelUrl`` is the archive's URL or name, shows which checkpoint it
+  serves (:meth:`serving.torchserve_publisher.TorchServePublisher.stage` replaces a stale one).
 """
 
 from __future__ import annotations
 
+import glob
+import hashlib
 import os
 import shutil
 import tempfile
@@ -16,14 +28,35 @@ from pathlib import Path
 from alma_daemon.core.checkpoints import SPEC, WEIGHTS
 
 HANDLER = Path(__file__).with_name("handler.py")
+#: The folder of a model's archives, beside its versions: ``<model_store>/<model>/archives/``.
+ARCHIVES = "archives"
+#: Hex digits of the content digest kept in an archive's name (64 bits).
+DIGEST_CHARS = 16
 
 
-def archive_name(model_name: str, version: int) -> str:
-    return f"{model_name}-v{version}.mar"
+def checkpoint_digest(checkpoint: str | Path) -> str:
+    """SHA-256 of the checkpoint's archived files (``spec.json``, ``weights.safetensors``), shortened."""
+    checkpoint = Path(checkpoint)
+    missing = [name for name in (SPEC, WEIGHTS) if not (checkpoint / name).is_file()]
+    if missing:
+        raise FileNotFoundError(f"checkpoint {checkpoint} lacks {', '.join(missing)}")
+    digest = hashlib.sha256()
+    for name in (SPEC, WEIGHTS):
+        part = hashlib.sha256()
+        with open(checkpoint / name, "rb") as f:
+            while block := f.read(1 << 20):
+                part.update(block)
+        digest.update(part.digest())
+    return digest.hexdigest()[:DIGEST_CHARS]
+
+
+def archive_name(model_name: str, version: int, digest: str) -> str:
+    return f"{model_name}-v{version}-{digest}.mar"
 
 
 def build_archive(checkpoint: str | Path, model_name: str, version: int, out_dir: str | Path) -> Path:
-    """``<out_dir>/<model_name>-v<version>.mar`` for a checkpoint folder; an existing one is reused.
+    """The archive of a checkpoint folder in ``out_dir``, named by :func:`archive_name`; one already
+    built from the same files is reused.
 
     The archive is written under a temporary name and renamed, so a crash never leaves a partial
     archive where a later call would take it for a complete one.
@@ -33,12 +66,9 @@ def build_archive(checkpoint: str | Path, model_name: str, version: int, out_dir
     from model_archiver.model_packaging import generate_model_archive
 
     checkpoint, out_dir = Path(checkpoint), Path(out_dir)
-    target = out_dir / archive_name(model_name, version)
+    target = out_dir / archive_name(model_name, version, checkpoint_digest(checkpoint))
     if target.is_file():
         return target
-    missing = [name for name in (SPEC, WEIGHTS) if not (checkpoint / name).is_file()]
-    if missing:
-        raise FileNotFoundError(f"checkpoint {checkpoint} lacks {', '.join(missing)}")
     out_dir.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.stem}-", dir=out_dir))
     try:
@@ -57,3 +87,16 @@ def build_archive(checkpoint: str | Path, model_name: str, version: int, out_dir
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def remove_archives(out_dir: str | Path, model_name: str, version: int) -> list[Path]:
+    """Delete every archive of ``version`` in ``out_dir`` (its checkpoint is being deleted); returns them.
+
+    Archives named before names held a digest (``<model>-v<version>.mar``) go too.
+    """
+    pattern = f"{glob.escape(model_name)}-v{version}"
+    removed = []
+    for path in sorted(Path(out_dir).glob(f"{pattern}-*.mar")) + sorted(Path(out_dir).glob(f"{pattern}.mar")):
+        path.unlink(missing_ok=True)
+        removed.append(path)
+    return removed

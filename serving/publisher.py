@@ -13,6 +13,10 @@ interleave with the daemon:
 4. make it the default (backend), then record it in the live pointer ``<model>/live.json``;
 5. retire old versions (backend; best effort, the new version is already live).
 
+A version whose step never committed is deleted by the restarted daemon and written again under
+the same number; :func:`withdraw` first removes it from serving, so the redone version is
+published like a new one.
+
 Guarding before staging spares the server a registration that would be thrown away. Any failure
 before step 4 leaves the live version serving. :class:`BackgroundPublisher` runs publishing on a
 worker thread, so training never waits for serving, and retries failures with backoff.
@@ -39,6 +43,7 @@ from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import Learner
 from alma_daemon.observability import telemetry
 from alma_daemon.runtime import run_beside_training
+from serving.archiver import ARCHIVES, remove_archives
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +111,8 @@ class ServingState:
     #: Versions up to this one were promoted or refused; catching up after a restart starts above it.
     decided: int = 0
     updated_at: float = 0.0
+    #: The version live before ``live``, which serves again if ``live`` is withdrawn (:func:`withdraw`).
+    previous: int | None = None
 
 
 class LivePointer:
@@ -120,7 +127,10 @@ class LivePointer:
             return ServingState()
         data = json.loads(self.path.read_text())
         return ServingState(
-            live=data.get("live"), decided=int(data.get("decided", 0)), updated_at=float(data.get("updated_at", 0.0))
+            live=data.get("live"),
+            decided=int(data.get("decided", 0)),
+            updated_at=float(data.get("updated_at", 0.0)),
+            previous=data.get("previous"),
         )
 
     def write(self, state: ServingState) -> None:
@@ -201,10 +211,10 @@ class Publisher(ABC):
             if outcome.action == "refused":
                 telemetry.PROMOTIONS_REFUSED.inc()
                 log.warning("promotion refused", extra=asdict(outcome))
-                self.pointer.write(ServingState(live=live, decided=version))
+                self.pointer.write(ServingState(live=live, decided=version, previous=state.previous))
                 return outcome
             self.stage(candidate)
-            self._promote(version, ServingState(live=version, decided=version))
+            self._promote(version, ServingState(live=version, decided=version, previous=live))
             outcome = replace(outcome, promoted_at=time.monotonic())
             telemetry.SWAPS.inc()
             log.info("promoted", extra=asdict(outcome))
@@ -223,7 +233,7 @@ class Publisher(ABC):
             else:
                 if version not in (self.served_versions() or ()):
                     self.stage(self.load_candidate(version))
-                self._promote(version, ServingState(live=version, decided=state.decided))
+                self._promote(version, ServingState(live=version, decided=state.decided, previous=state.live))
                 log.info("rolled back", extra={"version": version, "replaced": state.live})
             self._retire_quietly(version)
             return state.live
@@ -281,6 +291,35 @@ class Publisher(ABC):
             log.warning("retiring old versions failed", extra={"error": str(err)})
 
 
+def withdraw(store: CheckpointStore, version: int) -> None:
+    """Remove ``version`` from serving before its checkpoint is deleted (its step never committed).
+
+    The restarted daemon redoes the step and writes the version again under the same number, with
+    weights that may differ (training on a GPU is not bit for bit repeatable). So the live pointer
+    forgets the deleted one: where it was live, the version live before it is live again, and the
+    guard's ``decided`` drops below it, so that the redone version is guarded and published as a new
+    one, not skipped. Its archives are deleted. A server may still serve the deleted version until
+    then: the next publish makes the previous live version the default again first (``ensure_serving``),
+    and TorchServe's registration of the deleted version is replaced when the redone one is staged,
+    as its archive's name differs (:mod:`serving.archiver`).
+    """
+    pointer = LivePointer(store.folder)
+    with pointer.locked():
+        state = pointer.read()
+        withdrawn = replace(state, decided=min(state.decided, version - 1))
+        if state.live == version:
+            withdrawn.live, withdrawn.previous = state.previous, None
+        elif state.previous == version:
+            withdrawn.previous = None
+        if pointer.path.is_file() and withdrawn != state:
+            pointer.write(withdrawn)
+            log.warning(
+                "withdrew a version from serving",
+                extra={"version": version, "live": withdrawn.live, "decided": withdrawn.decided},
+            )
+        remove_archives(store.folder / ARCHIVES, store.model_name, version)
+
+
 class BackgroundPublisher(EngineObserver):
     """Publishes each new checkpoint on a worker thread; failures are retried with backoff.
 
@@ -325,6 +364,15 @@ class BackgroundPublisher(EngineObserver):
                 self._written_at[version] = written_at
             if self._pending is None or version > self._pending:
                 self._pending = version
+            self._condition.notify_all()
+
+    def withdraw_above(self, version: int) -> None:
+        """Forget pending versions above ``version``: their checkpoints were deleted, and the redone
+        steps submit them again once committed."""
+        with self._condition:
+            if self._pending is not None and self._pending > version:
+                self._pending = None
+            self._written_at = {v: t for v, t in self._written_at.items() if v <= version}
             self._condition.notify_all()
 
     def start(self) -> BackgroundPublisher:

@@ -23,7 +23,7 @@ from typing import Any
 
 from alma_daemon.config import ServingConfig
 from alma_daemon.core.checkpoints import CheckpointStore
-from serving.archiver import build_archive
+from serving.archiver import ARCHIVES, archive_name, build_archive, checkpoint_digest
 from serving.codecs import codec_for, max_abs_difference
 from serving.publisher import PROBE_EXAMPLES, Candidate, Publisher, PublishError, failing_as
 
@@ -164,6 +164,12 @@ class TorchServeClient:
             ) from None
 
 
+def _archive_file(registration: dict) -> str:
+    """The file name of the archive a version was registered from: its ``modelUrl`` is the archive's
+    ``file://`` URL, or its name in TorchServe's model store."""
+    return Path(urllib.parse.urlparse(registration.get("modelUrl", "")).path).name
+
+
 def _message(detail: str) -> str:
     try:
         return json.loads(detail).get("message", detail)
@@ -182,7 +188,7 @@ class TorchServePublisher(Publisher):
         self.model = serving.model_name
         self.workers = serving.workers
         self.keep_versions = serving.keep_versions
-        self.archive_dir = store.folder / "archives"
+        self.archive_dir = store.folder / ARCHIVES
 
     def ensure_serving(self, live: int) -> None:
         if live not in self.client.versions(self.model):
@@ -197,7 +203,18 @@ class TorchServePublisher(Publisher):
         with failing_as("archive"):
             archive = build_archive(self.store.path(version), self.model, version, self.archive_dir)
         with failing_as("register"):
-            if version not in self.client.versions(self.model):
+            registered = self.client.versions(self.model).get(version)
+            if registered is not None and _archive_file(registered) != archive.name:
+                # The version's first checkpoint, deleted with its uncommitted step and written again
+                # (serving.publisher.withdraw); the publish flow made another version the default first.
+                log.warning(
+                    "version registered from a deleted checkpoint; registering the current one",
+                    extra={"version": version, "registered": _archive_file(registered), "archive": archive.name},
+                )
+                self._drain(version)
+                self.client.unregister(self.model, version)
+                registered = None
+            if registered is None:
                 self._register(archive)
         try:
             self._probe(candidate)
@@ -221,8 +238,16 @@ class TorchServePublisher(Publisher):
                 log.info("unregistered", extra={"version": version})
 
     def served_versions(self) -> list[int]:
+        """Registered versions that serve the checkpoint now in the model store under their number."""
         with failing_as("register"):
-            return sorted(self.client.versions(self.model))
+            registered = self.client.versions(self.model)
+        stored = set(self.store.versions())
+        return sorted(
+            version
+            for version, entry in registered.items()
+            if version in stored
+            and _archive_file(entry) == archive_name(self.model, version, checkpoint_digest(self.store.path(version)))
+        )
 
     def _register(self, archive: Path) -> None:
         try:

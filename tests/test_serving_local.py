@@ -6,7 +6,9 @@ The checkpoint helpers here are shared with ``tests/test_serving_torchserve.py``
 from __future__ import annotations
 
 import json
+import shutil
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -14,7 +16,7 @@ import torch
 
 from alma_daemon.cli import main
 from alma_daemon.config import TrainConfig, build_config
-from alma_daemon.core.checkpoints import CheckpointStore
+from alma_daemon.core.checkpoints import WEIGHTS, CheckpointStore
 from alma_daemon.core.chunk_buffer import MemoryBuffer
 from alma_daemon.core.engine import Engine
 from alma_daemon.data.datasets import MNIST_TASK, TaskInfo
@@ -22,9 +24,12 @@ from alma_daemon.data.streams import Chunk, partition
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import Learner, build_learner
 from alma_daemon.observability import telemetry
+from alma_daemon.service.bootstrap import drop_uncommitted_checkpoints
+from alma_daemon.service.publish_handoff import PublishHandoff
 from alma_daemon.training.loop import Trainer
 from policies import build_policy
 from serving import build_publisher
+from serving.archiver import ARCHIVES, build_archive
 from serving.local_publisher import LocalPublisher
 from serving.publisher import BackgroundPublisher, Candidate, PublishError
 from tests.conftest import learner_settings, separable_data
@@ -256,6 +261,52 @@ def test_the_engine_publishes_every_checkpoint_through_the_background_publisher(
     assert store.versions() == [1, 2, 3]
     assert worker.publisher.pointer.read().decided == 3
     assert worker.publisher.live_version() == 3
+
+
+# -- a version deleted and written again (its step redone after Redis lost the commit) -----------
+def test_an_archive_holds_the_checkpoint_now_under_its_version_not_a_deleted_one(store, good_and_bad):
+    good, bad, sample = good_and_bad
+    save_version(store, 1, good, sample)
+    first = build_archive(store.path(1), MODEL, 1, store.folder / ARCHIVES)
+    assert build_archive(store.path(1), MODEL, 1, store.folder / ARCHIVES) == first  # the same files: reused
+    shutil.rmtree(store.path(1))
+    save_version(store, 1, bad, sample)
+    second = build_archive(store.path(1), MODEL, 1, store.folder / ARCHIVES)
+    assert zipfile.ZipFile(second).read(WEIGHTS) == (store.path(1) / WEIGHTS).read_bytes()
+
+
+def test_a_published_version_deleted_with_its_uncommitted_step_is_withdrawn_and_its_redo_published(store, good_and_bad):
+    good, bad, sample = good_and_bad
+    publisher = LocalPublisher(store, promotion_margin=1.0)
+    save_version(store, 1, good, sample)
+    save_version(store, 2, new_learner(seed=5), sample)
+    publisher.publish(1)
+    publisher.publish(2)
+    archive = build_archive(store.path(2), MODEL, 2, store.folder / ARCHIVES)
+
+    drop_uncommitted_checkpoints(store, 1)  # a restart finds Redis at version 1: it lost version 2's commit
+    assert store.versions() == [1]
+    state = publisher.pointer.read()
+    assert (state.live, state.decided) == (1, 1)
+    assert not archive.exists()
+
+    save_version(store, 2, bad, sample)  # the redone step, with other weights
+    outcome = publisher.publish(2)
+    assert (outcome.action, outcome.live_before) == ("promoted", 1)
+    assert publisher.live_version() == 2
+
+
+def test_a_reload_forgets_a_handed_over_version_whose_checkpoint_was_deleted(store, good_and_bad):
+    good, _, sample = good_and_bad
+    save_version(store, 1, good, sample)
+    publisher = FlakyPublisher(store, failures=0)
+    worker = BackgroundPublisher(publisher, retry_initial_seconds=0.01)
+    handoff = PublishHandoff(worker)
+    worker.submit(2)  # handed over after its commit, which Redis then lost; the reload deleted it
+    handoff.reloaded(1)
+    run_until_idle(worker)
+    assert publisher.staged == [1]
+    assert worker.last_error is None
 
 
 def test_build_publisher_is_none_when_serving_is_off():

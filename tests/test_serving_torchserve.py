@@ -21,6 +21,7 @@ from alma_daemon.data.datasets import CIFAR10_TASK, MNIST_TASK, TaskInfo
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.data.text import WordVocabulary, sequences
 from alma_daemon.learners import build_learner
+from alma_daemon.service.bootstrap import drop_uncommitted_checkpoints
 from serving import make_publisher
 from serving.codecs import SAFETENSORS_CONTENT_TYPE, codec_for
 from serving.publisher import BackgroundPublisher
@@ -269,6 +270,42 @@ def test_publishing_is_retried_while_torchserve_is_down_and_resumes_when_it_is_b
     assert publisher.live_version() == 2
     assert publisher.client.default_version(MODEL) == 2
     assert publisher.served_versions() == [1, 2]
+
+
+def test_a_published_version_deleted_and_redone_serves_its_new_weights_also_after_a_torchserve_restart(
+    torchserve_server, tmp_path, good_and_bad
+):
+    """Redis lost the commit of version 2's step after version 2 was published: the restarted daemon
+    deletes version 2 and redoes the step, whose weights may differ (a GPU is not bit for bit
+    repeatable). The redone version must replace the deleted one on TorchServe, and stay after a
+    TorchServe restart (which keeps the copies of the archives it was given)."""
+    good, bad, sample = good_and_bad
+    server = torchserve_server()
+    publisher = publisher_for(server, tmp_path, promotion_margin=1.0)
+    first, redone = new_learner(seed=5), bad
+    x = sample.x[:4]
+    assert (first.predict_proba(x) - redone.predict_proba(x)).abs().max() > 1e-2
+    save_version(publisher.store, 1, good, sample)
+    save_version(publisher.store, 2, first, sample)
+    publisher.publish(1)
+    publisher.publish(2)
+
+    drop_uncommitted_checkpoints(publisher.store, 1)  # the restart: Redis holds version 1's commit
+    save_version(publisher.store, 2, redone, sample)
+    assert publisher.publish(2).action == "promoted"
+
+    def served() -> torch.Tensor:
+        status, answer = predict(server, json.dumps({"instances": x.tolist()}).encode())
+        assert status == 200, answer
+        return torch.tensor(answer["predictions"])
+
+    torch.testing.assert_close(served(), redone.predict_proba(x), rtol=0, atol=1e-5)
+    assert publisher.served_versions() == [1, 2]
+    server.stop()
+    server.start()
+    publisher.resync()
+    assert publisher.client.default_version(MODEL) == 2
+    torch.testing.assert_close(served(), redone.predict_proba(x), rtol=0, atol=1e-5)
 
 
 @pytest.mark.skipif(not java_available(), reason="TorchServe needs Java 17: no java on PATH or in $JAVA_HOME/bin")

@@ -52,10 +52,13 @@ class PublishHandoff:
 
     def reloaded(self, version: int) -> None:
         """The engine was reloaded at committed ``version``: forget checkpoints of the interrupted step
-        (deleted and redone) and hand the committed version over, in case its commit's hand-off was cut."""
+        (deleted and redone; one handed over before Redis lost its commit too) and hand the committed
+        version over, in case its commit's hand-off was cut."""
         self.clock.take()
-        if self.publisher is not None and version:
-            self.publisher.submit(version)
+        if self.publisher is not None:
+            self.publisher.withdraw_above(version)
+            if version:
+                self.publisher.submit(version)
 
     def drain(self) -> None:
         """Wait for the last version to be published (a scripted run's end); says so if it was not."""
