@@ -4,6 +4,12 @@ Pure logic, no Redis. The :class:`Assembler` holds the chunks being assembled (l
 on start) and, for each validated part, answers *store* (new part, maybe completing its chunk) or
 *duplicate* (a re-sent part: a no-op apart from moving the offset on). Parts that contradict the
 chunk's other parts, or come after a newer chunk was completed, raise ``RejectedRecord``.
+
+The parts of incomplete chunks are bounded (``max_bytes``, the config's ``redis.max_buffer_bytes``):
+the engine cannot take them, so pausing ingest would not free them. A chunk that alone outgrows the
+bound is refused: its stored parts are dropped and its later parts skipped. Otherwise a part that
+does not fit drops the other incomplete chunks, those that arrived first first, until it fits (a
+dropped chunk's later parts start it again).
 """
 
 from __future__ import annotations
@@ -32,13 +38,16 @@ class ChunkProgress:
 class PartOutcome:
     """What to do with one valid part: store it (``duplicate`` False) or only move the offset on.
 
-    ``completed`` is the chunk's progress when this part completed it; ``abandoned`` lists older
-    chunks that can never complete now (the order guard will reject their remaining parts).
+    ``duplicate`` is also True for a part of a refused chunk. ``completed`` is the chunk's progress
+    when this part completed it; ``abandoned`` lists older chunks that can never complete now (the
+    order guard will reject their remaining parts); ``dropped`` the incomplete chunks given up to
+    keep within ``max_bytes``, each with the reason to dead-letter it.
     """
 
     duplicate: bool
     completed: ChunkProgress | None = None
     abandoned: dict[int, ChunkProgress] = field(default_factory=dict)
+    dropped: dict[int, tuple[ChunkProgress, RejectedRecord]] = field(default_factory=dict)
 
 
 def part_dtype(part: DecodedPart) -> str:
@@ -52,11 +61,24 @@ class Assembler:
     """Tracks the chunks of one stream between their first part and their completion."""
 
     def __init__(
-        self, stream: str, in_progress: dict[int, ChunkProgress] | None = None, last_completed: int | None = None
+        self,
+        stream: str,
+        in_progress: dict[int, ChunkProgress] | None = None,
+        last_completed: int | None = None,
+        max_bytes: int | None = None,
     ):
         self.stream = stream
+        #: In order of arrival: the first is dropped first when a part does not fit.
         self.in_progress: dict[int, ChunkProgress] = dict(in_progress or {})
         self.guard = ChunkOrderGuard({stream: last_completed} if last_completed is not None else None)
+        #: Bound on the bytes of incomplete chunks (None: unbounded).
+        self.max_bytes = max_bytes
+        #: Bytes of the parts of incomplete chunks (the sum over ``in_progress``).
+        self.bytes = sum(progress.bytes for progress in self.in_progress.values())
+        #: Chunks refused as larger than ``max_bytes``, with the parts seen, until all have passed
+        #: or a newer chunk completes. In memory only: after a restart a refused chunk's later parts
+        #: start it again. Each entry took more than ``max_bytes`` of input, so few can exist.
+        self.refused: dict[int, ChunkProgress] = {}
 
     @property
     def last_completed(self) -> int | None:
@@ -66,6 +88,12 @@ class Assembler:
         """Account for one validated part of ``size`` bytes; raises ``RejectedRecord`` if it does not fit."""
         self.guard.check(part.stream, part.chunk_id)
         if part.chunk_id == self.last_completed:
+            return PartOutcome(duplicate=True)
+        refused = self.refused.get(part.chunk_id)
+        if refused is not None:
+            refused.got.add(part.part)
+            if refused.complete:
+                del self.refused[part.chunk_id]
             return PartOutcome(duplicate=True)
         dtype = part_dtype(part)
         progress = self.in_progress.get(part.chunk_id)
@@ -83,15 +111,55 @@ class Assembler:
             )
         if part.part in progress.got:
             return PartOutcome(duplicate=True)
+        if self.max_bytes is not None and progress.bytes + size > self.max_bytes:
+            return self._refuse(part, progress, size, self.max_bytes)
+        dropped = self._make_room(part.chunk_id, size)
         progress.got.add(part.part)
         progress.examples += part.examples
         progress.bytes += size
+        self.bytes += size
         self.in_progress[part.chunk_id] = progress
         if not progress.complete:
-            return PartOutcome(duplicate=False)
-        del self.in_progress[part.chunk_id]
+            return PartOutcome(duplicate=False, dropped=dropped)
+        self._forget(part.chunk_id)
         self.guard.complete(part.stream, part.chunk_id)
-        abandoned = {c: p for c, p in self.in_progress.items() if c < part.chunk_id}
-        for chunk_id in abandoned:
-            del self.in_progress[chunk_id]
-        return PartOutcome(duplicate=False, completed=progress, abandoned=abandoned)
+        abandoned = {c: self._forget(c) for c in list(self.in_progress) if c < part.chunk_id}
+        self.refused = {c: seen for c, seen in self.refused.items() if c > part.chunk_id}
+        return PartOutcome(duplicate=False, completed=progress, abandoned=abandoned, dropped=dropped)
+
+    def _refuse(self, part: DecodedPart, progress: ChunkProgress, size: int, limit: int) -> PartOutcome:
+        """Give up ``part``'s chunk, which outgrows ``limit``: drop its stored parts, skip its later ones."""
+        if part.chunk_id in self.in_progress:
+            self._forget(part.chunk_id)
+        seen = ChunkProgress(progress.parts, progress.dtype, progress.got | {part.part})
+        if not seen.complete:
+            self.refused[part.chunk_id] = seen
+        detail = (
+            f"chunk {part.chunk_id} is larger than redis.max_buffer_bytes ({limit}): {stored(progress)} were "
+            f"stored and part {part.part} adds {size}"
+        )
+        return PartOutcome(duplicate=True, dropped={part.chunk_id: (progress, RejectedRecord("size", detail))})
+
+    def _make_room(self, chunk_id: int, size: int) -> dict[int, tuple[ChunkProgress, RejectedRecord]]:
+        """Drop the incomplete chunks but ``chunk_id``, in order of arrival, until ``size`` more bytes fit."""
+        dropped: dict[int, tuple[ChunkProgress, RejectedRecord]] = {}
+        if self.max_bytes is None:
+            return dropped
+        while self.bytes + size > self.max_bytes:
+            oldest = next(c for c in self.in_progress if c != chunk_id)
+            progress = self._forget(oldest)
+            detail = (
+                f"chunk {oldest} dropped with {stored(progress)}: incomplete chunks may hold at most "
+                f"redis.max_buffer_bytes ({self.max_bytes}) and a part of chunk {chunk_id} needed room"
+            )
+            dropped[oldest] = (progress, RejectedRecord("size", detail))
+        return dropped
+
+    def _forget(self, chunk_id: int) -> ChunkProgress:
+        progress = self.in_progress.pop(chunk_id)
+        self.bytes -= progress.bytes
+        return progress
+
+
+def stored(progress: ChunkProgress) -> str:
+    return f"{len(progress.got)} of {progress.parts} parts ({progress.bytes} bytes)"

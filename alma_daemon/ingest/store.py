@@ -3,6 +3,9 @@
 Everything a batch changes (new parts, the chunks they complete, dead letters, counters and the
 offsets reached) is written in one transaction, so after a crash the stored offsets say exactly
 which records are in Redis: the consumer seeks there and nothing is lost or stored twice.
+
+``queued_bytes`` in ``alma:{s}:ingest`` counts the bytes of complete chunks the engine has not
+consumed (what ingest pauses on); the parts of incomplete chunks are bounded by the assembler.
 """
 
 from __future__ import annotations
@@ -10,6 +13,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from typing import Any
+
+import redis
 
 from alma_daemon.data.wire import DecodedPart, RejectedRecord
 from alma_daemon.ingest.assembler import Assembler, ChunkProgress, part_dtype
@@ -27,13 +32,22 @@ class IngestBatch:
 
     parts: list[tuple[DecodedPart, SourceRecord]] = field(default_factory=list)
     completed: dict[int, ChunkProgress] = field(default_factory=dict)
-    #: Chunk id -> (its progress, the newer chunk whose completion abandoned it).
-    abandoned: dict[int, tuple[ChunkProgress, int]] = field(default_factory=dict)
+    #: Incomplete chunks given up, in order: (chunk id, its progress, why); one dead letter each.
+    abandoned: list[tuple[int, ChunkProgress, RejectedRecord]] = field(default_factory=list)
     rejected: list[tuple[SourceRecord, RejectedRecord]] = field(default_factory=list)
     offsets: dict[str, str] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
         return bool(self.offsets)
+
+    def abandon(self, chunk_id: int, progress: ChunkProgress, why: RejectedRecord) -> None:
+        """Give up an incomplete chunk: its parts in this batch are not written, earlier ones are deleted.
+
+        The deletion runs first in the transaction, so a later part in this batch may start the
+        chunk again.
+        """
+        self.parts = [(part, record) for part, record in self.parts if part.chunk_id != chunk_id]
+        self.abandoned.append((chunk_id, progress, why))
 
 
 class IngestStore:
@@ -59,24 +73,45 @@ class IngestStore:
         return {k.decode(): v.decode() for k, v in self.client.hgetall(self.keys.offsets).items()}
 
     def queued_bytes(self) -> int:
-        """Bytes of parts not yet consumed by the engine (what backpressure bounds)."""
+        """Bytes of complete chunks not yet consumed by the engine (what backpressure bounds)."""
         return int(self.client.hget(self.keys.ingest, "queued_bytes") or 0)
 
-    def load_assembler(self) -> Assembler:
-        """The assembler as the last committed batch left it."""
+    def recount_queued_bytes(self) -> int:
+        """Set ``queued_bytes`` from the ready chunks themselves, and return it.
+
+        Earlier versions counted the parts of incomplete chunks too, which the engine cannot drain:
+        a count left by them could keep ingest paused for good.
+        """
+        while True:
+            with self.client.pipeline(transaction=True) as pipe:
+                try:
+                    pipe.watch(self.keys.ready)  # the engine's step commit takes chunks out of it
+                    ready = pipe.zrange(self.keys.ready, 0, -1)
+                    total = sum(int(pipe.hget(self.keys.chunk(int(c)), "bytes") or 0) for c in ready)
+                    pipe.multi()
+                    pipe.hset(self.keys.ingest, "queued_bytes", total)
+                    pipe.execute()
+                    return total
+                except redis.WatchError:
+                    continue
+
+    def load_assembler(self, max_bytes: int | None = None) -> Assembler:
+        """The assembler as the last committed batch left it, its incomplete chunks within ``max_bytes``."""
         last = self.client.hget(self.keys.ingest, "last_completed")
-        in_progress = {}
+        loaded = []
         for member in self.client.zrange(self.keys.assembling, 0, -1):
             chunk_id = int(member)
             fields = {k.decode(): v.decode() for k, v in self.client.hgetall(self.keys.chunk(chunk_id)).items()}
-            in_progress[chunk_id] = ChunkProgress(
+            progress = ChunkProgress(
                 parts=int(fields["parts"]),
                 dtype=fields["dtype"],
                 got={int(k.removeprefix("got:")) for k in fields if k.startswith("got:")},
                 examples=int(fields.get("examples", 0)),
                 bytes=int(fields.get("bytes", 0)),
             )
-        return Assembler(self.keys.stream, in_progress, int(last) if last is not None else None)
+            loaded.append((float(fields.get("arrived_at", 0)), chunk_id, progress))
+        in_progress = {chunk_id: progress for _, chunk_id, progress in sorted(loaded, key=lambda c: c[:2])}
+        return Assembler(self.keys.stream, in_progress, int(last) if last is not None else None, max_bytes)
 
     def commit(self, batch: IngestBatch) -> None:
         keys = self.keys
@@ -86,6 +121,10 @@ class IngestStore:
         if server_run_id(self.client) != self._run_id:
             pipe.reset()
             raise RedisRestarted("Redis restarted since ingest read its state; ingest resyncs from what it holds")
+        for chunk_id, progress, why in batch.abandoned:
+            pipe.zrem(keys.assembling, chunk_id)
+            pipe.delete(keys.chunk(chunk_id), *(keys.part(chunk_id, i) for i in progress.got))
+            dead_letter(pipe, keys, why.reason, why.detail, f"chunk {chunk_id}")
         for part, record in batch.parts:
             assert record.value is not None
             chunk_key = keys.chunk(part.chunk_id)
@@ -96,23 +135,14 @@ class IngestStore:
             pipe.hincrby(chunk_key, "received", 1)
             pipe.hincrby(chunk_key, "examples", part.examples)
             pipe.hincrby(chunk_key, "bytes", len(record.value))
-            pipe.hincrby(keys.ingest, "queued_bytes", len(record.value))
             pipe.zadd(keys.assembling, {part.chunk_id: part.chunk_id})
         for chunk_id, progress in batch.completed.items():
             pipe.zrem(keys.assembling, chunk_id)
             pipe.zadd(keys.ready, {chunk_id: chunk_id})
+            pipe.hincrby(keys.ingest, "queued_bytes", progress.bytes)
             pipe.hincrby(keys.ingest, "chunks_received", 1)
             pipe.hincrby(keys.ingest, "examples_received", progress.examples)
             pipe.hset(keys.ingest, "last_completed", chunk_id)
-        for chunk_id, (progress, newer) in batch.abandoned.items():
-            pipe.zrem(keys.assembling, chunk_id)
-            pipe.delete(keys.chunk(chunk_id), *(keys.part(chunk_id, i) for i in progress.got))
-            pipe.hincrby(keys.ingest, "queued_bytes", -progress.bytes)
-            detail = (
-                f"chunk {chunk_id} has {len(progress.got)} of {progress.parts} parts and chunk {newer} "
-                f"completed after it: its missing parts would arrive out of order"
-            )
-            dead_letter(pipe, keys, "part_numbering", detail, f"chunk {chunk_id}")
         for record, rejection in batch.rejected:
             dead_letter(
                 pipe,

@@ -3,8 +3,10 @@
 It runs in its own thread beside the engine, so a long training stage never stalls consumption;
 the two meet only in Redis (complete chunks in ``alma:{s}:ready``). A second thread runs the
 transactions, in order, while the next poll is read. Memory stays bounded: at most
-``MAX_IN_FLIGHT + 1`` polls of records are held, and polling pauses while more than
-``max_buffer_bytes`` of parts wait for the engine.
+``MAX_IN_FLIGHT + 1`` polls of records are held, polling pauses while more than
+``max_buffer_bytes`` of complete chunks wait for the engine, and the assembler keeps the parts of
+incomplete chunks within ``max_buffer_bytes`` too (it drops the incomplete chunks that arrived
+first). Pausing counts only what the engine can drain, so it cannot wait forever.
 
 Outages (docs/service.md, "Outages"): while Redis is unreachable the thread waits with backoff and
 then resyncs from what Redis holds; while the transport is, kafka-python reconnects on its own and
@@ -63,10 +65,10 @@ class IngestWorker:
         self.schema = schema
         self.max_buffer_bytes = max_buffer_bytes
         self.on_chunk_ready = on_chunk_ready
-        self.assembler = self.store.load_assembler()
+        self.assembler = self.store.load_assembler(max_buffer_bytes)
         self.source.seek(self.store.offsets())
         self.paused = False
-        self._queued_bound = self.store.queued_bytes()
+        self._queued_bound = self.store.recount_queued_bytes()
         self.error: BaseException | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -76,7 +78,8 @@ class IngestWorker:
         self._committer = ThreadPoolExecutor(
             max_workers=1, thread_name_prefix=f"ingest-commit-{keys.stream}", initializer=run_beside_training
         )
-        self._in_flight: deque[Future] = deque()
+        #: Each submitted batch's commit, with the bytes of the chunks it completes.
+        self._in_flight: deque[tuple[Future, int]] = deque()
         self._commit_failed = False
 
     # -- one step ---------------------------------------------------------------------------------
@@ -87,15 +90,17 @@ class IngestWorker:
         batches still commit one at a time and in order, each with its own offsets.
         """
         if self._over_limit():
+            self._refresh_lag()  # a transport outage during a pause is reported too
             self._stop.wait(min(timeout, 0.2))
             return 0
         records = self.source.poll(timeout, POLL_RECORDS)
         batch = self._validate(records)
-        while len(self._in_flight) >= MAX_IN_FLIGHT or (self._in_flight and self._in_flight[0].done()):
-            self._in_flight.popleft().result()
-        self._queued_bound += sum(len(record.value or b"") for _, record in batch.parts)
+        while len(self._in_flight) >= MAX_IN_FLIGHT or (self._in_flight and self._in_flight[0][0].done()):
+            self._in_flight.popleft()[0].result()
+        completed = sum(progress.bytes for progress in batch.completed.values())
+        self._queued_bound += completed
         if batch:
-            self._in_flight.append(self._committer.submit(self._commit, batch))
+            self._in_flight.append((self._committer.submit(self._commit, batch), completed))
         self._refresh_lag()
         return len(records)
 
@@ -111,12 +116,18 @@ class IngestWorker:
             except RejectedRecord as rejection:
                 batch.rejected.append((record, rejection))
                 continue
+            for chunk_id, (progress, why) in outcome.dropped.items():
+                batch.abandon(chunk_id, progress, why)
             if not outcome.duplicate:
                 batch.parts.append((part, record))
             if outcome.completed is not None:
                 batch.completed[part.chunk_id] = outcome.completed
             for chunk_id, progress in outcome.abandoned.items():
-                batch.abandoned[chunk_id] = (progress, part.chunk_id)
+                detail = (
+                    f"chunk {chunk_id} has {len(progress.got)} of {progress.parts} parts and chunk {part.chunk_id} "
+                    f"completed after it: its missing parts would arrive out of order"
+                )
+                batch.abandon(chunk_id, progress, RejectedRecord("part_numbering", detail))
         return batch
 
     def _commit(self, batch: IngestBatch) -> None:
@@ -128,19 +139,23 @@ class IngestWorker:
         except BaseException:
             self._commit_failed = True
             raise
+        self._report(batch)  # before a failing acknowledge could skip it: the batch is in Redis
         self.source.acknowledge(batch.offsets)
-        self._report(batch)
 
     def flush(self) -> None:
         """Wait until every submitted batch is committed; re-raises the first error (then call :meth:`resync`)."""
         while self._in_flight:
-            self._in_flight.popleft().result()
+            self._in_flight.popleft()[0].result()
 
     def _over_limit(self) -> bool:
-        # The engine only ever lowers the queued total, so last read + bytes added since is an upper
-        # bound: Redis is asked only when that bound crosses the limit.
+        # Only complete chunks count: the engine drains them, so a pause always ends. The engine only
+        # ever lowers the queued total, so last read + bytes of the chunks completed since is an
+        # upper bound: Redis is asked only when that bound crosses the limit. Its count lacks the
+        # batches not committed yet; they are summed before it is read, so a batch that commits in
+        # between is counted twice (a pause a little early), never missed.
         if self._queued_bound > self.max_buffer_bytes:
-            self._queued_bound = self.store.queued_bytes()
+            uncommitted = sum(completed for future, completed in self._in_flight if not future.done())
+            self._queued_bound = uncommitted + self.store.queued_bytes()
         over = self._queued_bound > self.max_buffer_bytes
         if over != self.paused:
             self.paused = over
@@ -157,9 +172,12 @@ class IngestWorker:
                 "record rejected",
                 extra={"reason": rejection.reason, "origin": record.origin, "detail": rejection.detail[:300]},
             )
-        for chunk_id in batch.abandoned:
-            telemetry.RECORDS_REJECTED.labels("part_numbering").inc()
-            log.warning("incomplete chunk abandoned", extra={"chunk": chunk_id, "reason": "part_numbering"})
+        for chunk_id, _, why in batch.abandoned:
+            telemetry.RECORDS_REJECTED.labels(why.reason).inc()
+            log.warning(
+                "incomplete chunk abandoned",
+                extra={"chunk": chunk_id, "reason": why.reason, "detail": why.detail[:300]},
+            )
         for chunk_id, progress in batch.completed.items():
             telemetry.CHUNKS_RECEIVED.inc()
             telemetry.EXAMPLES_RECEIVED.inc(progress.examples)
@@ -193,13 +211,13 @@ class IngestWorker:
 
     def resync(self) -> None:
         """After a failed transaction: forget in-memory progress and continue from what Redis holds."""
-        for future in self._in_flight:
+        for future, _ in self._in_flight:
             future.exception()  # wait; the failure was already reported
         self._in_flight.clear()
         self._commit_failed = False
         self.store.follow_server()
         self._queued_bound = self.store.queued_bytes()
-        self.assembler = self.store.load_assembler()
+        self.assembler = self.store.load_assembler(self.max_buffer_bytes)
         self.source.seek(self.store.offsets())
 
     # -- the thread -------------------------------------------------------------------------------

@@ -36,10 +36,11 @@ def decode_entry(
     headers = None
     problem = None
     if raw is not None:
+        # RecursionError: deeply nested JSON. Uncaught, it would stop ingest on this entry at every start.
         try:
             pairs = json.loads(raw)
             headers = [(str(name), str(value).encode("latin-1")) for name, value in pairs]
-        except (ValueError, TypeError, UnicodeEncodeError):
+        except (ValueError, TypeError, UnicodeEncodeError, RecursionError):
             problem = f"headers field is not a JSON list of [name, value] pairs: {raw[:80]!r}"
     return fields.get(b"key"), fields.get(b"value"), headers, problem
 

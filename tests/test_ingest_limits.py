@@ -1,0 +1,225 @@
+"""Ingest's limits: hostile transport entries, the bound on incomplete chunks, pausing, reporting.
+
+Every part below is one example of ``records_of`` (144 bytes), so limits are counted in parts.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import redis
+
+from alma_daemon.ingest.assembler import Assembler
+from alma_daemon.ingest.worker import IngestWorker
+from alma_daemon.observability import telemetry
+from alma_daemon.service.outages import OutageBoard
+from alma_daemon.service.redis_keys import StreamKeys
+from alma_daemon.transports.redis_stream import RedisStreamSource, encode_entry
+from tests.servers import RedisServer
+from tests.test_ingest import SCHEMA, STREAM, decoded, records_of
+
+TRANSPORT = "alma.tiny"
+PART = len(records_of(1, n=1)[0].value)
+KEYS = StreamKeys(STREAM)
+
+
+def redis_worker(client, max_buffer_bytes: int, transport_client=None, **kwargs) -> IngestWorker:
+    source = RedisStreamSource(transport_client or client, TRANSPORT)
+    return IngestWorker(source, client, KEYS, SCHEMA, max_buffer_bytes=max_buffer_bytes, **kwargs)
+
+
+def publish(client, records) -> None:
+    for record in records:
+        client.xadd(TRANSPORT, encode_entry(record))
+
+
+def read_all(worker: IngestWorker, client, limit_seconds: float = 30) -> None:
+    """Step until the transport stream is empty (a safety limit, not a timing check)."""
+    deadline = time.monotonic() + limit_seconds
+    while client.xlen(TRANSPORT):
+        assert time.monotonic() < deadline, f"ingest stalled: paused={worker.paused}, {client.xlen(TRANSPORT)} unread"
+        worker.step(timeout=0.2)
+        worker.flush()
+
+
+def dead_letters(client) -> list[tuple[str, str]]:
+    return [(f[b"reason"].decode(), f[b"detail"].decode()) for _, f in client.xrange(KEYS.dead)]
+
+
+def chunk_ids(client, key: str) -> list[int]:
+    return [int(c) for c in client.zrange(key, 0, -1)]
+
+
+def assembling_bytes(client) -> int:
+    return sum(int(client.hget(KEYS.chunk(c), "bytes") or 0) for c in chunk_ids(client, KEYS.assembling))
+
+
+def assert_parts_match_chunks(client) -> None:
+    """Every stored part belongs to a chunk assembling or ready, whose hash lists it, and back."""
+    listed = set()
+    for chunk_id in chunk_ids(client, KEYS.assembling) + chunk_ids(client, KEYS.ready):
+        fields = client.hgetall(KEYS.chunk(chunk_id))
+        assert fields, f"chunk {chunk_id} has no hash"
+        listed |= {KEYS.part(chunk_id, int(f[4:])) for f in fields if f.startswith(b"got:")}
+    assert {k.decode() for k in client.scan_iter(f"{KEYS.prefix}:part:*")} == listed
+    chunk_hashes = {k.decode() for k in client.scan_iter(f"{KEYS.prefix}:chunk:*")}
+    assert chunk_hashes == {KEYS.chunk(c) for c in chunk_ids(client, KEYS.assembling) + chunk_ids(client, KEYS.ready)}
+
+
+# -- the assembler (pure logic) -------------------------------------------------------------------
+def test_assembler_refuses_a_chunk_larger_than_its_bound_and_skips_the_chunks_later_parts() -> None:
+    assembler = Assembler(STREAM, max_bytes=2 * PART - 1)
+    big = decoded(records_of(1, n=3))
+    assert not assembler.accept(big[0], PART).duplicate
+    refused = assembler.accept(big[1], PART)
+    assert refused.duplicate and list(refused.dropped) == [1]
+    progress, why = refused.dropped[1]
+    assert progress.got == {0} and why.reason == "size"
+    assert "chunk 1 is larger than redis.max_buffer_bytes" in why.detail
+    assert not assembler.in_progress and assembler.bytes == 0
+    last = assembler.accept(big[2], PART)
+    assert last.duplicate and not last.dropped and not assembler.refused  # every part has passed
+    small = assembler.accept(decoded(records_of(2, n=1))[0], PART)
+    assert small.completed is not None and assembler.last_completed == 2
+
+
+def test_assembler_drops_the_incomplete_chunks_that_arrived_first_to_stay_within_its_bound() -> None:
+    assembler = Assembler(STREAM, max_bytes=2 * PART)
+    first_parts = {c: decoded(records_of(c, n=3))[0] for c in (5, 3, 4)}
+    outcomes = {c: assembler.accept(part, PART) for c, part in first_parts.items()}
+    assert not outcomes[5].dropped and not outcomes[3].dropped
+    assert list(outcomes[4].dropped) == [5]  # the first to arrive, though not the lowest id
+    assert outcomes[4].dropped[5][1].reason == "size" and "redis.max_buffer_bytes" in outcomes[4].dropped[5][1].detail
+    second_of_4 = assembler.accept(decoded(records_of(4, n=3))[1], PART)
+    assert list(second_of_4.dropped) == [3]  # never the part's own chunk, which fits
+    assert list(assembler.in_progress) == [4] and assembler.bytes == 2 * PART
+    again = assembler.accept(first_parts[5], PART)  # a dropped chunk's part starts it again
+    assert list(again.dropped) == [4] and assembler.in_progress[5].got == {0}
+
+
+# -- against Redis --------------------------------------------------------------------------------
+@pytest.mark.integration
+def test_a_redis_stream_entry_with_deeply_nested_headers_is_dead_lettered_and_ingestion_continues(redis_db) -> None:
+    redis_db.xadd(TRANSPORT, {"key": b"tiny/1", "value": b"", "headers": b"[" * 100_000})
+    publish(redis_db, records_of(1))
+    worker = redis_worker(redis_db, 1 << 30)
+    read_all(worker, redis_db)
+    worker.stop()
+    assert chunk_ids(redis_db, KEYS.ready) == [1]
+    assert [reason for reason, _ in dead_letters(redis_db)] == ["headers"]
+    assert int(redis_db.hget(KEYS.ingest, "rejected:headers")) == 1
+
+
+@pytest.mark.integration
+def test_a_chunk_larger_than_the_buffer_limit_is_dead_lettered_and_the_next_chunk_is_stored(redis_db) -> None:
+    before = telemetry.RECORDS_REJECTED.labels("size")._value.get()
+    publish(redis_db, records_of(1, n=40) + records_of(2, n=4))
+    worker = redis_worker(redis_db, max_buffer_bytes=10 * PART)
+    read_all(worker, redis_db)
+    assert not worker.paused
+    worker.stop()
+    assert chunk_ids(redis_db, KEYS.ready) == [2] and not chunk_ids(redis_db, KEYS.assembling)
+    [(reason, detail)] = dead_letters(redis_db)
+    assert reason == "size" and detail.startswith("chunk 1 is larger than redis.max_buffer_bytes")
+    assert int(redis_db.hget(KEYS.ingest, "rejected:size")) == 1
+    assert telemetry.RECORDS_REJECTED.labels("size")._value.get() == before + 1
+    assert int(redis_db.hget(KEYS.ingest, "queued_bytes")) == 4 * PART
+    assert_parts_match_chunks(redis_db)
+
+
+@pytest.mark.integration
+def test_first_parts_of_chunks_that_never_complete_cannot_stall_ingest_or_outgrow_the_limit(redis_db) -> None:
+    limit = 4 * PART
+    worker = redis_worker(redis_db, max_buffer_bytes=limit)
+    for chunk_id in range(1, 11):  # their other two parts never come
+        publish(redis_db, records_of(chunk_id, n=3)[:1])
+        read_all(worker, redis_db)
+        assert assembling_bytes(redis_db) <= limit
+    publish(redis_db, records_of(11, n=2))
+    read_all(worker, redis_db)
+    worker.stop()
+    assert chunk_ids(redis_db, KEYS.ready) == [11] and not chunk_ids(redis_db, KEYS.assembling)
+    dead = dead_letters(redis_db)
+    # Chunks 1-8 made room (the first to arrive first); 9 and 10 were abandoned when 11 completed.
+    assert [detail.split()[1] for _, detail in dead] == [str(c) for c in range(1, 11)]
+    assert [reason for reason, _ in dead] == ["size"] * 8 + ["part_numbering"] * 2
+    assert_parts_match_chunks(redis_db)
+
+
+@pytest.mark.integration
+def test_a_chunk_dropped_and_started_again_in_one_transaction_is_stored_consistently(redis_db) -> None:
+    a, b = records_of(1, n=2), records_of(2, n=3)
+    publish(redis_db, [a[0], b[0], b[1], a[1], b[2]])  # a[1] drops chunk 2; b[2] starts it again
+    worker = redis_worker(redis_db, max_buffer_bytes=3 * PART)
+    read_all(worker, redis_db)
+    worker.stop()
+    assert [reason for reason, _ in dead_letters(redis_db)] == ["size"]
+    assert chunk_ids(redis_db, KEYS.ready) == [1] and chunk_ids(redis_db, KEYS.assembling) == [2]
+    assert_parts_match_chunks(redis_db)
+    assert redis_db.hget(KEYS.chunk(2), "got:2") and not redis_db.hget(KEYS.chunk(2), "got:0")
+    restarted = redis_worker(redis_db, max_buffer_bytes=3 * PART)
+    assert restarted.assembler.in_progress[2].got == {2} and restarted.assembler.bytes == PART
+    restarted.stop()
+
+
+@pytest.mark.integration
+def test_a_queued_count_that_included_incomplete_chunks_does_not_keep_ingest_paused(redis_db) -> None:
+    redis_db.hset(KEYS.ingest, "queued_bytes", 1 << 40)  # as an earlier version may have left it, nothing ready
+    publish(redis_db, records_of(1, n=3))
+    worker = redis_worker(redis_db, max_buffer_bytes=1 << 30)
+    read_all(worker, redis_db)
+    worker.stop()
+    assert chunk_ids(redis_db, KEYS.ready) == [1]
+    assert int(redis_db.hget(KEYS.ingest, "queued_bytes")) == 3 * PART
+
+
+@pytest.mark.integration
+def test_a_committed_chunk_is_reported_though_the_transport_then_refuses_to_trim(tmp_path, redis_db) -> None:
+    transport = RedisServer(tmp_path)
+    transport.start()
+    try:
+        admin = transport.client()
+        # A transport user that may read the stream but not trim it: acknowledging fails after the commit.
+        admin.acl_setuser(
+            "reader", enabled=True, nopass=True, categories=["+@all"], commands=["-xtrim", "-xdel"], keys=["*"]
+        )
+        reader = transport.client(username="reader", password="unused")
+        publish(admin, records_of(1, n=3))
+        received = telemetry.CHUNKS_RECEIVED._value.get()
+        ready_calls = []
+        worker = redis_worker(redis_db, 1 << 30, reader, on_chunk_ready=lambda: ready_calls.append(1))
+        deadline = time.monotonic() + 30
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            while time.monotonic() < deadline:
+                worker.step(timeout=0.2)
+                worker.flush()
+        assert chunk_ids(redis_db, KEYS.ready) == [1]
+        assert ready_calls == [1] and telemetry.CHUNKS_RECEIVED._value.get() == received + 1
+        worker.stop()
+        reader.close()
+        admin.close()
+    finally:
+        transport.stop()
+
+
+@pytest.mark.integration
+def test_a_transport_outage_during_a_pause_is_reported(tmp_path, redis_db) -> None:
+    transport = RedisServer(tmp_path)
+    transport.start()
+    try:
+        client = transport.client()
+        publish(client, records_of(1) + records_of(2) + records_of(3))
+        board = OutageBoard(limit_seconds=float("inf"))
+        worker = redis_worker(redis_db, len(records_of(1)) * PART, client, outages=board)
+        while not worker.paused:
+            worker.step(timeout=0.2)
+        transport.stop()
+        deadline = time.monotonic() + 30
+        while not board.is_down(worker.source.server):
+            assert time.monotonic() < deadline, "the transport outage was never reported"
+            assert worker.step(timeout=0.2) == 0 and worker.paused
+        worker.stop()
+        client.close()
+    finally:
+        transport.stop()
