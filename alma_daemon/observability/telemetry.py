@@ -48,6 +48,11 @@ RECORDS_REJECTED = Counter(
 )
 BUFFER_CHUNKS = Gauge("alma_buffer_chunks", "Chunks held in the buffer", registry=REGISTRY)
 INGEST_LAG = Gauge("alma_ingest_lag_records", "Records on the topic not yet ingested", registry=REGISTRY)
+KAFKA_OFFSET_RESETS = Counter(
+    "alma_kafka_offset_resets",
+    "Kafka partitions moved because the broker no longer held their position (offset out of range, log truncated)",
+    registry=REGISTRY,
+)
 
 # -- anytime error (Eq. 1) ----------------------------------------------------------------------
 ERROR_RATIO = Gauge(

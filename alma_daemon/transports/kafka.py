@@ -19,18 +19,22 @@ from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 from kafka.cluster import collect_hosts
 from kafka.errors import (
     BrokerNotAvailableError,
+    CorruptRecordError,
     KafkaConnectionError,
     KafkaError,
     KafkaTimeoutError,
     LeaderNotAvailableError,
+    LogTruncationError,
     NodeNotReadyError,
     NoError,
+    OffsetOutOfRangeError,
     RequestTimedOutError,
     UnknownTopicOrPartitionError,
     for_code,
 )
 
 from alma_daemon.data.wire import WireRecord
+from alma_daemon.observability import telemetry
 from alma_daemon.service.connections import kafka_client
 from alma_daemon.transports.source import SourceRecord
 
@@ -42,6 +46,10 @@ CONSUMER_SETTINGS = {
     "max_partition_fetch_bytes": 8 << 20,
     "fetch_max_bytes": 32 << 20,
     "fetch_max_wait_ms": 100,
+    # kafka-python's default ("latest") moves a partition whose stored offset the broker no longer
+    # holds to the log end, skipping every retained record unread and saying so only at INFO:
+    # KafkaSource.poll handles what the policy would (docs/service.md).
+    "auto_offset_reset": "none",
 }
 
 
@@ -223,7 +231,21 @@ class KafkaSource:
             time.sleep(min(timeout, 0.2))
             return []
         assert self.consumer is not None  # discovered, hence connected
-        batches = self.consumer.poll(timeout_ms=int(timeout * 1000), max_records=max_records)
+        try:
+            batches = self.consumer.poll(timeout_ms=int(timeout * 1000), max_records=max_records)
+        except CorruptRecordError as exc:
+            return [self._skip_unreadable(exc)]
+        except OffsetOutOfRangeError as exc:
+            # Retention deleted the stored offset, or the topic was made again.
+            for tp, offset in exc.args[0].items():
+                self._continue_at(tp, None, "stored offset out of range", offset)
+            return []
+        except LogTruncationError as exc:
+            # An unclean leader election dropped records already read: continue where the logs part,
+            # as kafka-python does under a reset policy.
+            for tp, divergent in exc.divergent_offsets.items():
+                self._continue_at(tp, None if divergent is None else divergent.offset, "log truncated")
+            return []
         return [
             SourceRecord(
                 str(tp.partition),
@@ -237,6 +259,51 @@ class KafkaSource:
             for r in records
         ]
 
+    def _skip_unreadable(self, exc: CorruptRecordError) -> SourceRecord:
+        """The record kafka-python cannot parse, as a record to dead-letter, with the consumer moved past it.
+
+        kafka-python's error names neither partition nor offset (a header name that is not UTF-8
+        reads as "Found invalid record structure: UnicodeDecodeError(...)"), and its next poll would
+        spin for ever on the records it failed on. Those records are the fetcher's in-line ones,
+        whose partition is read from kafka-python 3.0's private state: nothing public tells which
+        partition failed; their next offset is the failed record's, as the position is. Its parser
+        stops at the first bad record of a record batch, so the batch's later records come back
+        here one at a time as well.
+        """
+        assert self.consumer is not None  # polled, hence connected
+        failed = self.consumer._fetcher._next_partition_records
+        tp, offset = failed.topic_partition, failed.next_fetch_offset
+        self.consumer.seek(tp, offset + 1)
+        return SourceRecord(
+            str(tp.partition),
+            str(offset + 1),
+            None,
+            None,
+            None,
+            f"{self.topic}/{tp.partition}@{offset}",
+            f"kafka-python cannot read this record or an earlier one of its record batch: {exc}",
+        )
+
+    def _continue_at(self, tp: TopicPartition, offset: int | None, why: str, lost: int | None = None) -> None:
+        """Continue ``tp``, whose position the broker no longer holds, at ``offset`` or, when that is
+        None, at its earliest retained record; logged and counted, as unread records may be gone."""
+        assert self.consumer is not None  # polled, hence connected
+        log.warning(
+            "Kafka no longer holds the partition's position: continuing elsewhere",
+            extra={
+                "reason": why,
+                "topic": self.topic,
+                "partition": tp.partition,
+                "offset": lost,
+                "continue_at": "earliest" if offset is None else offset,
+            },
+        )
+        telemetry.KAFKA_OFFSET_RESETS.inc()
+        if offset is None:
+            self.consumer.seek_to_beginning(tp)
+        else:
+            self.consumer.seek(tp, offset)
+
     def acknowledge(self, offsets: dict[str, str]) -> None:
         """Kafka keeps records by its retention settings; nothing to drop here."""
 
@@ -246,8 +313,18 @@ class KafkaSource:
                 raise self._discovery_error.with_traceback(None)
             return None
         assert self.consumer is not None  # partitions are assigned only once connected
+        positions = {tp: self._position(tp) for tp in self.partitions}
         ends = self.consumer.end_offsets(self.partitions, timeout_ms=LAG_TIMEOUT_MS)
-        return sum(max(0, ends[tp] - self.consumer.position(tp)) for tp in self.partitions)
+        return sum(max(0, ends[tp] - positions[tp]) for tp in self.partitions)
+
+    def _position(self, tp: TopicPartition) -> int:
+        """The next offset to read. While a reset (``seek_to_beginning``) gets no answer, position()
+        without a time limit waits kafka-python's request timeout (30 s) and then returns None."""
+        assert self.consumer is not None  # partitions are assigned only once connected
+        position = self.consumer.position(tp, timeout_ms=LAG_TIMEOUT_MS)
+        if position is None:
+            raise KafkaTimeoutError(f"{self.topic}/{tp.partition}: no position within {LAG_TIMEOUT_MS} ms")
+        return position
 
     def close(self) -> None:
         self._close_admin()
