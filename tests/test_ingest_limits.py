@@ -5,6 +5,7 @@ Every part below is one example of ``records_of`` (144 bytes), so limits are cou
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -79,23 +80,26 @@ def test_assembler_refuses_a_chunk_larger_than_its_bound_and_skips_the_chunks_la
     assert "chunk 1 is larger than redis.max_buffer_bytes" in why.detail
     assert not assembler.in_progress and assembler.bytes == 0
     last = assembler.accept(big[2], PART)
-    assert last.duplicate and not last.dropped and not assembler.refused  # every part has passed
+    assert last.duplicate and not last.dropped and assembler.refused == {1}
+    again = assembler.accept(big[0], PART)  # a re-sent part is skipped too, not stored again
+    assert again.duplicate and not again.dropped and not assembler.in_progress
     small = assembler.accept(decoded(records_of(2, n=1))[0], PART)
     assert small.completed is not None and assembler.last_completed == 2
+    assert not assembler.refused  # from now on the order guard rejects chunk 1's parts
 
 
-def test_assembler_drops_the_incomplete_chunks_that_arrived_first_to_stay_within_its_bound() -> None:
+def test_assembler_drops_the_incomplete_chunks_with_the_lowest_ids_first_to_stay_within_its_bound() -> None:
     assembler = Assembler(STREAM, max_bytes=2 * PART)
     first_parts = {c: decoded(records_of(c, n=3))[0] for c in (5, 3, 4)}
     outcomes = {c: assembler.accept(part, PART) for c, part in first_parts.items()}
     assert not outcomes[5].dropped and not outcomes[3].dropped
-    assert list(outcomes[4].dropped) == [5]  # the first to arrive, though not the lowest id
-    assert outcomes[4].dropped[5][1].reason == "size" and "redis.max_buffer_bytes" in outcomes[4].dropped[5][1].detail
+    assert list(outcomes[4].dropped) == [3]  # the lowest id, though not the first to arrive
+    assert outcomes[4].dropped[3][1].reason == "size" and "redis.max_buffer_bytes" in outcomes[4].dropped[3][1].detail
     second_of_4 = assembler.accept(decoded(records_of(4, n=3))[1], PART)
-    assert list(second_of_4.dropped) == [3]  # never the part's own chunk, which fits
+    assert list(second_of_4.dropped) == [5]  # never the part's own chunk, though its id is lower
     assert list(assembler.in_progress) == [4] and assembler.bytes == 2 * PART
-    again = assembler.accept(first_parts[5], PART)  # a dropped chunk's part starts it again
-    assert list(again.dropped) == [4] and assembler.in_progress[5].got == {0}
+    again = assembler.accept(first_parts[3], PART)  # a dropped chunk's part starts it again
+    assert list(again.dropped) == [4] and assembler.in_progress[3].got == {0}
 
 
 # -- against Redis --------------------------------------------------------------------------------
@@ -141,7 +145,7 @@ def test_first_parts_of_chunks_that_never_complete_cannot_stall_ingest_or_outgro
     worker.stop()
     assert chunk_ids(redis_db, KEYS.ready) == [11] and not chunk_ids(redis_db, KEYS.assembling)
     dead = dead_letters(redis_db)
-    # Chunks 1-8 made room (the first to arrive first); 9 and 10 were abandoned when 11 completed.
+    # Chunks 1-8 made room (the lowest ids first); 9 and 10 were abandoned when 11 completed.
     assert [detail.split()[1] for _, detail in dead] == [str(c) for c in range(1, 11)]
     assert [reason for reason, _ in dead] == ["size"] * 8 + ["part_numbering"] * 2
     assert_parts_match_chunks(redis_db)
@@ -161,6 +165,88 @@ def test_a_chunk_dropped_and_started_again_in_one_transaction_is_stored_consiste
     restarted = redis_worker(redis_db, max_buffer_bytes=3 * PART)
     assert restarted.assembler.in_progress[2].got == {2} and restarted.assembler.bytes == PART
     restarted.stop()
+
+
+def chunk_fields(client, chunk_id: int) -> dict[bytes, bytes]:
+    """A chunk's hash but for when and where it arrived (a clock time, a transport entry id)."""
+    fields = client.hgetall(KEYS.chunk(chunk_id))
+    return {k: v for k, v in fields.items() if k not in (b"arrived_at", b"first_offset")}
+
+
+def ingest_in_rounds(client, rounds, max_buffer_bytes: int, restart: bool) -> dict:
+    """Publish and ingest each round in turn, with a new worker after each round or one throughout;
+    returns what Redis holds then. A stopped worker left what a killed one would: each read_all
+    ends with every batch committed."""
+    client.flushall()
+    worker = redis_worker(client, max_buffer_bytes)
+    for records in rounds:
+        publish(client, records)
+        read_all(worker, client)
+        if restart:
+            worker.stop()
+            worker = redis_worker(client, max_buffer_bytes)
+    worker.stop()
+    assert_parts_match_chunks(client)
+    return {
+        "dead": dead_letters(client),
+        "ready": chunk_ids(client, KEYS.ready),
+        "assembling": {c: chunk_fields(client, c) for c in chunk_ids(client, KEYS.assembling)},
+        "ingest": client.hgetall(KEYS.ingest),
+    }
+
+
+@pytest.mark.integration
+def test_a_restart_drops_the_same_incomplete_chunk_as_an_uninterrupted_ingest(redis_db) -> None:
+    # Chunk 7's first part arrives before chunk 5's, in one poll; then chunk 6's needs room.
+    rounds = [[records_of(7, n=3)[0], records_of(5, n=3)[0]], [records_of(6, n=3)[0]]]
+    uninterrupted = ingest_in_rounds(redis_db, rounds, 2 * PART, restart=False)
+    restarted = ingest_in_rounds(redis_db, rounds, 2 * PART, restart=True)
+    assert restarted == uninterrupted
+    assert [(reason, detail.split()[1]) for reason, detail in uninterrupted["dead"]] == [("size", "5")]
+    assert list(uninterrupted["assembling"]) == [6, 7]
+
+
+@pytest.mark.integration
+def test_a_restart_keeps_skipping_a_refused_chunk_as_an_uninterrupted_ingest(redis_db) -> None:
+    big, small = records_of(1, n=8), records_of(2, n=3)
+    rounds = [
+        big[:4],  # chunk 1 is refused at its 4th part: the limit is 3 parts
+        [small[0], *big[4:], *small[1:]],  # chunk 1's later parts would drop chunk 2 if stored again
+        big[:1],  # after chunk 2 completed, the order guard rejects chunk 1's parts
+    ]
+    uninterrupted = ingest_in_rounds(redis_db, rounds, 3 * PART, restart=False)
+    restarted = ingest_in_rounds(redis_db, rounds, 3 * PART, restart=True)
+    assert restarted == uninterrupted
+    assert [(reason, detail.split()[1]) for reason, detail in uninterrupted["dead"]] == [
+        ("size", "1"),
+        ("chunk_order", "1"),
+    ]
+    assert uninterrupted["ready"] == [2] and not uninterrupted["assembling"]
+    assert uninterrupted["ingest"][b"refused_chunks"] == b""  # forgotten once chunk 2 completed
+    ingest_in_rounds(redis_db, rounds[:1], 3 * PART, restart=False)
+    assert redis_db.hget(KEYS.ingest, "refused_chunks") == b"1"
+
+
+@pytest.mark.integration
+def test_ingest_pauses_on_the_chunks_of_batches_it_has_not_committed_yet(redis_db) -> None:
+    publish(redis_db, [record for chunk_id in (1, 2, 3, 4) for record in records_of(chunk_id, n=8)])
+    worker = redis_worker(redis_db, max_buffer_bytes=8 * PART)
+    gate = threading.Event()
+    commit = worker.store.commit
+
+    def held_commit(batch) -> None:
+        gate.wait()
+        commit(batch)
+
+    worker.store.commit = held_commit  # the first poll's batch stays uncommitted for a while
+    assert worker.step(timeout=0.2) == 16  # completes chunks 1 and 2: twice the limit
+    release = threading.Timer(0.5, gate.set)
+    release.start()
+    # Redis does not hold the batch yet; the pause must count it all the same.
+    assert worker.step(timeout=0.2) == 0 and worker.paused
+    release.join()
+    worker.stop()
+    assert chunk_ids(redis_db, KEYS.ready) == [1, 2] and redis_db.xlen(TRANSPORT) == 16
 
 
 @pytest.mark.integration

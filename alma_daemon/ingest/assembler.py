@@ -7,13 +7,16 @@ chunk's other parts, or come after a newer chunk was completed, raise ``Rejected
 
 The parts of incomplete chunks are bounded (``max_bytes``, the config's ``redis.max_buffer_bytes``):
 the engine cannot take them, so pausing ingest would not free them. A chunk that alone outgrows the
-bound is refused: its stored parts are dropped and its later parts skipped. Otherwise a part that
-does not fit drops the other incomplete chunks, those that arrived first first, until it fits (a
-dropped chunk's later parts start it again).
+bound is refused: its stored parts are dropped and its later parts skipped until a newer chunk
+completes. Otherwise a part that does not fit drops the other incomplete chunks, lowest id first,
+until it fits (a dropped chunk's later parts start it again). Every choice depends only on state
+that the store saves with each batch (the chunks' stored parts, the newest completed chunk, the
+refused chunks), so a restarted ingest chooses as an uninterrupted one would.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from alma_daemon.data.wire import ChunkOrderGuard, DecodedPart, RejectedRecord
@@ -66,19 +69,19 @@ class Assembler:
         in_progress: dict[int, ChunkProgress] | None = None,
         last_completed: int | None = None,
         max_bytes: int | None = None,
+        refused: Iterable[int] = (),
     ):
         self.stream = stream
-        #: In order of arrival: the first is dropped first when a part does not fit.
         self.in_progress: dict[int, ChunkProgress] = dict(in_progress or {})
         self.guard = ChunkOrderGuard({stream: last_completed} if last_completed is not None else None)
         #: Bound on the bytes of incomplete chunks (None: unbounded).
         self.max_bytes = max_bytes
         #: Bytes of the parts of incomplete chunks (the sum over ``in_progress``).
         self.bytes = sum(progress.bytes for progress in self.in_progress.values())
-        #: Chunks refused as larger than ``max_bytes``, with the parts seen, until all have passed
-        #: or a newer chunk completes. In memory only: after a restart a refused chunk's later parts
-        #: start it again. Each entry took more than ``max_bytes`` of input, so few can exist.
-        self.refused: dict[int, ChunkProgress] = {}
+        #: Chunks refused as larger than ``max_bytes``, whose later parts are skipped; kept until a
+        #: newer chunk completes (the order guard rejects their parts from then on). Each took more
+        #: than ``max_bytes`` of input, so few can exist.
+        self.refused: set[int] = set(refused)
 
     @property
     def last_completed(self) -> int | None:
@@ -89,11 +92,7 @@ class Assembler:
         self.guard.check(part.stream, part.chunk_id)
         if part.chunk_id == self.last_completed:
             return PartOutcome(duplicate=True)
-        refused = self.refused.get(part.chunk_id)
-        if refused is not None:
-            refused.got.add(part.part)
-            if refused.complete:
-                del self.refused[part.chunk_id]
+        if part.chunk_id in self.refused:
             return PartOutcome(duplicate=True)
         dtype = part_dtype(part)
         progress = self.in_progress.get(part.chunk_id)
@@ -124,16 +123,14 @@ class Assembler:
         self._forget(part.chunk_id)
         self.guard.complete(part.stream, part.chunk_id)
         abandoned = {c: self._forget(c) for c in list(self.in_progress) if c < part.chunk_id}
-        self.refused = {c: seen for c, seen in self.refused.items() if c > part.chunk_id}
+        self.refused = {c for c in self.refused if c > part.chunk_id}
         return PartOutcome(duplicate=False, completed=progress, abandoned=abandoned, dropped=dropped)
 
     def _refuse(self, part: DecodedPart, progress: ChunkProgress, size: int, limit: int) -> PartOutcome:
         """Give up ``part``'s chunk, which outgrows ``limit``: drop its stored parts, skip its later ones."""
         if part.chunk_id in self.in_progress:
             self._forget(part.chunk_id)
-        seen = ChunkProgress(progress.parts, progress.dtype, progress.got | {part.part})
-        if not seen.complete:
-            self.refused[part.chunk_id] = seen
+        self.refused.add(part.chunk_id)
         detail = (
             f"chunk {part.chunk_id} is larger than redis.max_buffer_bytes ({limit}): {stored(progress)} were "
             f"stored and part {part.part} adds {size}"
@@ -141,18 +138,22 @@ class Assembler:
         return PartOutcome(duplicate=True, dropped={part.chunk_id: (progress, RejectedRecord("size", detail))})
 
     def _make_room(self, chunk_id: int, size: int) -> dict[int, tuple[ChunkProgress, RejectedRecord]]:
-        """Drop the incomplete chunks but ``chunk_id``, in order of arrival, until ``size`` more bytes fit."""
+        """Drop the incomplete chunks but ``chunk_id``, lowest id first, until ``size`` more bytes fit.
+
+        Lowest first: chunks complete in id order, so the lowest are the ones a newer chunk's
+        completion would abandon anyway.
+        """
         dropped: dict[int, tuple[ChunkProgress, RejectedRecord]] = {}
         if self.max_bytes is None:
             return dropped
         while self.bytes + size > self.max_bytes:
-            oldest = next(c for c in self.in_progress if c != chunk_id)
-            progress = self._forget(oldest)
+            lowest = min(c for c in self.in_progress if c != chunk_id)
+            progress = self._forget(lowest)
             detail = (
-                f"chunk {oldest} dropped with {stored(progress)}: incomplete chunks may hold at most "
+                f"chunk {lowest} dropped with {stored(progress)}: incomplete chunks may hold at most "
                 f"redis.max_buffer_bytes ({self.max_bytes}) and a part of chunk {chunk_id} needed room"
             )
-            dropped[oldest] = (progress, RejectedRecord("size", detail))
+            dropped[lowest] = (progress, RejectedRecord("size", detail))
         return dropped
 
     def _forget(self, chunk_id: int) -> ChunkProgress:

@@ -6,6 +6,8 @@ which records are in Redis: the consumer seeks there and nothing is lost or stor
 
 ``queued_bytes`` in ``alma:{s}:ingest`` counts the bytes of complete chunks the engine has not
 consumed (what ingest pauses on); the parts of incomplete chunks are bounded by the assembler.
+``refused_chunks`` there lists the chunks the assembler refused (ids, space-separated), so a
+restart keeps skipping their later parts.
 """
 
 from __future__ import annotations
@@ -13,8 +15,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from typing import Any
-
-import redis
 
 from alma_daemon.data.wire import DecodedPart, RejectedRecord
 from alma_daemon.ingest.assembler import Assembler, ChunkProgress, part_dtype
@@ -36,6 +36,8 @@ class IngestBatch:
     abandoned: list[tuple[int, ChunkProgress, RejectedRecord]] = field(default_factory=list)
     rejected: list[tuple[SourceRecord, RejectedRecord]] = field(default_factory=list)
     offsets: dict[str, str] = field(default_factory=dict)
+    #: The assembler's refused chunks after this batch, where the batch changed them.
+    refused: set[int] | None = None
 
     def __bool__(self) -> bool:
         return bool(self.offsets)
@@ -80,38 +82,36 @@ class IngestStore:
         """Set ``queued_bytes`` from the ready chunks themselves, and return it.
 
         Earlier versions counted the parts of incomplete chunks too, which the engine cannot drain:
-        a count left by them could keep ingest paused for good.
+        a count left by them could keep ingest paused for good. Call it before the engine consumes
+        chunks (the daemon makes its ingest worker before its first step; one daemon runs per
+        stream): the engine's step commit lowers this count, and nothing here guards against that.
         """
-        while True:
-            with self.client.pipeline(transaction=True) as pipe:
-                try:
-                    pipe.watch(self.keys.ready)  # the engine's step commit takes chunks out of it
-                    ready = pipe.zrange(self.keys.ready, 0, -1)
-                    total = sum(int(pipe.hget(self.keys.chunk(int(c)), "bytes") or 0) for c in ready)
-                    pipe.multi()
-                    pipe.hset(self.keys.ingest, "queued_bytes", total)
-                    pipe.execute()
-                    return total
-                except redis.WatchError:
-                    continue
+        ready = self.client.zrange(self.keys.ready, 0, -1)
+        total = sum(int(self.client.hget(self.keys.chunk(int(c)), "bytes") or 0) for c in ready)
+        self.client.hset(self.keys.ingest, "queued_bytes", total)
+        return total
 
     def load_assembler(self, max_bytes: int | None = None) -> Assembler:
         """The assembler as the last committed batch left it, its incomplete chunks within ``max_bytes``."""
-        last = self.client.hget(self.keys.ingest, "last_completed")
-        loaded = []
+        last, refused = self.client.hmget(self.keys.ingest, ["last_completed", "refused_chunks"])
+        in_progress = {}
         for member in self.client.zrange(self.keys.assembling, 0, -1):
             chunk_id = int(member)
             fields = {k.decode(): v.decode() for k, v in self.client.hgetall(self.keys.chunk(chunk_id)).items()}
-            progress = ChunkProgress(
+            in_progress[chunk_id] = ChunkProgress(
                 parts=int(fields["parts"]),
                 dtype=fields["dtype"],
                 got={int(k.removeprefix("got:")) for k in fields if k.startswith("got:")},
                 examples=int(fields.get("examples", 0)),
                 bytes=int(fields.get("bytes", 0)),
             )
-            loaded.append((float(fields.get("arrived_at", 0)), chunk_id, progress))
-        in_progress = {chunk_id: progress for _, chunk_id, progress in sorted(loaded, key=lambda c: c[:2])}
-        return Assembler(self.keys.stream, in_progress, int(last) if last is not None else None, max_bytes)
+        return Assembler(
+            self.keys.stream,
+            in_progress,
+            int(last) if last is not None else None,
+            max_bytes,
+            refused=(int(c) for c in (refused or b"").split()),
+        )
 
     def commit(self, batch: IngestBatch) -> None:
         keys = self.keys
@@ -153,6 +153,8 @@ class IngestStore:
                 key=record.key,
                 value_bytes=len(record.value or b""),
             )
+        if batch.refused is not None:
+            pipe.hset(keys.ingest, "refused_chunks", " ".join(str(c) for c in sorted(batch.refused)))
         if batch.offsets:
             pipe.hset(keys.offsets, mapping=batch.offsets)
         pipe.execute()

@@ -5,8 +5,8 @@ the two meet only in Redis (complete chunks in ``alma:{s}:ready``). A second thr
 transactions, in order, while the next poll is read. Memory stays bounded: at most
 ``MAX_IN_FLIGHT + 1`` polls of records are held, polling pauses while more than
 ``max_buffer_bytes`` of complete chunks wait for the engine, and the assembler keeps the parts of
-incomplete chunks within ``max_buffer_bytes`` too (it drops the incomplete chunks that arrived
-first). Pausing counts only what the engine can drain, so it cannot wait forever.
+incomplete chunks within ``max_buffer_bytes`` too (it drops incomplete chunks, lowest id first).
+Pausing counts only what the engine can drain, so it cannot wait forever.
 
 Outages (docs/service.md, "Outages"): while Redis is unreachable the thread waits with backoff and
 then resyncs from what Redis holds; while the transport is, kafka-python reconnects on its own and
@@ -78,8 +78,8 @@ class IngestWorker:
         self._committer = ThreadPoolExecutor(
             max_workers=1, thread_name_prefix=f"ingest-commit-{keys.stream}", initializer=run_beside_training
         )
-        #: Each submitted batch's commit, with the bytes of the chunks it completes.
-        self._in_flight: deque[tuple[Future, int]] = deque()
+        #: The commits submitted and not yet waited for, oldest first.
+        self._in_flight: deque[Future] = deque()
         self._commit_failed = False
 
     # -- one step ---------------------------------------------------------------------------------
@@ -95,17 +95,17 @@ class IngestWorker:
             return 0
         records = self.source.poll(timeout, POLL_RECORDS)
         batch = self._validate(records)
-        while len(self._in_flight) >= MAX_IN_FLIGHT or (self._in_flight and self._in_flight[0][0].done()):
-            self._in_flight.popleft()[0].result()
-        completed = sum(progress.bytes for progress in batch.completed.values())
-        self._queued_bound += completed
+        while len(self._in_flight) >= MAX_IN_FLIGHT or (self._in_flight and self._in_flight[0].done()):
+            self._in_flight.popleft().result()
+        self._queued_bound += sum(progress.bytes for progress in batch.completed.values())
         if batch:
-            self._in_flight.append((self._committer.submit(self._commit, batch), completed))
+            self._in_flight.append(self._committer.submit(self._commit, batch))
         self._refresh_lag()
         return len(records)
 
     def _validate(self, records: list[SourceRecord]) -> IngestBatch:
         batch = IngestBatch()
+        refused = set(self.assembler.refused)
         for record in records:
             batch.offsets[record.position] = record.next_offset
             try:
@@ -128,6 +128,8 @@ class IngestWorker:
                     f"completed after it: its missing parts would arrive out of order"
                 )
                 batch.abandon(chunk_id, progress, RejectedRecord("part_numbering", detail))
+        if self.assembler.refused != refused:
+            batch.refused = set(self.assembler.refused)
         return batch
 
     def _commit(self, batch: IngestBatch) -> None:
@@ -145,17 +147,17 @@ class IngestWorker:
     def flush(self) -> None:
         """Wait until every submitted batch is committed; re-raises the first error (then call :meth:`resync`)."""
         while self._in_flight:
-            self._in_flight.popleft()[0].result()
+            self._in_flight.popleft().result()
 
     def _over_limit(self) -> bool:
         # Only complete chunks count: the engine drains them, so a pause always ends. The engine only
         # ever lowers the queued total, so last read + bytes of the chunks completed since is an
-        # upper bound: Redis is asked only when that bound crosses the limit. Its count lacks the
-        # batches not committed yet; they are summed before it is read, so a batch that commits in
-        # between is counted twice (a pause a little early), never missed.
+        # upper bound: Redis is asked only when that bound crosses the limit, once the batches
+        # submitted are committed (else their chunks would be missed, and each uncounted batch could
+        # take the total one more poll past the limit).
         if self._queued_bound > self.max_buffer_bytes:
-            uncommitted = sum(completed for future, completed in self._in_flight if not future.done())
-            self._queued_bound = uncommitted + self.store.queued_bytes()
+            self.flush()
+            self._queued_bound = self.store.queued_bytes()
         over = self._queued_bound > self.max_buffer_bytes
         if over != self.paused:
             self.paused = over
@@ -211,7 +213,7 @@ class IngestWorker:
 
     def resync(self) -> None:
         """After a failed transaction: forget in-memory progress and continue from what Redis holds."""
-        for future, _ in self._in_flight:
+        for future in self._in_flight:
             future.exception()  # wait; the failure was already reported
         self._in_flight.clear()
         self._commit_failed = False
