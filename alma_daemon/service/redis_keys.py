@@ -14,7 +14,8 @@ what the ingest assembler and the engine's buffer need to survive a restart.
     alma:{s}:offsets            hash: source position (Kafka partition) -> next offset to read
     alma:{s}:dead               stream of rejected records with their reason
     alma:{s}:ingest             (service) hash of counters: chunks_received, examples_received,
-                                records_rejected, rejected:<reason>, queued_bytes, last_completed
+                                records_rejected, rejected:<reason>, queued_bytes, last_completed;
+                                refused_chunks (ids of chunks larger than redis.max_buffer_bytes)
     alma:{s}:split:<chunk>      (service) hash: train, val (safetensors), examples: a consumed chunk
     alma:{s}:pending            (service) zset of buffered chunks not yet trained on
     alma:{s}:kept               (service) zset of trained chunks kept for replay
