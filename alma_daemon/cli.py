@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
+from typing import Any
 
 from alma_daemon.config import Config, ConfigError
 from alma_daemon.logs import configure_logging
@@ -33,8 +35,25 @@ COMMANDS = [
 ]
 
 
+class _Subcommands(argparse._SubParsersAction):
+    """argparse's subcommands, where a command's ``help`` (its line in the parent's ``--help``) also
+    opens its own ``--help``, unless it gives a ``description``."""
+
+    def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser:
+        kwargs.setdefault("description", kwargs.get("help"))
+        return super().add_parser(name, **kwargs)
+
+
+class Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose subcommands (and theirs) are :class:`_Subcommands`."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.register("action", "parsers", _Subcommands)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="alma", description="Anytime learning at macroscale: simulate, serve, watch.")
+    parser = Parser(prog="alma", description="Anytime learning at macroscale: simulate, serve, watch.")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-v info, -vv debug)")
     parser.add_argument("--log-json", action="store_true", help="log JSON lines instead of key=value")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -90,6 +109,7 @@ def check_config_under_ranks(config: Config) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     configure_logging(args.verbose, args.log_json)
+    command = " ".join(filter(None, (args.command, getattr(args, "action", None))))  # "config check"
     if launched_with_ranks() and args.command not in RANKED_COMMANDS:
         print(
             f"alma {args.command}: error: runs as one process; start it without torchrun (only "
@@ -98,18 +118,33 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # here, where a reader that went away is a BrokenPipeError below
+        return code
     except KeyboardInterrupt:
         print("alma: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # stdout's reader stopped reading (`alma versions --json | head`): nothing left to tell it.
+        # Python's flush at exit would fail again, so stdout points at /dev/null from here on.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # what a shell reports for a command that SIGPIPE stopped (128 + 13)
     except ConfigError as exc:
-        print(f"alma {args.command}: config error: {exc}", file=sys.stderr)
+        print(f"alma {command}: config error: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:
-        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
-        print(f"alma {args.command}: error: {type(exc).__name__}: {message}", file=sys.stderr)
+        print(f"alma {command}: error: {one_line_error(exc)}", file=sys.stderr)
         logging.getLogger("alma").debug("traceback", exc_info=True)
         return 1
+
+
+def one_line_error(exc: Exception) -> str:
+    """``Class: message``; kafka-python's errors already start with their class name."""
+    message = str(exc.args[0] if isinstance(exc, KeyError) and exc.args else exc)
+    name = type(exc).__name__
+    if not message or message == name or message.startswith(f"{name}: "):
+        return message or name
+    return f"{name}: {message}"
 
 
 if __name__ == "__main__":

@@ -39,12 +39,15 @@ class KeyValueFormatter(logging.Formatter):
 
 
 def configure_logging(verbosity: int = 0, as_json: bool = False) -> None:
-    """Warnings only by default; ``-v`` for info, ``-vv`` for debug."""
+    """Warnings only by default; ``-v`` for info, ``-vv`` for debug. Libraries log their warnings
+    only: kafka-python's only with ``-v``, as it logs every failed connection attempt at ERROR
+    (once per reconnect, for as long as a broker is down) and our own code reports an outage once."""
     level = logging.WARNING if verbosity <= 0 else logging.INFO if verbosity == 1 else logging.DEBUG
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(KeyValueFormatter(as_json))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
-    for noisy in ("kafka", "apscheduler", "urllib3", "matplotlib"):
+    for noisy in ("apscheduler", "urllib3", "matplotlib"):
         logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
+    logging.getLogger("kafka").setLevel(logging.CRITICAL if verbosity <= 0 else max(level, logging.WARNING))

@@ -11,6 +11,7 @@ import yaml
 
 from alma_daemon.data.datasets import resolve_data_root
 from tests.conftest import TINY_MNIST
+from tests.servers import free_port
 
 pytestmark = pytest.mark.skipif(
     not (resolve_data_root(None) / "mnist").is_dir(), reason="MNIST files not in the data folder (see README: data)"
@@ -73,10 +74,17 @@ def test_grid_runs_every_combination_skips_failures_and_report_plots_them(tmp_pa
     )
     out = tmp_path / "grid"
     result = alma("grid", str(grid), "--out", str(out), "--no-progress")
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 1, result.stderr  # some runs failed
     status = json.loads((out / "grid.json").read_text())
     assert [r["status"] for r in status["runs"]] == ["ok", "ok", "failed", "failed"]
     assert "no-such-learner" in status["runs"][2]["error"]
+    # Each combination the config refuses is reported once, and not run.
+    assert (result.stdout + result.stderr).count("unknown learner 'no-such-learner'") == 2, result
+    assert not (out / "name=no-such-learner,wait=1").exists()
+    assert (
+        result.stdout.splitlines()[-1]
+        == "2 run(s) ok, 2 failed: name=no-such-learner,wait=1, name=no-such-learner,wait=2"
+    )
 
     result = alma("report", str(out))
     assert result.returncode == 0, result.stderr
@@ -84,6 +92,16 @@ def test_grid_runs_every_combination_skips_failures_and_report_plots_them(tmp_pa
         assert (out / name).stat().st_size > 1000
     table = (out / "report.md").read_text()
     assert "name=sm,wait=1" in table and "name=sm,wait=2" in table
+
+
+def test_replay_without_a_kafka_broker_fails_at_once_with_one_line_saying_what_to_do():
+    servers = f"127.0.0.1:{free_port()}"
+    result = alma("replay", "--dataset", "mnist", "--megabatches", "4", "--bootstrap-servers", servers, "--no-progress")
+    assert result.returncode == 1
+    assert result.stderr == (
+        f"alma replay: error: KafkaConnectionError: no Kafka broker answered at {servers} (kafka.bootstrap_servers); "
+        f"start one, or use --embedded / kafka.transport: redis\n"
+    )
 
 
 def test_dash_vv_prints_the_traceback_of_a_failing_command_in_both_log_formats(tmp_path):

@@ -262,9 +262,41 @@ def test_config_check_takes_the_file_as_other_commands_do_too(tmp_path, capsys):
     assert main(["config", "check", "--config", str(path)]) == 2
     assert "learner.members" in capsys.readouterr().err
     assert main(["config", "check", str(path), "--config", str(path)]) == 2
-    assert "give the config file once" in capsys.readouterr().err
+    assert capsys.readouterr().err == (
+        "alma config check: error: give the config file as FILE or as --config FILE, not both\n"
+    )
     assert main(["config", "check"]) == 2
-    assert "give the config file once" in capsys.readouterr().err
+    assert (
+        capsys.readouterr().err == "alma config check: error: which config file? Give it as FILE or as --config FILE\n"
+    )
+
+
+def test_a_key_of_another_plugin_says_where_it_was_set_and_what_to_do(tmp_path, capsys):
+    from alma_daemon.cli import main
+
+    path = tmp_path / "mnist.yaml"
+    path.write_text("learner: {name: sm, width: 8}\npolicy: {name: fixed, wait: 1}\n")
+    # Switching policy on the command line leaves the file's keys of the old one behind.
+    assert main(["config", "check", str(path), "--set", "policy.name=adaptive"]) == 2
+    assert capsys.readouterr().err == (
+        f"alma config check: config error: policy.wait: not read by the 'adaptive' policy (set in {path}); to "
+        f'switch policy and drop the file\'s policy keys: --set \'policy={{"name": "adaptive"}}\'\n'
+    )
+    assert main(["config", "check", str(path), "--set", 'policy={"name": "adaptive"}']) == 0
+    capsys.readouterr()
+    # A key given on the command line that the chosen learner does not read: the learners that read it.
+    assert main(["config", "check", str(path), "--set", "learner.grow_members=2"]) == 2
+    assert capsys.readouterr().err == (
+        "alma config check: config error: learner.grow_members: not read by the 'sm' learner; "
+        "the learners that read it: gens, switch-lm-gens\n"
+    )
+    # The file contradicts itself.
+    path.write_text("learner: {name: sm, members: 3}\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert str(caught.value).startswith(f"learner.members: not read by the 'sm' learner (set in {path}); the learners")
+    with pytest.raises(ConfigError, match=r"^learner\.members: not read by the 'sm' learner; the learners that read"):
+        build_config({"learner": {"name": "sm", "members": 3}})
 
 
 def test_a_checkpoint_spec_saved_with_every_learners_keys_still_loads():

@@ -25,7 +25,14 @@ def add_parser(subparsers) -> None:
     check.add_argument("file", nargs="?", help="the YAML config file")
     # Every other command names its config with --config; a user who types it here means the same.
     check.add_argument("--config", metavar="FILE", help="the same, as the other commands name it")
-    check.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    check.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key, as the other commands do, e.g. --set learner.width=16 (repeatable)",
+    )
     check.set_defaults(func=check_file)
 
 
@@ -35,9 +42,12 @@ def print_schema(args: argparse.Namespace) -> int:
 
 
 def check_file(args: argparse.Namespace) -> int:
-    if (args.file is None) == (args.config is None):
-        print("alma config check: give the config file once, as FILE or as --config FILE", file=sys.stderr)
+    if args.file is None and args.config is None:
+        print("alma config check: error: which config file? Give it as FILE or as --config FILE", file=sys.stderr)
         return 2  # a usage error, as argparse's
+    if args.file is not None and args.config is not None:
+        print("alma config check: error: give the config file as FILE or as --config FILE, not both", file=sys.stderr)
+        return 2
     path = args.file or args.config
     config = load_config(path, args.overrides)
     if config.dataset.name == "arrays":

@@ -20,6 +20,37 @@ class ConfigError(ValueError):
     """A configuration key is unknown or its value is invalid; the message names the key."""
 
 
+class KeyOfAnotherPlugin(ConfigError):
+    """A key that the chosen plugin of its section does not read, though others do (``learner.members``
+    with learner ``sm``). What to do about it depends on where the key and the plugin's name were set:
+    :meth:`where_set` words the message after that, once the loader knows."""
+
+    def __init__(self, key: str, section: str, name: str, readers: list[str], file: str | None = None):
+        self.key, self.section, self.name, self.readers = key, section, name, readers
+        where = f" (set in {file})" if file else ""
+        super().__init__(
+            f"{key}: not read by the {name!r} {section}{where}; the {section}s that read it: {', '.join(readers)}"
+        )
+
+    def where_set(self, file: str | None, overridden: set[str]) -> ConfigError:
+        """This error, worded for a config read from ``file`` with ``--set`` overrides of the keys
+        ``overridden``: the key named in the file and a ``name`` chosen on the command line are a
+        switch of plugin that left the file's keys of the old one behind."""
+        key_in_file = file is not None and not _set_by(self.key, overridden)
+        if key_in_file and _set_by(f"{self.section}.name", overridden):
+            return ConfigError(
+                f"{self.key}: not read by the {self.name!r} {self.section} (set in {file}); to switch "
+                f"{self.section} and drop the file's {self.section} keys: "
+                f'--set \'{self.section}={{"name": "{self.name}"}}\''
+            )
+        return KeyOfAnotherPlugin(self.key, self.section, self.name, self.readers, file if key_in_file else None)
+
+
+def _set_by(key: str, overridden: set[str]) -> bool:
+    """Whether one of the ``overridden`` keys sets ``key`` (itself, or a section holding it)."""
+    return any(key == k or key.startswith(f"{k}.") for k in overridden)
+
+
 #: Every section refuses keys it does not declare.
 SECTION = ConfigDict(extra="forbid")
 
@@ -114,32 +145,28 @@ def validate(cls: type, data: Any, prefix: str = "") -> Any:
             return cls.choose(data)  # a kind's base class: the model named in the data
         return TypeAdapter(cls).validate_python(data)
     except ValidationError as exc:
-        raise ConfigError(_message(exc.errors()[0], cls, prefix)) from None
+        raise _error(exc.errors()[0], cls, prefix) from None
 
 
-def _message(error: Any, root: type, prefix: str) -> str:
+def _error(error: Any, root: type, prefix: str) -> ConfigError:
     """One pydantic error as ``key: what is wrong; got value``, in the words config users read."""
     holder, names, plugin = _walk(root, error["loc"])
     key = prefix + ".".join(names)
     kind, ctx, value = error["type"], error.get("ctx") or {}, error.get("input")
     if kind == "value_error" and isinstance(ctx.get("error"), ConfigError):
-        return str(ctx["error"])
+        return ctx["error"]
     if kind == "value_error":
         got = "" if isinstance(value, dict) else f"; got {value!r}"
-        return f"{key}: {ctx.get('error', error['msg'])}{got}"
+        return ConfigError(f"{key}: {ctx.get('error', error['msg'])}{got}")
     if kind in ("unexpected_keyword_argument", "extra_forbidden"):
-        if plugin is not None and any(names[-1] in _keys(m) for m in plugin.registered().values()):
-            section, name = plugin.section, _keys(plugin)["name"].default
-            return (
-                f"{key}: not read by the {name!r} {section}; did you mean another {section}.name? "
-                f"(to switch {section} on the command line, replace the whole section: "
-                f'--set \'{section}={{"name": "{name}"}}\')'
-            )
-        return f"unknown config key '{key}' (known keys here: {', '.join(sorted(_keys(holder)))})"
+        readers = [] if plugin is None else sorted(n for n, m in plugin.registered().items() if names[-1] in _keys(m))
+        if readers:
+            return KeyOfAnotherPlugin(key, plugin.section, str(_keys(plugin)["name"].default), readers)
+        return ConfigError(f"unknown config key '{key}' (known keys here: {', '.join(sorted(_keys(holder)))})")
     if kind == "union_tag_invalid":
-        return f"{key}.name: unknown value {ctx.get('tag')}; known: {ctx.get('expected_tags')}"
+        return ConfigError(f"{key}.name: unknown value {ctx.get('tag')}; known: {ctx.get('expected_tags')}")
     if kind == "literal_error":
-        return f"{key}: must be one of {ctx['expected'].replace(' or ', ', ')}; got {value!r}"
+        return ConfigError(f"{key}: must be one of {ctx['expected'].replace(' or ', ', ')}; got {value!r}")
     words = {
         "greater_than": f"must be > {ctx.get('gt')}",
         "greater_than_equal": f"must be >= {ctx.get('ge')}",
@@ -152,7 +179,7 @@ def _message(error: Any, root: type, prefix: str) -> str:
         "dataclass_type": "must be a mapping",
         "dict_type": "must be a mapping",
     }
-    return f"{key or 'config'}: {words.get(kind, error['msg'])}; got {value!r}"
+    return ConfigError(f"{key or 'config'}: {words.get(kind, error['msg'])}; got {value!r}")
 
 
 def _is_kind(model: Any) -> TypeGuard[type[PluginConfig]]:

@@ -13,7 +13,7 @@ from typing import Any, cast
 import yaml
 from pydantic import TypeAdapter
 
-from alma_daemon.config.base import ConfigError, validate
+from alma_daemon.config.base import ConfigError, KeyOfAnotherPlugin, validate
 from alma_daemon.config.sections import Config
 
 
@@ -58,17 +58,26 @@ def read_yaml(path: str | Path) -> dict:
     return data
 
 
-def build_config(data: dict | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """Merge ``overrides`` (``key=value``) into ``data`` and validate the result."""
+def build_config(
+    data: dict | None = None, overrides: list[str] | tuple[str, ...] = (), file: str | Path | None = None
+) -> Config:
+    """Merge ``overrides`` (``key=value``) into ``data`` (read from ``file``, if given: errors say
+    which keys were set there) and validate the result."""
     merged = _deep_copy(data or {})
+    overridden = set()
     for text in overrides:
-        set_dotted(merged, *parse_override(text))
-    return cast(Config, validate(Config, merged))
+        key, value = parse_override(text)
+        set_dotted(merged, key, value)
+        overridden.add(key)
+    try:
+        return cast(Config, validate(Config, merged))
+    except KeyOfAnotherPlugin as exc:
+        raise exc.where_set(None if file is None else str(file), overridden) from None
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """Load ``path`` (or the defaults when None), apply ``--set`` overrides, validate."""
-    return build_config(read_yaml(path) if path else {}, overrides)
+    return build_config(read_yaml(path) if path else {}, overrides, path)
 
 
 def to_dict(config: Any) -> dict:

@@ -13,17 +13,14 @@ from __future__ import annotations
 
 import copy
 import itertools
-import logging
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from alma_daemon.config import ConfigError, build_config, read_yaml, set_dotted
+from alma_daemon.config import Config, ConfigError, build_config, read_yaml, set_dotted
 from alma_daemon.core.atomic_json import write_json_atomic
 from alma_daemon.research.simulate import run_simulation
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -47,8 +44,13 @@ def expand_grid(spec: dict) -> list[GridRun]:
     return runs
 
 
-def load_grid(path: str | Path) -> tuple[dict, list[GridRun]]:
-    """The base config data (with fixed overrides applied) and the runs of a grid file."""
+def load_grid(path: str | Path) -> list[tuple[GridRun, Config | ConfigError]]:
+    """The runs of a grid file, each with its config or the reason the config refuses it.
+
+    Every combination is validated before the first one trains for hours: a combination the config
+    refuses (e.g. learner.members with learner.name sm) is skipped at its turn; a mistake that every
+    combination shares (a key in base or set) stops the grid here.
+    """
     path = Path(path)
     spec = read_yaml(path)
     unknown = set(spec) - {"base", "set", "grid"}
@@ -57,48 +59,45 @@ def load_grid(path: str | Path) -> tuple[dict, list[GridRun]]:
     base = read_yaml(path.parent / spec["base"]) if spec.get("base") else {}
     for key, value in (spec.get("set") or {}).items():
         set_dotted(base, key, value)
-    runs = expand_grid(spec)
-    # Validate every combination before spending hours on the first. A combination the config refuses
-    # (e.g. learner.members with learner.name sm) fails at its turn, reported; a mistake every
-    # combination shares (a key in base or set) stops the grid here.
-    refused = []
-    for run in runs:
-        try:
-            build_config(_with_overrides(base, run.overrides))
-        except ConfigError as exc:
-            refused.append(exc)
-            log.warning("grid run refused by the config", extra={"run": run.name, "error": str(exc)})
-    if len(refused) == len(runs):
-        raise refused[0]
-    return base, runs
+    runs = [(run, _config(base, run.overrides)) for run in expand_grid(spec)]
+    refusals = [config for _, config in runs if isinstance(config, ConfigError)]
+    if len(refusals) == len(runs):
+        raise refusals[0]
+    return runs
 
 
-def _with_overrides(base: dict, overrides: dict) -> dict:
+def _config(base: dict, overrides: dict) -> Config | ConfigError:
     data = copy.deepcopy(base)
-    for key, value in overrides.items():
-        set_dotted(data, key, value)
-    return data
+    try:
+        for key, value in overrides.items():
+            set_dotted(data, key, value)
+        return build_config(data)
+    except ConfigError as exc:
+        return exc
 
 
 def run_grid(path: str | Path, out: str | Path, progress: bool = True) -> dict:
-    """Run every combination; a failed run is reported in ``grid.json`` and skipped."""
-    base, runs = load_grid(path)
+    """Run every combination; one that the config refuses or that fails is reported once (one line,
+    and its entry in ``grid.json``) and the others still run."""
+    runs = load_grid(path)
     out = Path(out)
     status: dict[str, Any] = {"grid": str(path), "runs": []}
-    for i, run in enumerate(runs, start=1):
+    for i, (run, config) in enumerate(runs, start=1):
         folder = out / run.name
         entry = {"name": run.name, "overrides": run.overrides, "folder": str(folder)}
         print(f"[{i}/{len(runs)}] {run.name}")
-        try:
-            config = build_config(_with_overrides(base, run.overrides))
-            summary = run_simulation(config, folder, progress=progress)["summary"]
-            entry.update(status="ok", summary=summary)
-        except Exception as exc:
-            entry.update(status="failed", error=f"{type(exc).__name__}: {exc}")
-            log.warning("grid run failed", extra={"run": run.name, "error": str(exc)})
-            print(f"  failed: {type(exc).__name__}: {exc}")
-            (out / run.name).mkdir(parents=True, exist_ok=True)
-            (out / run.name / "error.txt").write_text(traceback.format_exc())
+        if isinstance(config, ConfigError):
+            entry.update(status="failed", error=f"refused by the config: {config}")
+            print(f"  not run, refused by the config: {config}")
+        else:
+            try:
+                summary = run_simulation(config, folder, progress=progress)["summary"]
+                entry.update(status="ok", summary=summary)
+            except Exception as exc:
+                entry.update(status="failed", error=f"{type(exc).__name__}: {exc}")
+                print(f"  failed: {type(exc).__name__}: {exc} (traceback in {folder / 'error.txt'})")
+                folder.mkdir(parents=True, exist_ok=True)
+                (folder / "error.txt").write_text(traceback.format_exc())
         status["runs"].append(entry)
         write_json_atomic(out / "grid.json", status)
     return status

@@ -339,7 +339,11 @@ class KafkaSource:
 
 class KafkaPublisher:
     """Publishes to a Kafka topic (created with ``partitions`` partitions if it does not exist);
-    ``security`` holds the TLS and SASL keywords of ``connections.kafka_security``."""
+    ``security`` holds the TLS and SASL keywords of ``connections.kafka_security``.
+
+    With no broker to publish to, construction fails at once with one line saying so: a client
+    would first spend kafka-python's 30 s bootstrap trying (and leak its I/O thread).
+    """
 
     def __init__(
         self, bootstrap_servers: str, topic: str, partitions: int = 1, security: Mapping[str, Any] | None = None
@@ -347,6 +351,13 @@ class KafkaPublisher:
         from kafka import KafkaProducer
 
         self.topic = topic
+        try:
+            broker_accepts_connections(bootstrap_servers)
+        except KafkaConnectionError as exc:
+            raise KafkaConnectionError(
+                f"no Kafka broker answered at {bootstrap_servers} (kafka.bootstrap_servers); start one, "
+                f"or use --embedded / kafka.transport: redis"
+            ) from exc
         ensure_topic(bootstrap_servers, topic, partitions, security)
         self.producer = kafka_client(
             KafkaProducer, bootstrap_servers, security or {}, acks="all", linger_ms=5, client_id="alma-replay"
