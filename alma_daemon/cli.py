@@ -14,7 +14,7 @@ import sys
 from typing import Any
 
 from alma_daemon.config import Config, ConfigError
-from alma_daemon.logs import configure_logging
+from alma_daemon.logs import configure_logging, error_text
 from alma_daemon.training.ranks import launched_ranks, launched_with_ranks
 from policies import build_policy
 
@@ -133,18 +133,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"alma {command}: config error: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:
-        print(f"alma {command}: error: {one_line_error(exc)}", file=sys.stderr)
+        print(f"alma {command}: error: {error_text(exc)}", file=sys.stderr)
         logging.getLogger("alma").debug("traceback", exc_info=True)
         return 1
-
-
-def one_line_error(exc: Exception) -> str:
-    """``Class: message``; kafka-python's errors already start with their class name."""
-    message = str(exc.args[0] if isinstance(exc, KeyError) and exc.args else exc)
-    name = type(exc).__name__
-    if not message or message == name or message.startswith(f"{name}: "):
-        return message or name
-    return f"{name}: {message}"
 
 
 if __name__ == "__main__":

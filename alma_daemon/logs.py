@@ -51,3 +51,12 @@ def configure_logging(verbosity: int = 0, as_json: bool = False) -> None:
     for noisy in ("apscheduler", "urllib3", "matplotlib"):
         logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
     logging.getLogger("kafka").setLevel(logging.CRITICAL if verbosity <= 0 else max(level, logging.WARNING))
+
+
+def error_text(exc: BaseException) -> str:
+    """``Class: message``, for one-line errors; kafka-python's messages already start with their class name."""
+    message = str(exc.args[0] if isinstance(exc, KeyError) and exc.args else exc)
+    name = type(exc).__name__
+    if not message or message == name or message.startswith(f"{name}: "):
+        return message or name
+    return f"{name}: {message}"

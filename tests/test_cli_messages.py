@@ -11,8 +11,9 @@ import sys
 import pytest
 from kafka.errors import KafkaConnectionError, KafkaTimeoutError
 
-from alma_daemon.cli import build_parser, main, one_line_error
-from alma_daemon.logs import configure_logging
+from alma_daemon.cli import build_parser, main
+from alma_daemon.logs import configure_logging, error_text
+from alma_daemon.service.outages import one_line
 from alma_daemon.transports.kafka import KafkaPublisher
 from tests.servers import free_port
 
@@ -42,10 +43,12 @@ def test_grid_help_says_what_no_progress_does(capsys):
 
 
 def test_an_error_line_names_the_class_once():
-    assert one_line_error(KafkaTimeoutError("Unable to bootstrap")) == "KafkaTimeoutError: Unable to bootstrap"
-    assert one_line_error(ValueError("--chunks must be >= 1")) == "ValueError: --chunks must be >= 1"
-    assert one_line_error(KeyError("learner")) == "KeyError: learner"
-    assert one_line_error(BrokenPipeError()) == "BrokenPipeError"
+    assert error_text(KafkaTimeoutError("Unable to bootstrap")) == "KafkaTimeoutError: Unable to bootstrap"
+    assert error_text(ValueError("--chunks must be >= 1")) == "ValueError: --chunks must be >= 1"
+    assert error_text(KeyError("learner")) == "KeyError: learner"
+    assert error_text(BrokenPipeError()) == "BrokenPipeError"
+    # The outage board and the status file show the same text, on one line.
+    assert one_line(KafkaTimeoutError("Unable to\n bootstrap")) == "KafkaTimeoutError: Unable to bootstrap"
 
 
 def test_a_config_check_error_names_the_subcommand(tmp_path, capsys):

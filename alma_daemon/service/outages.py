@@ -20,6 +20,7 @@ import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
+from alma_daemon.logs import error_text
 from alma_daemon.observability import telemetry
 
 SERVERS = telemetry.SERVERS
@@ -57,8 +58,8 @@ def retry_delays() -> ExponentialBackoff:
 
 
 def one_line(error: BaseException) -> str:
-    text = " ".join(str(error).split()) or type(error).__name__
-    return f"{type(error).__name__}: {text}"[:300]
+    """:func:`~alma_daemon.logs.error_text` on one line, at most 300 characters (status and log fields)."""
+    return " ".join(error_text(error).split())[:300]
 
 
 class OutageBoard:
