@@ -1,6 +1,8 @@
 """``alma run``: start the daemon (consume the stream, train, checkpoint; resumes where it stopped).
 
 Under torchrun rank 0 is the daemon and the other ranks follow its steps (service/rank_followers.py).
+Rank 0 holds the model store's daemon lock (service/store_lock.py) from before it connects to Redis
+until it exits: a second daemon on the same stream is refused at start.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from collections.abc import Callable
 from typing import Any
 
 from alma_daemon.cli import add_config_arguments, check_config_under_ranks
-from alma_daemon.config import Config, load_config
+from alma_daemon.config import Config, ConfigError, load_config
+from alma_daemon.core.checkpoints import CheckpointStore
 from alma_daemon.research.simulate import ProgressBar
 from alma_daemon.runtime import resolve_device, run_beside_training
 from alma_daemon.service.connections import kafka_security
@@ -22,7 +25,8 @@ from alma_daemon.service.embedded_redis import EMBEDDED_OVERRIDES, close_redis, 
 from alma_daemon.service.rank_followers import RankLeader, RankStepFailed, follow
 from alma_daemon.service.redis_keys import StreamKeys
 from alma_daemon.service.signals import StepAbandoned
-from alma_daemon.service.status import format_status, read_status
+from alma_daemon.service.status import engine_counters, format_status, read_status, serving_state
+from alma_daemon.service.store_lock import StreamTaken, hold_store_lock
 from alma_daemon.training.distributed import join_process_group, leave_process_group
 from alma_daemon.training.ranks import World
 from alma_daemon.transports.kafka import KafkaPublisher
@@ -64,25 +68,48 @@ def run(args: argparse.Namespace) -> int:
         overrides.extend(EMBEDDED_OVERRIDES)
     config = load_config(args.config, overrides)
     check_config_under_ranks(config)
+    check_until_chunks(args, config)
     world = join_process_group(resolve_device(config.device))
     try:
         if not world.is_main:
             follow(config)
             return 0
         return serve(args, config, world)
-    except RankStepFailed as exc:
+    except (RankStepFailed, StreamTaken) as exc:
         print(f"alma run: error: {exc}", file=sys.stderr)
         return 1
     finally:
         leave_process_group()
 
 
+def check_until_chunks(args: argparse.Namespace, config: Config) -> None:
+    """Refuse an ``--until-chunks`` that ``--replay`` never reaches: the daemon would wait forever.
+
+    The replay sends chunks 1..stream.megabatches whatever was processed before a restart, and
+    ``--until-chunks`` counts those processed before too, so the bound is the same at every start.
+    """
+    if args.replay and args.until_chunks is not None and args.until_chunks > config.stream.megabatches:
+        raise ConfigError(
+            f"--until-chunks {args.until_chunks} is more than the {config.stream.megabatches} chunks "
+            f"--replay {args.replay} sends (stream.megabatches={config.stream.megabatches}): the daemon "
+            f"would wait for chunk {config.stream.megabatches + 1} forever"
+        )
+
+
 def serve(args: argparse.Namespace, config: Config, world: World) -> int:
     """The daemon, with the other ranks (if any) following it."""
+    # Before Redis, restore (which deletes an uncommitted checkpoint) and any training.
+    with hold_store_lock(CheckpointStore(config.daemon.checkpoint_dir, config.serving.model_name)):
+        return serve_locked(args, config, world)
+
+
+def serve_locked(args: argparse.Namespace, config: Config, world: World) -> int:
     client = connect_redis(config)
     replayer: ReplayThread | None = None
     try:
-        bar = ProgressBar(args.until_chunks, enabled=not args.no_progress)
+        # The bar starts at the chunks processed before a restart, which restore() reads too.
+        processed = int(engine_counters(client, StreamKeys(config.daemon.stream)).get("chunks_seen", 0))
+        bar = ProgressBar(args.until_chunks, enabled=not args.no_progress, initial=processed)
         daemon = Daemon(config, client, until_chunks=args.until_chunks, observers=[bar], followers=RankLeader(world))
         daemon.restore()
         if args.replay:
@@ -100,7 +127,7 @@ def serve(args: argparse.Namespace, config: Config, world: World) -> int:
                 replayer.stop()
         if replayer is not None and replayer.error is not None:
             return 1
-        print(format_status(read_status(client, daemon.keys, config.daemon.poll_seconds)))
+        print(format_status(read_status(client, daemon.keys, config.daemon.poll_seconds, serving_state(config))))
         return 0
     finally:
         close_redis(client)

@@ -13,11 +13,13 @@ from alma_daemon.service.daemon import STATUS_FILE
 from alma_daemon.service.embedded_redis import EMBEDDED_OVERRIDES, close_redis, connect_redis, embedded_db_path
 from alma_daemon.service.outages import REDIS_UNREACHABLE, one_line
 from alma_daemon.service.redis_keys import StreamKeys
-from alma_daemon.service.status import format_local_status, format_status, local_status, read_status
+from alma_daemon.service.status import format_local_status, format_status, local_status, read_status, serving_state
 
 
 def add_parser(subparsers) -> None:
-    parser = subparsers.add_parser("status", help="chunks received/buffered/trained, last decision, model, CER")
+    parser = subparsers.add_parser(
+        "status", help="chunks received/buffered/trained, last decision, model and live versions, CER"
+    )
     add_config_arguments(parser)
     parser.add_argument("--embedded", action="store_true", help="read the embedded Redis under daemon.state_dir")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -31,7 +33,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         client = connect_redis(config)
         try:
-            status = read_status(client, StreamKeys(config.daemon.stream), config.daemon.poll_seconds)
+            status = read_status(
+                client, StreamKeys(config.daemon.stream), config.daemon.poll_seconds, serving_state(config)
+            )
         finally:
             close_redis(client)
     except REDIS_UNREACHABLE as exc:

@@ -66,8 +66,9 @@ STREAM_KINDS: dict[str, Callable[[Config], SimulatedStream]] = {
 class ProgressBar(EngineObserver):
     """A tqdm bar over the stream's chunks showing the latest test measure and the CER."""
 
-    def __init__(self, total: int, enabled: bool = True):
-        self.bar = tqdm(total=total, unit="chunk", disable=not enabled, dynamic_ncols=True)
+    def __init__(self, total: int, enabled: bool = True, initial: int = 0):
+        """``initial``: chunks processed before (a daemon resuming its stream); the rate counts the others."""
+        self.bar = tqdm(total=total, initial=initial, unit="chunk", disable=not enabled, dynamic_ncols=True)
 
     def on_step(self, record: StepRecord, engine: Engine) -> None:
         shown = {}
@@ -77,7 +78,9 @@ class ProgressBar(EngineObserver):
             shown["cer"] = f"{record.cumulative_error:.4g}"
         shown["flops"] = f"{record.cumulative_train_flops:.3g}"
         self.bar.set_postfix(shown, refresh=False)
-        self.bar.update(1)
+        # The engine's count rather than one per call: a daemon's step redone after a Redis outage
+        # is not counted twice.
+        self.bar.update(engine.state.chunks_seen - self.bar.n)
 
     def close(self) -> None:
         self.bar.close()

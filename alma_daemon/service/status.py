@@ -1,5 +1,6 @@
 """What ``alma status`` shows, read from Redis (so it works whether the daemon runs or not), or, while
-Redis is down, from the daemon's status file (``<daemon.state_dir>/daemon-status.json``)."""
+Redis is down, from the daemon's status file (``<daemon.state_dir>/daemon-status.json``). The live
+(served) version comes from the serving's live pointer, ``<model store>/live.json`` (docs/serving.md)."""
 
 from __future__ import annotations
 
@@ -8,20 +9,36 @@ import time
 from pathlib import Path
 from typing import Any
 
+from alma_daemon.config import Config
+from alma_daemon.core.checkpoints import CheckpointStore
 from alma_daemon.core.records import StepRecord
 from alma_daemon.service.engine_store import last_record
 from alma_daemon.service.redis_keys import StreamKeys
+from serving.publisher import LivePointer, ServingState
 
 #: A daemon whose heartbeat is older than this many poll intervals is reported as not running.
 STALE_HEARTBEATS = 5
 
 
-def read_status(client: Any, keys: StreamKeys, poll_seconds: float = 1.0) -> dict:
-    """Counters, buffer sizes, the engine's progress and the daemon's heartbeat, as plain data."""
+def serving_state(config: Config) -> ServingState | None:
+    """The live pointer of ``daemon.checkpoint_dir``'s model (None when ``serving.kind`` is none)."""
+    if config.serving.kind == "none":
+        return None
+    return LivePointer(CheckpointStore(config.daemon.checkpoint_dir, config.serving.model_name).folder).read()
+
+
+def engine_counters(client: Any, keys: StreamKeys) -> dict:
+    """The committed engine state's counters (``chunks_seen``, ``model_version``...), without its series."""
+    raw = client.get(keys.engine)
+    return json.loads(raw) if raw is not None else {}
+
+
+def read_status(client: Any, keys: StreamKeys, poll_seconds: float = 1.0, serving: ServingState | None = None) -> dict:
+    """Counters, buffer sizes, the engine's progress and the daemon's heartbeat, as plain data;
+    ``serving`` (from :func:`serving_state`) adds the live version."""
     ingest = {k.decode(): v.decode() for k, v in client.hgetall(keys.ingest).items()}
     daemon = {k.decode(): v.decode() for k, v in client.hgetall(keys.daemon).items()}
-    raw_engine = client.get(keys.engine)
-    engine = json.loads(raw_engine) if raw_engine is not None else {}
+    engine = engine_counters(client, keys)
     last_row = last_record(client, keys)
     last = StepRecord.from_row(last_row) if last_row is not None else None
     counts = {
@@ -40,6 +57,7 @@ def read_status(client: Any, keys: StreamKeys, poll_seconds: float = 1.0) -> dic
         and time.time() - heartbeat < STALE_HEARTBEATS * max(poll_seconds, 1.0)
     )
     chunks_processed = int(engine.get("chunks_seen", 0))
+    model_version = int(engine.get("model_version", 0))
     return {
         "stream": keys.stream,
         "daemon": {
@@ -66,7 +84,9 @@ def read_status(client: Any, keys: StreamKeys, poll_seconds: float = 1.0) -> dic
             k.removeprefix("rejected:"): int(v) for k, v in ingest.items() if k.startswith("rejected:")
         },
         "stages": int(engine.get("stages_done", 0)),
-        "model_version": int(engine.get("model_version", 0)),
+        "model_version": model_version,
+        "live_version": serving.live if serving is not None else None,
+        "live_state": live_state(model_version, serving),
         "last_decision": engine.get("last_decision") or None,
         "cer": last.cumulative_error if last else None,
         "last_test_error": last.measured("error") if last else None,
@@ -74,6 +94,49 @@ def read_status(client: Any, keys: StreamKeys, poll_seconds: float = 1.0) -> dic
         "cumulative_train_flops": int(engine.get("cumulative_train_flops", 0)),
         "offsets": {k.decode(): v.decode() for k, v in client.hgetall(keys.offsets).items()},
     }
+
+
+def live_state(model_version: int, serving: ServingState | None) -> str | None:
+    """How the live version stands to the newest one (None without serving).
+
+    ``newest``: the newest version is live; ``none``: nothing is live yet; ``rolled_back``: ``alma
+    rollback`` made an older version live (a promotion never does: it makes ``previous`` older than
+    ``live``); ``publishing``: the publisher has not yet ruled on the newest version (the daemon is
+    at it, retrying, or catches up at its next start); ``not_promoted``: newer versions were refused by
+    the promotion guard, or rolled back from and ``alma rollback`` was used again since.
+    """
+    if serving is None:
+        return None
+    live = serving.live
+    if live is None:
+        return "none"
+    if live == model_version:
+        return "newest"
+    if serving.previous is not None and serving.previous > live:
+        return "rolled_back"
+    if serving.decided < model_version:
+        return "publishing"
+    return "not_promoted"
+
+
+#: How ``alma status`` words each :func:`live_state` after ``live: V``.
+LIVE_STATE_WORDS = {
+    "rolled_back": "rolled back",
+    "publishing": "newer not published yet",
+    "not_promoted": "newer refused by the promotion guard or rolled back",
+}
+
+
+def model_row(status: dict) -> tuple[str, str]:
+    """``model version  10 (live: 8, rolled back)``: the newest version and the one served."""
+    version, state = status["model_version"], status.get("live_state")
+    if state is None:
+        return "model version", str(version)
+    if state == "newest":
+        return "model version", f"{version} (live)"
+    if state == "none":
+        return "model version", f"{version} (none live yet)"
+    return "model version", f"{version} (live: {status['live_version']}, {LIVE_STATE_WORDS[state]})"
 
 
 def degradation(daemon: dict) -> dict:
@@ -156,7 +219,7 @@ def format_status(status: dict) -> str:
             f"{status['chunks_trained']} of {status['chunks_processed']} processed, {status['stages']} stage(s)",
         ),
         ("last decision", f"{decision.get('action')}: {decision.get('reason')}" if decision else "none yet"),
-        ("model version", str(status["model_version"])),
+        model_row(status),
         measure_row(cer, status["last_test_perplexity"]),
         ("records rejected", f"{status['records_rejected']} ({rejected})"),
     ]
