@@ -89,14 +89,11 @@ def build_archive(checkpoint: str | Path, model_name: str, version: int, out_dir
     return target
 
 
-def remove_archives(out_dir: str | Path, model_name: str, version: int) -> list[Path]:
-    """Delete every archive of ``version`` in ``out_dir`` (its checkpoint is being deleted); returns them.
+def remove_archives(out_dir: str | Path, model_name: str, version: int) -> None:
+    """Delete the archives of ``version`` in ``out_dir``, as its checkpoint is being deleted.
 
-    Archives named before names held a digest (``<model>-v<version>.mar``) go too.
+    Only to free the disk: an archive's name holds its checkpoint's digest, so one left behind is
+    never taken for another checkpoint of the same version.
     """
-    pattern = f"{glob.escape(model_name)}-v{version}"
-    removed = []
-    for path in sorted(Path(out_dir).glob(f"{pattern}-*.mar")) + sorted(Path(out_dir).glob(f"{pattern}.mar")):
+    for path in Path(out_dir).glob(f"{glob.escape(model_name)}-v{version}-*.mar"):
         path.unlink(missing_ok=True)
-        removed.append(path)
-    return removed

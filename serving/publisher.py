@@ -14,7 +14,7 @@ interleave with the daemon:
 5. retire old versions (backend; best effort, the new version is already live).
 
 A version whose step never committed is deleted by the restarted daemon and written again under
-the same number; :func:`withdraw` first removes it from serving, so the redone version is
+the same number; :func:`withdraw` removes it from serving and deletes it, so the redone version is
 published like a new one.
 
 Guarding before staging spares the server a registration that would be thrown away. Any failure
@@ -29,10 +29,12 @@ import fcntl
 import json
 import logging
 import math
+import os
+import shutil
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -53,6 +55,11 @@ LOCK_FILE = ".serving.lock"
 LOCK_TIMEOUT_SECONDS = 300.0
 #: Validation examples a staged version is asked about before it may become the default.
 PROBE_EXAMPLES = 8
+#: A withdrawn version's folder is renamed to this prefix and its number, then deleted: a name that
+#: :meth:`CheckpointStore.versions` ignores, so that a deletion cut short by a crash leaves nothing
+#: under the number the redone step writes again. :func:`remove_withdrawn_leftovers` removes such a
+#: folder at the next start.
+WITHDRAWN_PREFIX = ".withdrawn-"
 
 
 class PublishError(RuntimeError):
@@ -92,7 +99,8 @@ class Outcome:
     """What :meth:`Publisher.publish` did with a version."""
 
     version: int
-    #: "promoted", "refused" (by the guard) or "skipped" (a version at or below one already decided).
+    #: "promoted", "refused" (by the guard) or "skipped" (a version at or below one already decided,
+    #: or one whose hand-off was withdrawn before it was published).
     action: str
     live_before: int | None
     #: The learner's measure ("error", or "perplexity" for language models).
@@ -196,12 +204,20 @@ class Publisher(ABC):
     def live_version(self) -> int | None:
         return self.pointer.read().live
 
-    def publish(self, version: int) -> Outcome:
-        """Guard, stage and promote ``version``; see the module docstring for the steps."""
+    def publish(self, version: int, wanted: Callable[[], bool] | None = None) -> Outcome:
+        """Guard, stage and promote ``version``; see the module docstring for the steps.
+
+        ``wanted``, asked under the serving lock, says whether ``version`` is still to be published:
+        the background worker's hand-off of it may have been withdrawn meanwhile (a reload deletes
+        the checkpoint of an interrupted step, and the redone step writes the number again).
+        """
         with self.pointer.locked():
             state = self.pointer.read()
             live = self._usable_live(state.live)
             if version <= state.decided:
+                return Outcome(version, "skipped", live)
+            if wanted is not None and not wanted():
+                log.info("version withdrawn before it was published", extra={"version": version})
                 return Outcome(version, "skipped", live)
             if live is not None:
                 with failing_as("register"):
@@ -292,23 +308,32 @@ class Publisher(ABC):
 
 
 def withdraw(store: CheckpointStore, version: int) -> None:
-    """Remove ``version`` from serving before its checkpoint is deleted (its step never committed).
+    """Remove ``version`` from serving and delete its checkpoint, whose step never committed.
 
     The restarted daemon redoes the step and writes the version again under the same number, with
     weights that may differ (training on a GPU is not bit for bit repeatable). So the live pointer
-    forgets the deleted one: where it was live, the version live before it is live again, and the
-    guard's ``decided`` drops below it, so that the redone version is guarded and published as a new
-    one, not skipped. Its archives are deleted. A server may still serve the deleted version until
-    then: the next publish makes the previous live version the default again first (``ensure_serving``),
-    and TorchServe's registration of the deleted version is replaced when the redone one is staged,
-    as its archive's name differs (:mod:`serving.archiver`).
+    forgets the deleted one: where it was live, the version live before it is live again (the
+    newest version below it on disk, where the pointer does not say, as one written before it had
+    ``previous`` or a rollback from no live version), and the guard's ``decided`` drops below it,
+    so that the redone version is guarded and published as a new one, not skipped. Its archives
+    and its folder are deleted.
+
+    All of it happens under the serving lock, which the caller (the daemon's main thread) waits for
+    while a publish holds it, at most :data:`LOCK_TIMEOUT_SECONDS` (then ``TimeoutError``, and the
+    next start withdraws it again): a publish that takes the lock afterwards finds neither the
+    version in the pointer nor its checkpoint. A server may still answer with the deleted version
+    until the background worker's next publish or idle resync makes the live version its default
+    again (``ensure_serving``); TorchServe's registration of it is replaced when the redone version
+    is staged, as its archive's name differs (:mod:`serving.archiver`).
     """
     pointer = LivePointer(store.folder)
     with pointer.locked():
         state = pointer.read()
         withdrawn = replace(state, decided=min(state.decided, version - 1))
         if state.live == version:
-            withdrawn.live, withdrawn.previous = state.previous, None
+            below = [v for v in store.versions() if v < version]
+            fallback = state.previous if state.previous is not None else (below[-1] if below else None)
+            withdrawn.live, withdrawn.previous = fallback, None
         elif state.previous == version:
             withdrawn.previous = None
         if pointer.path.is_file() and withdrawn != state:
@@ -318,6 +343,18 @@ def withdraw(store: CheckpointStore, version: int) -> None:
                 extra={"version": version, "live": withdrawn.live, "decided": withdrawn.decided},
             )
         remove_archives(store.folder / ARCHIVES, store.model_name, version)
+        if store.path(version).exists():
+            remove_withdrawn_leftovers(store)
+            aside = store.folder / f"{WITHDRAWN_PREFIX}{version}"
+            os.rename(store.path(version), aside)
+            shutil.rmtree(aside)
+
+
+def remove_withdrawn_leftovers(store: CheckpointStore) -> None:
+    """Delete what remains of withdrawn versions whose deletion a crash cut short (:func:`withdraw`)."""
+    for leftover in store.folder.glob(f"{WITHDRAWN_PREFIX}*"):
+        log.warning("removing the rest of a withdrawn version", extra={"path": str(leftover)})
+        shutil.rmtree(leftover)
 
 
 class BackgroundPublisher(EngineObserver):
@@ -326,6 +363,9 @@ class BackgroundPublisher(EngineObserver):
     Only the newest pending version is published: a checkpoint written while an older one is
     still being published (or retried) supersedes it. When idle, the worker re-serves the live
     version every ``resync_seconds`` in case the server restarted and forgot it.
+
+    Each hand-off belongs to a generation, which :meth:`forget_pending` ends: a version handed over
+    before is then neither published (the check runs under the serving lock) nor retried.
     """
 
     def __init__(
@@ -342,6 +382,7 @@ class BackgroundPublisher(EngineObserver):
         self.resync_seconds = resync_seconds
         self._condition = threading.Condition()
         self._pending: int | None = None
+        self._generation = 0
         self._written_at: dict[int, float] = {}
         self._busy = False
         self._stopping = False
@@ -364,6 +405,16 @@ class BackgroundPublisher(EngineObserver):
                 self._written_at[version] = written_at
             if self._pending is None or version > self._pending:
                 self._pending = version
+            self._condition.notify_all()
+
+    def forget_pending(self) -> None:
+        """Forget every version handed over so far, one being published or retried included: the
+        engine is about to be reloaded, which deletes the checkpoint of the interrupted step (maybe
+        handed over already, if Redis lost its commit), and the redone step writes it again before
+        its commit. The reload hands the committed version over again."""
+        with self._condition:
+            self._generation += 1
+            self._pending = None
             self._condition.notify_all()
 
     def withdraw_above(self, version: int) -> None:
@@ -426,11 +477,12 @@ class BackgroundPublisher(EngineObserver):
                 if self._stopping:
                     return
                 version, self._pending, self._busy = self._pending, None, True
+                generation = self._generation
             try:
                 if version is None:
                     self.publisher.resync()
                 else:
-                    self._publish(version)
+                    self._publish(version, generation)
                 delay = self.retry_initial_seconds
                 wait = 0.0
             except Exception as err:
@@ -444,7 +496,7 @@ class BackgroundPublisher(EngineObserver):
                     extra={"version": version, "error": str(error), "retry_in_seconds": delay if error.retry else None},
                 )
                 if version is not None and error.retry:
-                    self._requeue(version)
+                    self._requeue(version, generation)
                 wait, delay = delay, min(delay * 2, self.retry_max_seconds)
             next_resync = time.monotonic() + self.resync_seconds
             with self._condition:
@@ -453,8 +505,8 @@ class BackgroundPublisher(EngineObserver):
                 if wait:
                     self._condition.wait_for(lambda: self._stopping, wait)
 
-    def _publish(self, version: int) -> None:
-        outcome = self.publisher.publish(version)
+    def _publish(self, version: int, generation: int) -> None:
+        outcome = self.publisher.publish(version, wanted=lambda: self._current(generation))
         self.last_outcome = outcome
         with self._condition:
             written_at = self._written_at.get(version)
@@ -462,7 +514,11 @@ class BackgroundPublisher(EngineObserver):
         if outcome.promoted_at is not None and written_at is not None:
             telemetry.SWAP_DURATION.observe(outcome.promoted_at - written_at)
 
-    def _requeue(self, version: int) -> None:
+    def _current(self, generation: int) -> bool:
         with self._condition:
-            if self._pending is None or version > self._pending:
+            return generation == self._generation
+
+    def _requeue(self, version: int, generation: int) -> None:
+        with self._condition:
+            if generation == self._generation and (self._pending is None or version > self._pending):
                 self._pending = version

@@ -203,16 +203,14 @@ class TorchServePublisher(Publisher):
         with failing_as("archive"):
             archive = build_archive(self.store.path(version), self.model, version, self.archive_dir)
         with failing_as("register"):
-            registered = self.client.versions(self.model).get(version)
+            registrations = self.client.versions(self.model)
+            registered = registrations.get(version)
             if registered is not None and _archive_file(registered) != archive.name:
-                # The version's first checkpoint, deleted with its uncommitted step and written again
-                # (serving.publisher.withdraw); the publish flow made another version the default first.
                 log.warning(
                     "version registered from a deleted checkpoint; registering the current one",
                     extra={"version": version, "registered": _archive_file(registered), "archive": archive.name},
                 )
-                self._drain(version)
-                self.client.unregister(self.model, version)
+                self._unregister_stale(version, len(registrations))
                 registered = None
             if registered is None:
                 self._register(archive)
@@ -248,6 +246,30 @@ class TorchServePublisher(Publisher):
             if version in stored
             and _archive_file(entry) == archive_name(self.model, version, checkpoint_digest(self.store.path(version)))
         )
+
+    def _unregister_stale(self, version: int, registered: int) -> None:
+        """Unregister ``version``, registered from its first checkpoint, deleted with its uncommitted
+        step and written again (:func:`serving.publisher.withdraw`), of ``registered`` versions.
+
+        TorchServe refuses to unregister its default version while it holds others (403), which
+        every retry would meet again. The publish flow has made the live version the default already
+        (``ensure_serving``), a rollback has not: it is done here. Without another live version the
+        error is the operator's to resolve, and is not retried.
+        """
+        if registered > 1 and self.client.default_version(self.model) == version:
+            live = self._usable_live(self.pointer.read().live)
+            if live is None or live == version:
+                raise PublishError(
+                    "register",
+                    f"version {version} is TorchServe's default but was registered from a deleted checkpoint, "
+                    "and no other live version can be made the default first (TorchServe refuses to unregister "
+                    f"its default while it holds other versions): make another version of {self.model!r} the "
+                    "default through TorchServe's management API, or restart TorchServe",
+                    retry=False,
+                )
+            self.ensure_serving(live)
+        self._drain(version)
+        self.client.unregister(self.model, version)
 
     def _register(self, archive: Path) -> None:
         try:

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 import time
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -31,7 +33,7 @@ from policies import build_policy
 from serving import build_publisher
 from serving.archiver import ARCHIVES, build_archive
 from serving.local_publisher import LocalPublisher
-from serving.publisher import BackgroundPublisher, Candidate, PublishError
+from serving.publisher import WITHDRAWN_PREFIX, BackgroundPublisher, Candidate, Outcome, PublishError
 from tests.conftest import learner_settings, separable_data
 
 MODEL = "alma"
@@ -307,6 +309,121 @@ def test_a_reload_forgets_a_handed_over_version_whose_checkpoint_was_deleted(sto
     run_until_idle(worker)
     assert publisher.staged == [1]
     assert worker.last_error is None
+
+
+def test_a_withdrawn_live_version_falls_back_to_the_newest_below_it_where_the_pointer_names_no_previous(
+    store, good_and_bad
+):
+    """A live.json written before it had ``previous`` (or a version made live by a rollback from none)."""
+    good, bad, sample = good_and_bad
+    publisher = LocalPublisher(store, promotion_margin=0.0)
+    save_version(store, 1, good, sample)
+    save_version(store, 2, good, sample)
+    publisher.publish(1)
+    publisher.publish(2)
+    written = json.loads(publisher.pointer.path.read_text())
+    del written["previous"]
+    publisher.pointer.path.write_text(json.dumps(written))
+
+    drop_uncommitted_checkpoints(store, 1)
+    state = publisher.pointer.read()
+    assert (state.live, state.decided) == (1, 1)  # still serves, and the redone version is guarded against it
+    save_version(store, 2, bad, sample)
+    outcome = publisher.publish(2)
+    assert (outcome.action, outcome.live_before) == ("refused", 1)
+    assert publisher.live_version() == 1
+
+
+def test_a_deletion_cut_short_by_a_crash_leaves_nothing_in_the_way_of_the_redone_version(
+    store, good_and_bad, monkeypatch
+):
+    good, bad, sample = good_and_bad
+    save_version(store, 1, good, sample)
+    save_version(store, 2, good, sample)
+
+    class Crash(BaseException):
+        pass
+
+    def crash_part_way(path: Path, *args: object, **kwargs: object) -> None:
+        (Path(path) / WEIGHTS).unlink()
+        raise Crash
+
+    with monkeypatch.context() as patched, pytest.raises(Crash):
+        patched.setattr(shutil, "rmtree", crash_part_way)
+        drop_uncommitted_checkpoints(store, 1)
+
+    drop_uncommitted_checkpoints(store, 1)  # the next start
+    save_version(store, 2, bad, sample)  # the redone step
+    assert store.versions() == [1, 2]
+    assert not list(store.folder.glob(f"{WITHDRAWN_PREFIX}*"))
+
+
+class PausedPublisher(LocalPublisher):
+    """A local publisher whose first publish stops before the serving lock until the test lets it go,
+    then goes on, or fails as a lock held too long by another process makes it fail (retried)."""
+
+    def __init__(self, store: CheckpointStore, fails: bool):
+        super().__init__(store, promotion_margin=1.0)
+        self.fails = fails
+        self.entered, self.go = threading.Event(), threading.Event()
+
+    def publish(self, version: int, wanted: Callable[[], bool] | None = None) -> Outcome:
+        if not self.entered.is_set():
+            self.entered.set()
+            assert self.go.wait(60)
+            if self.fails:
+                raise TimeoutError(f"another process has held {self.pointer.lock_path} for 300 s")
+        return super().publish(version, wanted)
+
+
+@pytest.mark.parametrize("fails", [False, True], ids=["goes-on", "fails-retryably"])
+@pytest.mark.parametrize("moment", ["after-the-withdrawal", "after-the-redone-checkpoint"])
+def test_a_version_handed_over_before_a_reload_is_not_published_after_it_nor_its_redo_before_its_commit(
+    store, good_and_bad, moment, fails
+):
+    """The worker has taken version 2 (handed over after its commit, which Redis then lost) and is
+    about to publish it when the daemon reloads: the reload deletes version 2, and the redone step
+    writes it again before its commit. The worker's publish goes on at ``moment`` of the reload."""
+    good, bad, sample = good_and_bad
+    save_version(store, 1, good, sample)
+    LocalPublisher(store, promotion_margin=1.0).publish(1)
+    save_version(store, 2, new_learner(seed=5), sample)
+    publisher = PausedPublisher(store, fails)
+    worker = BackgroundPublisher(publisher, retry_initial_seconds=0.01)
+    handoff = PublishHandoff(worker)
+
+    def resume() -> None:
+        publisher.go.set()
+        assert worker.wait_idle(timeout=60)
+
+    worker.submit(2)
+    worker.start()
+    try:
+        assert publisher.entered.wait(60)
+        handoff.reloading()  # the reload, in Daemon._reload_committed's order
+        drop_uncommitted_checkpoints(store, 1)
+        if moment == "after-the-withdrawal":
+            resume()
+        handoff.reloaded(1)
+        save_version(store, 2, bad, sample)  # the redone step; its commit is still to come
+        if moment == "after-the-redone-checkpoint":
+            resume()
+        assert worker.wait_idle(timeout=60)
+        state = publisher.pointer.read()
+        assert (state.live, state.decided) == (1, 1)
+        if fails:
+            assert "another process has held" in str(worker.last_error)
+        else:
+            assert worker.last_error is None
+
+        worker.submit(2)  # the redone step's commit hands it over
+        assert worker.wait_idle(timeout=60)
+        assert worker.last_outcome is not None
+        assert (worker.last_outcome.action, worker.last_outcome.live_before) == ("promoted", 1)
+        assert publisher.live_version() == 2
+    finally:
+        publisher.go.set()
+        worker.close()
 
 
 def test_build_publisher_is_none_when_serving_is_off():

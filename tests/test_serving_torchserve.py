@@ -7,6 +7,7 @@ server cannot disturb another.
 from __future__ import annotations
 
 import json
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -24,7 +25,7 @@ from alma_daemon.learners import build_learner
 from alma_daemon.service.bootstrap import drop_uncommitted_checkpoints
 from serving import make_publisher
 from serving.codecs import SAFETENSORS_CONTENT_TYPE, codec_for
-from serving.publisher import BackgroundPublisher
+from serving.publisher import BackgroundPublisher, PublishError
 from serving.torchserve_publisher import TorchServePublisher
 from tests.conftest import learner_settings, separable_data
 from tests.servers import TorchServeServer, free_ports, http_request, java_available
@@ -306,6 +307,48 @@ def test_a_published_version_deleted_and_redone_serves_its_new_weights_also_afte
     publisher.resync()
     assert publisher.client.default_version(MODEL) == 2
     torch.testing.assert_close(served(), redone.predict_proba(x), rtol=0, atol=1e-5)
+
+
+def test_a_withdrawn_version_that_is_still_torchserves_default_is_replaced_or_refused_for_good(
+    torchserve_server, tmp_path, good_and_bad
+):
+    """TorchServe refuses to unregister its default version while it holds others. After a withdrawal
+    the deleted version stays the default until the worker's next publish or resync; a rollback to
+    the redone version in that time makes the live version the default first. Where no live version
+    is left to make the default, the error says so once instead of being retried for ever."""
+    good, bad, sample = good_and_bad
+    server = torchserve_server()
+    publisher = publisher_for(server, tmp_path, promotion_margin=1.0)
+    save_version(publisher.store, 1, good, sample)
+    save_version(publisher.store, 2, new_learner(seed=5), sample)
+    publisher.publish(1)
+    publisher.publish(2)
+
+    def without_previous() -> None:
+        """As live.json was written before it had the field."""
+        written = json.loads(publisher.pointer.path.read_text())
+        del written["previous"]
+        publisher.pointer.path.write_text(json.dumps(written))
+
+    without_previous()
+    drop_uncommitted_checkpoints(publisher.store, 1)
+    assert publisher.live_version() == 1
+    assert publisher.client.default_version(MODEL) == 2
+    save_version(publisher.store, 2, bad, sample)
+    assert publisher.rollback(2) == 1
+    assert publisher.client.default_version(MODEL) == 2
+    status, answer = predict(server, json.dumps({"instances": sample.x[:4].tolist()}).encode())
+    assert status == 200, answer
+    torch.testing.assert_close(torch.tensor(answer["predictions"]), bad.predict_proba(sample.x[:4]), rtol=0, atol=1e-5)
+
+    shutil.rmtree(publisher.store.path(1))  # no version below the withdrawn one is left
+    without_previous()
+    drop_uncommitted_checkpoints(publisher.store, 1)
+    assert publisher.live_version() is None
+    save_version(publisher.store, 2, good, sample)
+    with pytest.raises(PublishError, match="TorchServe's default but was registered from a deleted checkpoint") as err:
+        publisher.publish(2)
+    assert not err.value.retry
 
 
 @pytest.mark.skipif(not java_available(), reason="TorchServe needs Java 17: no java on PATH or in $JAVA_HOME/bin")

@@ -1,9 +1,9 @@
 """Start-up and reload: the engine as the last committed step left it (a fresh one on first start).
 
 A step is either committed or not at all. After a crash the daemon reloads the committed state,
-deletes the checkpoint an uncommitted stage may have written (version = committed + 1) after
-withdrawing it from serving (it may have been published if Redis lost its last commit), loads the
-checkpoint of the committed version and redoes the interrupted step. Every stage's randomness
+withdraws from serving and deletes the checkpoint an uncommitted stage may have written (version =
+committed + 1; it may have been published if Redis lost its last commit), loads the checkpoint of
+the committed version and redoes the interrupted step. Every stage's randomness
 derives from (seed, stage), so the redone step and the series equal an uninterrupted run.
 """
 
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 from typing import Any
 
 from alma_daemon.config import Config, to_dict
@@ -25,7 +24,7 @@ from alma_daemon.observability.results import ResultsWriter
 from alma_daemon.service.engine_store import EngineStateStore
 from alma_daemon.service.redis_buffer import RedisBuffer
 from alma_daemon.service.redis_keys import StreamKeys
-from serving.publisher import withdraw
+from serving.publisher import remove_withdrawn_leftovers, withdraw
 
 log = logging.getLogger(__name__)
 
@@ -98,11 +97,13 @@ def restore_engine(
 def drop_uncommitted_checkpoints(store: CheckpointStore, version: int) -> None:
     """Delete the checkpoint a stage wrote after committed ``version`` whose step never committed.
 
-    It is withdrawn from serving first (live pointer, archives): the redone step writes the same
-    version number again, maybe with other weights, and that one must be published, not skipped as
-    already decided. In this order a crash in between leaves the checkpoint, which the next start
-    withdraws and deletes again.
+    :func:`serving.publisher.withdraw` deletes it, under the serving lock, after withdrawing it from
+    serving (live pointer, archives): the redone step writes the same version number again, maybe
+    with other weights, and that one must be published, not skipped as already decided. A crash
+    before the folder is renamed aside leaves the checkpoint, which the next start withdraws again;
+    one after leaves only the renamed folder, removed here first.
     """
+    remove_withdrawn_leftovers(store)
     newer = [v for v in store.versions() if v > version]
     if not newer:
         return
@@ -115,4 +116,3 @@ def drop_uncommitted_checkpoints(store: CheckpointStore, version: int) -> None:
     # The redone step writes it again.
     log.warning("removing checkpoint of an uncommitted stage", extra={"version": newer[0]})
     withdraw(store, newer[0])
-    shutil.rmtree(store.path(newer[0]))

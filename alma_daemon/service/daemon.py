@@ -228,8 +228,12 @@ class Daemon:
         self._report_health()
 
     def _reload_committed(self) -> Engine:
-        """The engine, buffer and checkpoints as the last committed step left them, as at start-up."""
+        """The engine, buffer and checkpoints as the last committed step left them, as at start-up.
+
+        The publisher forgets what was handed over before the checkpoints are dropped; dropping one
+        waits for the serving lock (:func:`serving.publisher.withdraw`)."""
         self.engine = None
+        self.handoff.reloading()
         engine = self.restore()
         self.handoff.reloaded(engine.state.model_version)
         return engine

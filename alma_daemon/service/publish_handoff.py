@@ -50,10 +50,17 @@ class PublishHandoff:
             if self.publisher is not None:
                 self.publisher.submit(version, written_at=written_at)
 
+    def reloading(self) -> None:
+        """The engine is about to be reloaded: nothing handed over so far is published any more, as the
+        reload deletes the checkpoint of the interrupted step (handed over already if Redis lost its
+        commit) and the redone step writes that version again before its commit. Called before the
+        reload deletes anything, so that the publisher cannot take it in between."""
+        if self.publisher is not None:
+            self.publisher.forget_pending()
+
     def reloaded(self, version: int) -> None:
         """The engine was reloaded at committed ``version``: forget checkpoints of the interrupted step
-        (deleted and redone; one handed over before Redis lost its commit too) and hand the committed
-        version over, in case its commit's hand-off was cut."""
+        (deleted and redone) and hand the committed version over again."""
         self.clock.take()
         if self.publisher is not None:
             self.publisher.withdraw_above(version)
