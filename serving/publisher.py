@@ -43,6 +43,7 @@ from alma_daemon.core.checkpoints import CheckpointStore
 from alma_daemon.core.engine import Engine, EngineObserver
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import Learner
+from alma_daemon.logs import error_text
 from alma_daemon.observability import telemetry
 from alma_daemon.runtime import run_beside_training
 from serving.archiver import ARCHIVES, remove_archives
@@ -82,7 +83,7 @@ def failing_as(stage: str) -> Iterator[None]:
     except PublishError:
         raise
     except Exception as err:
-        raise PublishError(stage, f"{type(err).__name__}: {err}") from err
+        raise PublishError(stage, error_text(err)) from err
 
 
 @dataclass(frozen=True)
@@ -214,14 +215,16 @@ class Publisher(ABC):
         with self.pointer.locked():
             state = self.pointer.read()
             live = self._usable_live(state.live)
+            # Even for a version already decided: after a withdrawal the server may still answer with
+            # the withdrawn version, and the reload hands over the committed one to set that right.
+            if live is not None:
+                with failing_as("register"):
+                    self.ensure_serving(live)
             if version <= state.decided:
                 return Outcome(version, "skipped", live)
             if wanted is not None and not wanted():
                 log.info("version withdrawn before it was published", extra={"version": version})
                 return Outcome(version, "skipped", live)
-            if live is not None:
-                with failing_as("register"):
-                    self.ensure_serving(live)
             candidate = self.load_candidate(version)
             outcome = self.guard(candidate, live)
             if outcome.action == "refused":
@@ -468,7 +471,9 @@ class BackgroundPublisher(EngineObserver):
     def _run(self) -> None:
         run_beside_training()
         delay = self.retry_initial_seconds
-        next_resync = time.monotonic() + self.resync_seconds
+        # A resync first: a start may follow a withdrawal that left the server answering with the
+        # withdrawn version (docs/serving.md), and nothing else may be pending to set that right.
+        next_resync = time.monotonic()
         while True:
             with self._condition:
                 while self._pending is None and not self._stopping:

@@ -292,6 +292,19 @@ def test_a_published_version_deleted_and_redone_serves_its_new_weights_also_afte
     publisher.publish(2)
 
     drop_uncommitted_checkpoints(publisher.store, 1)  # the restart: Redis holds version 1's commit
+    # TorchServe still answers with the withdrawn version 2 by default. A starting publisher resyncs
+    # at once (not after resync_seconds), and handing over the committed version, which a reload does
+    # and which is skipped as decided, sets it right too.
+    background = BackgroundPublisher(publisher, resync_seconds=3600).start()
+    try:
+        deadline = time.monotonic() + 60  # a safety limit, not a timing check
+        while publisher.client.default_version(MODEL) != 1:
+            assert time.monotonic() < deadline, "the withdrawn version 2 still serves by default"
+            time.sleep(0.2)
+    finally:
+        background.close()
+    publisher.client.set_default(MODEL, 2)
+    assert publisher.publish(1).action == "skipped" and publisher.client.default_version(MODEL) == 1
     save_version(publisher.store, 2, redone, sample)
     assert publisher.publish(2).action == "promoted"
 

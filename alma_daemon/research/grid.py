@@ -20,6 +20,7 @@ from typing import Any
 
 from alma_daemon.config import Config, ConfigError, build_config, read_yaml, set_dotted
 from alma_daemon.core.atomic_json import write_json_atomic
+from alma_daemon.logs import error_text
 from alma_daemon.research.simulate import run_simulation
 
 
@@ -94,8 +95,8 @@ def run_grid(path: str | Path, out: str | Path, progress: bool = True) -> dict:
                 summary = run_simulation(config, folder, progress=progress)["summary"]
                 entry.update(status="ok", summary=summary)
             except Exception as exc:
-                entry.update(status="failed", error=f"{type(exc).__name__}: {exc}")
-                print(f"  failed: {type(exc).__name__}: {exc} (traceback in {folder / 'error.txt'})")
+                entry.update(status="failed", error=error_text(exc))
+                print(f"  failed: {error_text(exc)} (traceback in {folder / 'error.txt'})")
                 folder.mkdir(parents=True, exist_ok=True)
                 (folder / "error.txt").write_text(traceback.format_exc())
         status["runs"].append(entry)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from alma_daemon.config import build_config, set_dotted, to_dict
+from alma_daemon.logs import error_text
 from alma_daemon.observability.results import read_results, write_json_atomic
 from alma_daemon.research.findings import F3_WAIT, FINDINGS, RunResult, judge_all
 from alma_daemon.research.grid import expand_grid
@@ -306,7 +307,7 @@ def run_study(
             try:
                 progress.report(run, execute_run(run.config, str(run.folder)))
             except Exception as exc:  # one failed run must not lose the others' hours
-                failures[run.label] = f"{type(exc).__name__}: {exc}"
+                failures[run.label] = error_text(exc)
                 progress.report(run, None, failures[run.label])
     else:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
@@ -316,7 +317,7 @@ def run_study(
                 try:
                     progress.report(run, future.result())
                 except Exception as exc:
-                    failures[run.label] = f"{type(exc).__name__}: {exc}"
+                    failures[run.label] = error_text(exc)
                     progress.report(run, None, failures[run.label])
     results = collect(runs)
     # A seed with runs missing (failed, or the study was stopped) is left out of every verdict: a

@@ -41,6 +41,7 @@ from alma_daemon.core.engine import Engine, EngineObserver, EngineState
 from alma_daemon.data.streams import Chunk, SplitChunk
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import learner_from_spec
+from alma_daemon.logs import error_text
 from alma_daemon.runtime import resolve_device
 from alma_daemon.service.engine_store import state_fields
 from alma_daemon.service.redis_buffer import RedisBuffer
@@ -137,7 +138,7 @@ class RankLeader(EngineObserver):
         except Exception as error:
             raise RankStepFailed(
                 f"the step on chunk {chunk.index} failed on rank 0 while the other ranks ran it "
-                f"({type(error).__name__}: {error}); torchrun stops every rank, and the step, not "
+                f"({error_text(error)}); torchrun stops every rank, and the step, not "
                 f"committed, is redone when the command is started again"
             ) from error
         self._mid_step = False
@@ -187,7 +188,7 @@ def follow(config: Config) -> None:
         follow_steps(config)
     except Exception as error:
         raise RankStepFailed(
-            f"rank {dist.get_rank()} stopped following rank 0 ({type(error).__name__}: {error}); torchrun "
+            f"rank {dist.get_rank()} stopped following rank 0 ({error_text(error)}); torchrun "
             f"stops every rank, and the command started again resumes from the last committed step"
         ) from error
 

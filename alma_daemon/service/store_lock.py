@@ -1,4 +1,4 @@
-"""One daemon per stream: an OS file lock in the stream's model store, held while ``alma run`` runs.
+"""One daemon per model store (hence per stream, on one machine): an OS file lock in the store, held while ``alma run`` runs.
 
 A model store folder (``<daemon.checkpoint_dir>/<serving.model_name>``) belongs to one stream: its
 ``stream-identity.json`` says which. Two daemons on it would train the same chunks side by side
