@@ -420,15 +420,6 @@ class BackgroundPublisher(EngineObserver):
             self._pending = None
             self._condition.notify_all()
 
-    def withdraw_above(self, version: int) -> None:
-        """Forget pending versions above ``version``: their checkpoints were deleted, and the redone
-        steps submit them again once committed."""
-        with self._condition:
-            if self._pending is not None and self._pending > version:
-                self._pending = None
-            self._written_at = {v: t for v, t in self._written_at.items() if v <= version}
-            self._condition.notify_all()
-
     def start(self) -> BackgroundPublisher:
         """Start the worker; queues the newest checkpoint if it is newer than any decided version."""
         if self._thread is not None:

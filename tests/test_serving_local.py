@@ -304,8 +304,9 @@ def test_a_reload_forgets_a_handed_over_version_whose_checkpoint_was_deleted(sto
     publisher = FlakyPublisher(store, failures=0)
     worker = BackgroundPublisher(publisher, retry_initial_seconds=0.01)
     handoff = PublishHandoff(worker)
-    worker.submit(2)  # handed over after its commit, which Redis then lost; the reload deleted it
-    handoff.reloaded(1)
+    worker.submit(2)  # handed over after its commit, which Redis then lost; the reload deletes it
+    handoff.reloading()  # the daemon's order: before the reload deletes anything ...
+    handoff.reloaded(1)  # ... and after it
     run_until_idle(worker)
     assert publisher.staged == [1]
     assert worker.last_error is None

@@ -59,13 +59,11 @@ class PublishHandoff:
             self.publisher.forget_pending()
 
     def reloaded(self, version: int) -> None:
-        """The engine was reloaded at committed ``version``: forget checkpoints of the interrupted step
-        (deleted and redone) and hand the committed version over again."""
+        """The engine was reloaded at committed ``version`` (after :meth:`reloading`): forget checkpoints
+        of the interrupted step (deleted and redone) and hand the committed version over again."""
         self.clock.take()
-        if self.publisher is not None:
-            self.publisher.withdraw_above(version)
-            if version:
-                self.publisher.submit(version)
+        if self.publisher is not None and version:
+            self.publisher.submit(version)
 
     def drain(self) -> None:
         """Wait for the last version to be published (a scripted run's end); says so if it was not."""
