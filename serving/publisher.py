@@ -325,9 +325,11 @@ def withdraw(store: CheckpointStore, version: int) -> None:
     while a publish holds it, at most :data:`LOCK_TIMEOUT_SECONDS` (then ``TimeoutError``, and the
     next start withdraws it again): a publish that takes the lock afterwards finds neither the
     version in the pointer nor its checkpoint. A server may still answer with the deleted version
-    until the background worker's next publish or idle resync makes the live version its default
-    again (``ensure_serving``); TorchServe's registration of it is replaced when the redone version
-    is staged, as its archive's name differs (:mod:`serving.archiver`).
+    until the background worker makes the live version its default again (``ensure_serving``), at
+    once: a starting worker resyncs first, and a reload hands the committed version over again,
+    whose publish calls ``ensure_serving`` before it skips the decided version. TorchServe's
+    registration of it is replaced when the redone version is staged, as its archive's name differs
+    (:mod:`serving.archiver`).
     """
     pointer = LivePointer(store.folder)
     with pointer.locked():
