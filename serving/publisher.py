@@ -29,7 +29,6 @@ import fcntl
 import json
 import logging
 import math
-import os
 import shutil
 import threading
 import time
@@ -56,11 +55,6 @@ LOCK_FILE = ".serving.lock"
 LOCK_TIMEOUT_SECONDS = 300.0
 #: Validation examples a staged version is asked about before it may become the default.
 PROBE_EXAMPLES = 8
-#: A withdrawn version's folder is renamed to this prefix and its number, then deleted: a name that
-#: :meth:`CheckpointStore.versions` ignores, so that a deletion cut short by a crash leaves nothing
-#: under the number the redone step writes again. :func:`remove_withdrawn_leftovers` removes such a
-#: folder at the next start.
-WITHDRAWN_PREFIX = ".withdrawn-"
 
 
 class PublishError(RuntimeError):
@@ -349,17 +343,7 @@ def withdraw(store: CheckpointStore, version: int) -> None:
             )
         remove_archives(store.folder / ARCHIVES, store.model_name, version)
         if store.path(version).exists():
-            remove_withdrawn_leftovers(store)
-            aside = store.folder / f"{WITHDRAWN_PREFIX}{version}"
-            os.rename(store.path(version), aside)
-            shutil.rmtree(aside)
-
-
-def remove_withdrawn_leftovers(store: CheckpointStore) -> None:
-    """Delete what remains of withdrawn versions whose deletion a crash cut short (:func:`withdraw`)."""
-    for leftover in store.folder.glob(f"{WITHDRAWN_PREFIX}*"):
-        log.warning("removing the rest of a withdrawn version", extra={"path": str(leftover)})
-        shutil.rmtree(leftover)
+            shutil.rmtree(store.path(version))
 
 
 class BackgroundPublisher(EngineObserver):

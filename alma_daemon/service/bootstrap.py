@@ -24,7 +24,7 @@ from alma_daemon.observability.results import ResultsWriter
 from alma_daemon.service.engine_store import EngineStateStore
 from alma_daemon.service.redis_buffer import RedisBuffer
 from alma_daemon.service.redis_keys import StreamKeys
-from serving.publisher import remove_withdrawn_leftovers, withdraw
+from serving.publisher import withdraw
 
 log = logging.getLogger(__name__)
 
@@ -99,20 +99,17 @@ def drop_uncommitted_checkpoints(store: CheckpointStore, version: int) -> None:
 
     :func:`serving.publisher.withdraw` deletes it, under the serving lock, after withdrawing it from
     serving (live pointer, archives): the redone step writes the same version number again, maybe
-    with other weights, and that one must be published, not skipped as already decided. A crash
-    before the folder is renamed aside leaves the checkpoint, which the next start withdraws again;
-    one after leaves only the renamed folder, removed here first.
+    with other weights, and that one must be published, not skipped as already decided. The folder
+    is withdrawn even when incomplete (not a version to :meth:`CheckpointStore.versions`): a deletion
+    cut short by a crash leaves one in the way of the redone step, and the next start ends it.
     """
-    remove_withdrawn_leftovers(store)
     newer = [v for v in store.versions() if v > version]
-    if not newer:
-        return
-    if newer != [version + 1]:
+    if newer and newer != [version + 1]:
         raise RuntimeError(
             f"{store.folder} holds versions {newer} newer than the committed model version "
             f"{version}: Redis has lost recent commits (restore it with its AOF), or the "
             f"versions belong to another run (use another daemon.checkpoint_dir)"
         )
-    # The redone step writes it again.
-    log.warning("removing checkpoint of an uncommitted stage", extra={"version": newer[0]})
-    withdraw(store, newer[0])
+    if store.path(version + 1).exists():
+        log.warning("removing checkpoint of an uncommitted stage", extra={"version": version + 1})
+        withdraw(store, version + 1)
