@@ -15,6 +15,7 @@ import pytest
 from alma_daemon.data.datasets import resolve_data_root
 from alma_daemon.service.status import live_state, model_row
 from serving.publisher import ServingState
+from tests.servers import free_port
 from tests.test_daemon import PROCESS_LIMIT_SECONDS, REPO, sigkill, wait_until
 
 #: The commands replay MNIST (`alma run --replay mnist`), which is read from the data folder and never
@@ -129,6 +130,18 @@ def test_status_shows_the_live_version_and_a_rollback(resumed) -> None:
     assert re.search(r"^model version +3 \(live: 1, rolled back\)$", shown, re.M), shown
     # JSON keeps the CER's full precision; the table rounds it.
     assert re.search(rf"^CER so far +{after['cer']:.4f}$", shown, re.M), shown
+
+
+@needs_mnist
+def test_status_while_redis_is_down_shows_the_daemon_file_and_the_live_version(resumed) -> None:
+    root, _ = resumed
+    live = status(root)["live_version"]
+    nobody_listens = f"redis.url=redis://127.0.0.1:{free_port()}/0"
+    shown = alma("status", "--set", nobody_listens, *settings(root))
+    assert shown.returncode == 1, shown.stderr
+    assert re.search(r"^redis +unreachable: ", shown.stdout, re.M), shown.stdout
+    assert re.search(r"^daemon +not running \(stopped, ", shown.stdout, re.M), shown.stdout
+    assert re.search(rf"^live version +{live}$", shown.stdout, re.M), shown.stdout
 
 
 @pytest.mark.parametrize(

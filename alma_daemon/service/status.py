@@ -149,13 +149,16 @@ def degradation(daemon: dict) -> dict:
     }
 
 
-def local_status(path: Path, redis_error: str) -> dict:
-    """What ``alma status`` can tell while Redis is down: the daemon's own status file."""
+def local_status(path: Path, redis_error: str, serving: ServingState | None = None) -> dict:
+    """What ``alma status`` can tell while Redis is down: the daemon's own status file, and the live
+    version from the serving's pointer (the newest version is known to Redis only)."""
     daemon = json.loads(path.read_text()) if path.is_file() else {}
     heartbeat = float(daemon["heartbeat"]) if "heartbeat" in daemon else None
     return {
         "redis_unreachable": redis_error,
         "status_file": str(path),
+        "live_version": serving.live if serving is not None else None,
+        "serving": serving is not None,
         "daemon": {
             "running": heartbeat is not None and daemon.get("phase") != "stopped" and time.time() - heartbeat < 60,
             "pid": daemon.get("pid"),
@@ -181,6 +184,9 @@ def format_local_status(status: dict) -> str:
             )
         )
         rows.append(degraded_row(daemon))
+    if status["serving"]:
+        live = status["live_version"]
+        rows.append(("live version", str(live) if live is not None else "none live yet"))
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
 
