@@ -53,6 +53,14 @@ def test_integers_are_accepted_where_floats_are_expected():
     assert build_config({"train": {"lr": 1}}).train.lr == 1.0
 
 
+def test_numbers_in_scientific_notation_are_numbers_in_files_and_overrides(tmp_path):
+    """PyYAML alone reads ``1e-3`` and ``1.0e15`` as strings (YAML 1.1); config.yaml's own example is ``1.0e15``."""
+    path = tmp_path / "c.yaml"
+    path.write_text("train:\n  lr: 1e-3\npolicy:\n  name: budget\n  flops_per_hour: 1.0e15\n")
+    config = load_config(path, ["policy.gpu_seconds_per_hour=9E2", "learner.name=sm"])
+    assert (config.train.lr, config.policy.flops_per_hour, config.policy.gpu_seconds_per_hour) == (1e-3, 1e15, 900.0)
+
+
 @pytest.mark.parametrize("path", ["config.yaml", *sorted(p.name for p in (ROOT / "examples").glob("*.yaml"))])
 def test_shipped_configs_are_valid(path):
     load_config(ROOT / path if path == "config.yaml" else ROOT / "examples" / path)

@@ -7,6 +7,7 @@ so that an unknown key or a bad value fails at start-up, naming the dotted key, 
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 from typing import Any, cast
 
@@ -15,6 +16,26 @@ from pydantic import TypeAdapter
 
 from alma_daemon.config.base import ConfigError, KeyOfAnotherPlugin, validate
 from alma_daemon.config.sections import Config
+
+
+class _ConfigLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, but numbers in scientific notation are numbers.
+
+    PyYAML follows YAML 1.1, where ``1e-3`` and ``1.0e15`` are strings (only ``1.0e+15`` is a float), so
+    ``train.lr: 1e-3`` failed with "must be a number"; YAML 1.2, and every user, reads them as floats.
+    """
+
+
+_ConfigLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
+
+
+def _load_yaml(text: Any) -> Any:
+    """Parse YAML text or an open file, data only (never code)."""
+    return yaml.load(text, Loader=_ConfigLoader)
 
 
 def from_dict(cls: type, data: Any, prefix: str = "") -> Any:
@@ -31,7 +52,7 @@ def parse_override(text: str) -> tuple[str, Any]:
     key = key.strip()
     if not key:
         raise ConfigError(f"override {text!r}: empty key")
-    return key, yaml.safe_load(raw) if raw.strip() else None
+    return key, _load_yaml(raw) if raw.strip() else None
 
 
 def set_dotted(data: dict, key: str, value: Any) -> None:
@@ -52,7 +73,7 @@ def read_yaml(path: str | Path) -> dict:
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     with path.open() as f:
-        data = yaml.safe_load(f) or {}
+        data = _load_yaml(f) or {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections")
     return data
