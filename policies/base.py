@@ -19,8 +19,6 @@ class PolicyState:
     examples_pending: int
     #: Training stages completed so far.
     stages_done: int
-    #: Total chunks the stream will have, when known (replays); None for a live stream.
-    stream_length: int | None
     #: Wall-clock time (seconds since the epoch) and resources spent so far.
     now: float
     started_at: float

@@ -32,7 +32,6 @@ def run_stream(overrides: list[str], observers=(), chunks: int = B):
         config,
         torch.device("cpu"),
         test_set=test,
-        stream_length=chunks,
         observers=list(observers),
     )
     for i, part in enumerate(partition(data, chunks, seed=0), start=1):
@@ -204,6 +203,26 @@ def test_ticks_between_chunks_train_only_under_time_based_policies():
     stage = scheduled.on_tick()
     assert stage is not None and scheduled.state.stages_done >= 1
     assert scheduled.state.cumulative_train_flops >= stage["train_flops"] > 0
+
+
+def test_the_engine_reads_one_clock_for_its_start_its_wall_times_and_the_policy():
+    """A budget policy divides by the hours since the start: the start must come from the same clock."""
+    config = build_config({"train": {"epochs": 1, "patience": 0}, "learner": {"width": 8}})
+    clock = FakeClock()
+    policy = build_policy(build_config({}, ["policy.name=budget", "policy.flops_per_hour=1e30"]).policy)
+    engine = Engine(
+        build_learner("sm", MNIST_TASK, config.learner, 0),
+        policy,
+        MemoryBuffer(),
+        config,
+        torch.device("cpu"),
+        clock=clock,
+    )
+    clock.now += 30
+    engine.on_chunk(Chunk(1, separable_data(MNIST_TASK, 60)))
+    assert engine.state.started_at == 1_000_000.0
+    assert engine.state.series[-1]["wall_seconds"] == 30.0
+    assert engine.policy_state().now - engine.policy_state().started_at == 30.0
 
 
 def test_a_fire_time_that_passes_with_nothing_pending_is_used_up():

@@ -40,7 +40,6 @@ def run(engine_class: type[Engine], overrides: list[str]) -> tuple[list[dict], i
         config,
         torch.device("cpu"),
         test_set=test,
-        stream_length=CHUNKS,
     )
     for i, part in enumerate(partition(data, CHUNKS, seed=0), start=1):
         engine.on_chunk(Chunk(i, part))

@@ -25,7 +25,6 @@ def state(now: float = T0, pending: int = 1, **fields) -> PolicyState:
         chunks_pending=pending,
         examples_pending=100 * pending,
         stages_done=0,
-        stream_length=None,
         now=now,
         started_at=T0,
         train_flops_total=0.0,
@@ -47,7 +46,7 @@ def test_fixed_trains_every_wait_chunks(wait, stages):
     trained_at, pending = [], 0
     for chunk in range(1, 11):
         pending += 1
-        if p.decide(state(pending=pending, chunks_seen=chunk, stages_done=len(trained_at), stream_length=10)).train:
+        if p.decide(state(pending=pending, chunks_seen=chunk, stages_done=len(trained_at))).train:
             trained_at.append(chunk)
             pending = 0
     assert trained_at == stages

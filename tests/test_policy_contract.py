@@ -56,7 +56,6 @@ class Stream:
             chunks_pending=self.chunks_pending,
             examples_pending=self.chunks_pending * EXAMPLES_PER_CHUNK,
             stages_done=self.stages_done,
-            stream_length=None,
             now=self.now,
             started_at=T0,
             train_flops_total=self.flops,

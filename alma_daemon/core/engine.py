@@ -91,7 +91,6 @@ class Engine:
         device: torch.device,
         *,
         test_set: LabeledData | None = None,
-        stream_length: int | None = None,
         checkpoints: CheckpointStore | None = None,
         observers: list[EngineObserver] | tuple[EngineObserver, ...] = (),
         state: EngineState | None = None,
@@ -103,10 +102,9 @@ class Engine:
         self.config = config
         self.device = device
         self.test_set = test_set
-        self.stream_length = stream_length
         self.checkpoints = checkpoints
         self.observers = list(observers)
-        self.state = state or EngineState()
+        self.state = state or EngineState(started_at=clock())
         self.clock = clock
         self.optimizer_name = resolve_optimizer_name(config.train, config.dataset.name)
         # A drifting stream (stream.drift) changes the test set from the first drifted chunk on, as the
@@ -143,7 +141,6 @@ class Engine:
             chunks_pending=len(self.buffer.pending_chunks()),
             examples_pending=pending,
             stages_done=self.state.stages_done,
-            stream_length=self.stream_length,
             now=self.clock(),
             started_at=self.state.started_at,
             train_flops_total=self.state.cumulative_train_flops,

@@ -95,7 +95,6 @@ def build_engine(
         stream.task,
         MemoryBuffer(),
         test_set=stream.test,
-        stream_length=stream.length,
         checkpoints=checkpoints,
         observers=observers,
     )
