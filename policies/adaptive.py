@@ -20,9 +20,7 @@ explains the reasoning and shows the benchmark):
    is trained on a stage too small to shape it and dilutes the ensemble. ``policy.grow_every: 0``
    turns growth off.
 
-An earlier version also doubled the wait after a stage with no measurable effect, to save compute
-on a plateau. It did save 16 to 23 % of the FLOPs but cost 1.5 to 2 % CER on three of four stationary
-streams: a late stage's gain is below one chunk's noise yet pays over every chunk that follows.
+(docs/policies.md also tells of a rule that was tried and dropped: doubling the wait on a plateau.)
 
 For language models the same rules run on the log of the perplexity (a rise of 0.1 is about 10 %),
 with a standard error of 1 % of the perplexity, since a chunk's tokens are not independent draws.
@@ -41,9 +39,10 @@ from alma_daemon.config import PolicyConfig
 from alma_daemon.config.base import PLUGIN_SECTION
 from policies import register_policy
 from policies.base import Decision, Policy, PolicyState
+from policies.geometric import DEFAULT_RATIO, geometric_threshold
 
 #: The growing wait: train once the pending chunks reach RATIO x the chunks trained on since the last drift.
-RATIO = 0.5
+RATIO = DEFAULT_RATIO
 #: A stage had a measurable effect when the live model's error is this many standard errors away from
 #: the previous model's (below: it paid off; above: it made the model worse).
 GAIN_SIGNIFICANCE = 1.0
@@ -136,8 +135,8 @@ class Adaptive(Policy):
         self.regime_start: int | None = None
         self.live = _Errors()
         self.previous: _Errors | None = None
-        #: The last stage: its size in chunks, and whether a drift triggered it.
-        self.last_stage: dict | None = None
+        #: Whether a drift triggered the last stage (None before the first stage).
+        self.last_stage_drifted: bool | None = None
         #: Stages in a row, up to the last one, that had no measurable effect (since the last growth).
         self.flat_stages = 0
 
@@ -149,7 +148,7 @@ class Adaptive(Policy):
             "regime_start": self.regime_start,
             "live": self.live.to_dict(),
             "previous": self.previous.to_dict() if self.previous else None,
-            "last_stage": self.last_stage,
+            "last_stage_drifted": self.last_stage_drifted,
             "flat_stages": self.flat_stages,
         }
 
@@ -160,7 +159,10 @@ class Adaptive(Policy):
         self.regime_start = None if start is None else int(start)
         self.live = _Errors(state.get("live"))
         self.previous = _Errors(state["previous"]) if state.get("previous") else None
-        self.last_stage = state.get("last_stage")
+        drifted = state.get("last_stage_drifted")
+        if drifted is None and state.get("last_stage") is not None:
+            drifted = state["last_stage"]["drift"]  # saved before 2026-11-23 as {"chunks": ..., "drift": ...}
+        self.last_stage_drifted = drifted
         self.flat_stages = int(state.get("flat_stages", 0))
 
     # -- the decision -----------------------------------------------------------------------------
@@ -205,7 +207,7 @@ class Adaptive(Policy):
 
     def _threshold(self) -> int:
         """Pending chunks the next stage waits for."""
-        return max(1, math.ceil(RATIO * self.trained - 1e-9))
+        return geometric_threshold(RATIO, self.trained)
 
     def _export_means(self, kind: str, estimates: dict) -> None:
         """The live and previous models' mean errors, as estimates (error rates only; NaN where none)."""
@@ -233,7 +235,7 @@ class Adaptive(Policy):
 
     def _stage_gain(self, kind: str, estimates: dict) -> tuple[str, bool]:
         """The last stage's measured gain as text, and whether it had no measurable effect (a plateau)."""
-        if self.previous is None or self.last_stage is None or self.last_stage["drift"]:
+        if self.previous is None or self.last_stage_drifted is not False:
             return "", False
         if not (self.previous.chunks and self.live.chunks):
             return "", False
@@ -285,7 +287,7 @@ class Adaptive(Policy):
                     f"so the newest part stopped learning"
                 )
         self.live = _Errors()
-        self.last_stage = {"chunks": pending, "drift": drift}
+        self.last_stage_drifted = drift
         # The estimates describe the state after the decision, which the gauges show until the next
         # chunk: a new live model with nothing measured yet, the replaced one as the previous, the
         # next wait. The drift score stays: it is the newest chunk's.

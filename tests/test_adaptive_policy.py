@@ -195,6 +195,16 @@ def test_language_models_are_judged_on_log_perplexity():
     assert "live_error" not in decisions[9].estimates  # an error gauge never shows a perplexity
 
 
+@pytest.mark.parametrize("drifted", [False, True])
+def test_a_state_saved_with_the_last_stage_as_a_dict_still_loads(drifted):
+    """Saved before 2026-11-23: ``last_stage`` was ``{"chunks": ..., "drift": ...}``."""
+    policy = build_policy(policy_config(name="adaptive"))
+    old = {**policy.state_dict(), "last_stage": {"chunks": 3, "drift": drifted}}
+    del old["last_stage_drifted"]
+    policy.load_state_dict(old)
+    assert policy.state_dict()["last_stage_drifted"] is drifted
+
+
 def test_a_check_between_chunks_counts_nothing():
     policy = build_policy(policy_config(name="adaptive"))
     before = policy.state_dict()
