@@ -489,7 +489,9 @@ class BackgroundPublisher(EngineObserver):
 
     def _publish(self, version: int, generation: int) -> None:
         outcome = self.publisher.publish(version, wanted=lambda: self._current(generation))
-        self.last_outcome = outcome
+        # A publish that ends (refused or skipped included) settles the failures before it; a resync
+        # that passes does not, as it publishes nothing.
+        self.last_outcome, self.last_error = outcome, None
         with self._condition:
             written_at = self._written_at.get(version)
             self._written_at = {v: t for v, t in self._written_at.items() if v > version}

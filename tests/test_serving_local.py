@@ -6,6 +6,7 @@ The checkpoint helpers here are shared with ``tests/test_serving_torchserve.py``
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import threading
 import time
@@ -181,8 +182,8 @@ def test_a_version_without_a_validation_sample_fails_for_good(store, good_and_ba
 class FlakyPublisher(LocalPublisher):
     """A local publisher whose staging fails the first ``failures`` times, like an unreachable server."""
 
-    def __init__(self, store: CheckpointStore, failures: int):
-        super().__init__(store, promotion_margin=1.0)
+    def __init__(self, store: CheckpointStore, failures: int, promotion_margin: float = 1.0):
+        super().__init__(store, promotion_margin)
         self.failures = failures
         self.staged: list[int] = []
 
@@ -230,6 +231,29 @@ def test_background_publisher_retries_failures_until_they_pass(store, good_and_b
     assert metric_value("alma_swap_failures_total", stage="register") == failures_before + 2
     assert metric_value("alma_swaps_total") == swaps_before + 1
     assert metric_value("alma_swap_duration_seconds_count") == durations_before + 1
+
+
+def test_a_failure_retried_until_it_passed_is_no_reason_to_warn_at_the_end_of_a_run(store, good_and_bad, caplog):
+    """The run ends with a refused version (a decision, not a failure) after an earlier version failed
+    once and was published on retry: the hand-off's drain must not report that failure."""
+    good, bad, sample = good_and_bad
+    save_version(store, 1, good, sample)
+    publisher = FlakyPublisher(store, failures=1, promotion_margin=0.0)
+    worker = BackgroundPublisher(publisher, retry_initial_seconds=0.01)
+    handoff = PublishHandoff(worker)
+    handoff.start()
+    try:
+        assert worker.wait_idle(timeout=60)
+        save_version(store, 2, bad, sample)
+        worker.submit(2)
+        with caplog.at_level(logging.WARNING, logger="alma_daemon.service.publish_handoff"):
+            handoff.drain()
+    finally:
+        handoff.close()
+    assert publisher.staged == [1]
+    assert worker.last_outcome is not None and worker.last_outcome.action == "refused"
+    assert worker.last_error is None
+    assert "the run ends before its last version is live" not in caplog.text
 
 
 def test_the_engine_publishes_every_checkpoint_through_the_background_publisher(tmp_path):
