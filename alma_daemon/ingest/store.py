@@ -19,11 +19,9 @@ from typing import Any
 from alma_daemon.data.wire import DecodedPart, RejectedRecord
 from alma_daemon.ingest.assembler import Assembler, ChunkProgress, part_dtype
 from alma_daemon.service.redis_keys import StreamKeys
+from alma_daemon.service.redis_tx import dead_letter, watched_transaction
 from alma_daemon.service.stream_identity import RedisRestarted, server_run_id
 from alma_daemon.transports.source import SourceRecord
-
-#: The dead-letter stream keeps about this many entries (XADD MAXLEN ~), so bad input cannot fill Redis.
-DEAD_LETTER_MAXLEN = 10_000
 
 
 @dataclass
@@ -114,13 +112,18 @@ class IngestStore:
         )
 
     def commit(self, batch: IngestBatch) -> None:
+        """Write ``batch`` in one MULTI/EXEC, or raise :class:`RedisRestarted` and write nothing."""
+        with watched_transaction(self.client, self.keys.offsets) as pipe:
+            # After the WATCH: a restart from here on breaks the watched connection, so EXEC fails.
+            if server_run_id(self.client) != self._run_id:
+                raise RedisRestarted("Redis restarted since ingest read its state; ingest resyncs from what it holds")
+            self._stage(pipe, batch)
+            pipe.execute()
+
+    def _stage(self, pipe: Any, batch: IngestBatch) -> None:
+        """Queue the writes of ``batch`` on ``pipe``, the abandoned chunks' deletions first."""
         keys = self.keys
         now = f"{time.time():.3f}"
-        pipe = watched_transaction(self.client, keys.offsets)
-        # After the WATCH: a restart from here on breaks the watched connection, so EXEC fails.
-        if server_run_id(self.client) != self._run_id:
-            pipe.reset()
-            raise RedisRestarted("Redis restarted since ingest read its state; ingest resyncs from what it holds")
         for chunk_id, progress, why in batch.abandoned:
             pipe.zrem(keys.assembling, chunk_id)
             pipe.delete(keys.chunk(chunk_id), *(keys.part(chunk_id, i) for i in progress.got))
@@ -157,41 +160,3 @@ class IngestStore:
             pipe.hset(keys.ingest, "refused_chunks", " ".join(str(c) for c in sorted(batch.refused)))
         if batch.offsets:
             pipe.hset(keys.offsets, mapping=batch.offsets)
-        pipe.execute()
-
-
-def dead_letter(
-    pipe: Any,
-    keys: StreamKeys,
-    reason: str,
-    detail: str,
-    origin: str,
-    *,
-    key: bytes | None = None,
-    value_bytes: int = 0,
-) -> None:
-    """Add to ``pipe``: an entry in the dead-letter stream ``alma:{s}:dead`` and its counters."""
-    entry = {
-        "reason": reason,
-        "detail": detail[:2000],
-        "origin": origin,
-        "at": f"{time.time():.3f}",
-        "key": (key or b"")[:200],
-        "value_bytes": value_bytes,
-    }
-    pipe.xadd(keys.dead, entry, maxlen=DEAD_LETTER_MAXLEN, approximate=True)
-    pipe.hincrby(keys.ingest, "records_rejected", 1)
-    pipe.hincrby(keys.ingest, f"rejected:{reason}", 1)
-
-
-def watched_transaction(client: Any, key: str) -> Any:
-    """A MULTI/EXEC pipeline that WATCHes ``key``, which only its caller writes.
-
-    redis-py retries a failed command on a new connection, a transaction included: one cut after
-    Redis ran it would then run twice, and HINCRBY, RPUSH and XADD are not idempotent. redis-py
-    never retries a watched transaction; the caller rereads Redis instead (docs/service.md, "Outages").
-    """
-    pipe = client.pipeline(transaction=True)
-    pipe.watch(key)
-    pipe.multi()
-    return pipe

@@ -13,11 +13,11 @@ from typing import Any
 
 from alma_daemon.core.engine import Engine
 from alma_daemon.data.wire import RejectedRecord
-from alma_daemon.ingest.store import dead_letter, watched_transaction
 from alma_daemon.observability import telemetry
 from alma_daemon.service.engine_store import EngineStateStore
 from alma_daemon.service.redis_buffer import ReadyChunks, RedisBuffer
 from alma_daemon.service.redis_keys import StreamKeys
+from alma_daemon.service.redis_tx import dead_letter, watched_transaction
 from alma_daemon.service.stream_identity import RedisRestarted, StreamIdentity
 
 log = logging.getLogger(__name__)
@@ -38,24 +38,24 @@ class StepCommit:
         Raises :class:`RedisRestarted` instead when Redis restarted while the step ran: the step's
         chunk and the buffer it trained on may be gone, so it is redone from what Redis holds.
         """
-        pipe = watched_transaction(self.client, self.keys.engine)
-        if self.identity.restarted():
-            raise RedisRestarted("Redis restarted while the step ran; the step is redone")
-        if consumed is not None:
-            ready.stage_consume(pipe, consumed)
-        buffer.stage_commit(pipe)
-        self.state_store.stage_save(pipe, engine.state)
-        pipe.set(self.keys.policy, json.dumps(engine.policy.state_dict()))
-        pipe.execute()
+        with watched_transaction(self.client, self.keys.engine) as pipe:
+            if self.identity.restarted():
+                raise RedisRestarted("Redis restarted while the step ran; the step is redone")
+            if consumed is not None:
+                ready.stage_consume(pipe, consumed)
+            buffer.stage_commit(pipe)
+            self.state_store.stage_save(pipe, engine.state)
+            pipe.set(self.keys.policy, json.dumps(engine.policy.state_dict()))
+            pipe.execute()
         buffer.committed()
         self.state_store.committed()
 
     def discard(self, ready: ReadyChunks, chunk_id: int, rejection: RejectedRecord) -> None:
         """Take the ready chunk ``chunk_id`` out of ``ready`` into the dead letters, without a step."""
-        pipe = watched_transaction(self.client, self.keys.engine)
-        ready.stage_consume(pipe, chunk_id)
-        dead_letter(pipe, self.keys, rejection.reason, rejection.detail, f"chunk {chunk_id}")
-        pipe.execute()
+        with watched_transaction(self.client, self.keys.engine) as pipe:
+            ready.stage_consume(pipe, chunk_id)
+            dead_letter(pipe, self.keys, rejection.reason, rejection.detail, f"chunk {chunk_id}")
+            pipe.execute()
         telemetry.RECORDS_REJECTED.labels(rejection.reason).inc()
         log.warning(
             "ready chunk rejected", extra={"chunk": chunk_id, "reason": rejection.reason, "detail": rejection.detail}
