@@ -112,12 +112,12 @@ def test_assembler_completes_a_chunk_once_and_ignores_duplicates() -> None:
     assert len(parts) > 2
     assembler = Assembler(STREAM)
     outcomes = [assembler.accept(p, 100) for p in parts[:-1]]
-    assert not any(o.duplicate or o.completed for o in outcomes)
-    assert assembler.accept(parts[0], 100).duplicate
+    assert all(o.store and not o.completed for o in outcomes)
+    assert not assembler.accept(parts[0], 100).store
     last = assembler.accept(parts[-1], 100)
     assert last.completed is not None and last.completed.examples == 40 and last.completed.parts == len(parts)
     assert assembler.last_completed == 1 and not assembler.in_progress
-    assert assembler.accept(parts[1], 100).duplicate
+    assert not assembler.accept(parts[1], 100).store
 
 
 def test_assembler_rejects_contradicting_and_late_parts() -> None:
@@ -146,7 +146,10 @@ def test_completing_a_newer_chunk_abandons_an_older_incomplete_one() -> None:
     for part in decoded(records_of(2)):
         outcome = assembler.accept(part, 100)
     assert outcome is not None and outcome.completed is not None
-    assert list(outcome.abandoned) == [1] and outcome.abandoned[1].got == {0}
+    assert list(outcome.dropped) == [1]
+    progress, why = outcome.dropped[1]
+    assert progress.got == {0} and why.reason == "part_numbering"
+    assert why.detail.startswith("chunk 1 has 1 of ") and "chunk 2 completed after it" in why.detail
     assert not assembler.in_progress
 
 

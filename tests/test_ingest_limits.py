@@ -72,17 +72,17 @@ def assert_parts_match_chunks(client) -> None:
 def test_assembler_refuses_a_chunk_larger_than_its_bound_and_skips_the_chunks_later_parts() -> None:
     assembler = Assembler(STREAM, max_bytes=2 * PART - 1)
     big = decoded(records_of(1, n=3))
-    assert not assembler.accept(big[0], PART).duplicate
+    assert assembler.accept(big[0], PART).store
     refused = assembler.accept(big[1], PART)
-    assert refused.duplicate and list(refused.dropped) == [1]
+    assert not refused.store and list(refused.dropped) == [1]
     progress, why = refused.dropped[1]
     assert progress.got == {0} and why.reason == "size"
     assert "chunk 1 is larger than redis.max_buffer_bytes" in why.detail
     assert not assembler.in_progress and assembler.bytes == 0
     last = assembler.accept(big[2], PART)
-    assert last.duplicate and not last.dropped and assembler.refused == {1}
+    assert not last.store and not last.dropped and assembler.refused == {1}
     again = assembler.accept(big[0], PART)  # a re-sent part is skipped too, not stored again
-    assert again.duplicate and not again.dropped and not assembler.in_progress
+    assert not again.store and not again.dropped and not assembler.in_progress
     small = assembler.accept(decoded(records_of(2, n=1))[0], PART)
     assert small.completed is not None and assembler.last_completed == 2
     assert not assembler.refused  # from now on the order guard rejects chunk 1's parts

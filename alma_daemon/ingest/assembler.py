@@ -1,9 +1,10 @@
 """Which parts to store: the bookkeeping that turns validated parts into complete chunks.
 
 Pure logic, no Redis. The :class:`Assembler` holds the chunks being assembled (loaded from Redis
-on start) and, for each validated part, answers *store* (new part, maybe completing its chunk) or
-*duplicate* (a re-sent part: a no-op apart from moving the offset on). Parts that contradict the
-chunk's other parts, or come after a newer chunk was completed, raise ``RejectedRecord``.
+on start) and, for each validated part, answers whether to store it (a new part, maybe completing
+its chunk) or not (a re-sent part, or one of a refused chunk: a no-op apart from moving the offset
+on), and which incomplete chunks to give up. Parts that contradict the chunk's other parts, or come
+after a newer chunk was completed, raise ``RejectedRecord``.
 
 The parts of incomplete chunks are bounded (``max_bytes``, the config's ``redis.max_buffer_bytes``):
 the engine cannot take them, so pausing ingest would not free them. A chunk that alone outgrows the
@@ -39,17 +40,18 @@ class ChunkProgress:
 
 @dataclass(frozen=True)
 class PartOutcome:
-    """What to do with one valid part: store it (``duplicate`` False) or only move the offset on.
+    """What to do with one valid part: store it, or only move the offset on (``store`` False: a
+    re-sent part, or a part of a refused chunk).
 
-    ``duplicate`` is also True for a part of a refused chunk. ``completed`` is the chunk's progress
-    when this part completed it; ``abandoned`` lists older chunks that can never complete now (the
-    order guard will reject their remaining parts); ``dropped`` the incomplete chunks given up to
-    keep within ``max_bytes``, each with the reason to dead-letter it.
+    ``completed`` is the chunk's progress when this part completed it. ``dropped`` lists the
+    incomplete chunks given up, in order, each with the reason to dead-letter it: first those
+    dropped to keep within ``max_bytes`` (``size``), then, when the part completed its chunk, the
+    older ones that can never complete now (``part_numbering``: the order guard will reject their
+    remaining parts).
     """
 
-    duplicate: bool
+    store: bool
     completed: ChunkProgress | None = None
-    abandoned: dict[int, ChunkProgress] = field(default_factory=dict)
     dropped: dict[int, tuple[ChunkProgress, RejectedRecord]] = field(default_factory=dict)
 
 
@@ -90,10 +92,8 @@ class Assembler:
     def accept(self, part: DecodedPart, size: int) -> PartOutcome:
         """Account for one validated part of ``size`` bytes; raises ``RejectedRecord`` if it does not fit."""
         self.guard.check(part.stream, part.chunk_id)
-        if part.chunk_id == self.last_completed:
-            return PartOutcome(duplicate=True)
-        if part.chunk_id in self.refused:
-            return PartOutcome(duplicate=True)
+        if part.chunk_id == self.last_completed or part.chunk_id in self.refused:
+            return PartOutcome(store=False)
         dtype = part_dtype(part)
         progress = self.in_progress.get(part.chunk_id)
         if progress is None:
@@ -109,7 +109,7 @@ class Assembler:
                 "dtype", f"part {part.part} of chunk {part.chunk_id} is {dtype}; earlier parts are {progress.dtype}"
             )
         if part.part in progress.got:
-            return PartOutcome(duplicate=True)
+            return PartOutcome(store=False)
         if self.max_bytes is not None and progress.bytes + size > self.max_bytes:
             return self._refuse(part, progress, size, self.max_bytes)
         dropped = self._make_room(part.chunk_id, size)
@@ -119,12 +119,12 @@ class Assembler:
         self.bytes += size
         self.in_progress[part.chunk_id] = progress
         if not progress.complete:
-            return PartOutcome(duplicate=False, dropped=dropped)
+            return PartOutcome(store=True, dropped=dropped)
         self._forget(part.chunk_id)
         self.guard.complete(part.stream, part.chunk_id)
-        abandoned = {c: self._forget(c) for c in list(self.in_progress) if c < part.chunk_id}
+        dropped |= self._abandon_older(part.chunk_id)
         self.refused = {c for c in self.refused if c > part.chunk_id}
-        return PartOutcome(duplicate=False, completed=progress, abandoned=abandoned, dropped=dropped)
+        return PartOutcome(store=True, completed=progress, dropped=dropped)
 
     def _refuse(self, part: DecodedPart, progress: ChunkProgress, size: int, limit: int) -> PartOutcome:
         """Give up ``part``'s chunk, which outgrows ``limit``: drop its stored parts, skip its later ones."""
@@ -135,7 +135,7 @@ class Assembler:
             f"chunk {part.chunk_id} is larger than redis.max_buffer_bytes ({limit}): {stored(progress)} were "
             f"stored and part {part.part} adds {size}"
         )
-        return PartOutcome(duplicate=True, dropped={part.chunk_id: (progress, RejectedRecord("size", detail))})
+        return PartOutcome(store=False, dropped={part.chunk_id: (progress, RejectedRecord("size", detail))})
 
     def _make_room(self, chunk_id: int, size: int) -> dict[int, tuple[ChunkProgress, RejectedRecord]]:
         """Drop the incomplete chunks but ``chunk_id``, lowest id first, until ``size`` more bytes fit.
@@ -155,6 +155,19 @@ class Assembler:
             )
             dropped[lowest] = (progress, RejectedRecord("size", detail))
         return dropped
+
+    def _abandon_older(self, completed: int) -> dict[int, tuple[ChunkProgress, RejectedRecord]]:
+        """Drop the incomplete chunks older than ``completed``, which has just completed: the order
+        guard will reject their missing parts."""
+        abandoned: dict[int, tuple[ChunkProgress, RejectedRecord]] = {}
+        for chunk_id in [c for c in self.in_progress if c < completed]:
+            progress = self._forget(chunk_id)
+            detail = (
+                f"chunk {chunk_id} has {len(progress.got)} of {progress.parts} parts and chunk {completed} "
+                f"completed after it: its missing parts would arrive out of order"
+            )
+            abandoned[chunk_id] = (progress, RejectedRecord("part_numbering", detail))
+        return abandoned
 
     def _forget(self, chunk_id: int) -> ChunkProgress:
         progress = self.in_progress.pop(chunk_id)

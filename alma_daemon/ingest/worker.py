@@ -94,7 +94,7 @@ class IngestWorker:
             self._stop.wait(min(timeout, 0.2))
             return 0
         records = self.source.poll(timeout, POLL_RECORDS)
-        batch = self._validate(records)
+        batch = self._assemble_batch(records)
         while len(self._in_flight) >= MAX_IN_FLIGHT or (self._in_flight and self._in_flight[0].done()):
             self._in_flight.popleft().result()
         self._queued_bound += sum(progress.bytes for progress in batch.completed.values())
@@ -103,7 +103,8 @@ class IngestWorker:
         self._refresh_lag()
         return len(records)
 
-    def _validate(self, records: list[SourceRecord]) -> IngestBatch:
+    def _assemble_batch(self, records: list[SourceRecord]) -> IngestBatch:
+        """Validate ``records`` and account for their parts: the batch that stores them."""
         batch = IngestBatch()
         refused = set(self.assembler.refused)
         for record in records:
@@ -118,16 +119,10 @@ class IngestWorker:
                 continue
             for chunk_id, (progress, why) in outcome.dropped.items():
                 batch.abandon(chunk_id, progress, why)
-            if not outcome.duplicate:
+            if outcome.store:
                 batch.parts.append((part, record))
             if outcome.completed is not None:
                 batch.completed[part.chunk_id] = outcome.completed
-            for chunk_id, progress in outcome.abandoned.items():
-                detail = (
-                    f"chunk {chunk_id} has {len(progress.got)} of {progress.parts} parts and chunk {part.chunk_id} "
-                    f"completed after it: its missing parts would arrive out of order"
-                )
-                batch.abandon(chunk_id, progress, RejectedRecord("part_numbering", detail))
         if self.assembler.refused != refused:
             batch.refused = set(self.assembler.refused)
         return batch
