@@ -8,13 +8,15 @@ connection time (alma_daemon/service/credentials.py), so they live in the client
 
 A server that refuses the login or the TLS handshake fails here, at start-up, with one line naming
 the server and the keys to check (a :class:`ConfigError`, which the CLI prints without a traceback).
-A server that is down or unreachable is left to the caller.
+A server that is down or unreachable is left to the caller (a Kafka broker that accepts no
+connection is found out here, at once: :func:`kafka_client`).
 """
 
 from __future__ import annotations
 
 import logging
 import re
+import socket
 import ssl
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
@@ -34,6 +36,8 @@ ClientT = TypeVar("ClientT")
 REDIS_TLS_KEYS = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile")
 #: kafka.* keys that go to kafka-python unchanged (TLS files, for SSL and SASL_SSL).
 KAFKA_TLS_KEYS = ("ssl_cafile", "ssl_certfile", "ssl_keyfile")
+#: How long the TCP probe that precedes building a Kafka client waits for each bootstrap server.
+PROBE_TIMEOUT_SECONDS = 2.0
 
 
 def redis_server(url: str) -> str:
@@ -115,12 +119,27 @@ def kafka_security(config: KafkaConfig) -> dict[str, Any]:
 
 
 def kafka_client(
-    client_class: Callable[..., ClientT], bootstrap_servers: str, security: Mapping[str, Any], **options: Any
+    client_class: Callable[..., ClientT],
+    bootstrap_servers: str,
+    security: Mapping[str, Any],
+    *,
+    probe: bool = True,
+    **options: Any,
 ) -> ClientT:
     """``client_class`` (KafkaConsumer, KafkaProducer or KafkaAdminClient) on ``bootstrap_servers``
-    with ``security`` (:func:`kafka_security`); a refused SASL login fails with one line."""
+    with ``security`` (:func:`kafka_security`); a refused SASL login fails with one line.
+
+    A kafka-python client that fails to bootstrap (no broker answers) waits out its bootstrap
+    timeout (``bootstrap_timeout_ms``, 30 s by default) and leaks its I/O thread. So a broker that
+    is down is first found out with a plain TCP connection (:func:`broker_accepts_connections`),
+    which fails at once; only a broker that accepts connections but never answers still costs the
+    wait and a thread. ``probe=False`` skips that check, for a consumer or producer given
+    ``api_version``, which does not bootstrap.
+    """
     from kafka.errors import SaslAuthenticationFailedError
 
+    if probe:
+        broker_accepts_connections(bootstrap_servers)
     try:
         return client_class(bootstrap_servers=bootstrap_servers, **security, **options)
     except SaslAuthenticationFailedError as exc:
@@ -128,3 +147,19 @@ def kafka_client(
             f"Kafka at {bootstrap_servers} refused the SASL login ({exc}); check "
             f"kafka.sasl_mechanism, kafka.sasl_username and kafka.sasl_password_file"
         ) from None
+
+
+def broker_accepts_connections(bootstrap_servers: str) -> None:
+    """Return once one of ``bootstrap_servers`` accepts a TCP connection; raise
+    :class:`~kafka.errors.KafkaConnectionError` (an outage) naming them when none does."""
+    from kafka.cluster import collect_hosts
+    from kafka.errors import KafkaConnectionError
+
+    errors = []
+    for host, port, _family in collect_hosts(bootstrap_servers, randomize=False):
+        try:
+            socket.create_connection((host, port), timeout=PROBE_TIMEOUT_SECONDS).close()
+            return
+        except OSError as exc:
+            errors.append(f"{host}:{port}: {exc}")
+    raise KafkaConnectionError(f"no Kafka broker accepts connections ({'; '.join(errors)})")

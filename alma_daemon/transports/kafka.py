@@ -10,13 +10,11 @@ would break exactly-once).
 from __future__ import annotations
 
 import logging
-import socket
 import time
 from collections.abc import Mapping
 from typing import Any
 
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
-from kafka.cluster import collect_hosts
 from kafka.errors import (
     BrokerNotAvailableError,
     CorruptRecordError,
@@ -42,7 +40,7 @@ log = logging.getLogger(__name__)
 
 #: Fetch sizes: parts are up to ~900 KiB, so Kafka's 1 MiB per-partition default would fetch one
 #: record per round trip. These bound the consumer's memory to a few tens of MiB.
-CONSUMER_SETTINGS = {
+CONSUMER_SETTINGS: dict[str, Any] = {
     "max_partition_fetch_bytes": 8 << 20,
     "fetch_max_bytes": 32 << 20,
     "fetch_max_wait_ms": 100,
@@ -90,34 +88,19 @@ DISCOVERY_TIMEOUT_MS = 2000
 DISCOVERY_INTERVAL = 1.0
 #: How long building a client waits for the broker's first answer (kafka-python's default: 30 s).
 BOOTSTRAP_TIMEOUT_MS = 5000
-#: How long the TCP probe that precedes building the clients waits for each bootstrap server.
-PROBE_TIMEOUT_SECONDS = 2.0
-
-
-def broker_accepts_connections(bootstrap_servers: str) -> None:
-    """Return once one of ``bootstrap_servers`` accepts a TCP connection; raise
-    :class:`~kafka.errors.KafkaConnectionError` (an outage) naming them when none does."""
-    errors = []
-    for host, port, _family in collect_hosts(bootstrap_servers, randomize=False):
-        try:
-            socket.create_connection((host, port), timeout=PROBE_TIMEOUT_SECONDS).close()
-            return
-        except OSError as exc:
-            errors.append(f"{host}:{port}: {exc}")
-    raise KafkaConnectionError(f"no Kafka broker accepts connections ({'; '.join(errors)})")
 
 
 class KafkaSource:
     """Every partition of one topic, read from the offsets the caller stores; ``security`` holds the
     TLS and SASL keywords of ``connections.kafka_security``.
 
-    Nothing connects at construction: the first polls build the clients once a broker accepts
-    connections, so a daemon started before its broker runs and reports Kafka down meanwhile. Until
-    the topic exists, an admin client asks for it with bounded requests that never create it:
-    the consumer's ``partitions_for_topic`` has no time limit (tens of seconds per call while the
-    broker is down, growing with the reconnect backoff), and its ``end_offsets`` (ListOffsets) makes
-    Tansu create a missing topic despite ``allow_auto_create_topics=False``. The partitions are
-    read once: partitions added to the topic later are read from their start after a restart.
+    Nothing connects at construction: the first polls build the clients, so a daemon started before
+    its broker runs and reports Kafka down meanwhile. Until the topic exists, an admin client asks
+    for it with bounded requests that never create it: the consumer's ``partitions_for_topic`` has
+    no time limit (tens of seconds per call while the broker is down, growing with the reconnect
+    backoff), and its ``end_offsets`` (ListOffsets) makes Tansu create a missing topic despite
+    ``allow_auto_create_topics=False``. The partitions are read once: partitions added to the topic
+    later are read from their start after a restart.
     """
 
     server = "kafka"
@@ -145,14 +128,8 @@ class KafkaSource:
         self._discovery_error: BaseException | None = None
 
     def _connect(self) -> None:
-        """Build the consumer and the admin client, once a broker accepts a TCP connection.
-
-        A client whose construction fails (no broker to bootstrap from) leaks its I/O thread, so a
-        broker that is down is first found out with a plain connection attempt; only a broker that
-        accepts connections but never answers can still cost a thread per try (one every
-        ``DISCOVERY_INTERVAL`` seconds at most).
-        """
-        broker_accepts_connections(self.bootstrap_servers)
+        """Build the consumer and the admin client; raises an outage while no broker accepts
+        connections (tried once every ``DISCOVERY_INTERVAL`` seconds at most)."""
         consumer = kafka_client(
             KafkaConsumer,
             self.bootstrap_servers,
@@ -341,8 +318,7 @@ class KafkaPublisher:
     """Publishes to a Kafka topic (created with ``partitions`` partitions if it does not exist);
     ``security`` holds the TLS and SASL keywords of ``connections.kafka_security``.
 
-    With no broker to publish to, construction fails at once with one line saying so: a client
-    would first spend kafka-python's 30 s bootstrap trying (and leak its I/O thread).
+    With no broker to publish to, construction fails at once with one line saying what to do.
     """
 
     def __init__(
@@ -352,13 +328,12 @@ class KafkaPublisher:
 
         self.topic = topic
         try:
-            broker_accepts_connections(bootstrap_servers)
+            ensure_topic(bootstrap_servers, topic, partitions, security)
         except KafkaConnectionError as exc:
             raise KafkaConnectionError(
                 f"no Kafka broker answered at {bootstrap_servers} (kafka.bootstrap_servers); start one, "
                 f"or use --embedded / kafka.transport: redis"
             ) from exc
-        ensure_topic(bootstrap_servers, topic, partitions, security)
         self.producer = kafka_client(
             KafkaProducer, bootstrap_servers, security or {}, acks="all", linger_ms=5, client_id="alma-replay"
         )
@@ -387,6 +362,7 @@ class KafkaPublisher:
 def ensure_topic(
     bootstrap_servers: str, topic: str, partitions: int, security: Mapping[str, Any] | None = None
 ) -> None:
+    """Create ``topic`` with ``partitions`` partitions unless it exists or the broker does not let us."""
     from kafka.admin import KafkaAdminClient, NewTopic
     from kafka.errors import AuthorizationError, TopicAlreadyExistsError
 
