@@ -13,7 +13,7 @@ from alma_daemon.learners import build_learner
 from alma_daemon.learners.switch_lm_gmoe import expert_losses
 from alma_daemon.models.switch import SwitchFFN, balance_loss
 from alma_daemon.training.loop import Trainer
-from alma_daemon.training.optim import warmup_linear_decay
+from alma_daemon.training.optim import LinearWarmupDecay
 from tests.conftest import learner_settings
 from tests.test_learner_contract import TOKENS, token_data
 
@@ -159,7 +159,7 @@ def test_gmoe_growth_copies_the_worst_experts_and_leaves_the_output_unchanged():
 # -- the loop's step budget ---------------------------------------------------------------------------
 def test_warmup_then_linear_decay():
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
-    schedule = warmup_linear_decay(optimizer, steps=5, warmup=2)
+    schedule = LinearWarmupDecay(optimizer, steps=5, warmup=2)
     rates = []
     for _ in range(5):
         rates.append(optimizer.param_groups[0]["lr"])

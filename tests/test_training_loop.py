@@ -70,12 +70,15 @@ def test_trainer_gives_the_textbook_loops_weights_bit_for_bit(task, width, optim
 
 @pytest.mark.parametrize("name", ["adadelta", "sgd", "adam"])
 def test_flat_optimizer_steps_exactly_like_the_per_parameter_one_even_when_gradients_go_missing(name) -> None:
-    """Groups skip when wholly without gradients and split per parameter when partly without: as PyTorch does."""
+    """A step where some parameters get no gradient splits the flat tensor per parameter, and those are
+    skipped, as PyTorch skips them."""
     torch.manual_seed(0)
     nets = [torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.ReLU(), torch.nn.Linear(7, 3)) for _ in range(2)]
     twins = copy.deepcopy(nets)
     config = TrainConfig(lr=0.1, weight_decay=0.01)
-    flat = FlatOptimizer([list(n.parameters()) for n in nets], optimizer_factory(name, config, torch.device("cpu")))
+    flat = FlatOptimizer(
+        [p for n in nets for p in n.parameters()], optimizer_factory(name, config, torch.device("cpu"))
+    )
     params = [p for n in twins for p in n.parameters()]
     reference = {
         "adadelta": lambda: torch.optim.Adadelta(params, lr=0.1, weight_decay=0.01),
@@ -88,15 +91,15 @@ def test_flat_optimizer_steps_exactly_like_the_per_parameter_one_even_when_gradi
             optimizer.zero_grad()
             for i, net in enumerate(models):
                 if step == 2 and i == 1:
-                    continue  # the second model gets no gradient at all: its group is skipped
+                    continue  # the second model gets no gradient at all: the split, its parameters skipped
                 if step >= 4 and i == 0:
-                    net[2](x[:, :3].repeat(1, 3)[:, :7]).sum().backward()  # only the last layer: a partial group
+                    net[2](x[:, :3].repeat(1, 3)[:, :7]).sum().backward()  # only the last layer
                     continue
                 net(x).pow(2).sum().backward()
             optimizer.step()
         for a, b in zip([p for n in nets for p in n.parameters()], [p for n in twins for p in n.parameters()]):
             assert torch.equal(a, b), f"step {step}"
-    assert len(flat.flats) == 8  # the partial step split the groups per parameter (2 x 4)
+    assert len(flat.flats) == 8  # the partial step split the flat tensor per parameter (2 x 4)
     flat.release()
     assert all(p.data.untyped_storage().nbytes() == p.numel() * 4 for n in nets for p in n.parameters())
 

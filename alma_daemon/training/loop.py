@@ -26,9 +26,9 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -43,7 +43,7 @@ from alma_daemon.seeding import generator as seeded_generator
 from alma_daemon.training.compile import compiled
 from alma_daemon.training.data_parallel import DataParallel
 from alma_daemon.training.flops import FlopMeter
-from alma_daemon.training.optim import build_optimizer, warmup_linear_decay
+from alma_daemon.training.optim import LinearWarmupDecay, build_optimizer
 
 #: Mini-batch size for evaluation passes (no gradients, so larger than training batches).
 EVAL_BATCH = 2048
@@ -70,10 +70,11 @@ class FitReport:
     epochs: int = 0
     best_epoch: int = 0
     val_error: float | None = None
-    details: dict = field(default_factory=dict)
 
     def merge(self, other: FitReport) -> FitReport:
-        """Combine reports of parts trained one after another (ensemble members)."""
+        """Combine reports of parts trained one after another (ensemble members): the work (FLOPs,
+        seconds, steps, epochs) is summed over the parts, ``best_epoch`` is the latest part's best,
+        and ``val_error`` stays the first part's."""
         return FitReport(
             flops=self.flops + other.flops,
             seconds=self.seconds + other.seconds,
@@ -175,13 +176,12 @@ class Trainer:
         val: LabeledData,
         *,
         purpose: object = "model",
-        params: Iterable[nn.Parameter] | None = None,
         objective: Objective = cross_entropy_objective,
         steps: int | None = None,
         validate: Validate | None = None,
         data_parallel: bool = False,
     ) -> FitReport:
-        """Train ``net`` (only ``params`` if given) and keep its best state on the validation measure.
+        """Train ``net`` and keep its best state on the validation measure.
 
         By default: epochs with early stopping on the validation error. With ``steps``: one round of
         exactly ``steps`` batches (drawn from consecutive reshuffled passes) under a linear warm-up over
@@ -197,8 +197,8 @@ class Trainer:
         augment_gen = self.generator("fit", purpose, *parallel.own()) if parallel.spans_ranks else gen
         # The label predates hard gates' samples; kept, so dropout masks stay those of earlier runs.
         draw_noise_from(net, seeded_generator(self.seed, "dropout", purpose, *parallel.own(), device=self.device))
-        optimizer = build_optimizer(self.optimizer, [net.parameters() if params is None else params], self.config)
-        schedule = warmup_linear_decay(optimizer, steps, self.config.warmup_steps) if steps is not None else None
+        optimizer = build_optimizer(self.optimizer, net.parameters(), self.config)
+        schedule = LinearWarmupDecay(optimizer, steps, self.config.warmup_steps) if steps is not None else None
         validate = validate or self.validation_error
         model = parallel.wrap(net, self.device, self.config.batch_size)
         fast = compiled(model, self.device) if self.config.compile else model

@@ -60,7 +60,7 @@ class _TrainingStack:
     def __init__(self, nets: Sequence[Backbone], trainer: Trainer):
         self.trainer = trainer
         self.model = StackedMLP(nets)
-        self.optimizer = build_optimizer(trainer.optimizer, [self.model.parameters()], trainer.config)
+        self.optimizer = build_optimizer(trainer.optimizer, self.model.parameters(), trainer.config)
         # After the optimizer has moved the stacked tensors into its flat buffer: views of their final place.
         self.model.share_with_members()
 

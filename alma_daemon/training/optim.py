@@ -146,38 +146,34 @@ class InPlaceOptimizer:
                 self.rule(p, p.grad, self.state.setdefault(p, {}), group)
 
 
-def build_optimizer(name: str, groups: Sequence[Iterable[torch.nn.Parameter]], config: TrainConfig) -> FlatOptimizer:
-    """A fresh optimizer over each group of parameters, one flat tensor per group (see :class:`FlatOptimizer`).
+def build_optimizer(name: str, params: Iterable[torch.nn.Parameter], config: TrainConfig) -> FlatOptimizer:
+    """A fresh optimizer over ``params`` as one flat tensor (see :class:`FlatOptimizer`).
 
     One per training stage, so parameters added by growth are included; frozen parameters
     (``requires_grad`` False) are left out.
     """
-    trainable = [[p for p in group if p.requires_grad] for group in groups]
-    device = next((p.device for group in trainable for p in group), torch.device("cpu"))
+    trainable = [p for p in params if p.requires_grad]
+    device = trainable[0].device if trainable else torch.device("cpu")
     return FlatOptimizer(trainable, optimizer_factory(name, config, device))
 
 
 class FlatOptimizer:
-    """An optimizer that steps each group of parameters as one flat tensor.
+    """An optimizer that steps its parameters as one flat tensor.
 
     AdaDelta, SGD and Adam are elementwise: a parameter's update does not depend on whether it is a
     tensor of its own or a slice of a bigger one, so the results are the per-parameter ones, bit for
     bit. What changes is the cost: about ten kernels per step instead of about ten per parameter
     tensor, which on small models is most of the optimizer's time. While it is in use, the
-    parameters of a group are views into that group's buffer; :meth:`release` gives each its own
-    storage back. Groups let several models share one optimizer (ensemble members trained as one
-    batch): a group whose parameters got no gradient in a step is skipped, as PyTorch skips such a
-    parameter. A step in which only some parameters of a group got one first splits every group into
-    one per parameter, exact too, since until then every parameter of a group moved at every step.
+    parameters are views into the flat buffer; :meth:`release` gives each its own storage back.
+    PyTorch skips a parameter that got no gradient in a step; the first step in which only some
+    parameters got one (a learner that routes around a layer) therefore splits the flat tensor into
+    one group per parameter, exact too, since until then every parameter moved at every step. From
+    then on a group without a gradient is skipped.
     """
 
-    def __init__(
-        self,
-        groups: Sequence[Sequence[torch.nn.Parameter]],
-        build: Callable[[Sequence[torch.Tensor]], Stepper],
-    ):
+    def __init__(self, params: Sequence[torch.nn.Parameter], build: Callable[[Sequence[torch.Tensor]], Stepper]):
         self.build = build
-        self.groups = [list(group) for group in groups if group]
+        self.groups = [list(params)] if params else []
         self.flats = [_share_one_buffer(group) for group in self.groups]
         self.inner = build(self.flats)
 
@@ -287,7 +283,3 @@ class LinearWarmupDecay:
     def _apply(self) -> None:
         for group, base in zip(self.optimizer.param_groups, self.base):
             group["lr"] = base * self.factor(self.done)
-
-
-def warmup_linear_decay(optimizer, steps: int, warmup: int) -> LinearWarmupDecay:
-    return LinearWarmupDecay(optimizer, steps, warmup)
