@@ -5,7 +5,7 @@ offsets reached) is written in one transaction, so after a crash the stored offs
 which records are in Redis: the consumer seeks there and nothing is lost or stored twice.
 
 ``queued_bytes`` in ``alma:{s}:ingest`` counts the bytes of complete chunks the engine has not
-consumed (what ingest pauses on); the parts of incomplete chunks are bounded by the assembler.
+consumed (what ingest pauses on).
 ``refused_chunks`` there lists the chunks the assembler refused (ids, space-separated), so a
 restart keeps skipping their later parts.
 """
@@ -79,10 +79,10 @@ class IngestStore:
     def recount_queued_bytes(self) -> int:
         """Set ``queued_bytes`` from the ready chunks themselves, and return it.
 
-        Earlier versions counted the parts of incomplete chunks too, which the engine cannot drain:
-        a count left by them could keep ingest paused for good. Call it before the engine consumes
-        chunks (the daemon makes its ingest worker before its first step; one daemon runs per
-        stream): the engine's step commit lowers this count, and nothing here guards against that.
+        A count left by earlier versions, which counted incomplete chunks too, could keep ingest
+        paused for good. Call it before the engine consumes chunks (the daemon makes its ingest
+        worker before its first step; one daemon runs per stream): the engine's step commit lowers
+        this count, and nothing here guards against that.
         """
         ready = self.client.zrange(self.keys.ready, 0, -1)
         total = sum(int(self.client.hget(self.keys.chunk(int(c)), "bytes") or 0) for c in ready)

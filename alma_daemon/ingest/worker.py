@@ -4,9 +4,8 @@ It runs in its own thread beside the engine, so a long training stage never stal
 the two meet only in Redis (complete chunks in ``alma:{s}:ready``). A second thread runs the
 transactions, in order, while the next poll is read. Memory stays bounded: at most
 ``MAX_IN_FLIGHT + 1`` polls of records are held, polling pauses while more than
-``max_buffer_bytes`` of complete chunks wait for the engine, and the assembler keeps the parts of
-incomplete chunks within ``max_buffer_bytes`` too (it drops incomplete chunks, lowest id first).
-Pausing counts only what the engine can drain, so it cannot wait forever.
+``max_buffer_bytes`` of complete chunks wait for the engine, and the assembler bounds the parts of
+incomplete chunks.
 
 Outages (docs/service.md, "Outages"): while Redis is unreachable the thread waits with backoff and
 then resyncs from what Redis holds; while the transport is, kafka-python reconnects on its own and
