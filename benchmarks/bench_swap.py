@@ -7,11 +7,11 @@ own as real clients are, send predictions (one MNIST image per request, keep-ali
 ``/predictions/<model>`` the whole time:
 
 1. at rest: ``--rest-seconds`` with no swap;
-2. swaps: ``--swaps`` times, a checkpoint is written and handed to the daemon's background
-   publisher (as ``Engine`` does through ``on_checkpoint``); the swap time runs from the end of the
-   checkpoint write until TorchServe's ``set-default`` call has returned (the moment the publisher
-   records as ``promoted_at``, also what ``alma_swap_duration_seconds`` observes). The next swap
-   starts once the publisher is idle (old versions drained and unregistered) plus 1 s.
+2. swaps: ``--swaps`` times, a checkpoint is written and submitted to the daemon's background
+   publisher (as the daemon's hand-off does once the step is committed); the swap time runs from
+   the end of the checkpoint write until TorchServe's ``set-default`` call has returned (the moment
+   the publisher records as ``promoted_at``, also what ``alma_swap_duration_seconds`` observes).
+   The next swap starts once the publisher is idle (old versions drained and unregistered) plus 1 s.
 
 A request counts as "during swaps" if it started inside a swap window (checkpoint written ->
 publisher idle). Reported: swap time median and p95; client latency p50/p99 at rest and during

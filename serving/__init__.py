@@ -41,8 +41,9 @@ def make_publisher(config: Config) -> Publisher | None:
 
 
 def build_publisher(config: Config) -> BackgroundPublisher | None:
-    """The engine observer that publishes each checkpoint in the background; call ``start()`` and,
-    at shutdown, ``close()`` on it. None when ``serving.kind`` is ``none``."""
+    """The worker that publishes each version submitted to it in the background (the daemon submits
+    through :class:`alma_daemon.service.publish_handoff.PublishHandoff`); call ``start()`` and, at
+    shutdown, ``close()`` on it. None when ``serving.kind`` is ``none``."""
     from serving.publisher import BackgroundPublisher
 
     publisher = make_publisher(config)

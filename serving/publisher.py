@@ -39,7 +39,6 @@ from pathlib import Path
 
 from alma_daemon.core.atomic_json import write_json_atomic
 from alma_daemon.core.checkpoints import CheckpointStore
-from alma_daemon.core.engine import Engine, EngineObserver
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import Learner
 from alma_daemon.logs import error_text
@@ -346,7 +345,7 @@ def withdraw(store: CheckpointStore, version: int) -> None:
             shutil.rmtree(store.path(version))
 
 
-class BackgroundPublisher(EngineObserver):
+class BackgroundPublisher:
     """Publishes each new checkpoint on a worker thread; failures are retried with backoff.
 
     Only the newest pending version is published: a checkpoint written while an older one is
@@ -379,9 +378,6 @@ class BackgroundPublisher(EngineObserver):
         #: The latest outcome and error, for status pages and tests.
         self.last_outcome: Outcome | None = None
         self.last_error: PublishError | None = None
-
-    def on_checkpoint(self, version: int, path: str, metrics: dict, engine: Engine) -> None:
-        self.submit(version, written_at=time.monotonic())
 
     def submit(self, version: int, written_at: float | None = None) -> None:
         """Queue ``version`` for publishing (returns at once).

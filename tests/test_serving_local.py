@@ -256,7 +256,7 @@ def test_a_failure_retried_until_it_passed_is_no_reason_to_warn_at_the_end_of_a_
     assert "the run ends before its last version is live" not in caplog.text
 
 
-def test_the_engine_publishes_every_checkpoint_through_the_background_publisher(tmp_path):
+def test_the_engine_publishes_every_committed_checkpoint_through_the_hand_off(tmp_path):
     config = build_config(
         {
             "train": {"epochs": 2, "patience": 1, "batch_size": 64},
@@ -267,7 +267,8 @@ def test_the_engine_publishes_every_checkpoint_through_the_background_publisher(
     )
     worker = build_publisher(config)
     assert isinstance(worker, BackgroundPublisher) and isinstance(worker.publisher, LocalPublisher)
-    worker.start()
+    handoff = PublishHandoff(worker)
+    handoff.start()
     store = worker.publisher.store
     engine = Engine(
         build_learner("sm", MNIST_TASK, config.learner, 0),
@@ -276,14 +277,15 @@ def test_the_engine_publishes_every_checkpoint_through_the_background_publisher(
         config,
         torch.device("cpu"),
         checkpoints=store,
-        observers=[worker],
+        observers=[handoff.clock],
     )
     try:
         for i, part in enumerate(partition(separable_data(MNIST_TASK, 240, seed=1), 3, seed=0), start=1):
             engine.on_chunk(Chunk(i, part))
+            handoff.committed()  # as the daemon does once the step is committed
         assert worker.wait_idle(timeout=60)
     finally:
-        worker.close()
+        handoff.close()
     assert store.versions() == [1, 2, 3]
     assert worker.publisher.pointer.read().decided == 3
     assert worker.publisher.live_version() == 3
