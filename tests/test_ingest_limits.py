@@ -5,6 +5,7 @@ Every part below is one example of ``records_of`` (144 bytes), so limits are cou
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
@@ -309,3 +310,69 @@ def test_a_transport_outage_during_a_pause_is_reported(tmp_path, redis_db) -> No
         client.close()
     finally:
         transport.stop()
+
+
+@pytest.mark.integration
+def test_a_transaction_that_failed_while_the_poll_failed_too_is_logged_at_the_resync(
+    tmp_path, redis_server, redis_db, caplog
+) -> None:
+    """The poll's error is the one the ingest thread reports; the transaction's own is logged by resync."""
+    transport = RedisServer(tmp_path)
+    transport.start()
+    redis_db.acl_setuser("no-zadd", enabled=True, nopass=True, categories=["+@all"], commands=["-zadd"], keys=["*"])
+    buffer = redis_server.client(username="no-zadd", password="unused")
+    transport_client = transport.client()
+    try:
+        publish(transport_client, records_of(1, n=3))
+        worker = redis_worker(buffer, 1 << 30, transport_client)
+        assert worker.step(timeout=0.2) == 3  # its transaction fails: ZADD is not allowed
+        transport.stop()
+        with pytest.raises(redis.ConnectionError):
+            worker.step(timeout=0.2)
+        with caplog.at_level(logging.WARNING, logger="alma_daemon.ingest.worker"):
+            worker.resync()
+        (logged,) = [r for r in caplog.records if r.name == "alma_daemon.ingest.worker"]
+        assert logged.getMessage() == "ingest: a transaction failed; continuing from what Redis holds"
+        assert "zadd" in logged.error.lower()
+        worker.stop()
+        assert not chunk_ids(redis_db, KEYS.assembling) and not redis_db.hgetall(KEYS.offsets)
+    finally:
+        buffer.close()
+        transport_client.close()
+        redis_db.acl_deluser("no-zadd")
+        transport.stop()
+
+
+class HeldSource(RedisStreamSource):
+    """A transport whose poll blocks until released, as a Redis call may for up to 30 s."""
+
+    def __init__(self, client) -> None:
+        super().__init__(client, TRANSPORT)
+        self.polling = threading.Event()
+        self.release = threading.Event()
+        self.closed = False
+
+    def poll(self, timeout: float, max_records: int):
+        self.polling.set()
+        self.release.wait()
+        return super().poll(timeout, max_records)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@pytest.mark.integration
+def test_a_stop_that_outwaits_its_timeout_leaves_the_source_to_the_thread_still_polling(redis_db, caplog) -> None:
+    source = HeldSource(redis_db)
+    worker = IngestWorker(source, redis_db, KEYS, SCHEMA, max_buffer_bytes=1 << 30)
+    worker.start()
+    try:
+        assert source.polling.wait(30), "the ingest thread never polled"
+        with caplog.at_level(logging.WARNING, logger="alma_daemon.ingest.worker"):
+            worker.stop(timeout=0.1)
+        assert worker.alive and not source.closed
+        assert "ingest: the thread did not stop in time; its source is left open" in caplog.messages
+    finally:
+        source.release.set()
+    worker.stop()
+    assert not worker.alive and source.closed and worker.error is None

@@ -70,7 +70,7 @@ class IngestStore:
         self._run_id = server_run_id(self.client)
 
     def offsets(self) -> dict[str, str]:
-        return {k.decode(): v.decode() for k, v in self.client.hgetall(self.keys.offsets).items()}
+        return self._text_hash(self.keys.offsets)
 
     def queued_bytes(self) -> int:
         """Bytes of complete chunks not yet consumed by the engine (what backpressure bounds)."""
@@ -95,7 +95,7 @@ class IngestStore:
         in_progress = {}
         for member in self.client.zrange(self.keys.assembling, 0, -1):
             chunk_id = int(member)
-            fields = {k.decode(): v.decode() for k, v in self.client.hgetall(self.keys.chunk(chunk_id)).items()}
+            fields = self._text_hash(self.keys.chunk(chunk_id))
             in_progress[chunk_id] = ChunkProgress(
                 parts=int(fields["parts"]),
                 dtype=fields["dtype"],
@@ -110,6 +110,10 @@ class IngestStore:
             max_bytes,
             refused=(int(c) for c in (refused or b"").split()),
         )
+
+    def _text_hash(self, key: str) -> dict[str, str]:
+        """The hash at ``key``, its field names and values decoded."""
+        return {k.decode(): v.decode() for k, v in self.client.hgetall(key).items()}
 
     def commit(self, batch: IngestBatch) -> None:
         """Write ``batch`` in one MULTI/EXEC, or raise :class:`RedisRestarted` and write nothing."""

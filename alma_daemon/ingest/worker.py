@@ -41,6 +41,10 @@ MAX_IN_FLIGHT = 2
 LAG_REFRESH_SECONDS = 2.0
 
 
+class CommitSkipped(RuntimeError):
+    """A batch not written because an earlier batch's transaction failed; it is read again after resync."""
+
+
 class IngestWorker:
     """Moves records of one stream from a :class:`RecordSource` into the Redis buffer, exactly once."""
 
@@ -129,7 +133,7 @@ class IngestWorker:
     def _commit(self, batch: IngestBatch) -> None:
         # A batch was assembled assuming every earlier one committed; after a failure it must not run.
         if self._commit_failed:
-            raise RuntimeError("an earlier ingest transaction failed; this batch is read again after resync")
+            raise CommitSkipped("an earlier ingest transaction failed; this batch is read again after resync")
         try:
             self.store.commit(batch)
         except BaseException:
@@ -206,9 +210,19 @@ class IngestWorker:
             telemetry.INGEST_LAG.set(lag)
 
     def resync(self) -> None:
-        """After a failed transaction: forget in-memory progress and continue from what Redis holds."""
+        """After a failed Redis call: forget in-memory progress and continue from what Redis holds.
+
+        The transactions still in flight are waited for, and their failures logged: the error that
+        led here may have come from a poll or the pause's count, and a failed transaction left in
+        the queue was reported nowhere else.
+        """
         for future in self._in_flight:
-            future.exception()  # wait; the failure was already reported
+            error = future.exception()
+            if error is not None and not isinstance(error, CommitSkipped):
+                log.warning(
+                    "ingest: a transaction failed; continuing from what Redis holds",
+                    extra={"stream": self.keys.stream, "error": one_line(error)},
+                )
         self._in_flight.clear()
         self._commit_failed = False
         self.store.follow_server()
@@ -243,9 +257,21 @@ class IngestWorker:
                 return
 
     def stop(self, timeout: float = 10.0) -> None:
+        """Stop the thread, wait for the submitted batches and close the source.
+
+        A thread still running after ``timeout`` (a Redis call may block for 30 s) still uses the
+        source and the queue of submitted batches: both are left to it, with a warning, rather than
+        closed or drained under it.
+        """
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
+            if self._thread.is_alive():
+                log.warning(
+                    "ingest: the thread did not stop in time; its source is left open",
+                    extra={"stream": self.keys.stream, "timeout_seconds": timeout},
+                )
+                return
         try:
             self.flush()
         finally:

@@ -45,7 +45,12 @@ class RecordSource(Protocol):
         ...
 
     def acknowledge(self, offsets: dict[str, str]) -> None:
-        """Records up to ``offsets`` are stored in Redis; a transport may now drop them."""
+        """Records up to ``offsets`` are stored in Redis; a transport may now drop them.
+
+        Called on ingest's committer thread, while :meth:`poll` may run on the ingest thread: an
+        implementation must be safe to call concurrently with it (a redis-py client is; a
+        KafkaConsumer is not, and the Kafka source's acknowledge leaves it alone).
+        """
         ...
 
     def lag(self) -> int | None:
