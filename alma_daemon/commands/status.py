@@ -40,7 +40,12 @@ def run(args: argparse.Namespace) -> int:
             close_redis(client)
     except REDIS_UNREACHABLE as exc:
         # Exit 1: the full status lives in Redis; print what the daemon's own file says meanwhile.
-        local = local_status(Path(config.daemon.state_dir) / STATUS_FILE, one_line(exc), serving_state(config))
+        local = local_status(
+            Path(config.daemon.state_dir) / STATUS_FILE,
+            one_line(exc),
+            config.daemon.poll_seconds,
+            serving_state(config),
+        )
         print(json.dumps(local, indent=1) if args.json else format_local_status(local))
         return 1
     print(json.dumps(status, indent=1) if args.json else format_status(status))

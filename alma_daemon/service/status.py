@@ -14,7 +14,7 @@ from alma_daemon.core.checkpoints import CheckpointStore
 from alma_daemon.core.records import StepRecord
 from alma_daemon.service.engine_store import last_record
 from alma_daemon.service.redis_keys import StreamKeys
-from serving.publisher import LivePointer, ServingState
+from serving.live_pointer import LivePointer, ServingState
 
 #: A daemon whose heartbeat is older than this many poll intervals is reported as not running.
 STALE_HEARTBEATS = 5
@@ -27,6 +27,25 @@ def serving_state(config: Config) -> ServingState | None:
     return LivePointer(CheckpointStore(config.daemon.checkpoint_dir, config.serving.model_name).folder).read()
 
 
+def _text_hash(client: Any, key: str) -> dict[str, str]:
+    return {k.decode(): v.decode() for k, v in client.hgetall(key).items()}
+
+
+def daemon_liveness(daemon: dict, poll_seconds: float) -> dict:
+    """Whether the daemon runs (a heartbeat fresher than :data:`STALE_HEARTBEATS` polls, and not
+    stopped), its pid, phase and heartbeat age, from its heartbeat fields (Redis hash or status file)."""
+    heartbeat = float(daemon["heartbeat"]) if "heartbeat" in daemon else None
+    age = time.time() - heartbeat if heartbeat is not None else None
+    return {
+        "running": age is not None
+        and daemon.get("phase") != "stopped"
+        and age < STALE_HEARTBEATS * max(poll_seconds, 1.0),
+        "pid": int(daemon["pid"]) if daemon.get("pid") is not None else None,
+        "phase": daemon.get("phase"),
+        "heartbeat_age_seconds": round(age, 3) if age is not None else None,
+    }
+
+
 def engine_counters(client: Any, keys: StreamKeys) -> dict:
     """The committed engine state's counters (``chunks_seen``, ``model_version``...), without its series."""
     raw = client.get(keys.engine)
@@ -36,8 +55,8 @@ def engine_counters(client: Any, keys: StreamKeys) -> dict:
 def read_status(client: Any, keys: StreamKeys, poll_seconds: float = 1.0, serving: ServingState | None = None) -> dict:
     """Counters, buffer sizes, the engine's progress and the daemon's heartbeat, as plain data;
     ``serving`` (from :func:`serving_state`) adds the live version."""
-    ingest = {k.decode(): v.decode() for k, v in client.hgetall(keys.ingest).items()}
-    daemon = {k.decode(): v.decode() for k, v in client.hgetall(keys.daemon).items()}
+    ingest = _text_hash(client, keys.ingest)
+    daemon = _text_hash(client, keys.daemon)
     engine = engine_counters(client, keys)
     last_row = last_record(client, keys)
     last = StepRecord.from_row(last_row) if last_row is not None else None
@@ -50,21 +69,12 @@ def read_status(client: Any, keys: StreamKeys, poll_seconds: float = 1.0, servin
             ("kept", keys.kept),
         )
     }
-    heartbeat = float(daemon["heartbeat"]) if "heartbeat" in daemon else None
-    running = (
-        heartbeat is not None
-        and daemon.get("phase") != "stopped"
-        and time.time() - heartbeat < STALE_HEARTBEATS * max(poll_seconds, 1.0)
-    )
     chunks_processed = int(engine.get("chunks_seen", 0))
     model_version = int(engine.get("model_version", 0))
     return {
         "stream": keys.stream,
         "daemon": {
-            "running": running,
-            "pid": int(daemon["pid"]) if "pid" in daemon else None,
-            "phase": daemon.get("phase"),
-            "heartbeat_age_seconds": round(time.time() - heartbeat, 3) if heartbeat is not None else None,
+            **daemon_liveness(daemon, poll_seconds),
             "rss_bytes": int(daemon["rss_bytes"]) if "rss_bytes" in daemon else None,
             "ingest": daemon.get("ingest"),
             "healthy": daemon.get("healthy") == "1" if "healthy" in daemon else None,
@@ -92,7 +102,7 @@ def read_status(client: Any, keys: StreamKeys, poll_seconds: float = 1.0, servin
         "last_test_error": last.measured("error") if last else None,
         "last_test_perplexity": last.measured("perplexity") if last else None,
         "cumulative_train_flops": int(engine.get("cumulative_train_flops", 0)),
-        "offsets": {k.decode(): v.decode() for k, v in client.hgetall(keys.offsets).items()},
+        "offsets": _text_hash(client, keys.offsets),
     }
 
 
@@ -149,23 +159,16 @@ def degradation(daemon: dict) -> dict:
     }
 
 
-def local_status(path: Path, redis_error: str, serving: ServingState | None = None) -> dict:
+def local_status(path: Path, redis_error: str, poll_seconds: float, serving: ServingState | None = None) -> dict:
     """What ``alma status`` can tell while Redis is down: the daemon's own status file, and the live
     version from the serving's pointer (the newest version is known to Redis only)."""
     daemon = json.loads(path.read_text()) if path.is_file() else {}
-    heartbeat = float(daemon["heartbeat"]) if "heartbeat" in daemon else None
     return {
         "redis_unreachable": redis_error,
         "status_file": str(path),
         "live_version": serving.live if serving is not None else None,
         "serving": serving is not None,
-        "daemon": {
-            "running": heartbeat is not None and daemon.get("phase") != "stopped" and time.time() - heartbeat < 60,
-            "pid": daemon.get("pid"),
-            "phase": daemon.get("phase"),
-            "heartbeat_age_seconds": round(time.time() - heartbeat, 3) if heartbeat is not None else None,
-            **degradation(daemon),
-        },
+        "daemon": {**daemon_liveness(daemon, poll_seconds), **degradation(daemon)},
     }
 
 
@@ -187,6 +190,10 @@ def format_local_status(status: dict) -> str:
     if status["serving"]:
         live = status["live_version"]
         rows.append(("live version", str(live) if live is not None else "none live yet"))
+    return _aligned(rows)
+
+
+def _aligned(rows: list[tuple[str, str]]) -> str:
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
 
@@ -229,8 +236,7 @@ def format_status(status: dict) -> str:
         measure_row(cer, status["last_test_perplexity"]),
         ("records rejected", f"{status['records_rejected']} ({rejected})"),
     ]
-    width = max(len(name) for name, _ in rows)
-    return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+    return _aligned(rows)
 
 
 def measure_row(cer: float | None, perplexity: float | None) -> tuple[str, str]:
