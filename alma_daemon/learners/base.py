@@ -3,7 +3,8 @@
 A learner owns one ``nn.Module`` (``self.model``) holding every parameter, so checkpoints are one
 state dict. Subclasses implement :meth:`build` (the architecture), :meth:`fit` (what to hand to the
 shared :class:`~alma_daemon.training.loop.Trainer`) and :meth:`forward_proba`; growing learners
-also implement :meth:`grow` and :meth:`architecture`. Everything else has a default.
+also override :meth:`initial_architecture` and take their growth step from
+:class:`~alma_daemon.learners.growing.GrowsOnceTrained` (``grow_trained``). Everything else has a default.
 """
 
 from __future__ import annotations
@@ -64,8 +65,9 @@ class Learner(ABC):
     config_model: ClassVar[type[LearnerConfig]]
     #: True for learners whose :meth:`grow` changes the architecture.
     grows: ClassVar[bool] = False
-    #: True where a growth step leaves the function the model computes unchanged (a split, a copied
-    #: expert), False where it adds an untrained part; the adaptive policy grows the former at every stage.
+    #: True where a growth step leaves the function the model computes unchanged (gMoE's split, the
+    #: Switch LM's copied expert) or moves it by a small scored step (Firefly), False where it adds an
+    #: untrained part (gEns); the adaptive policy grows the former at every stage.
     growth_keeps_function: ClassVar[bool] = False
     #: The measure :meth:`evaluate` reports: "error" (classification) or "perplexity" (LM).
     measure: ClassVar[str] = "error"

@@ -22,7 +22,7 @@ network then takes exactly the steps that were scored, so its function barely ch
 Data: the engine hands :meth:`Learner.grow` the new stage's validation set only, so candidates are
 scored on (a subsample of) it, as gMoE scores its experts.
 
-When to grow: after a stage has trained, so growth is skipped at the start of stage 1.
+When to grow: as every growing learner, once the newest part has trained (:mod:`~alma_daemon.learners.growing`).
 """
 
 from __future__ import annotations

@@ -7,9 +7,11 @@ expert per layer. A growth step computes, on the validation data, each expert's 
 splits, at each mixture layer, the losing expert: the one with the largest cumulative loss.
 
 When to grow: Algorithm 2 grows after training on a stage, on that stage's validation data. The
-engine calls :meth:`grow` before training instead, so growth is skipped while the model has not
-trained yet (stage 1) and, from stage 2 on, happens on the new stage's validation data before
-training on it, which is the same sequence of steps.
+engine calls :meth:`grow` before training instead (:mod:`~alma_daemon.learners.growing`: not before
+the first stage has trained), on the new stage's validation data. The error series is the same,
+since a split keeps the function, but two things differ from Algorithm 2: after stage k the model
+holds one split per layer fewer, and the losing expert is chosen on the next stage's validation
+data, not the last one's.
 """
 
 from __future__ import annotations
