@@ -49,7 +49,7 @@ from alma_daemon.data.datasets import load_dataset
 from alma_daemon.learners import Learner, build_learner
 from alma_daemon.training.loop import Trainer
 from serving import make_publisher
-from serving.publisher import BackgroundPublisher
+from serving.background import BackgroundPublisher
 from serving.torchserve_process import TorchServeProcess
 
 CLIENTS = 4

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from alma_daemon.config import Config
-    from serving.publisher import BackgroundPublisher, Publisher
+    from serving.background import BackgroundPublisher
+    from serving.publisher import Publisher
 
 
 def make_publisher(config: Config) -> Publisher | None:
@@ -44,7 +45,7 @@ def build_publisher(config: Config) -> BackgroundPublisher | None:
     """The worker that publishes each version submitted to it in the background (the daemon submits
     through :class:`alma_daemon.service.publish_handoff.PublishHandoff`); call ``start()`` and, at
     shutdown, ``close()`` on it. None when ``serving.kind`` is ``none``."""
-    from serving.publisher import BackgroundPublisher
+    from serving.background import BackgroundPublisher
 
     publisher = make_publisher(config)
     return BackgroundPublisher(publisher) if publisher is not None else None

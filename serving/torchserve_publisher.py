@@ -249,7 +249,7 @@ class TorchServePublisher(Publisher):
 
     def _unregister_stale(self, version: int, registered: int) -> None:
         """Unregister ``version``, registered from its first checkpoint, deleted with its uncommitted
-        step and written again (:func:`serving.publisher.withdraw`), of ``registered`` versions.
+        step and written again (:func:`serving.live_pointer.withdraw`), of ``registered`` versions.
 
         TorchServe refuses to unregister its default version while it holds others (403), which
         every retry would meet again. The publish flow has made the live version the default already

@@ -14,7 +14,7 @@ import pytest
 
 from alma_daemon.data.datasets import resolve_data_root
 from alma_daemon.service.status import live_state, model_row
-from serving.publisher import ServingState
+from serving.live_pointer import ServingState
 from tests.servers import free_port
 from tests.test_daemon import PROCESS_LIMIT_SECONDS, REPO, sigkill, wait_until
 

@@ -33,8 +33,9 @@ from alma_daemon.training.loop import Trainer
 from policies import build_policy
 from serving import build_publisher
 from serving.archiver import ARCHIVES, build_archive
+from serving.background import BackgroundPublisher
 from serving.local_publisher import LocalPublisher
-from serving.publisher import BackgroundPublisher, Candidate, Outcome, PublishError
+from serving.publisher import Candidate, Outcome, PublishError
 from tests.conftest import learner_settings, separable_data
 
 MODEL = "alma"

@@ -24,8 +24,9 @@ from alma_daemon.data.text import WordVocabulary, sequences
 from alma_daemon.learners import build_learner
 from alma_daemon.service.bootstrap import drop_uncommitted_checkpoints
 from serving import make_publisher
+from serving.background import BackgroundPublisher
 from serving.codecs import SAFETENSORS_CONTENT_TYPE, codec_for
-from serving.publisher import BackgroundPublisher, PublishError
+from serving.publisher import PublishError
 from serving.torchserve_publisher import TorchServePublisher
 from tests.conftest import learner_settings, separable_data
 from tests.servers import TorchServeServer, free_ports, http_request, java_available

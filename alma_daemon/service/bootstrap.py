@@ -24,7 +24,7 @@ from alma_daemon.observability.results import ResultsWriter
 from alma_daemon.service.engine_store import EngineStateStore
 from alma_daemon.service.redis_buffer import RedisBuffer
 from alma_daemon.service.redis_keys import StreamKeys
-from serving.publisher import withdraw
+from serving.live_pointer import withdraw
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ def restore_engine(
 def drop_uncommitted_checkpoints(store: CheckpointStore, version: int) -> None:
     """Delete the checkpoint a stage wrote after committed ``version`` whose step never committed.
 
-    :func:`serving.publisher.withdraw` deletes it, under the serving lock, after withdrawing it from
+    :func:`serving.live_pointer.withdraw` deletes it, under the serving lock, after withdrawing it from
     serving (live pointer, archives): the redone step writes the same version number again, maybe
     with other weights, and that one must be published, not skipped as already decided. The folder
     is withdrawn even when incomplete (not a version to :meth:`CheckpointStore.versions`): a deletion

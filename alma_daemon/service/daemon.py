@@ -231,7 +231,7 @@ class Daemon:
         """The engine, buffer and checkpoints as the last committed step left them, as at start-up.
 
         The publisher forgets what was handed over before the checkpoints are dropped; dropping one
-        waits for the serving lock (:func:`serving.publisher.withdraw`)."""
+        waits for the serving lock (:func:`serving.live_pointer.withdraw`)."""
         self.engine = None
         self.handoff.reloading()
         engine = self.restore()

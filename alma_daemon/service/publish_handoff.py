@@ -10,7 +10,7 @@ import logging
 import time
 
 from alma_daemon.core.engine import Engine, EngineObserver
-from serving.publisher import BackgroundPublisher
+from serving.background import BackgroundPublisher
 
 log = logging.getLogger(__name__)
 
