@@ -6,10 +6,9 @@ and policy declares its own model in its module), ``loading`` YAML files, ``--se
 JSON Schema (``alma config schema``).
 """
 
-from alma_daemon.config.base import ConfigError
+from alma_daemon.config.base import ConfigError, validate
 from alma_daemon.config.loading import (
     build_config,
-    from_dict,
     json_schema,
     load_config,
     parse_override,
@@ -46,7 +45,7 @@ __all__ = [
     "StreamConfig",
     "TrainConfig",
     "build_config",
-    "from_dict",
+    "validate",
     "json_schema",
     "learner_config",
     "load_config",

@@ -6,6 +6,7 @@ so that an unknown key or a bad value fails at start-up, naming the dotted key, 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import re
 from pathlib import Path
@@ -36,12 +37,6 @@ _ConfigLoader.add_implicit_resolver(
 def _load_yaml(text: Any) -> Any:
     """Parse YAML text or an open file, data only (never code)."""
     return yaml.load(text, Loader=_ConfigLoader)
-
-
-def from_dict(cls: type, data: Any, prefix: str = "") -> Any:
-    """Build config model ``cls`` (a section, or LearnerConfig / PolicyConfig: the model ``name`` picks)
-    from ``data``, failing with the dotted key (under ``prefix``) on any problem."""
-    return validate(cls, data, prefix)
 
 
 def parse_override(text: str) -> tuple[str, Any]:
@@ -84,7 +79,7 @@ def build_config(
 ) -> Config:
     """Merge ``overrides`` (``key=value``) into ``data`` (read from ``file``, if given: errors say
     which keys were set there) and validate the result."""
-    merged = _deep_copy(data or {})
+    merged = copy.deepcopy(data or {})
     overridden = set()
     for text in overrides:
         key, value = parse_override(text)
@@ -114,11 +109,3 @@ def json_schema() -> dict[str, Any]:
     schema = TypeAdapter(Config).json_schema()
     schema["title"] = "alma-daemon config"
     return schema
-
-
-def _deep_copy(data: Any) -> Any:
-    if isinstance(data, dict):
-        return {k: _deep_copy(v) for k, v in data.items()}
-    if isinstance(data, list):
-        return [_deep_copy(v) for v in data]
-    return data

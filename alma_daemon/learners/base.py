@@ -20,7 +20,7 @@ from pydantic import Field
 from pydantic.dataclasses import dataclass
 from torch import nn
 
-from alma_daemon.config import LearnerConfig, from_dict
+from alma_daemon.config import LearnerConfig, validate
 from alma_daemon.config.base import PLUGIN_SECTION, Int
 from alma_daemon.data.datasets import TaskInfo
 from alma_daemon.data.tensors import LabeledData
@@ -241,4 +241,4 @@ def config_from_spec(spec: dict, model: type[LearnerConfig]) -> tuple[TaskInfo, 
     # is not dropped: a renamed key must fail rather than load its default.
     keys = {f.name for f in dataclasses.fields(model)}
     saved = {k: v for k, v in spec["config"].items() if k in keys or k not in _SHARED_CONFIG_KEYS}
-    return TaskInfo.from_dict(spec["task"]), from_dict(model, {**saved, "name": spec["learner"]}, prefix="spec.config.")
+    return TaskInfo.from_dict(spec["task"]), validate(model, {**saved, "name": spec["learner"]}, prefix="spec.config.")
