@@ -36,6 +36,8 @@ def stacked_fitter(
 
     def fit_together(members: Sequence[tuple[int, nn.Module]]) -> dict[int, FitReport] | None:
         indices, nets = [i for i, _ in members], [m for _, m in members]
+        # The stack steps every weight of every member; a member with frozen parameters (no built-in
+        # learner freezes inside a member, a plugin may) trains alone, where the optimizer leaves them out.
         frozen = any(not p.requires_grad for net in nets for p in net.parameters())
         if trainer.augment or frozen or not stackable(nets):
             return None
