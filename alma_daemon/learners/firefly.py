@@ -45,13 +45,13 @@ from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import register_learner
 from alma_daemon.learners.base import BackboneConfig, SingleNetwork
 from alma_daemon.learners.growing import GrowsOnceTrained
+from alma_daemon.models.backbones import is_image_task
 from alma_daemon.models.firefly_net import (
     GrowableLayer,
     GrowableNet,
     apply_op,
     grown_architecture,
     initial_architecture,
-    is_image_task,
     parameter_count,
 )
 from alma_daemon.training.flops import count_flops

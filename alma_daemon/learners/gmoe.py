@@ -29,18 +29,13 @@ from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import register_learner
 from alma_daemon.learners.base import BackboneConfig, SingleNetwork, seeded_build
 from alma_daemon.learners.growing import GrowsOnceTrained
-from alma_daemon.models.backbones import Backbone, Normalize, mlp_layers, vgg_layers
+from alma_daemon.models.backbones import Backbone, Normalize, backbone_layers
 from alma_daemon.models.moe import LEAF, TreeGatedMoE, binary_gate, count_experts
 from alma_daemon.training.flops import count_flops
 from alma_daemon.training.loop import EVAL_BATCH, Trainer
 
 #: Backbone layers that are mixtures of experts (paper section 5: "at the first two layers").
 MIXTURE_LAYERS = 2
-
-
-def backbone_layers(task: TaskInfo, width: int) -> list[nn.Module]:
-    """The layers of the task's SM backbone (VGG blocks for images with channels, else the MLP's)."""
-    return vgg_layers(task, width) if len(task.input_shape) == 3 else mlp_layers(task, width)
 
 
 def layer_input_sizes(task: TaskInfo, layers: list[nn.Module], count: int) -> list[int]:

@@ -19,6 +19,16 @@ from alma_daemon.data.datasets import TaskInfo
 VGG19_BLOCKS = (2, 2, 4, 4, 4)
 
 
+def is_image_task(task: TaskInfo) -> bool:
+    """Inputs with a channel axis (colour images) get the VGG backbone, everything else the MLP."""
+    return len(task.input_shape) == 3
+
+
+def image_channels(task: TaskInfo) -> int:
+    """Channels of an image task's inputs (the last axis of channels-last images, else the first)."""
+    return task.input_shape[-1] if task.channels_last else task.input_shape[0]
+
+
 class Normalize(nn.Module):
     """Raw inputs (0-255, channels-last images as on the wire) -> standardized floats (NCHW images).
 
@@ -36,8 +46,7 @@ class Normalize(nn.Module):
         mean = torch.tensor(task.mean or (0.0,), dtype=torch.float32) * 255.0
         std = torch.tensor(task.std or (1.0,), dtype=torch.float32) * 255.0
         self.channels_last = task.channels_last
-        per_channel = len(task.input_shape) == 3
-        if per_channel and not self.channels_last:
+        if is_image_task(task) and not self.channels_last:
             mean, std = mean.reshape(-1, 1, 1), std.reshape(-1, 1, 1)
         self.register_buffer("mean", mean, persistent=False)
         self.register_buffer("std", std, persistent=False)
@@ -120,7 +129,7 @@ def vgg_layers(task: TaskInfo, width: int) -> list[nn.Module]:
 
     Each block (convs + pool) is one element, so MoE variants can replace the first blocks.
     """
-    channels = task.input_shape[-1] if task.channels_last else task.input_shape[0]
+    channels = image_channels(task)
     layers: list[nn.Module] = []
     for convs in VGG19_BLOCKS:
         block: list[nn.Module] = []
@@ -148,8 +157,11 @@ class Backbone(nn.Module):
         return self.layers(self.normalize(x))
 
 
+def backbone_layers(task: TaskInfo, width: int) -> list[nn.Module]:
+    """The layers of the task's backbone: VGG's blocks for colour images, the MLP's for flat/grayscale inputs."""
+    return vgg_layers(task, width) if is_image_task(task) else mlp_layers(task, width)
+
+
 def build_backbone(task: TaskInfo, width: int) -> Backbone:
-    """The paper's backbone for the task: MLP for flat/grayscale inputs, VGG for colour images."""
-    if len(task.input_shape) == 3:
-        return Backbone(task, vgg_layers(task, width))
-    return Backbone(task, mlp_layers(task, width))
+    """The paper's backbone for the task (appendix B), from raw inputs to logits."""
+    return Backbone(task, backbone_layers(task, width))

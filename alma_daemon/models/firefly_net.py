@@ -17,18 +17,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from alma_daemon.data.datasets import TaskInfo
-from alma_daemon.models.backbones import VGG19_BLOCKS, Normalize
-
-
-def is_image_task(task: TaskInfo) -> bool:
-    """Colour images get the VGG backbone, everything else the MLP (as in ``build_backbone``)."""
-    return len(task.input_shape) == 3
+from alma_daemon.models.backbones import VGG19_BLOCKS, Normalize, image_channels, is_image_task
 
 
 def input_size(task: TaskInfo) -> int:
     """Inputs of the first hidden layer: image channels (VGG) or values per example (MLP)."""
     if is_image_task(task):
-        return task.input_shape[-1] if task.channels_last else task.input_shape[0]
+        return image_channels(task)
     return math.prod(task.input_shape)
 
 
