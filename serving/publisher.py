@@ -79,7 +79,7 @@ class Outcome:
 
     version: int
     #: "promoted", "refused" (by the guard) or "skipped" (a version at or below one already decided,
-    #: or one whose hand-off was withdrawn before it was published).
+    #: or one no longer ``wanted``).
     action: str
     live_before: int | None
     #: The learner's measure ("error", or "perplexity" for language models).
@@ -103,6 +103,8 @@ class Publisher(ABC):
         self.store = store
         self.promotion_margin = promotion_margin
         self.pointer = LivePointer(store.folder)
+        #: The missing live version last warned about, so that a resync every 30 s warns once.
+        self._missing_live: int | None = None
 
     # -- backend steps ----------------------------------------------------------------------------
     @abstractmethod
@@ -132,18 +134,12 @@ class Publisher(ABC):
     def publish(self, version: int, wanted: Callable[[], bool] | None = None) -> Outcome:
         """Guard, stage and promote ``version``; see the module docstring for the steps.
 
-        ``wanted``, asked under the serving lock, says whether ``version`` is still to be published:
-        the background worker's hand-off of it may have been withdrawn meanwhile (a reload deletes
-        the checkpoint of an interrupted step, and the redone step writes the number again).
+        ``wanted``, asked under the serving lock, says whether ``version`` is still to be published
+        (the background worker forgets its hand-offs before a reload).
         """
         with self.pointer.locked():
             state = self.pointer.read()
-            live = self._usable_live(state.live)
-            # Even for a version already decided: after a withdrawal the server may still answer with
-            # the withdrawn version, and the reload hands over the committed one to set that right.
-            if live is not None:
-                with failing_as("register"):
-                    self.ensure_serving(live)
+            live = self._serve_live(state)
             if version <= state.decided:
                 return Outcome(version, "skipped", live)
             if wanted is not None and not wanted():
@@ -170,12 +166,9 @@ class Publisher(ABC):
             raise ValueError(f"version {version} is not in {self.store.folder} (have {self.store.versions()})")
         with self.pointer.locked():
             state = self.pointer.read()
-            if version == state.live:
-                with failing_as("register"):
-                    self.ensure_serving(version)
-            else:
-                if version not in (self.served_versions() or ()):
-                    self.stage(self.load_candidate(version))
+            if version != self._serve_live(state):
+                # Staging reuses a registration that serves this checkpoint (the backend checks).
+                self.stage(self.load_candidate(version))
                 self._promote(version, ServingState(live=version, decided=state.decided, previous=state.live))
                 log.info("rolled back", extra={"version": version, "replaced": state.live})
             self._retire_quietly(version)
@@ -184,10 +177,7 @@ class Publisher(ABC):
     def resync(self) -> None:
         """Re-serve the live version if the server lost it; the background worker calls this when idle."""
         with self.pointer.locked():
-            live = self._usable_live(self.pointer.read().live)
-            if live is not None:
-                with failing_as("register"):
-                    self.ensure_serving(live)
+            self._serve_live(self.pointer.read())
 
     def load_candidate(self, version: int) -> Candidate:
         with failing_as("guard"):
@@ -216,12 +206,26 @@ class Publisher(ABC):
             self.pointer.write(state)
         telemetry.LIVE_VERSION.set(version)
 
+    def _serve_live(self, state: ServingState) -> int | None:
+        """Make the server answer with the live version by default again where it does not (a
+        restarted TorchServe forgets its models; after a withdrawal it may still answer with the
+        withdrawn version); the live version, None where none is usable. Every flow starts here, a
+        publish of a version already decided included: the reload hands the committed version over
+        again for this."""
+        live = self._usable_live(state.live)
+        if live is not None:
+            with failing_as("register"):
+                self.ensure_serving(live)
+        return live
+
     def _usable_live(self, live: int | None) -> int | None:
         if live is not None and live not in self.store.versions():
-            log.warning(
-                "live version missing from the model store; the next version is promoted unguarded",
-                extra={"version": live, "store": str(self.store.folder)},
-            )
+            if live != self._missing_live:
+                log.warning(
+                    "live version missing from the model store; the next version is promoted unguarded",
+                    extra={"version": live, "store": str(self.store.folder)},
+                )
+                self._missing_live = live
             return None
         return live
 

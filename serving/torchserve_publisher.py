@@ -248,26 +248,23 @@ class TorchServePublisher(Publisher):
         )
 
     def _unregister_stale(self, version: int, registered: int) -> None:
-        """Unregister ``version``, registered from its first checkpoint, deleted with its uncommitted
-        step and written again (:func:`serving.live_pointer.withdraw`), of ``registered`` versions.
+        """Drain and unregister ``version``, registered from a checkpoint since deleted (see
+        :func:`serving.live_pointer.withdraw`), one of ``registered`` versions.
 
-        TorchServe refuses to unregister its default version while it holds others (403), which
-        every retry would meet again. The publish flow has made the live version the default already
-        (``ensure_serving``), a rollback has not: it is done here. Without another live version the
-        error is the operator's to resolve, and is not retried.
+        Every flow has made the live version the default already (``Publisher._serve_live``), so
+        ``version`` is still the default only where no live version is left. TorchServe refuses to
+        unregister its default while it holds other versions (403), which every retry would meet
+        again: the error is the operator's to resolve, and is not retried.
         """
         if registered > 1 and self.client.default_version(self.model) == version:
-            live = self._usable_live(self.pointer.read().live)
-            if live is None or live == version:
-                raise PublishError(
-                    "register",
-                    f"version {version} is TorchServe's default but was registered from a deleted checkpoint, "
-                    "and no other live version can be made the default first (TorchServe refuses to unregister "
-                    f"its default while it holds other versions): make another version of {self.model!r} the "
-                    "default through TorchServe's management API, or restart TorchServe",
-                    retry=False,
-                )
-            self.ensure_serving(live)
+            raise PublishError(
+                "register",
+                f"version {version} is TorchServe's default but was registered from a deleted checkpoint, "
+                "and no other live version can be made the default first (TorchServe refuses to unregister "
+                f"its default while it holds other versions): make another version of {self.model!r} the "
+                "default through TorchServe's management API, or restart TorchServe",
+                retry=False,
+            )
         self._drain(version)
         self.client.unregister(self.model, version)
 
