@@ -155,6 +155,18 @@ def test_rollback_makes_an_earlier_version_live_without_the_guard(store, good_an
         publisher.rollback(7)
 
 
+def test_a_live_version_missing_from_the_store_is_warned_about_once_not_at_every_resync(store, good_and_bad, caplog):
+    good, _, sample = good_and_bad
+    save_version(store, 1, good, sample)
+    publisher = LocalPublisher(store, promotion_margin=0.0)
+    publisher.publish(1)
+    shutil.rmtree(store.path(1))
+    with caplog.at_level(logging.WARNING, logger="serving.publisher"):
+        for _ in range(3):
+            publisher.resync()
+    assert caplog.text.count("live version missing from the model store") == 1
+
+
 def test_a_version_answering_nan_is_never_made_live(store, good_and_bad):
     good, bad, sample = good_and_bad
     save_version(store, 1, good, sample)
