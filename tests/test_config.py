@@ -219,6 +219,29 @@ def test_a_key_of_another_learner_names_the_key_and_the_chosen_learner():
     assert build_config({}, ["learner.name=gens", "learner.grow_members=2"]).learner.grow_members == 2
 
 
+def test_the_learner_and_policy_registries_refuse_a_name_twice_a_name_not_narrowed_and_an_unknown_name():
+    from alma_daemon.config import PolicyConfig, policy_config
+    from alma_daemon.learners import learner_class, register_learner
+    from policies import build_policy, register_policy
+
+    fixed = type(build_policy(policy_config()))
+    for register, existing, kind in [
+        (register_learner, learner_class("sm"), "learner"),
+        (register_policy, fixed, "policy"),
+    ]:
+        with pytest.raises(ValueError, match=rf"^{kind} name '{existing.name}' registered twice$"):
+            register(existing)
+        unnarrowed = type("Unnarrowed", (), {"name": "unnarrowed", "config_model": existing.config_model})
+        with pytest.raises(
+            ValueError, match=rf"^{kind} 'unnarrowed': its config_model must narrow name to Literal\['unnarrowed'\]$"
+        ):
+            register(unnarrowed)
+    with pytest.raises(KeyError, match=r"unknown learner 'nope'; known: ens, "):
+        learner_class("nope")
+    with pytest.raises(KeyError, match=r"unknown policy 'nope'; known: adaptive, budget, "):
+        build_policy(PolicyConfig(name="nope"))
+
+
 def test_config_schema_command_prints_a_schema_that_shipped_configs_pass_and_foreign_keys_fail(capsys):
     import json
 
