@@ -4,10 +4,8 @@ An archive holds :mod:`serving.handler` plus the checkpoint's ``spec.json`` and
 ``weights.safetensors`` as extra files, and carries the checkpoint's version.
 
 Its file name, ``<model>-v<version>-<digest>.mar``, names the checkpoint's content as well as its
-version, because a version number can be written twice: a restarted daemon deletes the checkpoint
-of a step that never committed and redoes the step under the same number (after Redis lost its
-last commit, the first one may already have been published). The name alone then tells which
-checkpoint an archive holds, so:
+version, because a version number can be written twice (see :func:`serving.live_pointer.withdraw`).
+The name alone tells which checkpoint an archive holds, so:
 
 - an existing archive is reused only when it holds exactly the checkpoint's files;
 - TorchServe, which copies a registered archive into its own model store under its file name and

@@ -1,10 +1,10 @@
 """Start-up and reload: the engine as the last committed step left it (a fresh one on first start).
 
 A step is either committed or not at all. After a crash the daemon reloads the committed state,
-withdraws from serving and deletes the checkpoint an uncommitted stage may have written (version =
-committed + 1; it may have been published if Redis lost its last commit), loads the checkpoint of
-the committed version and redoes the interrupted step. Every stage's randomness
-derives from (seed, stage), so the redone step and the series equal an uninterrupted run.
+withdraws the checkpoint an uncommitted stage may have written (version = committed + 1; see
+:func:`serving.live_pointer.withdraw`), loads the checkpoint of the committed version and redoes
+the interrupted step. Every stage's randomness derives from (seed, stage), so the redone step and
+the series equal an uninterrupted run.
 """
 
 from __future__ import annotations
@@ -95,13 +95,12 @@ def restore_engine(
 
 
 def drop_uncommitted_checkpoints(store: CheckpointStore, version: int) -> None:
-    """Delete the checkpoint a stage wrote after committed ``version`` whose step never committed.
+    """Withdraw from serving and delete the checkpoint a stage wrote after committed ``version``
+    (see :func:`serving.live_pointer.withdraw`).
 
-    :func:`serving.live_pointer.withdraw` deletes it, under the serving lock, after withdrawing it from
-    serving (live pointer, archives): the redone step writes the same version number again, maybe
-    with other weights, and that one must be published, not skipped as already decided. The folder
-    is withdrawn even when incomplete (not a version to :meth:`CheckpointStore.versions`): a deletion
-    cut short by a crash leaves one in the way of the redone step, and the next start ends it.
+    The folder is withdrawn even when incomplete (not a version to :meth:`CheckpointStore.versions`):
+    a deletion cut short by a crash leaves one in the way of the redone step, and the next start
+    ends it.
     """
     newer = [v for v in store.versions() if v > version]
     if newer and newer != [version + 1]:

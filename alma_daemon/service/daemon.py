@@ -230,8 +230,8 @@ class Daemon:
     def _reload_committed(self) -> Engine:
         """The engine, buffer and checkpoints as the last committed step left them, as at start-up.
 
-        The publisher forgets what was handed over before the checkpoints are dropped; dropping one
-        waits for the serving lock (:func:`serving.live_pointer.withdraw`)."""
+        The publisher forgets what was handed over before the checkpoints are dropped (see
+        :func:`serving.live_pointer.withdraw`, which waits for the serving lock)."""
         self.engine = None
         self.handoff.reloading()
         engine = self.restore()

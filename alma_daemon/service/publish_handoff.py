@@ -1,7 +1,8 @@
 """The hand-off of new model versions to the publisher, once their step is committed.
 
-A stage writes its checkpoint before its step commits. A crash in between deletes that checkpoint
-and redoes the step, so a version is handed to the publisher only after the commit that keeps it.
+A stage writes its checkpoint before its step commits, and the checkpoint of a step that never
+commits is withdrawn (see :func:`serving.live_pointer.withdraw`): a version is handed to the
+publisher only after the commit that keeps it.
 """
 
 from __future__ import annotations
@@ -51,16 +52,15 @@ class PublishHandoff:
                 self.publisher.submit(version, written_at=written_at)
 
     def reloading(self) -> None:
-        """The engine is about to be reloaded: nothing handed over so far is published any more, as the
-        reload deletes the checkpoint of the interrupted step (handed over already if Redis lost its
-        commit) and the redone step writes that version again before its commit. Called before the
-        reload deletes anything, so that the publisher cannot take it in between."""
+        """The engine is about to be reloaded: nothing handed over so far is published any more (see
+        :func:`serving.live_pointer.withdraw`). Called before the reload deletes anything, so that the
+        publisher cannot take it in between."""
         if self.publisher is not None:
             self.publisher.forget_pending()
 
     def reloaded(self, version: int) -> None:
-        """The engine was reloaded at committed ``version`` (after :meth:`reloading`): forget checkpoints
-        of the interrupted step (deleted and redone) and hand the committed version over again."""
+        """The engine was reloaded at committed ``version`` (after :meth:`reloading`): forget the
+        checkpoints written since the last commit and hand the committed version over again."""
         self.clock.take()
         if self.publisher is not None and version:
             self.publisher.submit(version)
