@@ -23,9 +23,9 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from alma_daemon.commands.run import ReplayThread
 from alma_daemon.config import Config, build_config
 from alma_daemon.core.engine import EngineObserver
+from alma_daemon.core.records import StepRecord
 from alma_daemon.data.arrays import load_npz
 from alma_daemon.data.datasets import load_dataset
 from alma_daemon.data.streams import megabatch_stream, split_chunk
@@ -35,6 +35,7 @@ from alma_daemon.service.daemon import Daemon
 from alma_daemon.service.engine_store import EngineStateStore, state_fields
 from alma_daemon.service.redis_buffer import RedisBuffer
 from alma_daemon.service.redis_keys import StreamKeys
+from alma_daemon.service.replay_thread import ReplayThread
 from alma_daemon.service.status import format_status, read_status
 from alma_daemon.transports.kafka import KafkaPublisher
 from alma_daemon.transports.redis_stream import RedisStreamPublisher, encode_entry
@@ -114,8 +115,8 @@ class CrashOnce(EngineObserver):
         if self.hook == "checkpoint" and version == self.at:
             raise Crash(f"after checkpoint {version} was written, before the step was committed")
 
-    def on_step(self, record: dict, engine) -> None:
-        if self.hook == "step" and record["chunk"] == self.at:
+    def on_step(self, record: StepRecord, engine) -> None:
+        if self.hook == "step" and record.chunk == self.at:
             raise Crash(f"after results of chunk {self.at} were written, before the step was committed")
 
 

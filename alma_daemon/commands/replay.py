@@ -7,12 +7,15 @@ import argparse
 from alma_daemon.cli import add_config_arguments
 from alma_daemon.config import Config, load_config
 from alma_daemon.data.wire import DEFAULT_MAX_PART_BYTES
-from alma_daemon.service.connections import kafka_security
 from alma_daemon.service.embedded_redis import EMBEDDED_OVERRIDES, close_redis, connect_redis
-from alma_daemon.service.redis_keys import StreamKeys
-from alma_daemon.transports.kafka import KafkaPublisher
-from alma_daemon.transports.redis_stream import RedisStreamPublisher
-from alma_daemon.transports.replay import ReplayReport, chunk_source, labeled_chunks, parse_rate, replay, resume_point
+from alma_daemon.transports.replay import (
+    ReplayReport,
+    chunk_source,
+    labeled_chunks,
+    parse_rate,
+    replay,
+    replay_publisher,
+)
 
 #: Command-line flags that are shorthands for config keys.
 FLAG_KEYS = {
@@ -87,24 +90,14 @@ def run(args: argparse.Namespace) -> int:
     options = dict(
         rate=rate, max_part_bytes=args.max_part_bytes, progress=not args.no_progress, total=config.stream.megabatches
     )
-    if config.kafka.transport == "redis":
-        client = connect_redis(config)
-        try:
-            first = args.from_chunk or resume_point(client, StreamKeys(config.daemon.stream), config.kafka.topic)
-            report = replay(
-                chunks,
-                RedisStreamPublisher(client, config.kafka.topic),
-                config.daemon.stream,
-                first_chunk=first,
-                **options,
-            )
-        finally:
+    # Only the embedded transport needs Redis: a Kafka replay runs without a service.
+    client = connect_redis(config) if config.kafka.transport == "redis" else None
+    try:
+        publisher, first = replay_publisher(config, client, partitions=args.partitions)
+        report = replay(chunks, publisher, config.daemon.stream, first_chunk=args.from_chunk or first, **options)
+    finally:
+        if client is not None:
             close_redis(client)
-    else:
-        publisher = KafkaPublisher(
-            config.kafka.bootstrap_servers, config.kafka.topic, args.partitions, kafka_security(config.kafka)
-        )
-        report = replay(chunks, publisher, config.daemon.stream, first_chunk=args.from_chunk or 1, **options)
     print(describe(report, config))
     return 0
 

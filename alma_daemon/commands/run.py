@@ -8,32 +8,23 @@ until it exits: a second daemon on the same stream is refused at start.
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
-import threading
-from collections.abc import Callable
-from typing import Any
 
 from alma_daemon.cli import add_config_arguments, check_config_under_ranks
 from alma_daemon.config import Config, ConfigError, load_config
 from alma_daemon.core.checkpoints import CheckpointStore
-from alma_daemon.research.simulate import ProgressBar
-from alma_daemon.runtime import resolve_device, run_beside_training
-from alma_daemon.service.connections import kafka_security
+from alma_daemon.observability.progress import ProgressBar
+from alma_daemon.runtime import resolve_device
 from alma_daemon.service.daemon import Daemon
 from alma_daemon.service.embedded_redis import EMBEDDED_OVERRIDES, close_redis, connect_redis
 from alma_daemon.service.rank_followers import RankLeader, RankStepFailed, follow
 from alma_daemon.service.redis_keys import StreamKeys
+from alma_daemon.service.replay_thread import ReplayThread
 from alma_daemon.service.signals import StepAbandoned
 from alma_daemon.service.status import engine_counters, format_status, read_status, serving_state
 from alma_daemon.service.store_lock import StreamTaken, hold_store_lock
 from alma_daemon.training.distributed import join_process_group, leave_process_group
 from alma_daemon.training.ranks import World
-from alma_daemon.transports.kafka import KafkaPublisher
-from alma_daemon.transports.redis_stream import RedisStreamPublisher
-from alma_daemon.transports.replay import Publisher, chunk_source, replay, resume_point
-
-log = logging.getLogger(__name__)
 
 
 def add_parser(subparsers) -> None:
@@ -125,61 +116,11 @@ def serve_locked(args: argparse.Namespace, config: Config, world: World) -> int:
             if replayer is not None:
                 daemon.request_stop()  # the replay thread stops with the daemon
                 replayer.stop()
+                if replayer.error is not None:
+                    print(f"alma run: replay failed: {replayer.error!r}", file=sys.stderr)
         if replayer is not None and replayer.error is not None:
             return 1
         print(format_status(read_status(client, daemon.keys, config.daemon.poll_seconds, serving_state(config))))
         return 0
     finally:
         close_redis(client)
-
-
-class ReplayThread:
-    """``alma run --replay``: the replayer in a thread of the daemon's process, resuming where the stream is."""
-
-    def __init__(
-        self, config: Config, client: Any, stopping: threading.Event, on_failure: Callable[[], None] = lambda: None
-    ):
-        self.config = config
-        self.client = client
-        self.stopping = stopping
-        #: Called when the replay fails: nothing else would feed the stream, so the daemon stops
-        #: rather than wait for chunks that never come.
-        self.on_failure = on_failure
-        self.error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="replay", daemon=True)
-
-    def _publisher(self) -> tuple[Publisher, int]:
-        config = self.config
-        keys = StreamKeys(config.daemon.stream)
-        if config.kafka.transport == "redis":
-            first = resume_point(self.client, keys, config.kafka.topic)
-            return RedisStreamPublisher(self.client, config.kafka.topic, stop=self.stopping.is_set), first
-        publisher = KafkaPublisher(
-            config.kafka.bootstrap_servers, config.kafka.topic, security=kafka_security(config.kafka)
-        )
-        return publisher, resume_point(self.client, keys)
-
-    def _run(self) -> None:
-        run_beside_training()
-        try:
-            publisher, first = self._publisher()
-            replay(
-                chunk_source(self.config),
-                publisher,
-                self.config.daemon.stream,
-                first_chunk=first,
-                progress=False,
-                stop=self.stopping.is_set,
-            )
-        except BaseException as exc:
-            self.error = exc
-            log.error("replay failed", exc_info=True)
-            self.on_failure()
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._thread.join(timeout=5)
-        if self.error is not None:
-            print(f"alma run: replay failed: {self.error!r}", file=sys.stderr)

@@ -99,16 +99,22 @@ class ResultsWriter(EngineObserver):
         self.write(engine)
 
     def write(self, engine: Engine) -> dict:
-        series = engine.state.series
-        results = {
-            "config": self.config,
-            "series": series,
-            "summary": summarize(series, engine.clock() - engine.state.started_at, engine.state),
-            **self.extra,
-        }
+        results = results_of(engine, self.config, self.extra)
         write_json_atomic(self.folder / "results.json", results)
-        write_series_csv(self.folder / "series.csv", series)
+        write_series_csv(self.folder / "series.csv", results["series"])
         return results
+
+
+def results_of(engine: Engine, config: dict, extra: dict | None = None) -> dict:
+    """What ``results.json`` holds for ``engine``'s run so far: ``config`` (the resolved config, as a
+    dict), the series, its summary (wall time on the engine's clock, from its start) and ``extra``."""
+    series = engine.state.series
+    return {
+        "config": config,
+        "series": series,
+        "summary": summarize(series, engine.clock() - engine.state.started_at, engine.state),
+        **(extra or {}),
+    }
 
 
 def read_results(path: str | Path) -> dict:

@@ -19,7 +19,8 @@ import itertools
 from alma_daemon.config import Config, policy_config, to_dict
 from alma_daemon.core.records import read_rows
 from alma_daemon.learners import learner_class
-from alma_daemon.research.simulate import ProgressBar, SimulatedStream, build_engine, simulated_stream
+from alma_daemon.observability.progress import ProgressBar
+from alma_daemon.research.simulate import SimulatedStream, build_engine, simulated_stream
 
 
 def ablate_iid(config: Config, chunks: int, progress: bool = True) -> dict:

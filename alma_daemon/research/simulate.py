@@ -2,25 +2,22 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-
-from tqdm import tqdm
 
 from alma_daemon.config import Config, to_dict
 from alma_daemon.core.assembly import assemble_engine
 from alma_daemon.core.checkpoints import CheckpointStore
 from alma_daemon.core.chunk_buffer import MemoryBuffer
 from alma_daemon.core.engine import Engine, EngineObserver
-from alma_daemon.core.records import StepRecord
 from alma_daemon.data.datasets import TaskInfo, load_dataset
 from alma_daemon.data.stream_task import select_test_examples
 from alma_daemon.data.streams import Chunk, build_drift, drifted, megabatch_stream
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.data.text import text_stream
-from alma_daemon.observability.results import ResultsWriter, summarize
+from alma_daemon.observability.progress import ProgressBar
+from alma_daemon.observability.results import ResultsWriter, results_of
 
 
 @dataclass
@@ -63,29 +60,6 @@ STREAM_KINDS: dict[str, Callable[[Config], SimulatedStream]] = {
 }
 
 
-class ProgressBar(EngineObserver):
-    """A tqdm bar over the stream's chunks showing the latest test measure and the CER."""
-
-    def __init__(self, total: int, enabled: bool = True, initial: int = 0):
-        """``initial``: chunks processed before (a daemon resuming its stream); the rate counts the others."""
-        self.bar = tqdm(total=total, initial=initial, unit="chunk", disable=not enabled, dynamic_ncols=True)
-
-    def on_step(self, record: StepRecord, engine: Engine) -> None:
-        shown = {}
-        if record.test is not None:
-            shown[f"test_{record.measure}"] = f"{record.test:.4g}"
-        if record.cumulative_error is not None:
-            shown["cer"] = f"{record.cumulative_error:.4g}"
-        shown["flops"] = f"{record.cumulative_train_flops:.3g}"
-        self.bar.set_postfix(shown, refresh=False)
-        # The engine's count rather than one per call: a daemon's step redone after a Redis outage
-        # is not counted twice.
-        self.bar.update(engine.state.chunks_seen - self.bar.n)
-
-    def close(self) -> None:
-        self.bar.close()
-
-
 def build_engine(
     config: Config, stream: SimulatedStream, observers: list[EngineObserver], checkpoints: CheckpointStore | None = None
 ) -> Engine:
@@ -111,25 +85,14 @@ def run_simulation(
     """Run a whole simulated stream and return the results (also written to ``out`` when given)."""
     stream = simulated_stream(config)
     bar = ProgressBar(stream.length, enabled=progress)
-    writers: list[EngineObserver] = []
     writer = ResultsWriter(out, to_dict(config)) if out is not None else None
-    if writer is not None:
-        writers.append(writer)
     checkpoints = CheckpointStore(checkpoint_dir, config.serving.model_name) if checkpoint_dir else None
-    engine = build_engine(config, stream, [*writers, *(observers or []), bar], checkpoints)
-    start = time.time()
+    # The results writer first: the caller's observers may read the results file of the step.
+    every = [writer, *(observers or []), bar]
+    engine = build_engine(config, stream, [o for o in every if o is not None], checkpoints)
     try:
         for chunk in stream.chunks:
             engine.on_chunk(chunk)
     finally:
         bar.close()
-    results = (
-        writer.write(engine)
-        if writer
-        else {
-            "config": to_dict(config),
-            "series": engine.state.series,
-            "summary": summarize(engine.state.series, time.time() - start, engine.state),
-        }
-    )
-    return results
+    return writer.write(engine) if writer else results_of(engine, to_dict(config))

@@ -2,8 +2,9 @@
 
 A *chunk source* yields the stream's chunks in order; a *publisher* sends each chunk's records
 (split under the size limit by ``wire.encode_chunk``) to a Kafka topic or, in embedded mode, to a
-Redis stream. Dataset replays use the same seeded partition into mega-batches as ``alma simulate``,
-so the daemon sees exactly the chunks the simulator sees.
+Redis stream (:func:`replay_publisher` picks it, for ``alma replay`` and ``alma run --replay``).
+Dataset replays use the same seeded partition into mega-batches as ``alma simulate``, so the daemon
+sees exactly the chunks the simulator sees.
 
 :data:`CHUNK_SOURCES` maps ``dataset.name`` to a source. Image datasets send ``x``/``y``; text
 corpora (PTB, a user's text files) send each chunk as its run of ``tokens`` (int32), which the
@@ -28,8 +29,9 @@ from alma_daemon.data.streams import build_drift, drifted, megabatch_stream
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.data.text import text_stream, token_run
 from alma_daemon.data.wire import DEFAULT_MAX_PART_BYTES, HEADER_CHUNK, WireRecord, encode_chunk
+from alma_daemon.service.connections import kafka_security
 from alma_daemon.service.redis_keys import StreamKeys
-from alma_daemon.transports.redis_stream import decode_entry
+from alma_daemon.transports.redis_stream import RedisStreamPublisher, decode_entry
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +121,29 @@ def resume_point(client: Any, keys: StreamKeys, transport_stream: str | None = N
         if chunk.isdigit():
             first = max(first, int(chunk))
     return first
+
+
+def replay_publisher(
+    config: Config, client: Any | None, *, partitions: int = 1, stop: Callable[[], bool] = lambda: False
+) -> tuple[Publisher, int]:
+    """The publisher to ``config``'s transport, and the first chunk a replay still has to send.
+
+    ``client`` is the service's Redis: with the Redis-stream transport the stream lives there (a
+    client is needed); with Kafka it says what the daemon has ingested already, and without it the
+    replay starts at chunk 1. ``partitions`` is for a Kafka topic that does not exist yet; ``stop``
+    lets a Redis-stream publisher stop waiting for the daemon to catch up.
+    """
+    keys = StreamKeys(config.daemon.stream)
+    if config.kafka.transport == "redis":
+        first = resume_point(client, keys, config.kafka.topic)
+        return RedisStreamPublisher(client, config.kafka.topic, stop=stop), first
+    # Kafka's client library only when Kafka is the transport, as for the consumer (transports/__init__.py).
+    from alma_daemon.transports.kafka import KafkaPublisher
+
+    publisher = KafkaPublisher(
+        config.kafka.bootstrap_servers, config.kafka.topic, partitions, kafka_security(config.kafka)
+    )
+    return publisher, resume_point(client, keys) if client is not None else 1
 
 
 # -- the replay loop ------------------------------------------------------------------------------
