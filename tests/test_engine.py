@@ -58,10 +58,10 @@ def test_training_happens_every_wait_chunks(wait, trained_at):
 def test_each_stage_trains_on_the_waited_chunks_or_on_everything_with_replay(replay):
     spy = StageSpy()
     run_stream(["policy.wait=2", f"stream.replay={str(replay).lower()}"], observers=[spy])
-    assert [s["chunks"] for s in spy.stages] == [[1, 2], [3, 4], [5, 6]]
+    assert [s.chunks for s in spy.stages] == [[1, 2], [3, 4], [5, 6]]
     per_chunk = 60
     expected = [2 * per_chunk * k for k in (1, 2, 3)] if replay else [2 * per_chunk] * 3
-    assert [s["examples"] for s in spy.stages] == expected
+    assert [s.examples for s in spy.stages] == expected
 
 
 def test_growth_compute_is_charged_to_the_stage_it_precedes():
@@ -74,9 +74,9 @@ def test_growth_compute_is_charged_to_the_stage_it_precedes():
     engine = Engine(learner, build_policy(config.policy), MemoryBuffer(), config, torch.device("cpu"), observers=[spy])
     for i, part in enumerate(partition(separable_data(MNIST_TASK, 180, seed=1), 3, seed=0), start=1):
         engine.on_chunk(Chunk(i, part))
-    growth_flops = [stage["growth"].get("flops", 0) for stage in spy.stages]
+    growth_flops = [stage.growth.get("flops", 0) for stage in spy.stages]
     assert growth_flops[0] == 0 and all(f > 0 for f in growth_flops[1:])  # nothing to split before training
-    assert [s["train_flops"] for s in spy.stages] == [r.flops + g for r, g in zip(fitted, growth_flops)]
+    assert [s.train_flops for s in spy.stages] == [r.flops + g for r, g in zip(fitted, growth_flops)]
 
 
 def test_prequential_measure_can_be_taken_on_a_seeded_sample_of_each_chunk():
@@ -139,7 +139,7 @@ def test_from_scratch_reinitializes_before_each_later_stage():
     finetune = run_stream(["policy.wait=3"]).state.series
     assert scratch[2]["test_error"] == finetune[2]["test_error"]  # same first stage
     assert scratch[5]["test_error"] != finetune[5]["test_error"]
-    assert [s["kind"] for s in spy.stages] == ["scratch", "scratch"]
+    assert [s.kind for s in spy.stages] == ["scratch", "scratch"]
 
 
 @pytest.mark.parametrize("name", ["gmoe", "gens"])
@@ -147,8 +147,8 @@ def test_a_growing_learner_retrained_from_scratch_still_grows(name):
     """Growth chooses from the trained model, then the grown architecture is re-drawn and trained whole."""
     spy = StageSpy()
     run_stream(["train.from_scratch=true", "policy.wait=2", f"learner.name={name}"], observers=[spy])
-    assert [s["kind"] for s in spy.stages] == ["scratch", "grow", "grow"]  # nothing trained to grow from at first
-    parameters = [s["parameters"] for s in spy.stages]
+    assert [s.kind for s in spy.stages] == ["scratch", "grow", "grow"]  # nothing trained to grow from at first
+    parameters = [s.parameters for s in spy.stages]
     assert parameters[0] < parameters[1] < parameters[2]
 
 
@@ -164,10 +164,10 @@ def test_policies_see_the_last_stage_cost_even_after_waiting_steps():
     state = engine.policy_state()
     (stage,) = spy.stages
     trained_on = 2 * 54  # chunks 1 and 2: 60 examples each, 10% held out
-    assert stage["train_flops"] > 0 and stage["train_seconds"] > 0
+    assert stage.train_flops > 0 and stage.train_seconds > 0
     # Per training example, as the budget policy multiplies it by the next stage's examples.
-    assert state.flops_per_example == stage["train_flops"] / trained_on
-    assert state.train_seconds_per_example == stage["train_seconds"] / trained_on
+    assert state.flops_per_example == stage.train_flops / trained_on
+    assert state.train_seconds_per_example == stage.train_seconds / trained_on
     assert state.chunks_pending == 1 and state.next_stage_examples == 54  # 60 examples, 10% held out
 
 
@@ -202,7 +202,7 @@ def test_ticks_between_chunks_train_only_under_time_based_policies():
     clock.now += 3600
     stage = scheduled.on_tick()
     assert stage is not None and scheduled.state.stages_done >= 1
-    assert scheduled.state.cumulative_train_flops >= stage["train_flops"] > 0
+    assert scheduled.state.cumulative_train_flops >= stage.train_flops > 0
 
 
 def test_the_engine_reads_one_clock_for_its_start_its_wall_times_and_the_policy():

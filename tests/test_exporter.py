@@ -16,6 +16,7 @@ from alma_daemon.cli import main
 from alma_daemon.commands import simulate as simulate_command
 from alma_daemon.config import build_config
 from alma_daemon.core.engine import Engine, EngineObserver
+from alma_daemon.core.records import StepRecord
 from alma_daemon.observability import telemetry
 from alma_daemon.observability.exporter import MetricsObserver, start_exporter
 from alma_daemon.research.simulate import run_simulation
@@ -69,7 +70,7 @@ class EngineCatcher(EngineObserver):
 
     engine: Engine | None = None
 
-    def on_step(self, record: dict, engine: Engine) -> None:
+    def on_step(self, record: StepRecord, engine: Engine) -> None:
         self.engine = engine
 
 
@@ -218,7 +219,7 @@ def test_simulate_metrics_port_serves_while_running_and_overrides_config(monkeyp
     seen: list[dict] = []
 
     class ScrapeEachStep(EngineObserver):
-        def on_step(self, record: dict, engine: Engine) -> None:
+        def on_step(self, record: StepRecord, engine: Engine) -> None:
             seen.append(scrape(f"http://127.0.0.1:{port}"))
 
     assert (
@@ -237,7 +238,7 @@ def test_simulate_metrics_port_zero_turns_the_config_port_off(monkeypatch):
     probes: list[tuple[bool, list[type]]] = []
 
     class PortProbe(EngineObserver):
-        def on_step(self, record: dict, engine: Engine) -> None:
+        def on_step(self, record: StepRecord, engine: Engine) -> None:
             probes.append((port_open(config_port), [type(o) for o in engine.observers]))
 
     assert simulate_cli(monkeypatch, PortProbe(), "--metrics-port", "0", "--set", f"metrics.port={config_port}") == 0
@@ -271,19 +272,19 @@ def test_daemon_serves_metrics_while_running_and_resumes_from_its_state(tmp_path
         }
     )
     replay(dataset_chunks(config), RedisStreamPublisher(redis_db, config.kafka.topic), "watched", progress=False)
-    seen: list[tuple[int, dict, dict]] = []
+    seen: list[tuple[int, dict, StepRecord]] = []
 
     class Probe(EngineObserver):
-        def on_step(self, record: dict, engine: Engine) -> None:
+        def on_step(self, record: StepRecord, engine: Engine) -> None:
             seen.append((http_request("GET", f"{url}/readyz")[0], scrape(url), record))
 
     Daemon(config, redis_db, until_chunks=2, observers=[Probe()]).run()
     assert not port_open(port)
     assert [status for status, _, _ in seen] == [200, 200]
     for _, samples, record in seen:
-        assert value(samples, "alma_model_version") == record["model_version"]
-        assert value(samples, "alma_error_ratio", set="prequential") == record["prequential_error"]
-        assert value(samples, "alma_cumulative_error") == pytest.approx(record["cumulative_error"])
+        assert value(samples, "alma_model_version") == record.model_version
+        assert value(samples, "alma_error_ratio", set="prequential") == record.prequential
+        assert value(samples, "alma_cumulative_error") == pytest.approx(record.cumulative_error)
 
     # A restart: before its first chunk the metrics already show the saved state.
     restarted = Daemon(config, redis_db, until_chunks=4, observers=[Probe()])
@@ -295,4 +296,4 @@ def test_daemon_serves_metrics_while_running_and_resumes_from_its_state(tmp_path
     resumed = telemetry.REGISTRY.get_sample_value("alma_train_flops_total") - flops_before
     assert resumed == engine.state.cumulative_train_flops > 0
     restarted.run()
-    assert [r["chunk"] for _, _, r in seen] == [1, 2, 3, 4]
+    assert [r.chunk for _, _, r in seen] == [1, 2, 3, 4]

@@ -9,6 +9,7 @@ from pathlib import Path
 from alma_daemon.cli import main
 from alma_daemon.config import build_config, to_dict
 from alma_daemon.core.engine import Engine, EngineObserver
+from alma_daemon.core.records import StepRecord
 from alma_daemon.observability.report import TABLE_HEADER, cer_target, find_runs, write_report
 from alma_daemon.observability.results import ResultsWriter, read_results
 from alma_daemon.research.simulate import build_engine, run_simulation, simulated_stream
@@ -53,8 +54,8 @@ class ReportMidStream(EngineObserver):
         self.folder, self.at = folder, at
         self.page: PageParser | None = None
 
-    def on_step(self, record: dict, engine: Engine) -> None:
-        if record["t"] == self.at:
+    def on_step(self, record: StepRecord, engine: Engine) -> None:
+        if record.t == self.at:
             self.page = parse_page(write_report(self.folder, html=True))
 
 

@@ -6,14 +6,12 @@ keys, the measured ones named after the learner's measure (``test_error``, ``val
 CER ``cumulative_error`` for a classifier; ``test_perplexity``, ``val_perplexity`` for a language
 model). The row format is the one results files have always had, so :meth:`StepRecord.from_row`
 reads the files of earlier versions too. Only this module builds row keys from the measure's name.
-
-Records also read like their rows (``record["test_error"]``, ``record.get(...)``), so observers
-written against the rows keep working.
+Observers read the records' typed fields; :meth:`StepRecord.as_row` gives the row.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,24 +20,8 @@ from typing import Any
 _STAGE_KEYS_IN_STEP = ("stage", "kind", "epochs", "best_epoch", "steps")
 
 
-class _ReadsAsRow(Mapping[str, Any]):
-    """The read-only mapping view of a record: its row."""
-
-    def as_row(self) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def __getitem__(self, key: str) -> Any:
-        return self.as_row()[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.as_row())
-
-    def __len__(self) -> int:
-        return len(self.as_row())
-
-
-@dataclass(frozen=True, eq=False)
-class StageRecord(_ReadsAsRow):
+@dataclass(frozen=True)
+class StageRecord:
     """One training stage: what it trained on, what it cost, and the model it left."""
 
     stage: int
@@ -59,13 +41,15 @@ class StageRecord(_ReadsAsRow):
     train_flops_per_example: float
     #: What growing did (the learner's own report), when the stage grew the model.
     growth: dict | None = None
-    #: The chunks trained on and their example count; None for a stage read back from a step's row,
-    #: which does not carry them.
+    #: ``chunks``: the chunks not trained on before (pending) only, even with ``stream.replay``, where
+    #: the stage also trains on every earlier chunk kept. ``examples``: the examples trained and
+    #: validated on, the pending chunks' without replay, every kept chunk's with it. None for a stage
+    #: read back from a step's row, which does not carry them.
     chunks: list[int] | None = None
     examples: int | None = None
 
     def as_row(self) -> dict[str, Any]:
-        """The stage as observers, logs and checkpoint metrics have always seen it."""
+        """The stage as logs and checkpoint metrics show it."""
         return {
             "stage": self.stage,
             "kind": self.kind,
@@ -88,8 +72,8 @@ class StageRecord(_ReadsAsRow):
         return {k: v for k, v in self.as_row().items() if k != "growth"}
 
 
-@dataclass(frozen=True, eq=False)
-class StepRecord(_ReadsAsRow):
+@dataclass(frozen=True)
+class StepRecord:
     """One chunk's step: the measures taken, the policy's decision, the running totals, and the stage
     it trained (None when the policy waited)."""
 
@@ -133,6 +117,7 @@ class StepRecord(_ReadsAsRow):
         return {"test": self.test, "prequential": self.prequential}[on]
 
     def as_row(self) -> dict[str, Any]:
+        """The step as results files and the daemon's series hold it."""
         m = self.measure
         row: dict[str, Any] = {
             "t": self.t,
