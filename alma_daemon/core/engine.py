@@ -29,6 +29,7 @@ from alma_daemon.core.records import StageRecord, StepRecord
 from alma_daemon.data.streams import Chunk, build_drift, prequential_sample, split_chunk
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import Learner
+from alma_daemon.learners.growing import NOT_TRAINED_YET
 from alma_daemon.seeding import derive_seed
 from alma_daemon.training.loop import FitReport, Trainer
 from alma_daemon.training.optim import resolve_optimizer_name
@@ -193,16 +194,7 @@ class Engine:
     def train_stage(self, decision: Decision) -> StageRecord:
         """Grow (if told to and able), then train on the buffered data; checkpoint the result."""
         stage = self.state.stages_done + 1
-        seed = self.config.seed
-        trainer = Trainer(
-            self.config.train,
-            self.optimizer_name,
-            self.device,
-            seed=derive_seed(seed, "stage", stage),
-            augment=self.learner.task.augment,
-        )
-        # Draws from torch's global RNG (a user's learner may make some) must also replay identically on resume.
-        torch.manual_seed(derive_seed(seed, "torch", stage))
+        trainer = self._stage_trainer(stage)
         chunk_ids = self.buffer.pending_chunks()
         train, val = self.buffer.training_data(self.config.stream.replay)
         kind = "scratch" if self.config.train.from_scratch else "finetune"
@@ -210,12 +202,11 @@ class Engine:
         # Growth first: it chooses from the trained model (gMoE's losing expert, Firefly's candidates),
         # which a retraining from scratch then re-draws at the grown size.
         if decision.grow and self.learner.grows:
-            growth = self.learner.grow(val, trainer)
-            self.learner.architecture_changed()
-            if "reason" not in growth:  # a skipped step says why, and grew nothing
+            growth = self._grow(val, trainer)
+            if growth.get("reason") != NOT_TRAINED_YET:
                 kind = "grow"
         if self.config.train.from_scratch and self.state.stages_done > 0:
-            self.learner.reinitialize(derive_seed(seed, "scratch", stage))
+            self.learner.reinitialize(derive_seed(self.config.seed, "scratch", stage))
         report: FitReport = self.learner.fit(train, val, trainer)
         # The passes that chose how to grow (validation losses, candidate scoring) are training compute.
         report = replace(report, flops=report.flops + int((growth or {}).get("flops", 0)))
@@ -245,12 +236,37 @@ class Engine:
         log.info("trained", extra={k: v for k, v in record.as_row().items() if k != "chunks"})
         for observer in self.observers:
             observer.on_stage(record, self)
-        if self.checkpoints is not None:
-            metrics = record.checkpoint_metrics()
-            path = self.checkpoints.save(self.learner, self.state.model_version, metrics, validation=val)
-            for observer in self.observers:
-                observer.on_checkpoint(self.state.model_version, str(path), metrics, self)
+        self._checkpoint(record, val)
         return record
+
+    def _stage_trainer(self, stage: int) -> Trainer:
+        """The trainer of stage ``stage``, with torch's global RNG seeded for the stage too."""
+        seed = self.config.seed
+        trainer = Trainer(
+            self.config.train,
+            self.optimizer_name,
+            self.device,
+            seed=derive_seed(seed, "stage", stage),
+            augment=self.learner.task.augment,
+        )
+        # Draws from torch's global RNG (a user's learner may make some) must also replay identically on resume.
+        torch.manual_seed(derive_seed(seed, "torch", stage))
+        return trainer
+
+    def _grow(self, val: LabeledData, trainer: Trainer) -> dict:
+        """The learner's growth step; returns its report (a step it skipped says why, and grew nothing)."""
+        growth = self.learner.grow(val, trainer)
+        self.learner.architecture_changed()
+        return growth
+
+    def _checkpoint(self, record: StageRecord, val: LabeledData) -> None:
+        """Save the model the stage left as its version, and tell the observers where it is."""
+        if self.checkpoints is None:
+            return
+        metrics = record.checkpoint_metrics()
+        path = self.checkpoints.save(self.learner, record.model_version, metrics, validation=val)
+        for observer in self.observers:
+            observer.on_checkpoint(record.model_version, str(path), metrics, self)
 
     def test_set_at(self, chunk_index: int) -> LabeledData | None:
         """The test set the model is measured on after chunk ``chunk_index``: drifted from ``stream.drift.at`` on."""
