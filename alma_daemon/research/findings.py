@@ -29,9 +29,6 @@ class RunResult:
     summary: dict
     test_error: list[float] = field(default_factory=list)
 
-    def get(self, key: str, default=None):
-        return self.params.get(key, default)
-
     @property
     def learner(self) -> str:
         return self.params.get("learner.name", "sm")

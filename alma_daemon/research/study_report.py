@@ -67,7 +67,6 @@ def write_study_report(
     for f in findings:
         md += [f"- **{f['id']}** ({f['verdict']}): {f['rule']}"]
     images: list[tuple[str, bytes]] = []
-    sections = []
     for experiment in experiments:
         root = out / "runs" / experiment.name
         try:
@@ -78,7 +77,6 @@ def write_study_report(
         drawn = _figures(runs, out / "figures", experiment.name)
         md += [f"![{caption}](figures/{name})\n" for name, caption in drawn]
         images += [(caption, (out / "figures" / name).read_bytes()) for name, caption in drawn]
-        sections.append(experiment.name)
     (out / "report.md").write_text("\n".join(md) + "\n")
     rules = "".join(f"<li><b>{html.escape(f['id'])}</b>: {html.escape(f['rule'])}</li>" for f in findings)
     page = html_page(title, ["finding", "claim", "verdict", "evidence"], rows, images)
