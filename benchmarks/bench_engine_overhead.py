@@ -19,12 +19,19 @@ import os
 from figures_file import write_figures  # this script's folder is on sys.path when it runs
 
 from alma_daemon.config import build_config
+from alma_daemon.core import assembly
 from alma_daemon.core.engine import Engine
 from alma_daemon.research import simulate
 
 
 class MeasureEveryChunk(Engine):
     """The engine before the skip: a test-set pass after every chunk."""
+
+    built = 0
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        MeasureEveryChunk.built += 1
 
     def test_measure(self, test_set):
         return None if test_set is None else self.learner.evaluate(test_set)[self.learner.measure]
@@ -40,12 +47,18 @@ def run(megabatches: int, wait: int, epochs: int, engine_class: type[Engine]) ->
             "policy": {"name": "fixed", "wait": wait},
         }
     )
-    original = simulate.Engine
-    simulate.Engine = engine_class
+    # The one engine factory builds every engine; the run must go through the class asked for (an
+    # earlier version swapped the class where the simulator no longer looked it up, and compared the
+    # engine with itself).
+    built_before = MeasureEveryChunk.built
+    original = assembly.Engine
+    assembly.Engine = engine_class
     try:
         results = simulate.run_simulation(config, progress=False)
     finally:
-        simulate.Engine = original
+        assembly.Engine = original
+    if engine_class is MeasureEveryChunk and MeasureEveryChunk.built == built_before:
+        raise RuntimeError("the simulation did not build the engine class it was given")
     summary = results["summary"]
     wall, train = summary["wall_seconds"], summary["train_seconds"]
     return {
