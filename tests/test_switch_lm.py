@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -9,7 +10,7 @@ import torch
 
 from alma_daemon.config import TrainConfig
 from alma_daemon.data.tensors import LabeledData
-from alma_daemon.learners import build_learner
+from alma_daemon.learners import build_learner, learner_from_spec
 from alma_daemon.learners.switch_lm_gmoe import expert_losses
 from alma_daemon.models.switch import SwitchFFN, balance_loss
 from alma_daemon.training.loop import Trainer
@@ -127,7 +128,28 @@ def test_gens_starts_with_one_member_and_trains_only_new_ones():
     report = learner.fit(train, val, trainer(stage=2))
     assert report.steps == 4  # one member's steps
     assert all(torch.equal(v, learner.model[0].state_dict()[k]) for k, v in first.items())
-    assert learner.spec()["arch"] == {"members": 2, "trained": 2, "frozen": 1}
+    assert learner.spec()["arch"] == {"members": 2, "frozen": 1, "trained": True}
+
+
+@pytest.mark.parametrize(
+    "saved,current",
+    [
+        # "trained" counted the trained members: all of them, or all but the newest.
+        ({"members": 2, "trained": 2, "frozen": 1}, {"members": 2, "frozen": 1, "trained": True}),
+        ({"members": 3, "trained": 1, "frozen": 1}, {"members": 3, "frozen": 1, "trained": False}),
+        # Before "frozen" was kept, members grew one at a time: all but the newest were frozen.
+        ({"members": 3, "trained": 3}, {"members": 3, "frozen": 2, "trained": True}),
+        ({"members": 2, "trained": 0}, {"members": 2, "frozen": 1, "trained": False}),
+    ],
+)
+def test_gens_loads_the_arch_that_older_checkpoints_saved(saved, current):
+    spec = {**tiny_learner("switch-lm-gens").spec(), "arch": saved}
+    restored = learner_from_spec(json.loads(json.dumps(spec)))
+    assert restored.spec()["arch"] == current
+    assert len(restored.model) == saved["members"]
+    assert restored.members_to_train() == range(current["frozen"], saved["members"])
+    val = token_data(16, seed=2)
+    assert restored.grow(val, trainer())["added"] == (1 if current["trained"] else 0)
 
 
 def test_gens_stage_without_growth_fine_tunes_every_member_of_the_last_growth():

@@ -7,13 +7,14 @@ own initialization, shuffling and early stopping, with the results of training t
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal, cast
+from typing import ClassVar, Literal, cast
 
 import torch
 from pydantic import Field
 from pydantic.dataclasses import dataclass
 from torch import nn
 
+from alma_daemon.config import LearnerConfig
 from alma_daemon.config.base import PLUGIN_SECTION, Int
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import register_learner
@@ -24,12 +25,10 @@ from alma_daemon.training.loop import FitReport, Trainer
 from alma_daemon.training.members import stacked_fitter
 
 
-def independent_members(learner: Learner, count: int, first: int = 0) -> list[nn.Module]:
-    """``count`` backbones, members ``first`` to ``first + count - 1``."""
+def independent_members(learner: Learner, indices: range) -> list[nn.Module]:
+    """The backbones ``indices`` of an ensemble."""
     return seeded_members(
-        learner,
-        range(first, first + count),
-        lambda: build_backbone(learner.task, cast(BackboneConfig, learner.config).width),
+        learner, indices, lambda: build_backbone(learner.task, cast(BackboneConfig, learner.config).width)
     )
 
 
@@ -65,15 +64,24 @@ class Ensemble(Learner):
     """``learner.members`` backbones trained independently; the output is their mean probability."""
 
     name = "ens"
-    config_model = EnsembleConfig
+    config_model: ClassVar[type[LearnerConfig]] = EnsembleConfig
     model: nn.ModuleList
-    config: EnsembleConfig
 
     def build(self, arch: dict) -> nn.Module:
-        return nn.ModuleList(independent_members(self, self.config.members))
+        # gEns shares this class but not the key: it builds its members from arch.
+        members = cast(EnsembleConfig, self.config).members
+        return nn.ModuleList(self.new_members(range(members)))
+
+    def new_members(self, indices: range) -> list[nn.Module]:
+        """The backbones ``indices`` of the ensemble."""
+        return independent_members(self, indices)
+
+    def members_to_train(self) -> range:
+        return range(len(self.model))
 
     def fit(self, train: LabeledData, val: LabeledData, trainer: Trainer) -> FitReport:
-        return train_independent_members(list(enumerate(self.model)), trainer, train, val)
+        members = [(i, self.model[i]) for i in self.members_to_train()]
+        return train_independent_members(members, trainer, train, val)
 
     def forward_proba(self, x: torch.Tensor) -> torch.Tensor:
         return average_member_proba(self.model, x)

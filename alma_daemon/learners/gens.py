@@ -15,18 +15,16 @@ from __future__ import annotations
 
 from typing import Literal
 
-import torch
 from pydantic import Field
 from pydantic.dataclasses import dataclass
-from torch import nn
 
 from alma_daemon.config.base import PLUGIN_SECTION, Int
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import register_learner
-from alma_daemon.learners.base import BackboneConfig, Learner
-from alma_daemon.learners.ens import average_member_proba, independent_members, train_independent_members
-from alma_daemon.learners.growing import GrowsOnceTrained
-from alma_daemon.training.loop import FitReport, Trainer
+from alma_daemon.learners.base import BackboneConfig
+from alma_daemon.learners.ens import Ensemble
+from alma_daemon.learners.growing_ensemble import GrowsByMembers
+from alma_daemon.training.loop import Trainer
 
 
 @dataclass(config=PLUGIN_SECTION)
@@ -39,45 +37,17 @@ class GrowingEnsembleConfig(BackboneConfig):
 
 
 @register_learner
-class GrowingEnsemble(GrowsOnceTrained, Learner):
-    """Independent members; growth freezes them and adds k new ones, the only ones trained afterwards.
+class GrowingEnsemble(GrowsByMembers, Ensemble):
+    """Ens's members, trained as in Ens (stacked where they allow it); growth freezes them and adds k new ones.
 
-    ``arch``: ``{"members": count, "frozen": members kept fixed (the first ones), "trained": whether
-    the trainable members have trained since they were added}``.
+    ``arch``: see :class:`~alma_daemon.learners.growing_ensemble.GrowsByMembers`.
     """
 
     name = "gens"
     config_model = GrowingEnsembleConfig
-    model: nn.ModuleList
     config: GrowingEnsembleConfig
 
-    def initial_architecture(self) -> dict:
-        return {"members": 1, "frozen": 0, "trained": False}
-
-    def build(self, arch: dict) -> nn.Module:
-        return nn.ModuleList(independent_members(self, arch["members"]))
-
-    def mark_untrained(self) -> None:
-        # Retraining from scratch re-draws every member, frozen ones included: all train again.
-        self.arch = {**self.arch, "frozen": 0, "trained": False}
-
-    def growth_skipped(self) -> dict:
-        return {"added": 0, "members": self.arch["members"]}
-
     def grow_trained(self, val: LabeledData, trainer: Trainer) -> dict:
-        """Freeze every member and add k freshly initialized ones."""
-        count = self.arch["members"]
-        added = self.config.grow_members
-        self.model.extend(m.to(self.device) for m in independent_members(self, added, first=count))
-        self.arch = {"members": count + added, "frozen": count, "trained": False}
-        return {"added": added, "members": count + added, "frozen": count}
-
-    def fit(self, train: LabeledData, val: LabeledData, trainer: Trainer) -> FitReport:
-        """Train the non-frozen members, each independently (stacked where they allow it, as in Ens)."""
-        trainable = [(i, self.model[i]) for i in range(self.arch["frozen"], self.arch["members"])]
-        report = train_independent_members(trainable, trainer, train, val)
-        self.mark_trained()
-        return report
-
-    def forward_proba(self, x: torch.Tensor) -> torch.Tensor:
-        return average_member_proba(self.model, x)
+        # Image gEns's growth records also count the frozen members (switch-lm-gens's never did): saved
+        # series keep their keys.
+        return {**super().grow_trained(val, trainer), "frozen": self.arch["frozen"]}

@@ -19,10 +19,10 @@ class GrowsOnceTrained:
     """Mixin placed before the learner's base class: :meth:`grow` waits for the newest part to train.
 
     A learner implements :meth:`grow_trained` (the growth step) and :meth:`growth_skipped` (the summary
-    of a step that grew nothing). ``arch["trained"]`` records the state in the checkpoint's spec, so the
-    rule survives a restart; a learner that tracks more than a flag overrides :meth:`newest_part_trained`
-    and :meth:`mark_trained`. The mixin's ``fit`` records the training; a learner with a ``fit`` of its
-    own calls :meth:`mark_trained` at its end.
+    of a step that grew nothing). ``arch["trained"]``, a bool, records the state in the checkpoint's
+    spec, so the rule survives a restart. The mixin's ``fit`` sets it and :meth:`reinitialize`
+    (retraining from scratch) clears it; a learner whose ``arch`` says more about what trains
+    (gEns's frozen members) overrides :meth:`mark_untrained`.
     """
 
     grows = True

@@ -16,14 +16,8 @@ from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import register_learner
 from alma_daemon.learners.base import seeded_members
 from alma_daemon.learners.switch_lm import LanguageModel, LanguageModelConfig
-from alma_daemon.models.switch import SwitchLM
 from alma_daemon.training.distributed import train_members
 from alma_daemon.training.loop import FitReport, Trainer
-
-
-def member_networks(learner: LanguageModel, indices: range) -> list[SwitchLM]:
-    """The Switch LMs ``indices`` of an ensemble."""
-    return seeded_members(learner, indices, learner.new_network)
 
 
 def mixture_log_proba(members: nn.ModuleList, x: torch.Tensor) -> torch.Tensor:
@@ -52,7 +46,11 @@ class SwitchLMEnsemble(LanguageModel):
     def build(self, arch: dict) -> nn.Module:
         # switch-lm-gens shares this class but not the key: it builds its members from arch.
         members = cast(SwitchLMEnsembleConfig, self.config).members
-        return nn.ModuleList(member_networks(self, range(members)))
+        return nn.ModuleList(self.new_members(range(members)))
+
+    def new_members(self, indices: range) -> list[nn.Module]:
+        """The Switch LMs ``indices`` of the ensemble."""
+        return seeded_members(self, indices, self.new_network)
 
     def members_to_train(self) -> range:
         return range(len(self.model))

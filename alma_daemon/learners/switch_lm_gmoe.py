@@ -78,5 +78,5 @@ class GrowingSwitchLM(GrowsOnceTrained, SwitchLanguageModel):
             chosen = loss.topk(min(self.config.grow_experts, len(loss))).indices.tolist()
             ffn.split_experts(chosen)
             copied.append(chosen)
-        self.arch["experts"] = [len(ffn.experts) for ffn in self.model.switch_layers()]
+        self.arch = {**self.arch, "experts": [len(ffn.experts) for ffn in self.model.switch_layers()]}
         return {"copied": copied, "experts": list(self.arch["experts"]), "flops": flops}

@@ -44,4 +44,4 @@ class UniformMixture(SingleNetwork):
     config: UniformMixtureConfig
 
     def build(self, arch: dict) -> nn.Module:
-        return LogitAverage(independent_members(self, self.config.members))
+        return LogitAverage(independent_members(self, range(self.config.members)))
