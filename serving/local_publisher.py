@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from serving.codecs import codec_for
-from serving.publisher import PROBE_EXAMPLES, Candidate, Publisher, PublishError
+from serving.publisher import Candidate, Publisher, PublishError
 
 
 class LocalPublisher(Publisher):
@@ -24,9 +23,7 @@ class LocalPublisher(Publisher):
 
     def stage(self, candidate: Candidate) -> None:
         """The candidate loaded from disk; check that its answers are numbers, as a server's probe would."""
-        codec = codec_for(candidate.learner.task)
-        request = codec.encode_request(candidate.sample.x[:PROBE_EXAMPLES])
-        answers = codec.decode_response(codec.answer(candidate.learner, request))
+        _, answers = candidate.probe()
         if not bool(torch.isfinite(answers).all()):
             raise PublishError("probe", f"version {candidate.version} answers NaN or infinite values", retry=False)
 

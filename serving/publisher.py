@@ -28,11 +28,14 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
 
+import torch
+
 from alma_daemon.core.checkpoints import CheckpointStore
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import Learner
 from alma_daemon.logs import error_text
 from alma_daemon.observability import telemetry
+from serving.codecs import codec_for
 from serving.live_pointer import LivePointer, ServingState
 
 log = logging.getLogger(__name__)
@@ -71,6 +74,13 @@ class Candidate:
     version: int
     learner: Learner
     sample: LabeledData
+
+    def probe(self) -> tuple[dict, torch.Tensor]:
+        """The request a staged version is probed with (the sample's first :data:`PROBE_EXAMPLES`,
+        encoded as a client sends them) and the answers the checkpoint gives to it in process, decoded."""
+        codec = codec_for(self.learner.task)
+        request = codec.encode_request(self.sample.x[:PROBE_EXAMPLES])
+        return request, codec.decode_response(codec.answer(self.learner, request))
 
 
 @dataclass(frozen=True)

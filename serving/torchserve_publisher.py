@@ -25,7 +25,7 @@ from alma_daemon.config import ServingConfig
 from alma_daemon.core.checkpoints import CheckpointStore
 from serving.archiver import ARCHIVES, archive_name, build_archive, checkpoint_digest
 from serving.codecs import codec_for, max_abs_difference
-from serving.publisher import PROBE_EXAMPLES, Candidate, Publisher, PublishError, failing_as
+from serving.publisher import Candidate, Publisher, PublishError, failing_as
 
 log = logging.getLogger(__name__)
 
@@ -281,11 +281,10 @@ class TorchServePublisher(Publisher):
 
     def _probe(self, candidate: Candidate) -> None:
         """Ask the new version about a few validation examples; it must answer as the checkpoint does."""
-        codec = codec_for(candidate.learner.task)
-        request = codec.encode_request(candidate.sample.x[:PROBE_EXAMPLES])
         with failing_as("probe"):
-            served = codec.decode_response(self.client.predict(self.model, candidate.version, request))
-            expected = codec.decode_response(codec.answer(candidate.learner, request))
+            request, expected = candidate.probe()
+            answer = self.client.predict(self.model, candidate.version, request)
+            served = codec_for(candidate.learner.task).decode_response(answer)
         difference = max_abs_difference(expected, served)
         if not difference <= PROBE_TOLERANCE:
             raise PublishError(
