@@ -31,6 +31,7 @@ from pathlib import Path
 import psutil
 
 from alma_daemon.config import Config
+from serving.torchserve_publisher import TokenKeys
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +62,6 @@ class TorchServeProcess:
         self.folder = torchserve_folder(config).resolve()
         self.pid_path = self.folder / PID_FILE
         self.log_path = self.folder / LOG_FILE
-        self.token_auth = config.serving.token_auth
         #: TorchServe writes its keys into its working directory, this folder.
         self.key_path = self.folder / KEY_FILE
         self._process: subprocess.Popen | None = None
@@ -108,11 +108,7 @@ class TorchServeProcess:
                 "TorchServe's management API will listen beyond loopback",
                 extra={"management_url": self.serving.management_url},
             )
-        for sub in ("model_store", "tmp", "logs"):
-            (self.folder / sub).mkdir(parents=True, exist_ok=True)
-        self.key_path.unlink(missing_ok=True)
-        config_path = self.folder / "config.properties"
-        config_path.write_text("".join(f"{k}={v}\n" for k, v in self.properties().items()))
+        config_path = self._write_config()
         env = dict(os.environ)
         # TEMP is the JVM's temp dir (workers' sockets), TMPDIR moves TorchServe's pid file.
         env.update(
@@ -121,25 +117,9 @@ class TorchServeProcess:
             LOG_LOCATION=str(self.folder / "logs"),
             METRICS_LOCATION=str(self.folder / "logs"),
         )
-        command = [
-            sys.executable,
-            "-m",
-            "ts.model_server",
-            "--start",
-            "--foreground",
-            "--ncs",
-            "--model-store",
-            str(self.folder / "model_store"),
-            "--ts-config",
-            str(config_path),
-        ]
-        if self.serving.niceness:
-            # Inherited by the JVM and every worker it forks: on a machine it shares with training,
-            # serving (and the model loads of each swap) yields the cores (docs/serving.md).
-            command = ["nice", "-n", str(self.serving.niceness), *command]
         with open(self.log_path, "ab") as log_file:
             process = subprocess.Popen(
-                command,
+                self._command(config_path),
                 stdin=subprocess.DEVNULL,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
@@ -179,6 +159,35 @@ class TorchServeProcess:
         self.pid_path.unlink(missing_ok=True)
         return True
 
+    def _write_config(self) -> Path:
+        """Write ``config.properties`` and make the folders TorchServe writes into; a key file an
+        earlier run left is removed, so that the readiness check waits for this run's keys."""
+        for sub in ("model_store", "tmp", "logs"):
+            (self.folder / sub).mkdir(parents=True, exist_ok=True)
+        self.key_path.unlink(missing_ok=True)
+        config_path = self.folder / "config.properties"
+        config_path.write_text("".join(f"{k}={v}\n" for k, v in self.properties().items()))
+        return config_path
+
+    def _command(self, config_path: Path) -> list[str]:
+        command = [
+            sys.executable,
+            "-m",
+            "ts.model_server",
+            "--start",
+            "--foreground",
+            "--ncs",
+            "--model-store",
+            str(self.folder / "model_store"),
+            "--ts-config",
+            str(config_path),
+        ]
+        if self.serving.niceness:
+            # Inherited by the JVM and every worker it forks: on a machine it shares with training,
+            # serving (and the model loads of each swap) yields the cores (docs/serving.md).
+            command = ["nice", "-n", str(self.serving.niceness), *command]
+        return command
+
     def _wait_ready(self, process: subprocess.Popen, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while not self._answers_ping():
@@ -192,11 +201,11 @@ class TorchServeProcess:
 
     def _answers_ping(self) -> bool:
         headers = {}
-        if self.token_auth:
+        if self.serving.token_auth:
             try:
-                headers["Authorization"] = "Bearer " + json.loads(self.key_path.read_text())["inference"]["key"]
+                headers["Authorization"] = "Bearer " + TokenKeys(self.key_path).key("inference")
             except (FileNotFoundError, json.JSONDecodeError, KeyError):
-                return False
+                return False  # TorchServe has not written its keys yet
         request = urllib.request.Request(self.serving.inference_url.rstrip("/") + "/ping", headers=headers)
         try:
             with urllib.request.urlopen(request, timeout=2) as response:
@@ -266,5 +275,8 @@ def yield_to_training(pid: int, niceness: int) -> None:
     """
     try:
         Path(f"/proc/{pid}/autogroup").write_text(f"{niceness}\n")
-    except OSError:
-        pass  # no autogroup scheduling here: the processes' own nice value applies
+    except OSError as err:
+        log.info(
+            "no autogroup scheduling here: only TorchServe's own nice value yields to training",
+            extra={"pid": pid, "error": str(err)},
+        )
