@@ -103,7 +103,8 @@ class Outcome:
 class Publisher(ABC):
     """Makes checkpoint versions live on one serving backend, guarded, with rollback.
 
-    Subclasses implement the backend steps; the order, the guard, the pointer and the lock are here.
+    Subclasses implement the backend steps; the order of the steps, the guard, and when the live pointer
+    changes (under its lock, :mod:`serving.live_pointer`) are here.
     """
 
     #: Name in config (``serving.kind``).
