@@ -177,7 +177,19 @@ class Publisher(ABC):
             raise ValueError(f"version {version} is not in {self.store.folder} (have {self.store.versions()})")
         with self.pointer.locked():
             state = self.pointer.read()
-            if version != self._serve_live(state):
+            try:
+                live = self._serve_live(state)
+            except PublishError as err:
+                # A rollback is the way out of a live version the server can no longer load: re-serving
+                # it only readies the server to replace a stale default, so a failure there stops
+                # nothing but a rollback to that very version.
+                if version == state.live:
+                    raise
+                log.warning(
+                    "the live version could not be served again; rolling back anyway", extra={"error": str(err)}
+                )
+                live = state.live
+            if version != live:
                 # Staging reuses a registration that serves this checkpoint (the backend checks).
                 self.stage(self.load_candidate(version))
                 self._promote(version, ServingState(live=version, decided=state.decided, previous=state.live))

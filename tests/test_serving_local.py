@@ -155,6 +155,26 @@ def test_rollback_makes_an_earlier_version_live_without_the_guard(store, good_an
         publisher.rollback(7)
 
 
+class LiveUnloadablePublisher(LocalPublisher):
+    """A local publisher whose server can no longer load the live version, as a TorchServe that refuses it."""
+
+    def ensure_serving(self, live: int) -> None:
+        raise PublishError("register", f"version {live} fails to load")
+
+
+def test_a_rollback_goes_ahead_when_the_live_version_cannot_be_served_again(store, good_and_bad):
+    good, bad, sample = good_and_bad
+    save_version(store, 1, good, sample)
+    save_version(store, 2, bad, sample)
+    LocalPublisher(store, promotion_margin=1.0).publish(1)
+    LocalPublisher(store, promotion_margin=1.0).publish(2)
+    publisher = LiveUnloadablePublisher(store, promotion_margin=1.0)
+    assert publisher.rollback(1) == 2
+    assert publisher.live_version() == 1
+    with pytest.raises(PublishError, match="version 1 fails to load"):
+        publisher.rollback(1)  # to the live version itself: serving it is the rollback
+
+
 def test_a_live_version_missing_from_the_store_is_warned_about_once_not_at_every_resync(store, good_and_bad, caplog):
     good, _, sample = good_and_bad
     save_version(store, 1, good, sample)
