@@ -321,6 +321,8 @@ def test_a_key_of_another_plugin_says_where_it_was_set_and_what_to_do(tmp_path, 
         "alma config check: config error: learner.grow_members: not read by the 'sm' learner; "
         "the learners that read it: gens, switch-lm-gens\n"
     )
+    assert main(["config", "check", str(path), "--set", "policy.ratio=2"]) == 2
+    assert capsys.readouterr().err.endswith("the policies that read it: geometric\n")
     # The file contradicts itself.
     path.write_text("learner: {name: sm, members: 3}\n")
     with pytest.raises(ConfigError) as caught:

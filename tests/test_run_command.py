@@ -97,6 +97,18 @@ def test_until_chunks_beyond_what_the_replay_sends_is_refused_at_start(tmp_path)
     assert not (tmp_path / "state").exists(), "something started before the refusal"
 
 
+@needs_mnist
+def test_a_replay_that_fails_is_told_in_one_line_without_a_traceback(tmp_path) -> None:
+    port = free_port()  # nobody listens: no broker
+    run = alma("run", "--replay", "mnist", "--set", f"kafka.bootstrap_servers=127.0.0.1:{port}", *settings(tmp_path))
+    assert run.returncode == 1, run.stderr
+    assert "Traceback" not in run.stderr, run.stderr
+    assert run.stderr.rstrip().splitlines()[-1] == (
+        f"alma run: replay failed: KafkaConnectionError: no Kafka broker answered at 127.0.0.1:{port} "
+        "(kafka.bootstrap_servers); start one, or use --embedded / kafka.transport: redis"
+    )
+
+
 @pytest.fixture(scope="module")
 def resumed(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     """A stream of 3 chunks run to chunk 2, then resumed to chunk 3 with its progress bar shown."""

@@ -13,6 +13,7 @@ import sys
 from alma_daemon.cli import add_config_arguments, check_config_under_ranks
 from alma_daemon.config import Config, ConfigError, load_config
 from alma_daemon.core.checkpoints import CheckpointStore
+from alma_daemon.logs import error_text
 from alma_daemon.observability.progress import ProgressBar
 from alma_daemon.runtime import resolve_device
 from alma_daemon.service.daemon import Daemon
@@ -117,7 +118,7 @@ def serve_locked(args: argparse.Namespace, config: Config, world: World) -> int:
                 daemon.request_stop()  # the replay thread stops with the daemon
                 replayer.stop()
                 if replayer.error is not None:
-                    print(f"alma run: replay failed: {replayer.error!r}", file=sys.stderr)
+                    print(f"alma run: replay failed: {error_text(replayer.error)}", file=sys.stderr)
         if replayer is not None and replayer.error is not None:
             return 1
         print(format_status(read_status(client, daemon.keys, config.daemon.poll_seconds, serving_state(config))))

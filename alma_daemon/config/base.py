@@ -20,6 +20,10 @@ class ConfigError(ValueError):
     """A configuration key is unknown or its value is invalid; the message names the key."""
 
 
+#: Plugin sections by the plural their error messages use.
+PLURAL = {"learner": "learners", "policy": "policies"}
+
+
 class KeyOfAnotherPlugin(ConfigError):
     """A key that the chosen plugin of its section does not read, though others do (``learner.members``
     with learner ``sm``). What to do about it depends on where the key and the plugin's name were set:
@@ -29,7 +33,7 @@ class KeyOfAnotherPlugin(ConfigError):
         self.key, self.section, self.name, self.readers = key, section, name, readers
         where = f" (set in {file})" if file else ""
         super().__init__(
-            f"{key}: not read by the {name!r} {section}{where}; the {section}s that read it: {', '.join(readers)}"
+            f"{key}: not read by the {name!r} {section}{where}; the {PLURAL[section]} that read it: {', '.join(readers)}"
         )
 
     def where_set(self, file: str | None, overridden: set[str]) -> ConfigError:

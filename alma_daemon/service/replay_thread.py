@@ -45,7 +45,8 @@ class ReplayThread:
             )
         except BaseException as exc:
             self.error = exc
-            log.error("replay failed", exc_info=True)
+            # `alma run` reports the failure in one line when it ends; -vv adds the traceback.
+            log.debug("replay failed", exc_info=True)
             self.on_failure()
 
     def start(self) -> None:
