@@ -169,6 +169,11 @@ def test_status_while_redis_is_down_shows_the_daemon_file_and_the_live_version(r
             "not_promoted",
             "7 (live: 6, newer refused by the promotion guard or rolled back)",
         ),
+        (
+            ServingState(live=10, decided=10, previous=9),
+            "foreign",
+            "7 (live: 10, newer than this stream's: daemon.checkpoint_dir serves another stream)",
+        ),
     ],
 )
 def test_the_live_version_is_told_against_the_newest_one(serving, state, shown) -> None:

@@ -113,7 +113,9 @@ def live_state(model_version: int, serving: ServingState | None) -> str | None:
     rollback`` made an older version live (a promotion never does: it makes ``previous`` older than
     ``live``); ``publishing``: the publisher has not yet ruled on the newest version (the daemon is
     at it, retrying, or catches up at its next start); ``not_promoted``: newer versions were refused by
-    the promotion guard, or rolled back from and ``alma rollback`` was used again since.
+    the promotion guard, or rolled back from and ``alma rollback`` was used again since; ``foreign``:
+    the live version is newer than any of this stream's, so the model store serves another stream
+    (two deployments sharing ``daemon.checkpoint_dir``).
     """
     if serving is None:
         return None
@@ -122,6 +124,8 @@ def live_state(model_version: int, serving: ServingState | None) -> str | None:
         return "none"
     if live == model_version:
         return "newest"
+    if live > model_version:
+        return "foreign"
     if serving.previous is not None and serving.previous > live:
         return "rolled_back"
     if serving.decided < model_version:
@@ -134,6 +138,7 @@ LIVE_STATE_WORDS = {
     "rolled_back": "rolled back",
     "publishing": "newer not published yet",
     "not_promoted": "newer refused by the promotion guard or rolled back",
+    "foreign": "newer than this stream's: daemon.checkpoint_dir serves another stream",
 }
 
 

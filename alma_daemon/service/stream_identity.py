@@ -60,7 +60,15 @@ class StreamIdentity:
         in_redis = self._in_redis()
         on_disk = self._on_disk()
         if in_redis is None and on_disk is not None:
-            raise self._lost(on_disk)
+            # At start-up there are two stories: Redis lost the stream, or this model store is another
+            # deployment's (every example config uses the same default daemon.checkpoint_dir).
+            raise RedisLostTheStream(
+                f"Redis at {self.redis_name} holds no stream {self.keys.stream!r}, but {self.marker} records it "
+                f"(identity {on_disk}): Redis has lost its data (it restarted without persistence, or is another "
+                f"server), or daemon.checkpoint_dir is another deployment's model store. Restore Redis's data "
+                f"(AOF or RDB) and start again, or set another daemon.checkpoint_dir for a new stream; never start "
+                f"a stream over on top of its model versions"
+            )
         if in_redis is None:
             versions = self.store.versions()
             if versions and self.client.get(self.keys.engine) is None:
@@ -102,17 +110,14 @@ class StreamIdentity:
         """Redis must still hold the identity established at start-up."""
         in_redis = self._in_redis()
         if in_redis != self.value:
-            raise self._lost(self.value or "")
+            raise RedisLostTheStream(
+                f"Redis at {self.redis_name} came back without stream {self.keys.stream!r} (identity {self.value}, "
+                f"recorded in {self.marker}): it restarted empty (no persistence) or is another server. Restore its "
+                f"data (AOF or RDB) and start the daemon again; never start a stream over on top of its model versions"
+            )
 
     def _server_run_id(self) -> str:
         return server_run_id(self.client)
-
-    def _lost(self, identity: str) -> RedisLostTheStream:
-        return RedisLostTheStream(
-            f"Redis at {self.redis_name} came back without stream {self.keys.stream!r} (identity {identity}, "
-            f"recorded in {self.marker}): it restarted empty (no persistence) or is another server. Restore its "
-            f"data (AOF or RDB) and start the daemon again; never start a stream over on top of its model versions"
-        )
 
     def _in_redis(self) -> str | None:
         raw = self.client.get(self.keys.identity)
