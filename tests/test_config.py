@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -51,6 +52,13 @@ def test_overrides_are_typed_and_nested():
 
 def test_integers_are_accepted_where_floats_are_expected():
     assert build_config({"train": {"lr": 1}}).train.lr == 1.0
+
+
+def test_a_file_that_is_not_yaml_is_a_config_error_naming_the_file_and_line(tmp_path):
+    path = tmp_path / "broken.yaml"
+    path.write_text("train:\n  lr: [1\n")
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: not valid YAML: .*line 3"):
+        load_config(path)
 
 
 def test_numbers_in_scientific_notation_are_numbers_in_files_and_overrides(tmp_path):

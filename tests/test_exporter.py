@@ -109,6 +109,11 @@ def test_stop_frees_the_port_and_can_be_repeated():
     start_exporter(port).stop()  # the port is free again for a restarted daemon
 
 
+def test_a_taken_port_is_an_error_naming_metrics_port(exporter):
+    with pytest.raises(OSError, match=rf"^metrics.port {exporter.port}: cannot listen on 127.0.0.1:{exporter.port} "):
+        start_exporter(exporter.port)
+
+
 def test_catalogue_follows_design_and_naming_rules(exporter):
     with urllib.request.urlopen(f"{exporter.url}/metrics", timeout=10) as response:
         families = {f.name: f for f in text_string_to_metric_families(response.read().decode())}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from alma_daemon.cli import add_config_arguments
@@ -29,7 +30,12 @@ def add_parser(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     config = load_config(args.config, [*args.overrides, *(EMBEDDED_OVERRIDES if args.embedded else ())])
     if not config.redis.url and not embedded_db_path(config).parent.is_dir():
-        raise FileNotFoundError(f"no daemon state under {config.daemon.state_dir} (set redis.url or daemon.state_dir)")
+        print(
+            f"alma status: no daemon state under {config.daemon.state_dir}: no daemon has run with this config "
+            f"(set redis.url, or daemon.state_dir to the daemon's)",
+            file=sys.stderr,
+        )
+        return 1
     try:
         client = connect_redis(config)
         try:

@@ -4,6 +4,7 @@ paper's findings reproduced, judged by rules in code, and drawn (alma_daemon/res
 from __future__ import annotations
 
 import argparse
+import sys
 
 from alma_daemon.research.study import FULL, QUICK, describe, run_study
 
@@ -29,10 +30,14 @@ def run(args: argparse.Namespace) -> int:
     if args.list:
         print(describe(scale=scale))
         return 0
+    usage = None
     if args.study is None or args.out is None:
-        raise ValueError("give a study and --out (e.g. alma study paper --out runs/study), or --list")
-    if args.seeds is not None and args.seeds < 1:
-        raise ValueError(f"--seeds must be >= 1; got {args.seeds}")
+        usage = "give a study and --out (e.g. alma study paper --out runs/study), or --list"
+    elif args.seeds is not None and args.seeds < 1:
+        usage = f"--seeds must be >= 1; got {args.seeds}"
+    if usage is not None:
+        print(f"alma study: error: {usage}", file=sys.stderr)
+        return 2  # a usage error, as argparse's
     findings = run_study(args.out, scale, seeds=args.seeds, jobs=max(1, args.jobs))
     for f in findings:
         print(f"{f['id']:<3} {f['verdict']:<14} {f['claim']}")

@@ -118,9 +118,15 @@ def _server_class(host: str) -> type[ThreadingWSGIServer]:
 def start_exporter(port: int, host: str = "127.0.0.1", registry: Collector = telemetry.REGISTRY) -> Exporter:
     """Serve ``registry`` on ``host:port`` (0 = any free port) from a background thread.
 
-    Raises OSError when the port is taken. Callers skip this when ``metrics.port`` is 0 (off).
+    Raises OSError, naming ``metrics.port``, when the port is taken. Callers skip this when
+    ``metrics.port`` is 0 (off).
     """
-    return Exporter(host, port, registry)
+    try:
+        return Exporter(host, port, registry)
+    except OSError as exc:
+        raise OSError(
+            f"metrics.port {port}: cannot listen on {host}:{port} ({exc.strerror or exc}); choose another port"
+        ) from exc
 
 
 def _or_nan(value: float | None) -> float:
