@@ -260,6 +260,13 @@ def test_cer_lines_join_the_waits_of_each_method_and_size_at_the_mean_over_seeds
     assert [(p[1], p[2]) for p in lines["width=8"]] == [(1.5, {"policy.wait": 1}), (10.5, {"policy.wait": 10})]
 
 
+def test_a_legend_leaves_out_keys_a_configuration_does_not_have():
+    from alma_daemon.observability.figures import describe
+
+    assert describe({"learner.name": "sm", "learner.members": None, "policy.wait": 1}) == "sm wait=1"
+    assert describe({"learner.name": "ens", "learner.members": 5, "policy.wait": 1}) == "ens members=5 wait=1"
+
+
 def test_runs_whose_list_valued_keys_differ_are_grouped_by_them():
     from alma_daemon.observability.figures import configurations
 

@@ -65,10 +65,13 @@ def varying_keys(runs: Sequence[RunLike]) -> list[str]:
 
 
 def describe(params: dict) -> str:
-    """A short name for a configuration: ``ens width=4 wait=10 replay``."""
+    """A short name for a configuration: ``ens width=4 wait=10 replay``. A key the configuration does
+    not have (``learner.members`` of an SM beside an Ens) is left out, not shown as ``members=None``."""
     parts: list[str] = []
     for key, value in params.items():
         leaf = key.split(".")[-1]
+        if value is None:
+            continue
         if key == "learner.name":
             parts.insert(0, str(value))
         elif key == REPLAY_KEY:
