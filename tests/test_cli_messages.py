@@ -58,18 +58,6 @@ def test_a_config_check_error_names_the_subcommand(tmp_path, capsys):
     assert capsys.readouterr().err.startswith("alma config check: config error: learner.members")
 
 
-@pytest.mark.parametrize(
-    ("args", "said"),
-    [
-        ([], "give a study and --out (e.g. alma study paper --out runs/study), or --list"),
-        (["paper", "--out", "x", "--seeds", "0"], "--seeds must be >= 1; got 0"),
-    ],
-)
-def test_a_study_asked_wrongly_is_a_usage_error(args, said, capsys):
-    assert main(["study", *args]) == 2
-    assert capsys.readouterr().err == f"alma study: error: {said}\n"
-
-
 def test_status_with_no_daemon_state_says_so_in_one_line(tmp_path, capsys):
     assert main(["status", "--set", f"daemon.state_dir={tmp_path / 'none'}"]) == 1
     assert capsys.readouterr().err == (

@@ -219,15 +219,17 @@ def test_alma_study_list_names_every_finding(capsys):
     assert all(f"F{i} " in out for i in range(1, 10)) and "cifar-wait" in out
 
 
-def test_alma_study_without_out_fails_with_a_reason(capsys):
-    assert main(["study", "paper"]) == 1
-    assert "--out" in capsys.readouterr().err
+def test_alma_study_without_out_is_a_usage_error_with_a_reason(capsys):
+    assert main(["study", "paper"]) == 2  # as argparse's usage errors
+    assert capsys.readouterr().err == (
+        "alma study: error: give a study and --out (e.g. alma study paper --out runs/study), or --list\n"
+    )
 
 
 @pytest.mark.parametrize("seeds", ["0", "-1"])
 def test_alma_study_rejects_fewer_than_one_seed(tmp_path, capsys, seeds):
-    assert main(["study", "paper", "--out", str(tmp_path), "--seeds", seeds]) == 1
-    assert "--seeds" in capsys.readouterr().err
+    assert main(["study", "paper", "--out", str(tmp_path), "--seeds", seeds]) == 2
+    assert capsys.readouterr().err == f"alma study: error: --seeds must be >= 1; got {seeds}\n"
 
 
 @dataclasses.dataclass
