@@ -13,7 +13,8 @@ from alma_daemon.research.ablation import ablate_iid
 
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser(
-        "ablate-iid", help="train on the first k chunks sequentially and all at once; compare (same steps only with train.steps_per_chunk)"
+        "ablate-iid",
+        help="train on the first k chunks sequentially and all at once; compare (same steps only with train.steps_per_chunk)",
     )
     add_config_arguments(parser)
     parser.add_argument("--chunks", "-k", type=int, required=True, help="how many chunks of the stream (k)")
