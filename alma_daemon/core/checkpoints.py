@@ -15,7 +15,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from safetensors.torch import load_file, load_model, save_file, save_model
+import torch
+from safetensors.torch import load_file, load_model, save_file
+from torch import nn
 
 from alma_daemon.core.atomic_json import write_json_atomic
 from alma_daemon.data.tensors import LabeledData
@@ -60,7 +62,7 @@ class CheckpointStore:
         self.folder.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{version}-", dir=self.folder))
         try:
-            save_model(learner.model, str(tmp / WEIGHTS))
+            save_weights(learner.model, tmp / WEIGHTS)
             write_json_atomic(tmp / SPEC, learner.spec(), indent=2, sort_keys=True)
             write_json_atomic(tmp / METRICS, {"version": version, **metrics}, indent=2, sort_keys=True)
             if validation is not None and len(validation):
@@ -93,6 +95,33 @@ class CheckpointStore:
             return None
         tensors = load_file(str(path))
         return LabeledData(tensors["x"], tensors["y"])
+
+
+def save_weights(model: nn.Module, path: Path) -> None:
+    """``model``'s weights as safetensors, each tied tensor once, under the first of its names in sorted
+    order (the one ``load_model`` reads back into every name tied to it).
+
+    safetensors' ``save_model`` also records the dropped names in the header, a map it writes in an
+    order that changes from run to run, so the same weights made different bytes, and the archive
+    digests (serving) taken over them differed.
+    """
+    state = model.state_dict()
+    kept: set[tuple] = set()
+    tensors: dict[str, torch.Tensor] = {}
+    for name in sorted(state):
+        tensor = state[name]
+        tie = (
+            tensor.device,
+            tensor.untyped_storage().data_ptr(),
+            tensor.storage_offset(),
+            tensor.shape,
+            tensor.stride(),
+        )
+        if tensor.numel() and tie in kept:
+            continue
+        kept.add(tie)
+        tensors[name] = tensor.contiguous()
+    save_file(tensors, str(path))
 
 
 def load_checkpoint(path: str | Path, device: str = "cpu") -> Learner:
