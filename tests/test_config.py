@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 from alma_daemon.config import ConfigError, build_config, load_config
 
@@ -59,6 +60,15 @@ def test_a_file_that_is_not_yaml_is_a_config_error_naming_the_file_and_line(tmp_
     path.write_text("train:\n  lr: [1\n")
     with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: not valid YAML: .*line 3"):
         load_config(path)
+
+
+def test_a_python_tag_in_a_config_file_or_override_is_refused_not_run(tmp_path):
+    path = tmp_path / "evil.yaml"
+    path.write_text("train:\n  lr: !!python/object/apply:os.getpid []\n")
+    with pytest.raises(ConfigError, match="not valid YAML: could not determine a constructor"):
+        load_config(path)
+    with pytest.raises(ConfigError, match="^override 'train.lr=!!python.*not valid YAML: could not determine"):
+        build_config({}, ["train.lr=!!python/object/apply:os.getpid []"])
 
 
 def test_numbers_in_scientific_notation_are_numbers_in_files_and_overrides(tmp_path):
@@ -132,8 +142,6 @@ def documented_plugin_keys(text: str, section: str) -> dict[str, dict[str, objec
     """
     import re
 
-    import yaml
-
     lines = text.split(f"\n{section}:", 1)[1].split("\n\n", 1)[0].splitlines()[1:]
     written: dict[str, object] = {}
     groups: dict[str, dict[str, object]] = {}
@@ -177,7 +185,6 @@ def readme_rows() -> dict[str, str]:
 
 
 def test_readme_reference_states_the_models_defaults_and_every_learner_and_policy_key():
-    import yaml
 
     from alma_daemon.config import Config
 
@@ -254,7 +261,6 @@ def test_config_schema_command_prints_a_schema_that_shipped_configs_pass_and_for
     import json
 
     import jsonschema
-    import yaml
 
     from alma_daemon.cli import main
 

@@ -35,7 +35,8 @@ _ConfigLoader.add_implicit_resolver(
 
 
 def _load_yaml(text: Any) -> Any:
-    """Parse YAML text or an open file, data only (never code)."""
+    """Parse YAML text or an open file, data only (never code): the loader is a SafeLoader, which
+    constructs no Python object from a tag (tests/test_config.py checks)."""
     return yaml.load(text, Loader=_ConfigLoader)
 
 
@@ -47,7 +48,10 @@ def parse_override(text: str) -> tuple[str, Any]:
     key = key.strip()
     if not key:
         raise ConfigError(f"override {text!r}: empty key")
-    return key, _load_yaml(raw) if raw.strip() else None
+    try:
+        return key, _load_yaml(raw) if raw.strip() else None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"override {text!r}: not valid YAML: {' '.join(str(exc).split())}") from None
 
 
 def set_dotted(data: dict, key: str, value: Any) -> None:
