@@ -19,7 +19,7 @@ from typing import Any
 from alma_daemon.data.wire import DecodedPart, RejectedRecord
 from alma_daemon.ingest.assembler import Assembler, ChunkProgress, part_dtype
 from alma_daemon.service.redis_keys import StreamKeys
-from alma_daemon.service.redis_tx import dead_letter, watched_transaction
+from alma_daemon.service.redis_tx import dead_letter, text_hash, watched_transaction
 from alma_daemon.service.stream_identity import RedisRestarted, server_run_id
 from alma_daemon.transports.source import SourceRecord
 
@@ -70,7 +70,7 @@ class IngestStore:
         self._run_id = server_run_id(self.client)
 
     def offsets(self) -> dict[str, str]:
-        return self._text_hash(self.keys.offsets)
+        return text_hash(self.client, self.keys.offsets)
 
     def queued_bytes(self) -> int:
         """Bytes of complete chunks not yet consumed by the engine (what backpressure bounds)."""
@@ -95,7 +95,7 @@ class IngestStore:
         in_progress = {}
         for member in self.client.zrange(self.keys.assembling, 0, -1):
             chunk_id = int(member)
-            fields = self._text_hash(self.keys.chunk(chunk_id))
+            fields = text_hash(self.client, self.keys.chunk(chunk_id))
             in_progress[chunk_id] = ChunkProgress(
                 parts=int(fields["parts"]),
                 dtype=fields["dtype"],
@@ -110,10 +110,6 @@ class IngestStore:
             max_bytes,
             refused=(int(c) for c in (refused or b"").split()),
         )
-
-    def _text_hash(self, key: str) -> dict[str, str]:
-        """The hash at ``key``, its field names and values decoded."""
-        return {k.decode(): v.decode() for k, v in self.client.hgetall(key).items()}
 
     def commit(self, batch: IngestBatch) -> None:
         """Write ``batch`` in one MULTI/EXEC, or raise :class:`RedisRestarted` and write nothing."""

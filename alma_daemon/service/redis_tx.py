@@ -1,4 +1,4 @@
-"""The two Redis writes that ingest and the step commit share: a watched transaction and a dead letter.
+"""The Redis helpers that ingest and the service share: a watched transaction, a dead letter, a hash read.
 
 Both packages write the stream's keys in MULTI/EXEC transactions (``ingest/store.py`` a batch of
 records, ``service/step_commit.py`` a step) and both dead-letter what they cannot use, so the helpers
@@ -59,3 +59,8 @@ def dead_letter(
     pipe.xadd(keys.dead, entry, maxlen=DEAD_LETTER_MAXLEN, approximate=True)
     pipe.hincrby(keys.ingest, "records_rejected", 1)
     pipe.hincrby(keys.ingest, f"rejected:{reason}", 1)
+
+
+def text_hash(client: Any, key: str) -> dict[str, str]:
+    """The hash at ``key``, its field names and values decoded."""
+    return {k.decode(): v.decode() for k, v in client.hgetall(key).items()}

@@ -14,6 +14,7 @@ from alma_daemon.core.checkpoints import CheckpointStore
 from alma_daemon.core.records import StepRecord
 from alma_daemon.service.engine_store import last_record
 from alma_daemon.service.redis_keys import StreamKeys
+from alma_daemon.service.redis_tx import text_hash
 from serving.live_pointer import LivePointer, ServingState
 
 #: A daemon whose heartbeat is older than this many poll intervals is reported as not running.
@@ -25,10 +26,6 @@ def serving_state(config: Config) -> ServingState | None:
     if config.serving.kind == "none":
         return None
     return LivePointer(CheckpointStore(config.daemon.checkpoint_dir, config.serving.model_name).folder).read()
-
-
-def _text_hash(client: Any, key: str) -> dict[str, str]:
-    return {k.decode(): v.decode() for k, v in client.hgetall(key).items()}
 
 
 def daemon_liveness(daemon: dict, poll_seconds: float) -> dict:
@@ -55,8 +52,8 @@ def engine_counters(client: Any, keys: StreamKeys) -> dict:
 def read_status(client: Any, keys: StreamKeys, poll_seconds: float = 1.0, serving: ServingState | None = None) -> dict:
     """Counters, buffer sizes, the engine's progress and the daemon's heartbeat, as plain data;
     ``serving`` (from :func:`serving_state`) adds the live version."""
-    ingest = _text_hash(client, keys.ingest)
-    daemon = _text_hash(client, keys.daemon)
+    ingest = text_hash(client, keys.ingest)
+    daemon = text_hash(client, keys.daemon)
     engine = engine_counters(client, keys)
     last_row = last_record(client, keys)
     last = StepRecord.from_row(last_row) if last_row is not None else None
@@ -102,7 +99,7 @@ def read_status(client: Any, keys: StreamKeys, poll_seconds: float = 1.0, servin
         "last_test_error": last.measured("error") if last else None,
         "last_test_perplexity": last.measured("perplexity") if last else None,
         "cumulative_train_flops": int(engine.get("cumulative_train_flops", 0)),
-        "offsets": _text_hash(client, keys.offsets),
+        "offsets": text_hash(client, keys.offsets),
     }
 
 
