@@ -13,6 +13,7 @@ from alma_daemon.config import TrainConfig
 from alma_daemon.data.augment import flip_and_crop
 from alma_daemon.data.datasets import MNIST_TASK, TaskInfo
 from alma_daemon.models.backbones import build_backbone
+from alma_daemon.models.noise import SeededDropout
 from alma_daemon.seeding import generator
 from alma_daemon.training import compile as compile_module
 from alma_daemon.training.loop import EVAL_BATCH, Trainer
@@ -121,23 +122,118 @@ def test_without_a_compiler_train_compile_runs_eager_with_the_eager_results(monk
     )
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(
+needs_cpu_compiler = pytest.mark.skipif(
     compile_module.compiler_missing(torch.device("cpu")) is not None,
     reason=f"torch.compile cannot build CPU kernels here: {compile_module.compiler_missing(torch.device('cpu'))}",
 )
-def test_train_compile_trains_and_counts_the_flops_of_the_eager_model() -> None:
-    """Compiled kernels round differently (fused multiply-adds), so results are close, not equal; FLOPs are equal."""
-    train, val = separable_data(MNIST_TASK, 256, seed=1), separable_data(MNIST_TASK, 64, seed=2)
-    reports = []
-    for compile_flag in (False, True):
+
+
+class CompiledSteps:
+    """Counts the calls of the whole-step compiled function (it still runs them)."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.calls = 0
+        real = compile_module._compiled_train_step
+
+        def counted(*args, **kwargs):
+            self.calls += 1
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(compile_module, "_compiled_train_step", counted)
+
+
+def fit_twice(make_net, train, val, config: TrainConfig, optimizer: str, runs=(False, True, True)):
+    """Fit a fresh seeded net once per ``train.compile`` flag in ``runs``; the reports and the nets."""
+    out = []
+    for compile_flag in runs:
         torch.manual_seed(0)
-        net = build_backbone(MNIST_TASK, 8)
-        config = dataclasses.replace(CONFIG, epochs=4, patience=4, compile=compile_flag)
-        reports.append(Trainer(config, "adadelta", torch.device("cpu"), seed=1).fit(net, train, val))
-    eager, compiled = reports
+        net = make_net()
+        report = Trainer(dataclasses.replace(config, compile=compile_flag), optimizer, torch.device("cpu"), seed=1).fit(
+            net, train, val
+        )
+        out.append((report, net))
+    return out
+
+
+@pytest.mark.slow
+@needs_cpu_compiler
+def test_train_compile_runs_whole_steps_compiled_reproducibly_and_counts_the_eager_flops(monkeypatch) -> None:
+    """Fused kernels round differently, so the results are close to eager ones, not equal; but equal
+    from run to run, and the FLOPs are the eager step's."""
+    compiled_steps = CompiledSteps(monkeypatch)
+    train, val = separable_data(MNIST_TASK, 256, seed=1), separable_data(MNIST_TASK, 64, seed=2)
+    config = dataclasses.replace(CONFIG, epochs=4, patience=4)
+    (eager, _), (compiled, net), (again, twin) = fit_twice(
+        lambda: build_backbone(MNIST_TASK, 8), train, val, config, "adadelta"
+    )
+    # 8 full batches of 32 per epoch; the first of the stage runs eager under the FLOP counter.
+    assert compiled_steps.calls == 2 * (4 * 8 - 1)
     assert compiled.flops == eager.flops and compiled.steps == eager.steps
     assert compiled.val_error <= 0.2 and abs(compiled.val_error - eager.val_error) <= 0.1
+    assert all(torch.equal(a, b) for a, b in zip(net.state_dict().values(), twin.state_dict().values()))
+
+
+class TinyConvNet(torch.nn.Sequential):
+    def __init__(self) -> None:
+        super().__init__(
+            torch.nn.Conv2d(3, 4, 3),
+            torch.nn.BatchNorm2d(4),
+            torch.nn.ReLU(),
+            torch.nn.AdaptiveAvgPool2d(1),
+            torch.nn.Flatten(),
+            torch.nn.Linear(4, CIFAR_LIKE.num_classes),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x.permute(0, 3, 1, 2).float() / 255)
+
+
+@pytest.mark.slow
+@needs_cpu_compiler
+def test_train_compile_updates_batch_norm_statistics_as_eager_steps_do(monkeypatch) -> None:
+    compiled_steps = CompiledSteps(monkeypatch)
+    train, val = separable_data(CIFAR_LIKE, 96, seed=1), separable_data(CIFAR_LIKE, 32, seed=2)
+    config = dataclasses.replace(CONFIG, epochs=1, patience=1)  # one epoch: the weights kept are the last
+    (_, eager_net), (_, compiled_net) = fit_twice(TinyConvNet, train, val, config, "sgd", runs=(False, True))
+    assert compiled_steps.calls == 3 - 1
+    eager_bn, compiled_bn = eager_net[1], compiled_net[1]
+    assert compiled_bn.num_batches_tracked == eager_bn.num_batches_tracked == 3
+    assert torch.allclose(compiled_bn.running_mean, eager_bn.running_mean, rtol=1e-3, atol=1e-3)
+    assert torch.allclose(compiled_bn.running_var, eager_bn.running_var, rtol=1e-3, atol=1e-3)
+    assert not torch.equal(compiled_bn.running_mean, torch.zeros(4))
+
+
+class WithUnusedLayer(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.used, self.unused = torch.nn.Linear(784, 10), torch.nn.Linear(3, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.used(x.flatten(1).float() / 255)
+
+
+@pytest.mark.parametrize("net,reason", [(WithUnusedLayer, None), (lambda: SeededDropoutNet(), "draws noise")])
+def test_train_compile_steps_eager_with_the_eager_results_where_compiled_gradients_would_differ(
+    monkeypatch, caplog, net, reason
+) -> None:
+    """A parameter without a gradient (``torch.func.grad`` would give it zeros) or noise drawn from a
+    generator of the model's own (not traced): the steps run eager, with the eager results."""
+    compiled_steps = CompiledSteps(monkeypatch)
+    train, val = separable_data(MNIST_TASK, 96, seed=1), separable_data(MNIST_TASK, 32, seed=2)
+    (eager, eager_net), (fallback, fallback_net) = fit_twice(net, train, val, CONFIG, "sgd", runs=(False, True))
+    assert compiled_steps.calls == 0
+    assert (fallback.val_error, fallback.flops) == (eager.val_error, eager.flops)
+    assert all(torch.equal(a, b) for a, b in zip(eager_net.parameters(), fallback_net.parameters()))
+    if reason:
+        assert any(reason in str(getattr(r, "reason", "")) for r in caplog.records)
+
+
+class SeededDropoutNet(torch.nn.Sequential):
+    def __init__(self) -> None:
+        super().__init__(torch.nn.Flatten(), torch.nn.Linear(784, 10), SeededDropout(0.1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x.float() / 255)
 
 
 def test_bf16_precision_trains_under_autocast_and_keeps_fp32_weights() -> None:

@@ -116,7 +116,8 @@ class TrainConfig:
     #: Language modeling: gradient steps per training stage (same compute per chunk), warm-up steps.
     steps_per_chunk: Int = Field(default=200, gt=0)
     warmup_steps: Int = Field(default=20, ge=0)
-    #: Compile the training forward passes with torch.compile (CUDA graphs on GPU); eager where no compiler is present.
+    #: Compile each training step whole (forward, backward, optimizer update) with torch.compile; eager where it
+    #: cannot apply (no compiler, data-parallel ranks, a model drawing its own noise), saying why once.
     compile: Bool = False
     #: "bf16": forward passes under bfloat16 autocast (weights and optimizer stay fp32); "fp32": none.
     precision: Literal["fp32", "bf16"] = "fp32"

@@ -15,15 +15,17 @@ gather of standardized pixels (:class:`~alma_daemon.data.augment.PixelRows`); th
 every parameter as one flat tensor with torch.optim's arithmetic but not its per-step bookkeeping
 (:class:`~alma_daemon.training.optim.FlatOptimizer`); batch indices move to the device once per
 epoch and evaluation reads one count back per pass, so a GPU is not stalled by host
-synchronizations; ``train.compile`` and ``train.precision`` are opt-in. None of this changes a CPU
-result: the series are bit for bit those of the plain loop. What it cannot touch is the model's own
-arithmetic: on the CPU a VGG step is mostly convolutions and batch norms, the same kernels in both
-loops (docs/scaling.md gives the profile).
+synchronizations. None of this changes a CPU result: the series are bit for bit those of the plain
+loop. ``train.precision`` and ``train.compile`` (the whole step compiled,
+:mod:`alma_daemon.training.compile`) are opt-in and do change results slightly. What the eager loop
+cannot touch is the model's own arithmetic: on the CPU a VGG step is mostly convolutions and batch
+norms, the same kernels in both loops (docs/scaling.md gives the profile).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import time
 from collections.abc import Callable, Iterator
@@ -40,16 +42,13 @@ from alma_daemon.data.tensors import LabeledData
 from alma_daemon.models.backbones import Normalize, inputs_standardized_outside
 from alma_daemon.models.noise import draw_noise_from
 from alma_daemon.seeding import generator as seeded_generator
-from alma_daemon.training.compile import compiled
+from alma_daemon.training.compile import CompiledStep, Objective, say_eager_once, whole_step_unavailable
 from alma_daemon.training.data_parallel import DataParallel
 from alma_daemon.training.flops import FlopMeter
-from alma_daemon.training.optim import LinearWarmupDecay, build_optimizer
+from alma_daemon.training.optim import FlatOptimizer, LinearWarmupDecay, build_optimizer
 
 #: Mini-batch size for evaluation passes (no gradients, so larger than training batches).
 EVAL_BATCH = 2048
-
-#: ``objective(net, x, y) -> scalar loss``; the default is cross-entropy on ``net(x)``.
-Objective = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 #: ``validate(net, val, meter) -> float``, lower is better; called in eval mode without gradients.
@@ -201,7 +200,7 @@ class Trainer:
         schedule = LinearWarmupDecay(optimizer, steps, self.config.warmup_steps) if steps is not None else None
         validate = validate or self.validation_error
         model = parallel.wrap(net, self.device, self.config.batch_size)
-        fast = compiled(model, self.device) if self.config.compile else model
+        compiled = self.compiled_step(net, objective, optimizer, parallel.spans_ranks)
         meter = FlopMeter()
         stopping = EarlyStopping(self.config.patience)
         steps_done = epoch = 0
@@ -217,10 +216,11 @@ class Trainer:
                             continue
                         xb, yb = inputs.batch(index, augment_gen)
                         share = parallel.loss_share(len(index), len(batch))
+                        eager = functools.partial(self.step, model, optimizer, objective, xb, yb, share)
                         meter.run(
                             ("train", tuple(xb.shape)),
-                            lambda: self.step(fast, optimizer, objective, xb, yb, share),
-                            counted=lambda: self.step(model, optimizer, objective, xb, yb, share),
+                            lambda: compiled(xb, yb) if compiled is not None and compiled.takes(xb) else eager(),
+                            counted=eager,
                         )
                         if schedule is not None:
                             schedule.step()
@@ -245,6 +245,19 @@ class Trainer:
             best_epoch=stopping.best_epoch,
             val_error=stopping.best_error,
         )
+
+    def compiled_step(
+        self, net: nn.Module, objective: Objective, optimizer: FlatOptimizer, spans_ranks: bool
+    ) -> CompiledStep | None:
+        """``train.compile``'s whole-step compiled function for this stage, or None (eager)."""
+        if not self.config.compile:
+            return None
+        reason = whole_step_unavailable(net, self.device, spans_ranks)
+        if reason is not None:
+            say_eager_once(reason)
+            return None
+        dtype = torch.bfloat16 if self.config.precision == "bf16" else None
+        return CompiledStep(net, objective, optimizer, self.config.batch_size, dtype)
 
     def batches(self, n: int, gen: torch.Generator, steps: int | None) -> Iterator[torch.Tensor]:
         """Index batches on the device: one shuffled pass, or ``steps`` full batches from consecutive shuffled passes.

@@ -34,7 +34,8 @@ def optimizer_factory(
 
     An :class:`InPlaceOptimizer`, which gives torch.optim's single-tensor results bit for bit
     (tests/test_training_loop.py checks), but on CUDA torch.optim's fused kernels where PyTorch has
-    them (SGD, Adam), which round differently in the last bits (a GPU run is not bit-reproducible anyway).
+    them (SGD, Adam), which round differently in the last bits (a GPU run is not bit-reproducible
+    anyway). With ``train.compile`` always the former: the compiled step fuses its update rule itself.
     """
     if name not in UPDATE_RULES:
         raise ValueError(f"unknown optimizer {name!r}")
@@ -44,7 +45,7 @@ def optimizer_factory(
         **({"momentum": config.momentum} if name == "sgd" else {}),
         **FIXED_HYPERPARAMETERS[name],
     }
-    if device.type == "cuda" and name in ("sgd", "adam"):
+    if device.type == "cuda" and name in ("sgd", "adam") and not config.compile:
         fused = torch.optim.SGD if name == "sgd" else torch.optim.Adam
         return lambda params: fused(params, fused=True, **hyper)
     return lambda params: InPlaceOptimizer(params, UPDATE_RULES[name], hyper)
