@@ -10,7 +10,7 @@ from typing import Literal
 from pydantic import Field
 from pydantic.dataclasses import dataclass
 
-from alma_daemon.config import PolicyConfig
+from alma_daemon.config import ConfigError, PolicyConfig
 from alma_daemon.config.base import PLUGIN_SECTION, Int
 from policies import register_policy
 from policies.base import Decision, Policy, PolicyState
@@ -23,6 +23,12 @@ class FixedWaitConfig(PolicyConfig):
     name: Literal["fixed"] = "fixed"
     #: Train once this many chunks have accumulated (1 = greedy, B = tardy).
     wait: Int = Field(default=1, gt=0)
+
+    def check_stream_length(self, megabatches: int) -> None:
+        if self.wait > megabatches:
+            raise ConfigError(
+                f"policy.wait ({self.wait}) is larger than stream.megabatches ({megabatches}): the run would never train"
+            )
 
 
 @register_policy

@@ -316,6 +316,28 @@ def test_config_check_takes_the_file_as_other_commands_do_too(tmp_path, capsys):
     )
 
 
+def test_a_fixed_wait_longer_than_the_simulated_stream_is_refused_at_start_naming_both_keys(tmp_path, capsys):
+    from alma_daemon.cli import main
+    from alma_daemon.research.grid import load_grid
+
+    out = tmp_path / "run"
+    argv = ["simulate", "--config", str(ROOT / "examples/mnist-sm.yaml"), "--set", "policy.wait=50"]
+    assert main([*argv, "--out", str(out), "--no-progress"]) == 2
+    assert capsys.readouterr().err == (
+        "alma simulate: config error: policy.wait (50) is larger than stream.megabatches (10): "
+        "the run would never train\n"
+    )
+    assert not out.exists()
+    # A grid refuses that combination before its first run trains, and runs the others.
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(f"base: {ROOT / 'examples/mnist-sm.yaml'}\ngrid: {{policy.wait: [10, 11]}}\n")
+    (_, ten), (_, eleven) = load_grid(grid)
+    assert not isinstance(ten, ConfigError) and ten.policy.wait == 10
+    assert str(eleven) == "policy.wait (11) is larger than stream.megabatches (10): the run would never train"
+    # The daemon's live stream may go on past stream.megabatches: the config itself is valid.
+    assert build_config({}, ["policy.wait=50"]).policy.wait == 50
+
+
 def test_a_key_of_another_plugin_says_where_it_was_set_and_what_to_do(tmp_path, capsys):
     from alma_daemon.cli import main
 

@@ -51,6 +51,12 @@ class PolicyConfig(PluginConfig):
 
         return dict(policy_config_models())
 
+    def check_stream_length(self, megabatches: int) -> None:
+        """Raise a ConfigError if this policy would never train on a stream that ends after
+        ``megabatches`` chunks (a simulated one; a live stream may go on, so ``alma run`` does not ask).
+        Only a wait counted in chunks can outlast a stream: geometric and adaptive train on the first
+        chunk, schedule and budget on the clock."""
+
 
 #: The ``learner`` and ``policy`` fields of the whole config: the named plugin's model.
 LearnerSection = Annotated[LearnerConfig, BeforeValidator(LearnerConfig.choose), UnionSchema(LearnerConfig)]

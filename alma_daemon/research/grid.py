@@ -72,7 +72,9 @@ def _config(base: dict, overrides: dict) -> Config | ConfigError:
     try:
         for key, value in overrides.items():
             set_dotted(data, key, value)
-        return build_config(data)
+        config = build_config(data)
+        config.policy.check_stream_length(config.stream.megabatches)  # as run_simulation will, but up front
+        return config
     except ConfigError as exc:
         return exc
 

@@ -83,6 +83,7 @@ def run_simulation(
     checkpoint_dir: str | Path | None = None,
 ) -> dict:
     """Run a whole simulated stream and return the results (also written to ``out`` when given)."""
+    config.policy.check_stream_length(config.stream.megabatches)
     stream = simulated_stream(config)
     bar = ProgressBar(stream.length, enabled=progress)
     writer = ResultsWriter(out, to_dict(config)) if out is not None else None
