@@ -228,10 +228,15 @@ class Adaptive(Policy):
         if score < DRIFT_SIGNIFICANCE or jump < DRIFT_JUMP:
             return None
         whose = "live model's" if reference is self.live else "model before the last stage's"
-        return (
+        reason = (
             f"drift: the newest chunk's {_shown(value, kind)} is {_rise(jump, kind)} above the {whose} "
             f"{_shown(reference.mean, kind)} ({score:.1f} standard errors)"
         )
+        if reference is not self.live:
+            # The first chunk after a stage is the live model's first measure: a stage that made the
+            # model worse and a changed stream look alike on it, and both call for training again.
+            reason += " (or the last stage made the model worse: on the first chunk after a stage the two look alike)"
+        return reason
 
     def _stage_gain(self, kind: str, estimates: dict) -> tuple[str, bool]:
         """The last stage's measured gain as text, and whether it had no measurable effect (a plateau)."""

@@ -127,7 +127,16 @@ def test_a_jump_in_the_prequential_error_trains_at_once_and_restarts_the_wait():
     drift = decisions[29]
     assert drift.train and drift.reason.startswith("drift: the newest chunk's error 0.9")
     assert "waiting again from chunk 30" in drift.reason and drift.estimates["drift_score"] > 4
+    assert "made the model worse" not in drift.reason  # measured against the live model, two chunks in
     assert "since chunk 30" in decisions[30].reason
+
+
+def test_a_jump_right_after_a_stage_is_named_a_drift_or_a_stage_that_made_the_model_worse():
+    # The fifth stage (at chunk 8) ruins the model: the live model alone cannot tell that from a drift.
+    trained_at, decisions = drive(lambda chunk, stages: learning(chunk, stages) if stages < 5 else 0.9, 10)
+    assert trained_at[:6] == [1, 2, 3, 5, 8, 9]
+    assert decisions[8].reason.startswith("drift: the newest chunk's error 0.9")
+    assert "or the last stage made the model worse" in decisions[8].reason
 
 
 def test_reasons_name_chunks_by_their_ids_not_by_how_many_came():
