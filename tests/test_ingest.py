@@ -12,10 +12,13 @@ import redis
 import safetensors.torch
 import torch
 
+from alma_daemon.config import Config
 from alma_daemon.data.wire import (
+    DEFAULT_MAX_CHUNKS_AHEAD,
     HEADER_PART,
     HEADER_SCHEMA,
     HEADER_STREAM,
+    MAX_ID,
     REJECT_REASONS,
     DecodedPart,
     RejectedRecord,
@@ -75,7 +78,8 @@ def bad_records(
     stream: str = STREAM, shape: tuple[int, ...] = (4, 4), classes: int = 3, max_part_bytes: int = SCHEMA.max_part_bytes
 ) -> dict[str, WireRecord]:
     """One record per rejection reason, built from a valid part of chunk 7 (chunk 2 for the order check,
-    which needs a newer chunk completed first)."""
+    which needs a newer chunk completed first; a valid one-part chunk with the largest id for the bound
+    on ids ahead)."""
     x, y = tiny_chunk(7, 4, shape, classes)
     good = encode_chunk(stream, 7, x, y)[0]
     nan = x.float()
@@ -99,6 +103,7 @@ def bad_records(
         "non_finite": with_value(good, {"x": nan, "y": y}),
         "value_range": with_value(good, {"x": normalized, "y": y}),
         "chunk_order": encode_chunk(stream, 2, x, y)[0],
+        "chunk_ahead": encode_chunk(stream, MAX_ID, x, y)[0],
     }
 
 
@@ -136,6 +141,22 @@ def test_assembler_rejects_contradicting_and_late_parts() -> None:
     with pytest.raises(RejectedRecord) as dtype:
         assembler.accept(floats, 100)
     assert dtype.value.reason == "dtype"
+
+
+def test_a_part_far_ahead_is_rejected_unstored_and_the_next_chunks_complete() -> None:
+    """A valid one-part chunk with an id near 2**53 would complete at once; every later chunk would then
+    be older than the newest completed one and be rejected for good."""
+    assembler = Assembler(STREAM, last_completed=3, max_ahead=1000)
+    with pytest.raises(RejectedRecord) as ahead:
+        assembler.accept(decoded(records_of(MAX_ID, n=4, max_part_bytes=4096))[0], 100)
+    assert ahead.value.reason == "chunk_ahead"
+    assert not assembler.in_progress and assembler.bytes == 0 and assembler.last_completed == 3
+    for chunk_id in (4, 5):
+        outcomes = [assembler.accept(part, 100) for part in decoded(records_of(chunk_id))]
+        assert outcomes[-1].completed is not None
+    assert assembler.last_completed == 5
+    # An ingest worker built without the config bounds ids as the daemon's default does.
+    assert Config().daemon.max_chunks_ahead == DEFAULT_MAX_CHUNKS_AHEAD
 
 
 def test_completing_a_newer_chunk_abandons_an_older_incomplete_one() -> None:

@@ -17,6 +17,7 @@ import torch
 from alma_daemon.data.wire import (
     CONTENT_TYPE,
     DEFAULT_MAX_PART_BYTES,
+    MAX_ID,
     REJECT_REASONS,
     SCHEMA_VERSION,
     ChunkOrderGuard,
@@ -209,8 +210,8 @@ def test_bad_record_is_rejected_with_its_reason(name: str) -> None:
 
 
 def test_every_reason_has_a_concrete_bad_record() -> None:
-    # chunk_order needs state across records and is covered by the ChunkOrderGuard tests.
-    covered = {case.reason for case in CASES.values()} | {"chunk_order"}
+    # chunk_order and chunk_ahead need state across records and are covered by the ChunkOrderGuard tests.
+    covered = {case.reason for case in CASES.values()} | {"chunk_order", "chunk_ahead"}
     assert covered == set(REJECT_REASONS)
     assert all(name.split("-")[0] == case.reason for name, case in CASES.items())
 
@@ -402,6 +403,32 @@ def test_chunk_order_guard() -> None:
     with pytest.raises(RejectedRecord) as caught:
         guard.check("mnist", 8)
     assert caught.value.reason == "chunk_order"
+
+
+def test_chunk_order_guard_rejects_a_chunk_too_far_ahead_and_the_next_chunk_still_passes() -> None:
+    """One record with a wild id (near 2**53) must not become the newest completed chunk, which would
+    make every later, correct chunk "older" than it."""
+    guard = ChunkOrderGuard({"mnist": 5}, max_ahead=1000)
+    for wild in (MAX_ID, 5 + 1001):
+        with pytest.raises(RejectedRecord) as caught:
+            guard.check("mnist", wild)
+        assert caught.value.reason == "chunk_ahead"
+        assert f"chunk {wild} of stream 'mnist' is {wild - 5} ids ahead of chunk 5" in caught.value.detail
+        assert "daemon.max_chunks_ahead allows 1000" in caught.value.detail
+    guard.check("mnist", 6)
+    guard.check("mnist", 5 + 1000)  # a jump up to the bound passes (chunks lost in between)
+    guard.complete("mnist", 6)
+    guard.check("mnist", 6 + 1000)  # the bound follows the newest completed chunk
+    assert guard.last_completed("mnist") == 6
+    # Before any chunk completed, ids are counted from 0 (they start at 1).
+    fresh = ChunkOrderGuard(max_ahead=1000)
+    fresh.check("mnist", 1000)
+    with pytest.raises(RejectedRecord) as caught:
+        fresh.check("mnist", 1001)
+    assert caught.value.reason == "chunk_ahead" and "0 (none completed yet)" in caught.value.detail
+    ChunkOrderGuard({"mnist": 5}).check("mnist", MAX_ID)  # max_ahead None: no bound
+    with pytest.raises(ValueError, match="max_ahead"):
+        ChunkOrderGuard(max_ahead=0)
 
 
 def test_rejected_record_has_a_fixed_reason_set_and_pickles() -> None:

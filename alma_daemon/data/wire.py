@@ -50,6 +50,7 @@ REJECT_REASONS: tuple[str, ...] = (
     "non_finite",
     "value_range",
     "chunk_order",
+    "chunk_ahead",
 )
 
 #: Stream names end up inside the Redis hash tag ``{<stream>}`` and in the key ``<stream>/<chunk>``,
@@ -59,6 +60,10 @@ STREAM_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 #: Chunk ids and part counts score the Redis ``ready`` zset, whose scores are doubles: ids above
 #: 2**53 - 1 would silently collide there.
 MAX_ID = 2**53 - 1
+#: How far ahead of the newest completed chunk (0 before the first) a chunk id may be, by default
+#: (the config's ``daemon.max_chunks_ahead``). Without a bound one record with a huge id completes,
+#: and every later chunk of the stream is older than it.
+DEFAULT_MAX_CHUNKS_AHEAD = 1000
 _DECIMAL_RE = re.compile(rb"0|[1-9][0-9]{0,15}")
 
 _X_DTYPES: dict[str, torch.dtype] = {"uint8": torch.uint8, "float32": torch.float32}
@@ -161,24 +166,41 @@ class RejectedRecord(Exception):
 
 
 class ChunkOrderGuard:
-    """Rejects parts of a chunk older than the newest chunk already completed on its stream.
+    """Rejects parts of a chunk older than the newest chunk already completed on its stream, or too
+    far ahead of it.
 
     Decoding one record cannot see ordering, so this small piece of state does. Ingest is expected
     to, per record: ``decode_record`` -> ``guard.check(stream, chunk_id)`` -> store the part; once
     every part of a chunk is stored, ``guard.complete(stream, chunk_id)``. On restart it seeds the
     guard with the newest completed chunk per stream from Redis. Parts of the completed chunk itself
     (redelivery) pass, so that the idempotent part write can make them a no-op.
+
+    ``max_ahead`` bounds a jump: a chunk id more than ``max_ahead`` above the newest completed one
+    (above 0 before the first, ids start at 1) is rejected, so one record with a wild id cannot
+    complete a chunk that makes every later chunk "older". None: no bound.
     """
 
-    def __init__(self, completed: Mapping[str, int] | None = None) -> None:
+    def __init__(self, completed: Mapping[str, int] | None = None, max_ahead: int | None = None) -> None:
+        if max_ahead is not None and not (_is_int(max_ahead) and max_ahead >= 1):
+            raise ValueError(f"max_ahead must be a positive int or None; got {max_ahead!r}")
         self._completed: dict[str, int] = dict(completed or {})
+        self.max_ahead = max_ahead
 
     def check(self, stream: str, chunk_id: int) -> None:
-        """Raise ``RejectedRecord("chunk_order")`` if ``chunk_id`` is below the newest completed one."""
+        """Raise ``RejectedRecord`` "chunk_order" if ``chunk_id`` is below the newest completed one,
+        "chunk_ahead" if it is more than ``max_ahead`` above it."""
         newest = self._completed.get(stream)
         if newest is not None and chunk_id < newest:
             raise RejectedRecord(
                 "chunk_order", f"chunk {chunk_id} of stream {stream!r} arrived after chunk {newest} was completed"
+            )
+        base = 0 if newest is None else newest
+        if self.max_ahead is not None and chunk_id - base > self.max_ahead:
+            since = f"chunk {newest}, the newest completed" if newest is not None else "0 (none completed yet)"
+            raise RejectedRecord(
+                "chunk_ahead",
+                f"chunk {chunk_id} of stream {stream!r} is {chunk_id - base} ids ahead of {since}; "
+                f"daemon.max_chunks_ahead allows {self.max_ahead} (raise it if the producer skips more ids)",
             )
 
     def complete(self, stream: str, chunk_id: int) -> None:

@@ -4,7 +4,7 @@ Pure logic, no Redis. The :class:`Assembler` holds the chunks being assembled (l
 on start) and, for each validated part, answers whether to store it (a new part, maybe completing
 its chunk) or not (a re-sent part, or one of a refused chunk: a no-op apart from moving the offset
 on), and which incomplete chunks to give up. Parts that contradict the chunk's other parts, or come
-after a newer chunk was completed, raise ``RejectedRecord``.
+after a newer chunk was completed, or too far ahead of it, raise ``RejectedRecord``.
 
 The parts of incomplete chunks are bounded (``max_bytes``, the config's ``redis.max_buffer_bytes``):
 the engine cannot take them, so pausing ingest would not free them. A chunk that alone outgrows the
@@ -72,10 +72,13 @@ class Assembler:
         last_completed: int | None = None,
         max_bytes: int | None = None,
         refused: Iterable[int] = (),
+        max_ahead: int | None = None,
     ):
         self.stream = stream
         self.in_progress: dict[int, ChunkProgress] = dict(in_progress or {})
-        self.guard = ChunkOrderGuard({stream: last_completed} if last_completed is not None else None)
+        #: ``max_ahead`` (the config's ``daemon.max_chunks_ahead``; None: no bound) rejects a part of
+        #: a chunk too far ahead of the newest completed one, before it is stored or counted.
+        self.guard = ChunkOrderGuard({stream: last_completed} if last_completed is not None else None, max_ahead)
         #: Bound on the bytes of incomplete chunks (None: unbounded).
         self.max_bytes = max_bytes
         #: Bytes of the parts of incomplete chunks (the sum over ``in_progress``).

@@ -89,8 +89,9 @@ class IngestStore:
         self.client.hset(self.keys.ingest, "queued_bytes", total)
         return total
 
-    def load_assembler(self, max_bytes: int | None = None) -> Assembler:
-        """The assembler as the last committed batch left it, its incomplete chunks within ``max_bytes``."""
+    def load_assembler(self, max_bytes: int | None = None, max_ahead: int | None = None) -> Assembler:
+        """The assembler as the last committed batch left it, its incomplete chunks within ``max_bytes``,
+        its chunk ids at most ``max_ahead`` above the newest completed one."""
         last, refused = self.client.hmget(self.keys.ingest, ["last_completed", "refused_chunks"])
         in_progress = {}
         for member in self.client.zrange(self.keys.assembling, 0, -1):
@@ -109,6 +110,7 @@ class IngestStore:
             int(last) if last is not None else None,
             max_bytes,
             refused=(int(c) for c in (refused or b"").split()),
+            max_ahead=max_ahead,
         )
 
     def commit(self, batch: IngestBatch) -> None:

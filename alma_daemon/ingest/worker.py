@@ -23,7 +23,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from alma_daemon.data.wire import RejectedRecord, StreamSchema, decode_record
+from alma_daemon.data.wire import DEFAULT_MAX_CHUNKS_AHEAD, RejectedRecord, StreamSchema, decode_record
 from alma_daemon.ingest.store import IngestBatch, IngestStore
 from alma_daemon.observability import telemetry
 from alma_daemon.runtime import run_beside_training
@@ -56,6 +56,7 @@ class IngestWorker:
         schema: StreamSchema,
         *,
         max_buffer_bytes: int,
+        max_chunks_ahead: int = DEFAULT_MAX_CHUNKS_AHEAD,
         on_chunk_ready: Callable[[], None] = lambda: None,
         outages: OutageBoard | None = None,
     ):
@@ -67,8 +68,9 @@ class IngestWorker:
         self.keys = keys
         self.schema = schema
         self.max_buffer_bytes = max_buffer_bytes
+        self.max_chunks_ahead = max_chunks_ahead
         self.on_chunk_ready = on_chunk_ready
-        self.assembler = self.store.load_assembler(max_buffer_bytes)
+        self.assembler = self.store.load_assembler(max_buffer_bytes, max_chunks_ahead)
         self.source.seek(self.store.offsets())
         self.paused = False
         self._queued_bound = self.store.recount_queued_bytes()
@@ -227,7 +229,7 @@ class IngestWorker:
         self._commit_failed = False
         self.store.follow_server()
         self._queued_bound = self.store.queued_bytes()
-        self.assembler = self.store.load_assembler(self.max_buffer_bytes)
+        self.assembler = self.store.load_assembler(self.max_buffer_bytes, self.max_chunks_ahead)
         self.source.seek(self.store.offsets())
 
     # -- the thread -------------------------------------------------------------------------------

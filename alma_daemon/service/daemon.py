@@ -141,6 +141,7 @@ class Daemon:
                 self.keys,
                 self.schema,
                 max_buffer_bytes=self.config.redis.max_buffer_bytes,
+                max_chunks_ahead=self.config.daemon.max_chunks_ahead,
                 on_chunk_ready=self.wake.set,
                 outages=self.outages,
             )
