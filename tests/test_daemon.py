@@ -29,7 +29,7 @@ from alma_daemon.core.records import StepRecord
 from alma_daemon.data.arrays import load_npz
 from alma_daemon.data.datasets import load_dataset
 from alma_daemon.data.streams import megabatch_stream, split_chunk
-from alma_daemon.data.wire import encode_chunk
+from alma_daemon.data.wire import MAX_ID, encode_chunk
 from alma_daemon.research.simulate import run_simulation
 from alma_daemon.service.daemon import Daemon
 from alma_daemon.service.engine_store import EngineStateStore, state_fields
@@ -418,6 +418,27 @@ def test_a_users_npz_arrays_stream_through_the_daemon_with_the_declared_task(tmp
     assert all(r["test_error"] is not None for r in state["series"])
     dead = redis_db.xrange(StreamKeys("arrays").dead)
     assert [fields[b"reason"] for _, fields in dead] == [b"shape"]
+
+
+@pytest.mark.integration
+def test_a_chunk_id_far_ahead_is_dead_lettered_and_the_next_chunks_are_trained_on(tmp_path, redis_db) -> None:
+    """A valid chunk whose id is near 2**53 must not end the stream: unbounded, it completed, and every
+    later chunk was older than the newest completed one, rejected for good."""
+    config = build_config(service_config(tmp_path, None, "ahead", stream={"megabatches": 3}))
+    chunks = list(dataset_chunks(config))
+    wild = ReplayChunk(MAX_ID, chunks[0].tensors)
+    replay([chunks[0], wild, *chunks[1:]], RedisStreamPublisher(redis_db, config.kafka.topic), "ahead", progress=False)
+    run_daemon(config, redis_db, until=2)
+    assert [r["chunk"] for r in engine_state(redis_db, "ahead")["series"]] == [1, 2]
+    run_daemon(config, redis_db, until=3)  # a restart bounds ids from the newest completed chunk in Redis
+
+    state = engine_state(redis_db, "ahead")
+    assert exact(state["series"]) == exact(run_simulation(config, progress=False)["series"])
+    keys = StreamKeys("ahead")
+    dead = redis_db.xrange(keys.dead)
+    assert [fields[b"reason"] for _, fields in dead] == [b"chunk_ahead"]
+    assert f"chunk {MAX_ID} of stream 'ahead' is {MAX_ID - 1} ids ahead of chunk 1".encode() in dead[0][1][b"detail"]
+    assert int(redis_db.hget(keys.ingest, "rejected:chunk_ahead")) == 1
 
 
 @pytest.mark.integration
