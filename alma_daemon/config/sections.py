@@ -208,8 +208,8 @@ class DaemonConfig:
     #: An outage of Redis or the Kafka broker longer than this ends the daemon (exit 1); shorter ones
     #: it rides out (docs/service.md, "Outages").
     outage_limit_seconds: Float = Field(default=300.0, gt=0)
-    #: A part whose chunk id is more than this above the newest completed chunk (0 before the first) is
-    #: dead-lettered as chunk_ahead: one record with a wild id would otherwise make every later chunk
+    #: A part whose chunk id is more than this above the newest completed chunk (the first chunk is not
+    #: bounded) is dead-lettered as chunk_ahead: one record with a wild id would otherwise make every later chunk
     #: "older" than a completed one (docs/service.md, "Bad input"). Equal to wire.DEFAULT_MAX_CHUNKS_AHEAD (tested).
     max_chunks_ahead: Int = Field(default=1000, gt=0)
 

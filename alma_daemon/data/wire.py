@@ -60,7 +60,7 @@ STREAM_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 #: Chunk ids and part counts score the Redis ``ready`` zset, whose scores are doubles: ids above
 #: 2**53 - 1 would silently collide there.
 MAX_ID = 2**53 - 1
-#: How far ahead of the newest completed chunk (0 before the first) a chunk id may be, by default
+#: How far ahead of the newest completed chunk a chunk id may be, by default
 #: (the config's ``daemon.max_chunks_ahead``). Without a bound one record with a huge id completes,
 #: and every later chunk of the stream is older than it.
 DEFAULT_MAX_CHUNKS_AHEAD = 1000
@@ -175,9 +175,10 @@ class ChunkOrderGuard:
     guard with the newest completed chunk per stream from Redis. Parts of the completed chunk itself
     (redelivery) pass, so that the idempotent part write can make them a no-op.
 
-    ``max_ahead`` bounds a jump: a chunk id more than ``max_ahead`` above the newest completed one
-    (above 0 before the first, ids start at 1) is rejected, so one record with a wild id cannot
-    complete a chunk that makes every later chunk "older". None: no bound.
+    ``max_ahead`` bounds a jump: a chunk id more than ``max_ahead`` above the newest completed one is
+    rejected, so one record with a wild id cannot complete a chunk that makes every later chunk
+    "older". None: no bound. Nothing bounds the first chunk of a stream: a producer may start its ids
+    anywhere (a replay from a later chunk, ids taken from a clock), and the first chunk sets the origin.
     """
 
     def __init__(self, completed: Mapping[str, int] | None = None, max_ahead: int | None = None) -> None:
@@ -194,13 +195,12 @@ class ChunkOrderGuard:
             raise RejectedRecord(
                 "chunk_order", f"chunk {chunk_id} of stream {stream!r} arrived after chunk {newest} was completed"
             )
-        base = 0 if newest is None else newest
-        if self.max_ahead is not None and chunk_id - base > self.max_ahead:
-            since = f"chunk {newest}, the newest completed" if newest is not None else "0 (none completed yet)"
+        if self.max_ahead is not None and newest is not None and chunk_id - newest > self.max_ahead:
             raise RejectedRecord(
                 "chunk_ahead",
-                f"chunk {chunk_id} of stream {stream!r} is {chunk_id - base} ids ahead of {since}; "
-                f"daemon.max_chunks_ahead allows {self.max_ahead} (raise it if the producer skips more ids)",
+                f"chunk {chunk_id} of stream {stream!r} is {chunk_id - newest} ids ahead of chunk {newest}, the "
+                f"newest completed; daemon.max_chunks_ahead allows {self.max_ahead} (raise it if the producer "
+                f"skips more ids)",
             )
 
     def complete(self, stream: str, chunk_id: int) -> None:
