@@ -396,7 +396,7 @@ def test_chunk_order_guard() -> None:
     guard = ChunkOrderGuard({"mnist": 5})
     guard.check("mnist", 5)  # redelivered part of the completed chunk: ingest dedups it
     guard.check("mnist", 9)
-    guard.check("cifar", 0)  # streams are independent
+    guard.check("cifar", 1)  # streams are independent
     guard.complete("mnist", 9)
     guard.complete("mnist", 6)  # completing an older in-flight chunk never moves the mark back
     assert guard.last_completed("mnist") == 9 and guard.last_completed("cifar") is None
@@ -427,6 +427,9 @@ def test_chunk_order_guard_rejects_a_chunk_too_far_ahead_and_the_next_chunk_stil
     with pytest.raises(RejectedRecord):
         fresh.check("mnist", 20261123 + 1001)
     ChunkOrderGuard({"mnist": 5}).check("mnist", MAX_ID)  # max_ahead None: no bound
+    with pytest.raises(RejectedRecord) as caught:
+        fresh.check("other", 0)  # the engine could never take it: it would wait in the buffer
+    assert caught.value.reason == "chunk_order" and "chunk ids start at 1" in caught.value.detail
     with pytest.raises(ValueError, match="max_ahead"):
         ChunkOrderGuard(max_ahead=0)
 

@@ -188,8 +188,11 @@ class ChunkOrderGuard:
         self.max_ahead = max_ahead
 
     def check(self, stream: str, chunk_id: int) -> None:
-        """Raise ``RejectedRecord`` "chunk_order" if ``chunk_id`` is below the newest completed one,
+        """Raise ``RejectedRecord`` "chunk_order" if ``chunk_id`` is below 1 or the newest completed one,
         "chunk_ahead" if it is more than ``max_ahead`` above it."""
+        if chunk_id < 1:
+            # The engine takes ids above the last one it processed, which starts at 0.
+            raise RejectedRecord("chunk_order", f"chunk {chunk_id} of stream {stream!r}: chunk ids start at 1")
         newest = self._completed.get(stream)
         if newest is not None and chunk_id < newest:
             raise RejectedRecord(
