@@ -297,6 +297,12 @@ def test_config_check_command_names_the_bad_key(tmp_path, capsys):
     assert "device: must be auto, cpu, cuda or cuda:N" in capsys.readouterr().err
     path.write_text("device: 'cuda:1'\n")
     assert main(["config", "check", str(path)]) == 0
+    # A wait the simulated stream never reaches: valid (a live stream may go on), with a note.
+    path.write_text("stream: {megabatches: 10}\npolicy: {name: fixed, wait: 50}\n")
+    assert main(["config", "check", str(path)]) == 0
+    assert "note: valid for alma run, but alma simulate and alma grid refuse it: policy.wait (50)" in (
+        capsys.readouterr().out
+    )
 
 
 def test_config_check_takes_the_file_as_other_commands_do_too(tmp_path, capsys):

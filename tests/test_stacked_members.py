@@ -11,6 +11,7 @@ from alma_daemon.config import TrainConfig
 from alma_daemon.data.datasets import CIFAR10_TASK, MNIST_TASK
 from alma_daemon.models.backbones import build_backbone
 from alma_daemon.models.stacked import StackedMLP, stackable
+from alma_daemon.training import compile as compile_module
 from alma_daemon.training.loop import Trainer
 from alma_daemon.training.members import fit_stacked, stacked_fitter
 from tests.conftest import separable_data
@@ -105,3 +106,15 @@ def test_stacked_fit_leaves_each_member_with_storage_of_its_own() -> None:
     )
     pointers = {p.untyped_storage().data_ptr() for net in nets for p in net.parameters()}
     assert len(pointers) == sum(1 for net in nets for _ in net.parameters())
+
+
+def test_under_train_compile_stacked_members_train_eager_and_say_so(monkeypatch, caplog) -> None:
+    monkeypatch.setattr(compile_module, "_said", set())  # each reason is said once per process
+    train, val = noisy_data(200, seed=1), noisy_data(60, seed=2)
+    nets = {flag: members(3) for flag in (False, True)}
+    for flag, stacked in nets.items():
+        trainer = Trainer(dataclasses.replace(CONFIG, compile=flag), "adadelta", torch.device("cpu"), seed=3)
+        fit_stacked(trainer, list(enumerate(stacked)), train, val)
+    for eager, compiled in zip(nets[False], nets[True]):
+        assert all(torch.equal(a, b) for a, b in zip(eager.state_dict().values(), compiled.state_dict().values()))
+    assert any(getattr(r, "reason", "") == "ensemble members train stacked, which runs eager" for r in caplog.records)

@@ -218,6 +218,7 @@ def test_train_compile_steps_eager_with_the_eager_results_where_compiled_gradien
 ) -> None:
     """A parameter without a gradient (``torch.func.grad`` would give it zeros) or noise drawn from a
     generator of the model's own (not traced): the steps run eager, with the eager results."""
+    monkeypatch.setattr(compile_module, "_said", set())  # each reason is said once per process
     compiled_steps = CompiledSteps(monkeypatch)
     train, val = separable_data(MNIST_TASK, 96, seed=1), separable_data(MNIST_TASK, 32, seed=2)
     (eager, eager_net), (fallback, fallback_net) = fit_twice(net, train, val, CONFIG, "sgd", runs=(False, True))

@@ -11,7 +11,7 @@ import argparse
 import json
 import sys
 
-from alma_daemon.config import load_config
+from alma_daemon.config import ConfigError, load_config
 from alma_daemon.config.loading import json_schema
 from alma_daemon.data.arrays import arrays_task
 
@@ -53,4 +53,9 @@ def check_file(args: argparse.Namespace) -> int:
     if config.dataset.name == "arrays":
         arrays_task(config.dataset)  # what a command checks once it starts: the task must be declared
     print(f"{path}: valid (learner {config.learner.name}, policy {config.policy.name})")
+    try:
+        config.policy.check_stream_length(config.stream.megabatches)
+    except ConfigError as exc:
+        # A live stream may go on past stream.megabatches, so only a simulated run refuses this.
+        print(f"note: valid for alma run, but alma simulate and alma grid refuse it: {exc}")
     return 0

@@ -8,7 +8,8 @@ and the others go on with their optimizer state. One optimizer steps the stacked
 members at once; the optimizers are elementwise, so each member's update is the one it would get
 alone. Since the stacked products are those of the member alone too, each member's weights, and
 its report, are bit for bit what ``Trainer.fit`` gives it (tests/test_stacked_members.py); only
-the wall time is shared, split by steps. Stacked members run eager whatever ``train.compile`` says.
+the wall time is shared, split by steps. Stacked members run eager whatever ``train.compile`` says
+(and say so once): compiling the stacked step measured slower relative to one member (docs/scaling.md).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from torch import nn
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.models.backbones import Backbone, inputs_standardized_outside
 from alma_daemon.models.stacked import StackedMLP, stackable
+from alma_daemon.training.compile import say_eager_once
 from alma_daemon.training.flops import FlopMeter
 from alma_daemon.training.loop import EVAL_BATCH, EarlyStopping, FitReport, StageInputs, Trainer
 from alma_daemon.training.optim import build_optimizer
@@ -88,6 +90,8 @@ def fit_stacked(
 ) -> dict[int, FitReport]:
     """Train stackable members together for ``train.epochs`` epochs with per-member early stopping."""
     start = time.perf_counter()
+    if trainer.config.compile:
+        say_eager_once("ensemble members train stacked, which runs eager")
     state = [_Member(index, net, trainer) for index, net in members]
     meter = FlopMeter()
     active = list(state)
