@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import subprocess
 import sys
 
@@ -13,6 +14,7 @@ from kafka.errors import KafkaConnectionError, KafkaTimeoutError
 
 from alma_daemon.cli import build_parser, main
 from alma_daemon.logs import configure_logging, error_text
+from alma_daemon.observability.progress import ProgressBar
 from alma_daemon.service.outages import one_line
 from alma_daemon.transports.kafka import KafkaPublisher
 from tests.servers import free_port
@@ -102,6 +104,16 @@ def test_kafka_pythons_own_logs_are_quiet_by_default_and_shown_with_v(restore_lo
     assert logging.getLogger("alma_daemon.ingest.worker").isEnabledFor(logging.WARNING)
     configure_logging(1)
     assert connection.isEnabledFor(logging.WARNING)
+
+
+def test_a_warning_logged_under_the_progress_bar_gets_a_line_of_its_own(restore_logging, capsys):
+    configure_logging(0)
+    bar = ProgressBar(total=2)
+    logging.getLogger("alma_daemon.test").warning("hello")
+    bar.close()
+    lines = re.split(r"[\r\n]", capsys.readouterr().err)
+    assert any(re.fullmatch(r"\d\d:\d\d:\d\d warning alma_daemon.test: hello", line) for line in lines), lines
+    assert logging.getLogger().handlers[0].stream is sys.stderr  # the console handler is back after the bar
 
 
 def test_publishing_to_kafka_without_a_broker_fails_with_one_line_saying_what_to_do():

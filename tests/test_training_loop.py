@@ -212,7 +212,9 @@ class WithUnusedLayer(torch.nn.Module):
         return self.used(x.flatten(1).float() / 255)
 
 
-@pytest.mark.parametrize("net,reason", [(WithUnusedLayer, None), (lambda: SeededDropoutNet(), "draws noise")])
+@pytest.mark.parametrize(
+    "net,reason", [(WithUnusedLayer, None), (lambda: SeededDropoutNet(), "SeededDropout draw noise")]
+)
 def test_train_compile_steps_eager_with_the_eager_results_where_compiled_gradients_would_differ(
     monkeypatch, caplog, net, reason
 ) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 from alma_daemon.core.engine import Engine, EngineObserver
 from alma_daemon.core.records import StepRecord
@@ -15,6 +16,11 @@ class ProgressBar(EngineObserver):
         """``initial``: chunks processed before (a daemon resuming its stream); the rate counts the others.
         ``total`` None: a stream without a known end (a daemon without ``--until-chunks``)."""
         self.bar = tqdm(total=total, initial=initial, unit="chunk", disable=not enabled, dynamic_ncols=True)
+        # Log lines go through tqdm while the bar is up, each on a line of its own above the bar
+        # rather than glued to it.
+        self._logs_above = logging_redirect_tqdm() if enabled else None
+        if self._logs_above is not None:
+            self._logs_above.__enter__()
 
     def on_step(self, record: StepRecord, engine: Engine) -> None:
         shown = {}
@@ -29,4 +35,7 @@ class ProgressBar(EngineObserver):
         self.bar.update(engine.state.chunks_seen - self.bar.n)
 
     def close(self) -> None:
+        if self._logs_above is not None:
+            self._logs_above.__exit__(None, None, None)
+            self._logs_above = None
         self.bar.close()

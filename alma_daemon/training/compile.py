@@ -67,8 +67,9 @@ def whole_step_unavailable(net: nn.Module, device: torch.device, spans_ranks: bo
     """Why a training step of ``net`` cannot be compiled whole, or None when it can."""
     if spans_ranks:
         return "data-parallel ranks average gradients in autograd's backward pass"
-    if any(isinstance(module, DrawsNoise) for module in net.modules()):
-        return "the model draws noise from a generator of its own, which torch.compile does not trace"
+    noisy = sorted({type(module).__name__ for module in net.modules() if isinstance(module, DrawsNoise)})
+    if noisy:
+        return f"the model's {', '.join(noisy)} draw noise from a generator of their own, which torch.compile does not trace"
     return compiler_missing(device)
 
 
