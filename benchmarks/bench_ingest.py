@@ -34,7 +34,7 @@ sys.path.insert(0, str(REPO))  # tests/servers.py holds the broker and Redis lau
 
 from alma_daemon.data.datasets import load_dataset  # noqa: E402
 from alma_daemon.data.wire import StreamSchema  # noqa: E402
-from alma_daemon.ingest.worker import IngestWorker  # noqa: E402
+from alma_daemon.service.ingest.worker import IngestWorker  # noqa: E402
 from alma_daemon.service.redis_keys import StreamKeys  # noqa: E402
 from alma_daemon.transports.kafka import CONSUMER_SETTINGS, KafkaPublisher, KafkaSource  # noqa: E402
 from alma_daemon.transports.replay import ReplayChunk, replay  # noqa: E402

@@ -101,7 +101,7 @@ def test_kafka_pythons_own_logs_are_quiet_by_default_and_shown_with_v(restore_lo
     connection = logging.getLogger("kafka.conn")
     configure_logging(0)
     assert not connection.isEnabledFor(logging.ERROR)
-    assert logging.getLogger("alma_daemon.ingest.worker").isEnabledFor(logging.WARNING)
+    assert logging.getLogger("alma_daemon.service.ingest.worker").isEnabledFor(logging.WARNING)
     configure_logging(1)
     assert connection.isEnabledFor(logging.WARNING)
 

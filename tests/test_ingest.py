@@ -27,9 +27,9 @@ from alma_daemon.data.wire import (
     decode_record,
     encode_chunk,
 )
-from alma_daemon.ingest.assembler import Assembler
-from alma_daemon.ingest.worker import IngestWorker
 from alma_daemon.observability import telemetry
+from alma_daemon.service.ingest.assembler import Assembler
+from alma_daemon.service.ingest.worker import IngestWorker
 from alma_daemon.service.outages import OutageBoard
 from alma_daemon.service.redis_buffer import ReadyChunks
 from alma_daemon.service.redis_keys import StreamKeys

@@ -12,9 +12,9 @@ import time
 import pytest
 import redis
 
-from alma_daemon.ingest.assembler import Assembler
-from alma_daemon.ingest.worker import IngestWorker
 from alma_daemon.observability import telemetry
+from alma_daemon.service.ingest.assembler import Assembler
+from alma_daemon.service.ingest.worker import IngestWorker
 from alma_daemon.service.outages import OutageBoard
 from alma_daemon.service.redis_keys import StreamKeys
 from alma_daemon.transports.redis_stream import RedisStreamSource, encode_entry
@@ -329,9 +329,9 @@ def test_a_transaction_that_failed_while_the_poll_failed_too_is_logged_at_the_re
         transport.stop()
         with pytest.raises(redis.ConnectionError):
             worker.step(timeout=0.2)
-        with caplog.at_level(logging.WARNING, logger="alma_daemon.ingest.worker"):
+        with caplog.at_level(logging.WARNING, logger="alma_daemon.service.ingest.worker"):
             worker.resync()
-        (logged,) = [r for r in caplog.records if r.name == "alma_daemon.ingest.worker"]
+        (logged,) = [r for r in caplog.records if r.name == "alma_daemon.service.ingest.worker"]
         assert logged.getMessage() == "ingest: a transaction failed; continuing from what Redis holds"
         assert "zadd" in logged.error.lower()
         worker.stop()
@@ -368,7 +368,7 @@ def test_a_stop_that_outwaits_its_timeout_leaves_the_source_to_the_thread_still_
     worker.start()
     try:
         assert source.polling.wait(30), "the ingest thread never polled"
-        with caplog.at_level(logging.WARNING, logger="alma_daemon.ingest.worker"):
+        with caplog.at_level(logging.WARNING, logger="alma_daemon.service.ingest.worker"):
             worker.stop(timeout=0.1)
         assert worker.alive and not source.closed
         assert "ingest: the thread did not stop in time; its source is left open" in caplog.messages

@@ -1,6 +1,6 @@
 """``alma run``: the long-lived service around the engine; :class:`Daemon` coordinates its parts.
 
-One record's path: ingest (``ingest/``, its own thread) stores parts in Redis and marks complete
+One record's path: ingest (``service/ingest/``, its own thread) stores parts in Redis and marks complete
 chunks ready -> the main loop here takes the oldest ready chunk (``redis_buffer.ReadyChunks``) ->
 ``Engine.on_chunk`` (evaluate, buffer in ``RedisBuffer``, decide, train, checkpoint) -> one
 MULTI/EXEC commits the step (``step_commit.py``) -> the new version goes to the publisher
@@ -28,13 +28,13 @@ from alma_daemon.core.checkpoints import CheckpointStore
 from alma_daemon.core.engine import Engine, EngineObserver
 from alma_daemon.data.stream_task import StreamTask, load_stream_task
 from alma_daemon.data.wire import RejectedRecord, StreamSchema
-from alma_daemon.ingest.worker import IngestWorker
 from alma_daemon.observability.exporter import Exporter, MetricsObserver, start_exporter
 from alma_daemon.service.bootstrap import redis_name, restore_engine, stream_schema
 from alma_daemon.service.engine_store import EngineStateStore
 from alma_daemon.service.gauges import update_buffer_gauge
 from alma_daemon.service.health import Health
 from alma_daemon.service.heartbeat import STATUS_FILE, Heartbeat
+from alma_daemon.service.ingest.worker import IngestWorker
 from alma_daemon.service.outages import REDIS_UNREACHABLE, OutageBoard, one_line
 from alma_daemon.service.publish_handoff import PublishHandoff
 from alma_daemon.service.rank_followers import RankLeader

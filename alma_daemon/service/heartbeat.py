@@ -13,7 +13,7 @@ from typing import Any
 import psutil
 
 from alma_daemon.core.atomic_json import write_json_atomic
-from alma_daemon.ingest.worker import IngestWorker
+from alma_daemon.service.ingest.worker import IngestWorker
 from alma_daemon.service.outages import REDIS_UNREACHABLE, OutageBoard
 from alma_daemon.service.redis_keys import StreamKeys
 

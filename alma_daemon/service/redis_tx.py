@@ -1,6 +1,6 @@
-"""The Redis helpers that ingest and the service share: a watched transaction, a dead letter, a hash read.
+"""The Redis helpers that ingest and the step commit share: a watched transaction, a dead letter, a hash read.
 
-Both packages write the stream's keys in MULTI/EXEC transactions (``ingest/store.py`` a batch of
+Both write the stream's keys in MULTI/EXEC transactions (``service/ingest/store.py`` a batch of
 records, ``service/step_commit.py`` a step) and both dead-letter what they cannot use, so the helpers
 live here, below both.
 """

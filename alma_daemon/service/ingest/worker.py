@@ -24,9 +24,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from alma_daemon.data.wire import DEFAULT_MAX_CHUNKS_AHEAD, RejectedRecord, StreamSchema, decode_record
-from alma_daemon.ingest.store import IngestBatch, IngestStore
 from alma_daemon.observability import telemetry
 from alma_daemon.runtime import run_beside_training
+from alma_daemon.service.ingest.store import IngestBatch, IngestStore
 from alma_daemon.service.outages import REDIS_UNREACHABLE, OutageBoard, one_line, retry_delays
 from alma_daemon.service.redis_keys import StreamKeys
 from alma_daemon.transports.source import RecordSource, SourceRecord
