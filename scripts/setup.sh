@@ -15,6 +15,7 @@ if command -v apt-get >/dev/null 2>&1; then
   [ -x /usr/bin/redis-server ] || missing+=(redis-server)
   command -v openssl >/dev/null 2>&1 || missing+=(openssl)  # the test CA of tests/servers.py
   command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
+  command -v g++ >/dev/null 2>&1 || missing+=(g++)  # Inductor's CPU kernels: the train.compile tests
   need_java=0
   command -v java >/dev/null 2>&1 || need_java=1
   if [ ${#missing[@]} -gt 0 ] || [ "$need_java" = 1 ]; then

@@ -122,6 +122,9 @@ def test_without_a_compiler_train_compile_runs_eager_with_the_eager_results(monk
     )
 
 
+# Inductor builds CPU kernels with a C++ compiler; without one train.compile runs eager (tested above
+# with a missing compiler), so there is nothing compiled to test. scripts/setup.sh installs g++ where
+# it is missing, so CI runs these tests.
 needs_cpu_compiler = pytest.mark.skipif(
     compile_module.compiler_missing(torch.device("cpu")) is not None,
     reason=f"torch.compile cannot build CPU kernels here: {compile_module.compiler_missing(torch.device('cpu'))}",
