@@ -14,7 +14,7 @@ seconds spent in each kind of op (convolutions, batch norms, ...; profiled runs 
 the two loops run the same kernels, those bound the ratio.
 
     python benchmarks/bench_training.py [--repeats 5] [--epochs 10] [--compile] [--profile]
-        [--out benchmarks/results/training.json]
+        [--device cuda] [--out benchmarks/results/training.json]
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from alma_daemon.config import TrainConfig
 from alma_daemon.data.augment import flip_and_crop
 from alma_daemon.data.datasets import CIFAR10_TASK, MNIST_TASK, load_dataset
 from alma_daemon.data.streams import Chunk, partition, split_chunk
+from alma_daemon.data.tensors import LabeledData
 from alma_daemon.models.backbones import build_backbone
 from alma_daemon.seeding import generator
 from alma_daemon.training.loop import EVAL_BATCH, Trainer
@@ -71,7 +72,7 @@ def plain_loop(net, train, val, config: TrainConfig, optimizer_name: str, augmen
     errors = []
     for _ in range(config.epochs):
         net.train()
-        for index in torch.randperm(len(train), generator=gen).split(config.batch_size):
+        for index in torch.randperm(len(train), generator=gen).to(train.x.device).split(config.batch_size):
             xb, yb = train.x[index], train.y[index]
             if augment:
                 xb = flip_and_crop(xb, gen)
@@ -82,8 +83,8 @@ def plain_loop(net, train, val, config: TrainConfig, optimizer_name: str, augmen
         wrong = 0
         with torch.inference_mode():
             for i in range(0, len(val), EVAL_BATCH):
-                wrong += int((net(val.x[i : i + EVAL_BATCH]).argmax(1) != val.y[i : i + EVAL_BATCH]).sum())
-        errors.append(wrong / len(val))
+                wrong += (net(val.x[i : i + EVAL_BATCH]).argmax(1) != val.y[i : i + EVAL_BATCH]).sum()
+        errors.append(int(wrong) / len(val))
     return min(errors)
 
 
@@ -102,7 +103,21 @@ def timed(fn):
     return time.perf_counter() - start, result
 
 
-def run_case(name: str, repeats: int, epochs: int, with_compile: bool, with_profile: bool = False) -> dict:
+def synchronized(fn, device: torch.device):
+    """``fn`` followed by a wait for the device's queued work, so a timing covers it."""
+
+    def run():
+        result = fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return result
+
+    return run
+
+
+def run_case(
+    name: str, repeats: int, epochs: int, with_compile: bool, with_profile: bool = False, device_name: str = "cpu"
+) -> dict:
     dataset_name, task, width, examples, optimizer = CASES[name]
     dataset = load_dataset(dataset_name)
     chunk = Chunk(1, partition(dataset.train, 1, seed=0, limit=examples)[0])
@@ -110,18 +125,22 @@ def run_case(name: str, repeats: int, epochs: int, with_compile: bool, with_prof
     # patience = epochs: early stopping never cuts our loop short, so both run every epoch.
     config = TrainConfig(epochs=epochs, patience=epochs, batch_size=128)
     compiled_config = dataclasses.replace(config, compile=True)
-    device = torch.device("cpu")
+    device = torch.device(device_name)
 
     def ours(cfg: TrainConfig, seed: int):
         torch.manual_seed(seed)
-        net = build_backbone(task, width)
+        net = build_backbone(task, width).to(device)
         return (
             Trainer(cfg, optimizer, device, seed=seed, augment=task.augment).fit(net, split.train, split.val).val_error
         )
 
+    # The hand-written loop keeps the stage's examples on the device, as a careful engineer would.
+    train, val = (LabeledData(d.x.to(device), d.y.to(device)) for d in (split.train, split.val))
+
     def plain(seed: int):
         torch.manual_seed(seed)
-        return plain_loop(build_backbone(task, width), split.train, split.val, config, optimizer, task.augment, seed)
+        net = build_backbone(task, width).to(device)
+        return plain_loop(net, train, val, config, optimizer, task.augment, seed)
 
     result: dict = {"case": name, "epochs": epochs, "train_examples": len(split.train), "repeats": repeats}
     if with_compile:
@@ -131,11 +150,11 @@ def run_case(name: str, repeats: int, epochs: int, with_compile: bool, with_prof
     errors: dict[str, list[float]] = {loop: [] for loop in loops}
     for r in range(repeats):
         for loop, run in (("ours", lambda: ours(config, r)), ("plain", lambda: plain(r))):
-            seconds, error = timed(run)
+            seconds, error = timed(synchronized(run, device))
             times[loop].append(seconds)
             errors[loop].append(error)
         if with_compile:
-            seconds, error = timed(lambda: ours(compiled_config, r))
+            seconds, error = timed(synchronized(lambda: ours(compiled_config, r), device))
             times["ours_compiled"].append(seconds)
             errors["ours_compiled"].append(error)
     result["same_result"] = errors["ours"] == errors["plain"]
@@ -164,12 +183,15 @@ def main() -> None:
     parser.add_argument("--cases", nargs="*", default=list(CASES))
     parser.add_argument("--compile", action="store_true", help="also time our loop with train.compile")
     parser.add_argument("--profile", action="store_true", help="also profile one run of each loop by kind of op")
-    parser.add_argument("--out", default="benchmarks/results/training.json")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument(
+        "--out", default=None, help="default benchmarks/results/training.json (training-DEVICE.json off the CPU)"
+    )
     args = parser.parse_args()
     load_before = os.getloadavg()
     results = []
     for name in args.cases:
-        result = run_case(name, args.repeats, args.epochs, args.compile, args.profile)
+        result = run_case(name, args.repeats, args.epochs, args.compile, args.profile, args.device)
         errors = {loop: statistics.mean(values) for loop, values in result["best_val_errors"].items()}
         extra = (
             f", compiled ratio {result['compiled_speed_ratio_median']:.3f} (mean best validation error "
@@ -184,7 +206,10 @@ def main() -> None:
         for loop, seconds in result.get("profiled_op_seconds", {}).items():
             print(f"  {loop}, profiled: " + ", ".join(f"{kind} {s:.2f} s" for kind, s in seconds.items() if s))
         results.append(result)
-    write_figures(args.out, {"results": results}, load_before)
+    device = torch.device(args.device)
+    out = args.out or f"benchmarks/results/training{'' if device.type == 'cpu' else '-' + device.type}.json"
+    machine = torch.cuda.get_device_name(device) if device.type == "cuda" else ""
+    write_figures(out, {"device": args.device, "results": results}, load_before, machine)
 
 
 if __name__ == "__main__":

@@ -62,6 +62,21 @@ def test_no_expert_exceeds_its_capacity(capacity_factor):
     assert counts.max() == capacity  # the peaked router does fill an expert, so the limit was exercised
 
 
+@pytest.mark.parametrize("capacity_factor", [0.5, 1.25])
+@pytest.mark.parametrize("training", [True, False])
+def test_slot_dispatch_computes_what_grouped_dispatch_does(capacity_factor, training):
+    """The compiled step's dispatch (shapes fixed by the token count, padded slots) and the eager one agree."""
+    layer = random_router_layer(capacity_factor=capacity_factor).train(training)
+    x = torch.randn(64, 8)
+    with torch.no_grad():
+        gate, expert = layer.router(x).softmax(-1).max(-1)
+        route = torch.where(layer.within_capacity(expert), expert, -1)
+        assert bool((route < 0).any()) == training  # the peaked router overfills an expert: drops in training
+        grouped = layer.dispatch_in_groups(x, route, gate)
+        assert torch.allclose(layer.dispatch_in_slots(x, route, gate), grouped, atol=1e-6)
+        assert (grouped[route < 0] == 0).all() and (grouped[route >= 0] != 0).any()
+
+
 def test_balance_loss_is_one_for_uniform_routing_and_larger_when_skewed():
     experts, tokens = 4, 16
     choice = torch.arange(tokens) % experts

@@ -176,6 +176,32 @@ def test_train_compile_runs_whole_steps_compiled_reproducibly_and_counts_the_eag
     assert all(torch.equal(a, b) for a, b in zip(net.state_dict().values(), twin.state_dict().values()))
 
 
+@pytest.mark.slow
+@needs_cpu_compiler
+def test_train_compile_traces_a_switch_lm_step_once_under_its_learning_rate_schedule(monkeypatch) -> None:
+    """An LM stage changes the learning rate at every step (warm-up, then decay) and Adam counts its
+    steps: as Python numbers each new value compiled the step again, up to Dynamo's limit. Its
+    dropout of 0 draws no noise, so the step compiles; the results are close to eager ones."""
+    from torch._dynamo.utils import counters
+
+    from tests.test_switch_lm import tiny_learner, token_data, trainer
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled_steps = CompiledSteps(monkeypatch)
+    train, val = token_data(64, seed=1), token_data(16, seed=2)
+    reports = []
+    for compile_flag in (False, True):
+        stage = trainer(steps=12)
+        stage.config = dataclasses.replace(stage.config, compile=compile_flag)
+        reports.append(tiny_learner("switch-lm").fit(train, val, stage))
+    eager, compiled = reports
+    assert compiled_steps.calls == 12 - 1  # the first step runs eager, under the FLOP counter
+    assert counters["frames"]["total"] == 1
+    assert compiled.flops == eager.flops
+    assert compiled.val_error == pytest.approx(eager.val_error, rel=1e-3)
+
+
 class TinyConvNet(torch.nn.Sequential):
     def __init__(self) -> None:
         super().__init__(

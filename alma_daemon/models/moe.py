@@ -61,6 +61,10 @@ class TreeGatedMoE(DrawsNoise):
         #: Values per example entering the layer: the input size of its gates.
         self.input_size = input_size
 
+    @property
+    def draws_noise(self) -> bool:
+        return self.hard
+
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         return self.mix(z, self.leaf_weights(z))
 

@@ -19,6 +19,11 @@ class DrawsNoise(nn.Module):
 
     generator: torch.Generator | None = None
 
+    @property
+    def draws_noise(self) -> bool:
+        """Whether training draws from ``self.generator`` at all (a dropout of 0 draws nothing)."""
+        return True
+
 
 class SeededDropout(DrawsNoise):
     """``nn.Dropout`` drawing its masks from ``self.generator``."""
@@ -26,6 +31,10 @@ class SeededDropout(DrawsNoise):
     def __init__(self, p: float):
         super().__init__()
         self.p = p
+
+    @property
+    def draws_noise(self) -> bool:
+        return self.p > 0.0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or self.p == 0.0:

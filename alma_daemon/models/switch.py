@@ -27,7 +27,7 @@ import copy
 import math
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import torch
 import torch.nn.functional as F
@@ -115,14 +115,53 @@ class SwitchFFN(nn.Module):
             probs = logits.softmax(-1)
         gate, expert = (probs * self.gate_scale).max(-1)
         route = torch.where(self.within_capacity(expert), expert, -1)
+        # Both dispatches compute the same outputs (up to rounding). Eager runs the grouped one, which
+        # computes only the tokens that fit; torch.compile cannot trace its data-dependent group sizes.
+        dispatch = self.dispatch_in_slots if torch.compiler.is_compiling() else self.dispatch_in_groups
+        out = dispatch(x, route, gate)
+        return self.dropout(out).reshape(shape), balance_loss(probs, expert), route
+
+    def dispatch_in_groups(self, x: torch.Tensor, route: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        """Each expert's FFN on the tokens routed to it, times their gates; dropped tokens (route -1) get zeros.
+
+        Tokens are grouped by expert, in batch order within each group (a stable sort): one read of
+        the group sizes per layer instead of one host synchronization per expert.
+        """
         out = torch.zeros_like(x)  # dropped tokens add nothing: the residual carries them
-        # Tokens grouped by expert, in batch order within each group (a stable sort): one read of the
-        # group sizes per layer instead of one host synchronization per expert.
         order = torch.argsort(route, stable=True)
         sizes = torch.bincount(route + 1, minlength=len(self.experts) + 1).tolist()
         for ffn, index in zip(self.experts, order.split(sizes)[1:]):
             out.index_add_(0, index, ffn(x[index]) * gate[index, None].to(x.dtype))
-        return self.dropout(out).reshape(shape), balance_loss(probs, expert), route
+        return out
+
+    def dispatch_in_slots(self, x: torch.Tensor, route: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        """What :meth:`dispatch_in_groups` computes, with shapes that depend on the token count alone.
+
+        Every expert gets ``slots`` rows (its capacity in training, every token in evaluation), filled
+        in batch order and padded with zeros, and all experts run as two batched matmuls: no host
+        synchronization and no data-dependent shape, so a compiler traces one graph. The padding rows
+        are computed and thrown away.
+        """
+        tokens, width = x.shape
+        experts = len(self.experts)
+        slots = self.capacity(tokens) if self.training else tokens
+        kept = route >= 0
+        onehot = (route == torch.arange(experts, device=x.device)[:, None]).long()
+        place = (onehot.cumsum(1) * onehot).sum(0) - 1  # 0-based position in the expert's queue
+        # A dropped token gets a slot of its own past the experts' slots, so no two tokens share one.
+        slot = torch.where(kept, route * slots + place, experts * slots + torch.arange(tokens, device=x.device))
+        holder = torch.full((experts * slots + tokens,), tokens, dtype=torch.long, device=x.device)
+        holder.scatter_(0, slot, torch.arange(tokens, device=x.device))
+        padded = torch.cat([x, x.new_zeros(1, width)])
+        inputs = padded[holder[: experts * slots]].view(experts, slots, width)
+        hidden = F.gelu(_batched_linear(inputs, self.expert_layers("fc")))
+        outputs = _batched_linear(hidden, self.expert_layers("proj")).reshape(experts * slots, width)
+        picked = outputs[slot.clamp(max=experts * slots - 1)].to(x.dtype) * gate[:, None].to(x.dtype)
+        return torch.where(kept[:, None], picked, 0.0)
+
+    def expert_layers(self, name: str) -> list[nn.Linear]:
+        """Every expert's layer ``name`` ("fc" or "proj"), in expert order."""
+        return [cast(nn.Linear, ffn.get_submodule(name)) for ffn in self.experts]
 
     @torch.no_grad()
     def split_experts(self, chosen: list[int]) -> None:
@@ -149,6 +188,13 @@ class SwitchFFN(nn.Module):
         self.router.bias.copy_(bias)
         self.gate_scale = scale
         self.experts.extend(copy.deepcopy(self.experts[e]) for e in chosen)
+
+
+def _batched_linear(x: torch.Tensor, layers: list[nn.Linear]) -> torch.Tensor:
+    """``layers[e](x[e])`` for every e, as one batched matmul over the stacked weights."""
+    weight = torch.stack([layer.weight for layer in layers])
+    bias = torch.stack([layer.bias for layer in layers])
+    return torch.baddbmm(bias[:, None, :], x, weight.transpose(1, 2))
 
 
 class CausalSelfAttention(nn.Module):

@@ -67,7 +67,9 @@ def whole_step_unavailable(net: nn.Module, device: torch.device, spans_ranks: bo
     """Why a training step of ``net`` cannot be compiled whole, or None when it can."""
     if spans_ranks:
         return "data-parallel ranks average gradients in autograd's backward pass"
-    noisy = sorted({type(module).__name__ for module in net.modules() if isinstance(module, DrawsNoise)})
+    noisy = sorted(
+        {type(module).__name__ for module in net.modules() if isinstance(module, DrawsNoise) and module.draws_noise}
+    )
     if noisy:
         return f"the model's {', '.join(noisy)} draw noise from a generator of their own, which torch.compile does not trace"
     return compiler_missing(device)
@@ -123,6 +125,9 @@ def _train_step(
 
 
 _compiled_train_step = torch.compile(_train_step)
+#: On CUDA the step also runs as a CUDA graph: a small model's step is mostly kernel launches, which
+#: a graph replays in one. Inputs it updates in place are marked static (see ``CompiledStep``).
+_graphed_train_step = torch.compile(_train_step, mode="reduce-overhead")
 
 
 class CompiledStep:
@@ -146,6 +151,8 @@ class CompiledStep:
         names = {id(p): f"net.{name}" for name, p in net.named_parameters()}
         self.names = tuple(names[id(p)] for group in optimizer.groups for p in group)
         self.buffers = dict(self.loss.named_buffers())
+        self.lr: torch.Tensor | None = None
+        self.marked_static = False
 
     def takes(self, x: torch.Tensor) -> bool:
         """Whether the step on batch ``x`` runs compiled: a full batch, and the optimizer still one flat
@@ -164,5 +171,21 @@ class CompiledStep:
         assert isinstance(inner, InPlaceOptimizer)
         (flat,) = self.optimizer.flats
         group = {k: v for k, v in inner.param_groups[0].items() if k != "params"}
+        # Numbers that change from step to step go in as tensors, or each new value would compile again.
+        if self.lr is None:
+            self.lr = flat.new_zeros(())
+        group["lr"] = self.lr.fill_(group["lr"])
+        state = inner.state[flat]
+        for key, value in state.items():
+            if isinstance(value, float):  # Adam's step count
+                state[key] = torch.tensor(value, device=flat.device)
+        if flat.is_cuda and not self.marked_static:
+            # A CUDA graph reads and writes fixed addresses: the tensors the step updates in place
+            # keep theirs for the stage (a new stage's new ones record the graph again, once).
+            for tensor in (flat, self.lr, *self.buffers.values(), *state.values()):
+                if isinstance(tensor, torch.Tensor):
+                    torch._dynamo.mark_static_address(tensor)
+            self.marked_static = True
+        step = _graphed_train_step if flat.is_cuda else _compiled_train_step
         with torch.no_grad():
-            _compiled_train_step(self.loss, self.names, flat, self.buffers, inner.rule, inner.state[flat], group, x, y)
+            step(self.loss, self.names, flat, self.buffers, inner.rule, state, group, x, y)

@@ -71,6 +71,16 @@ def _as_tensors(param: torch.Tensor, **constants: float) -> dict[str, torch.Tens
     return {k: torch.tensor(v, dtype=param.dtype, device=param.device) for k, v in constants.items()}
 
 
+def _add_scaled(param: torch.Tensor, scale: float | torch.Tensor, update: torch.Tensor) -> None:
+    """``param += scale * update``: torch.optim's fused op for a Python number; a product for a 0-dim
+    tensor, the form in which compiled steps pass the numbers that change from step to step (a
+    scheduled learning rate, Adam's step size), so that a new value is not a new graph."""
+    if isinstance(scale, torch.Tensor):
+        param.add_(update * scale)
+    else:
+        param.add_(update, alpha=scale)
+
+
 def adadelta_update(param: torch.Tensor, grad: torch.Tensor, state: dict, group: dict) -> None:
     """``torch.optim.Adadelta``'s single-tensor update, op for op; its two temporaries live in ``state``."""
     if not state:
@@ -85,7 +95,7 @@ def adadelta_update(param: torch.Tensor, grad: torch.Tensor, state: dict, group:
     torch.add(acc_delta, eps, out=delta).sqrt_()
     delta.div_(std).mul_(grad)
     acc_delta.mul_(rho).addcmul_(delta, delta, value=1 - group["rho"])
-    param.add_(delta, alpha=-group["lr"])
+    _add_scaled(param, -group["lr"], delta)
 
 
 def sgd_update(param: torch.Tensor, grad: torch.Tensor, state: dict, group: dict) -> None:
@@ -101,7 +111,7 @@ def sgd_update(param: torch.Tensor, grad: torch.Tensor, state: dict, group: dict
         else:
             buf.mul_(state["momentum"]).add_(grad, alpha=1 - group["dampening"])
         grad = buf
-    param.add_(grad, alpha=-group["lr"])
+    _add_scaled(param, -group["lr"], grad)
 
 
 def adam_update(param: torch.Tensor, grad: torch.Tensor, state: dict, group: dict) -> None:
@@ -111,14 +121,18 @@ def adam_update(param: torch.Tensor, grad: torch.Tensor, state: dict, group: dic
         state.update(_as_tensors(param, beta2=group["betas"][1], eps=group["eps"]))
     (beta1, beta2), weight_decay = group["betas"], group["weight_decay"]
     exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
-    state["step"] = step = state["step"] + 1
+    state["step"] += 1  # in place for a compiled step's tensor, so a CUDA graph's replays count on
+    step = state["step"]
     if weight_decay != 0:
         grad = grad.add_(param, alpha=weight_decay)
     exp_avg.lerp_(grad, 1 - beta1)
     exp_avg_sq.mul_(state["beta2"]).addcmul_(grad, grad, value=1 - beta2)
     step_size = group["lr"] / (1 - beta1**step)
     denom = torch.sqrt(exp_avg_sq, out=state["denom"]).div_((1 - beta2**step) ** 0.5).add_(state["eps"])
-    param.addcdiv_(exp_avg, denom, value=-step_size)
+    if isinstance(step_size, torch.Tensor):
+        _add_scaled(param, -step_size, exp_avg / denom)
+    else:
+        param.addcdiv_(exp_avg, denom, value=-step_size)
 
 
 UPDATE_RULES: dict[str, UpdateRule] = {"adadelta": adadelta_update, "sgd": sgd_update, "adam": adam_update}
