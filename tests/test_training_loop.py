@@ -202,6 +202,23 @@ def test_train_compile_traces_a_switch_lm_step_once_under_its_learning_rate_sche
     assert compiled.val_error == pytest.approx(eager.val_error, rel=1e-3)
 
 
+@pytest.mark.slow
+@needs_cpu_compiler
+def test_train_compile_traces_every_stage_of_a_growing_model_past_dynamos_default_limit() -> None:
+    """Each stage of a growing model is a new architecture, traced anew: under Dynamo's default of
+    8 traces per function the ninth stage and every later one ran eager."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    train, val = separable_data(MNIST_TASK, 96, seed=1), separable_data(MNIST_TASK, 32, seed=2)
+    config = dataclasses.replace(CONFIG, epochs=1, patience=1, compile=True)
+    for width in range(2, 11):  # nine architectures
+        torch.manual_seed(0)
+        Trainer(config, "adadelta", torch.device("cpu"), seed=1).fit(build_backbone(MNIST_TASK, width), train, val)
+    assert counters["frames"]["ok"] == 9
+
+
 class TinyConvNet(torch.nn.Sequential):
     def __init__(self) -> None:
         super().__init__(

@@ -129,6 +129,10 @@ def _train_step(
 
 
 _compiled_train_step = torch.compile(_train_step)
+
+#: Traces of the step kept per process. Every stage of a growing model (Firefly, gEns, gMoE) is a new
+#: architecture and traces the step anew; under Dynamo's default of 8 the ninth ran eager, for good.
+TRACES_KEPT = 64
 #: On CUDA the step also runs as a CUDA graph: a small model's step is mostly kernel launches, which
 #: a graph replays in one. Inputs it updates in place are marked static (see ``CompiledStep``).
 _graphed_train_step = torch.compile(_train_step, mode="reduce-overhead")
@@ -156,7 +160,7 @@ class CompiledStep:
         self.names = tuple(names[id(p)] for group in optimizer.groups for p in group)
         self.buffers = dict(self.loss.named_buffers())
         self.lr: torch.Tensor | None = None
-        self.marked_static = False
+        self.called = False
 
     def takes(self, x: torch.Tensor) -> bool:
         """Whether the step on batch ``x`` runs compiled: a full batch, and the optimizer still one flat
@@ -183,13 +187,19 @@ class CompiledStep:
         for key, value in state.items():
             if isinstance(value, float):  # Adam's step count
                 state[key] = torch.tensor(value, device=flat.device)
-        if flat.is_cuda and not self.marked_static:
+        step = _graphed_train_step if flat.is_cuda else _compiled_train_step
+        args = (self.loss, self.names, flat, self.buffers, inner.rule, state, group, x, y)
+        if self.called:
+            with torch.no_grad():
+                step(*args)
+            return
+        self.called = True
+        if flat.is_cuda:
             # A CUDA graph reads and writes fixed addresses: the tensors the step updates in place
             # keep theirs for the stage (a new stage's new ones record the graph again, once).
             for tensor in (flat, self.lr, *self.buffers.values(), *state.values()):
                 if isinstance(tensor, torch.Tensor):
                     torch._dynamo.mark_static_address(tensor)
-            self.marked_static = True
-        step = _graphed_train_step if flat.is_cuda else _compiled_train_step
-        with torch.no_grad():
-            step(self.loss, self.names, flat, self.buffers, inner.rule, state, group, x, y)
+        # A stage's first step is where a new architecture traces it (the patch costs 0.2 ms: not per step).
+        with torch.no_grad(), torch._dynamo.config.patch(recompile_limit=TRACES_KEPT):
+            step(*args)
