@@ -136,13 +136,13 @@ class CompiledSteps:
 
     def __init__(self, monkeypatch) -> None:
         self.calls = 0
-        real = compile_module._compiled_train_step
+        real = compile_module.compiled_train_step("cpu")
 
         def counted(*args, **kwargs):
             self.calls += 1
             return real(*args, **kwargs)
 
-        monkeypatch.setattr(compile_module, "_compiled_train_step", counted)
+        monkeypatch.setattr(compile_module, "compiled_train_step", lambda device_type: counted)
 
 
 def fit_twice(make_net, train, val, config: TrainConfig, optimizer: str, runs=(False, True, True)):

@@ -35,6 +35,7 @@ minutes (VGG on a CPU), which is why the key is off by default.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
@@ -128,14 +129,22 @@ def _train_step(
     rule(flat, grad, state, group)
 
 
-_compiled_train_step = torch.compile(_train_step)
-
 #: Traces of the step kept per process. Every stage of a growing model (Firefly, gEns, gMoE) is a new
 #: architecture and traces the step anew; under Dynamo's default of 8 the ninth ran eager, for good.
 TRACES_KEPT = 64
-#: On CUDA the step also runs as a CUDA graph: a small model's step is mostly kernel launches, which
-#: a graph replays in one. Inputs it updates in place are marked static (see ``CompiledStep``).
-_graphed_train_step = torch.compile(_train_step, mode="reduce-overhead")
+
+
+@functools.cache
+def compiled_train_step(device_type: str) -> Callable[..., None]:
+    """``_train_step`` compiled for ``device_type``, built on first use: ``torch.compile`` imports the
+    compiler, two seconds that a command which never trains compiled (``alma --help``) should not pay.
+
+    On CUDA the step runs as a CUDA graph: a small model's step is mostly kernel launches, which a
+    graph replays in one. Inputs it updates in place are marked static (see :class:`CompiledStep`).
+    """
+    if device_type == "cuda":
+        return torch.compile(_train_step, mode="reduce-overhead")
+    return torch.compile(_train_step)
 
 
 class CompiledStep:
@@ -187,7 +196,7 @@ class CompiledStep:
         for key, value in state.items():
             if isinstance(value, float):  # Adam's step count
                 state[key] = torch.tensor(value, device=flat.device)
-        step = _graphed_train_step if flat.is_cuda else _compiled_train_step
+        step = compiled_train_step(flat.device.type)
         args = (self.loss, self.names, flat, self.buffers, inner.rule, state, group, x, y)
         if self.called:
             with torch.no_grad():
