@@ -107,3 +107,11 @@ def test_cli_report_html(tmp_path, capsys):
     assert main(["report", str(tmp_path), "--html"]) == 0
     assert capsys.readouterr().out.strip() == f"report: {tmp_path / 'report.html'}"
     assert parse_page(tmp_path / "report.html").cells[0] == "run"
+
+
+def test_the_table_says_which_runs_trained_compiled():
+    """Compiled runs round differently from eager ones: a reader comparing two must see which is which."""
+    from alma_daemon.observability.report import Run, table_rows
+
+    runs = [Run(f"run{flag}", {"config": {"train": {"compile": flag}}, "summary": {}}) for flag in (True, False)]
+    assert [dict(zip(TABLE_HEADER, row))["compiled"] for row in table_rows(runs)] == ["True", "False"]
