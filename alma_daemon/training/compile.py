@@ -7,7 +7,7 @@ they are. :class:`CompiledStep` takes the gradient with ``torch.func.grad`` over
 parameter tensor and applies the same update rule (:data:`~alma_daemon.training.optim.UPDATE_RULES`)
 inside the one traced function, so Inductor fuses the backward's and the update's elementwise work
 into a few kernels. On CUDA the compiled step runs as a CUDA graph (``reduce-overhead``), since a
-small model's step there is mostly kernel launches. A stage of the README's MNIST job trains 1.8
+small model's step there is mostly kernel launches. A stage of the README's MNIST job trains 2.1
 times as fast as a hand-written eager loop on this project's 2-core CPU and 4.5 times on an H100, a
 CIFAR VGG 1.95 times on the H100 (on the CPU it gains nothing, its convolutions being most of the
 step); docs/scaling.md.
