@@ -168,8 +168,7 @@ class CompiledStep:
         names = {id(p): f"net.{name}" for name, p in net.named_parameters()}
         self.names = tuple(names[id(p)] for group in optimizer.groups for p in group)
         self.buffers = dict(self.loss.named_buffers())
-        self.lr: torch.Tensor | None = None
-        self.called = False
+        self.lr: torch.Tensor | None = None  # the learning rate as the compiled step takes it; set at the first step
 
     def takes(self, x: torch.Tensor) -> bool:
         """Whether the step on batch ``x`` runs compiled: a full batch, and the optimizer still one flat
@@ -187,28 +186,35 @@ class CompiledStep:
         inner = self.optimizer.inner
         assert isinstance(inner, InPlaceOptimizer)
         (flat,) = self.optimizer.flats
+        state = inner.state[flat]
+        first = self.lr is None
+        if self.lr is None:
+            self.lr = self._prepare(flat, state)
         group = {k: v for k, v in inner.param_groups[0].items() if k != "params"}
         # Numbers that change from step to step go in as tensors, or each new value would compile again.
-        if self.lr is None:
-            self.lr = flat.new_zeros(())
         group["lr"] = self.lr.fill_(group["lr"])
-        state = inner.state[flat]
-        for key, value in state.items():
-            if isinstance(value, float):  # Adam's step count
-                state[key] = torch.tensor(value, device=flat.device)
         step = compiled_train_step(flat.device.type)
         args = (self.loss, self.names, flat, self.buffers, inner.rule, state, group, x, y)
-        if self.called:
+        if not first:
             with torch.no_grad():
                 step(*args)
             return
-        self.called = True
-        if flat.is_cuda:
-            # A CUDA graph reads and writes fixed addresses: the tensors the step updates in place
-            # keep theirs for the stage (a new stage's new ones record the graph again, once).
-            for tensor in (flat, self.lr, *self.buffers.values(), *state.values()):
-                if isinstance(tensor, torch.Tensor):
-                    torch._dynamo.mark_static_address(tensor)
         # A stage's first step is where a new architecture traces it (the patch costs 0.2 ms: not per step).
         with torch.no_grad(), torch._dynamo.config.patch(recompile_limit=TRACES_KEPT):
             step(*args)
+
+    def _prepare(self, flat: torch.Tensor, state: dict) -> torch.Tensor:
+        """Before the stage's first compiled step: Python numbers in the optimizer state (Adam's step
+        count) become tensors, which the rules then update in place; on CUDA, the tensors the step
+        updates in place are marked static. Returns the tensor that will hold the learning rate."""
+        for key, value in state.items():
+            if isinstance(value, float):
+                state[key] = torch.tensor(value, device=flat.device)
+        lr = flat.new_zeros(())
+        if flat.is_cuda:
+            # A CUDA graph reads and writes fixed addresses: the tensors the step updates in place
+            # keep theirs for the stage (a new stage's new ones record the graph again, once).
+            for tensor in (flat, lr, *self.buffers.values(), *state.values()):
+                if isinstance(tensor, torch.Tensor):
+                    torch._dynamo.mark_static_address(tensor)
+        return lr
