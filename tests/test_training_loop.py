@@ -16,7 +16,7 @@ from alma_daemon.models.backbones import build_backbone
 from alma_daemon.models.noise import SeededDropout
 from alma_daemon.seeding import generator
 from alma_daemon.training import compile as compile_module
-from alma_daemon.training.loop import EVAL_BATCH, Trainer
+from alma_daemon.training.loop import EVAL_BATCH, Trainer, pass_batch_sizes
 from alma_daemon.training.optim import DEFAULT_LR, FlatOptimizer, optimizer_factory
 from tests.conftest import separable_data
 
@@ -35,7 +35,7 @@ def plain_fit(net, train, val, config: TrainConfig, optimizer: torch.optim.Optim
     best_error, best_state = float("inf"), None
     for _ in range(config.epochs):
         net.train()
-        for index in torch.randperm(len(train), generator=gen).split(config.batch_size):
+        for index in torch.randperm(len(train), generator=gen).split(pass_batch_sizes(len(train), config.batch_size)):
             xb = train.x[index]
             if augment:
                 xb = flip_and_crop(xb, gen)
@@ -48,6 +48,24 @@ def plain_fit(net, train, val, config: TrainConfig, optimizer: torch.optim.Optim
         if error < best_error:
             best_error, best_state = error, copy.deepcopy(net.state_dict())
     return best_error, best_state
+
+
+@pytest.mark.parametrize(
+    ("n", "sizes"),
+    [
+        (900, [128] * 6 + [132]),  # a 2-chunk CIFAR-10 stage: the 4-image tail joins the last batch
+        (960, [128] * 7 + [64]),  # half a batch stands on its own
+        (1024, [128] * 8),
+        (100, [100]),  # a pass under one batch is its only batch, however small
+        (130, [130]),
+    ],
+)
+def test_a_pass_never_ends_on_a_batch_under_half_the_batch_size(n, sizes) -> None:
+    assert pass_batch_sizes(n, 128) == sizes
+    trainer = Trainer(dataclasses.replace(CONFIG, batch_size=128), "adam", torch.device("cpu"), seed=0)
+    batches = list(trainer.batches(n, torch.Generator().manual_seed(0), None))
+    assert [len(b) for b in batches] == sizes
+    assert sorted(torch.cat(batches).tolist()) == list(range(n))
 
 
 @pytest.mark.parametrize("task,width,optimizer", [(MNIST_TASK, 16, "adadelta"), (CIFAR_LIKE, 4, "sgd")])
