@@ -42,14 +42,32 @@ def write_idx(path, array: np.ndarray, magic: int) -> None:
         f.write(header + array.astype(np.uint8).tobytes())
 
 
+def write_mnist(folder, train: int, test: int, seed: int = 0) -> None:
+    rng = np.random.default_rng(seed)
+    (folder / "mnist").mkdir(exist_ok=True)
+    for stem, n in (("train", train), ("t10k", test)):
+        write_idx(folder / "mnist" / f"{stem}-images-idx3-ubyte.gz", rng.integers(0, 255, (n, 28, 28)), 0x803)
+        write_idx(folder / "mnist" / f"{stem}-labels-idx1-ubyte.gz", rng.integers(0, 10, n), 0x801)
+
+
 def test_mnist_from_a_users_folder(tmp_path):
-    rng = np.random.default_rng(0)
-    (tmp_path / "mnist").mkdir()
-    for stem, n in (("train", 30), ("t10k", 10)):
-        write_idx(tmp_path / "mnist" / f"{stem}-images-idx3-ubyte.gz", rng.integers(0, 255, (n, 28, 28)), 0x803)
-        write_idx(tmp_path / "mnist" / f"{stem}-labels-idx1-ubyte.gz", rng.integers(0, 10, n), 0x801)
+    write_mnist(tmp_path, train=30, test=10)
     data = load_dataset("mnist", str(tmp_path))
     assert len(data.train) == 30 and len(data.test) == 10
+
+
+def test_mnist_read_again_is_a_copy_of_its_own_and_a_rewritten_file_is_read_anew(tmp_path):
+    # The decoded files are kept per process: a caller that writes into its arrays must not change
+    # what the next caller reads, and new files must not be hidden behind the old ones.
+    write_mnist(tmp_path, train=30, test=10)
+    first = load_dataset("mnist", str(tmp_path))
+    kept = first.train.x.clone()
+    first.train.x.zero_()
+    again = load_dataset("mnist", str(tmp_path))
+    assert torch.equal(again.train.x, kept) and kept.any()
+    write_mnist(tmp_path, train=30, test=10, seed=1)
+    rewritten = load_dataset("mnist", str(tmp_path))
+    assert len(rewritten.train) == 30 and not torch.equal(rewritten.train.x, kept)
 
 
 def test_missing_mnist_file_names_the_file_and_the_folder(tmp_path):

@@ -7,6 +7,7 @@ training set (:func:`load_test_set`: the daemon needs only the task and the test
 
 from __future__ import annotations
 
+import functools
 import gzip
 import os
 import struct
@@ -157,6 +158,18 @@ def _find(root: Path, subdirs: tuple[str, ...], filename: str, what: str) -> Pat
 
 
 def _read_idx(path: Path, expected_magic: int) -> np.ndarray:
+    """The IDX array in ``path``, read-only: callers copy it before they hand it out."""
+    stat = path.stat()
+    version = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+    return _decoded_idx(str(path.resolve()), version, expected_magic)
+
+
+# Gunzipping MNIST takes about 0.2 s of CPU, and one process reads it once per run: `alma study`,
+# `alma grid` and the tests run dozens of runs each. The key holds the file's inode, mtime and size,
+# so a replaced or rewritten file is read again.
+@functools.lru_cache(maxsize=8)
+def _decoded_idx(path_name: str, version: tuple[int, int, int], expected_magic: int) -> np.ndarray:
+    path = Path(path_name)
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rb") as f:
         data = f.read()
