@@ -169,23 +169,34 @@ def test_noise_around_a_steady_error_is_no_drift():
     assert not any(d.reason.startswith("drift") for d in decisions)
 
 
-def test_a_learner_that_grows_an_untrained_part_grows_after_two_stages_with_no_effect_and_only_then():
+def test_a_learner_that_grows_an_untrained_part_grows_each_time_the_data_trained_on_grows_four_fold():
     flat = lambda chunk, stages: 0.5  # noqa: E731 - no stage ever changes the error
-    trained_at, decisions = drive(flat, 20, grows=True)
-    grew = [t for t, d in zip(range(1, 21), decisions) if d.grow]
-    # Stages at 1, 2, 3, 5, 8, 12, 18: each after the first had no effect; every second such one grows.
-    assert grew == [3, 8, 18] and all(decisions[t - 1].action == "grow+train" for t in grew)
-    assert "grow first: 2 stages in a row had no measurable effect" in decisions[2].reason
-    assert not any(d.grow for d in drive(learning, 20, grows=True)[1])
-    assert not any(d.grow for d in drive(flat, 20, grows=True, grow_every=0)[1])
-    assert not any(d.grow for d in drive(flat, 20, grows=False)[1])
+    for error_of in (flat, learning):
+        trained_at, decisions = drive(error_of, 250, grows=True)
+        assert trained_at == [1, 2, 3, 5, 8, 12, 18, 27, 41, 62, 93, 140, 210]
+        grew = [t for t, d in zip(range(1, 251), decisions) if d.grow]
+        # Chunks trained on before the stage: 5 >= 4 x 1, then 27 >= 4 x 5, then 140 >= 4 x 27.
+        assert grew == [8, 41, 210] and all(decisions[t - 1].action == "grow+train" for t in grew)
+    assert "grow first: 27 chunk(s) trained on >= 4 x max(1, 5 chunk(s)" in decisions[40].reason
+    assert not any(d.grow for d in drive(flat, 60, grows=True, grow_every=0)[1])
+    assert not any(d.grow for d in drive(flat, 60, grows=False)[1])
 
 
-def test_the_count_of_stages_with_no_effect_survives_a_restart_at_every_chunk():
+def test_after_a_drift_the_growth_count_starts_again_with_the_wait():
+    drifting = lambda chunk, stages: 0.1 if chunk < 50 else 0.9  # noqa: E731
+    trained_at, decisions = drive(drifting, 70, grows=True)
+    assert decisions[49].reason.startswith("drift") and not decisions[49].grow
+    # Chunk 50 counts as the new regime's first chunk trained on; at chunk 57 its stages have trained
+    # on 5 >= 4 x 1 chunks, so it grows there as the stream's start did at chunk 8.
+    assert trained_at[trained_at.index(50) :] == [50, 51, 52, 54, 57, 61, 67]
+    assert [t for t, d in zip(range(1, 71), decisions) if d.grow] == [8, 41, 57]
+
+
+def test_the_growth_count_survives_a_restart_at_every_chunk():
     flat = lambda chunk, stages: 0.5  # noqa: E731 - no stage ever changes the error
-    trained_at, decisions = drive(flat, 20, grows=True, restart_every_chunk=True)
-    assert trained_at == [1, 2, 3, 5, 8, 12, 18]
-    assert [t for t, d in zip(range(1, 21), decisions) if d.grow] == [3, 8, 18]
+    trained_at, decisions = drive(flat, 60, grows=True, restart_every_chunk=True)
+    assert trained_at == [1, 2, 3, 5, 8, 12, 18, 27, 41]
+    assert [t for t, d in zip(range(1, 61), decisions) if d.grow] == [8, 41]
 
 
 def test_a_learner_whose_growth_keeps_its_function_grows_at_every_stage():
@@ -340,3 +351,27 @@ def test_a_crashed_daemon_resumes_the_adaptive_policy_and_equals_the_simulator_o
     assert served[3]["reason"].startswith("drift: ")
     assert [r["reason"] for r in served] == [r["reason"] for r in simulated]
     assert exact(served) == exact(simulated)
+
+
+def test_a_state_saved_before_the_growth_count_does_not_grow_at_the_next_stage():
+    """Saved before 2026-11-24: ``flat_stages`` counted stages with no effect, and there was no ``grown_from``."""
+    policy = build_policy(policy_config(name="adaptive"))
+    old = {**policy.state_dict(), "trained": 27, "flat_stages": 1}
+    del old["grown_from"]
+    policy.load_state_dict(old)
+    state = PolicyState(
+        chunks_seen=41,
+        chunks_pending=14,
+        examples_pending=14 * EXAMPLES,
+        stages_done=8,
+        now=0.0,
+        started_at=0.0,
+        train_flops_total=0.0,
+        train_seconds_total=0.0,
+        learner_grows=True,
+        prequential=0.5,
+        prequential_examples=EXAMPLES,
+        newest_chunk=41,
+    )
+    decision = policy.decide(state)
+    assert decision.action == "train" and policy.state_dict()["grown_from"] == 27
