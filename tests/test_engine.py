@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import csv
+import io
+
 import pytest
 import torch
 
@@ -261,3 +264,47 @@ def test_results_report_a_stage_trained_between_chunks_before_the_next_chunk(tmp
     summary = read_results(tmp_path)["summary"]
     assert summary["stages"] == 1
     assert summary["cumulative_train_flops"] == engine.state.cumulative_train_flops == stage.train_flops > 0
+
+
+class FilesAfterEveryStep(EngineObserver):
+    """Reads the results files after each step (observers run after the results writer)."""
+
+    def __init__(self, folder):
+        self.folder = folder
+        self.seen: list[tuple[dict, str]] = []
+
+    def on_step(self, record, engine):
+        self.seen.append((read_results(self.folder), (self.folder / "series.csv").read_text()))
+
+
+def test_the_results_files_hold_the_whole_series_after_every_step_as_a_fresh_writer_would(tmp_path):
+    """The writer encodes each row once; its files must still be those of a writer that encodes all."""
+    config = {"learner": {"width": 8}}
+    reader = FilesAfterEveryStep(tmp_path / "run")
+    engine = run_stream(
+        ["policy.name=fixed", "policy.wait=2"], observers=[ResultsWriter(tmp_path / "run", config), reader]
+    )
+    assert [len(results["series"]) for results, _ in reader.seen] == list(range(1, B + 1))
+    results, csv_text = reader.seen[-1]
+    assert results["series"] == engine.state.series and results["config"] == config
+    fresh = ResultsWriter(tmp_path / "fresh", config).write(engine)
+    assert read_results(tmp_path / "fresh")["series"] == results["series"]
+    assert (tmp_path / "fresh" / "series.csv").read_text() == csv_text
+    csv_rows = list(csv.DictReader(io.StringIO(csv_text)))
+    assert [(int(r["t"]), float(r["test_error"])) for r in csv_rows] == [
+        (row["t"], row["test_error"]) for row in engine.state.series
+    ]
+    assert fresh["summary"]["chunks"] == B
+
+
+def test_a_writer_whose_engine_state_was_replaced_writes_the_new_series(tmp_path):
+    """A daemon restores its engine state from the store: other row objects, maybe fewer."""
+    writer = ResultsWriter(tmp_path, {})
+    engine = run_stream(["policy.name=fixed", "policy.wait=1"], observers=[writer])
+    for rows in (B, 3):  # as many rows as were written, then fewer
+        engine.state.series = [dict(row, reason=f"restored {i}") for i, row in enumerate(engine.state.series[:rows])]
+        writer.write(engine)
+        written = read_results(tmp_path)
+        assert [row["reason"] for row in written["series"]] == [f"restored {i}" for i in range(rows)]
+        assert written["summary"]["chunks"] == rows
+        assert (tmp_path / "series.csv").read_text().count("\n") == rows + 1

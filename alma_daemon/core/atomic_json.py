@@ -13,16 +13,24 @@ from typing import Any
 def write_json_atomic(path: Path, data: Any, *, indent: int = 1, sort_keys: bool = False) -> None:
     """Replace ``path`` with ``data`` as JSON: a reader sees the old file or the new one, never a mix.
 
+    NaN and infinities become null: JSON has none, and jq or a browser rejects the non-standard tokens
+    Python would write.
+    """
+    write_text_atomic(path, json.dumps(finite(data), indent=indent, sort_keys=sort_keys))
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text``: a reader sees the old file or the new one, never a mix.
+
     The bytes reach the disk (fsync) before the rename, so a machine crash cannot leave the new name
-    pointing at an empty file. NaN and infinities become null: JSON has none, and jq or a browser
-    rejects the non-standard tokens Python would write.
+    pointing at an empty file.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(_finite(data), f, indent=indent, sort_keys=sort_keys)
+        with os.fdopen(fd, "w", newline="") as f:
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -31,11 +39,12 @@ def write_json_atomic(path: Path, data: Any, *, indent: int = 1, sort_keys: bool
         raise
 
 
-def _finite(value: Any) -> Any:
+def finite(value: Any) -> Any:
+    """``value`` with every NaN or infinite float, at any depth, replaced by None."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
+        return {k: finite(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_finite(v) for v in value]
+        return [finite(v) for v in value]
     return value

@@ -1,17 +1,18 @@
 """The results log of a run: ``results.json`` (config, series, summary) and ``series.csv``.
 
-Written after every step, atomically, so ``alma report`` can read a run that is still going.
+Written after every step, atomically, so ``alma report`` can read a run that is still going. Each row
+of the series is encoded once, when it is new, and ``results.json`` holds one row a line.
 """
 
 from __future__ import annotations
 
 import csv
+import io
 import json
-import os
-import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
-from alma_daemon.core.atomic_json import write_json_atomic
+from alma_daemon.core.atomic_json import finite, write_text_atomic
 from alma_daemon.core.engine import Engine, EngineObserver, EngineState
 from alma_daemon.core.records import StageRecord, StepRecord, read_rows
 
@@ -47,7 +48,11 @@ def summarize(series: list[dict], wall_seconds: float, state: EngineState | None
     its chunk. The rest (final errors, parameters, inference cost) is the last chunk's, measured
     before any stage trained since.
     """
-    records = read_rows(series)
+    return summarize_records(read_rows(series), wall_seconds, state)
+
+
+def summarize_records(records: Sequence[StepRecord], wall_seconds: float, state: EngineState | None = None) -> dict:
+    """:func:`summarize` of a series already read."""
     last: StepRecord | None = records[-1] if records else None
     # Both carry model_version and the cumulative training FLOPs and seconds.
     totals: EngineState | StepRecord | None = state if state is not None else last
@@ -72,25 +77,52 @@ def summarize(series: list[dict], wall_seconds: float, state: EngineState | None
     return summary
 
 
-def write_series_csv(path: Path, series: list[dict]) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
-    with os.fdopen(fd, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=CSV_COLUMNS, extrasaction="ignore")
-        writer.writeheader()
-        for record in series:
-            writer.writerow({k: "" if record.get(k) is None else record.get(k) for k in CSV_COLUMNS})
-    os.replace(tmp, path)
+def _csv_line(fields: list) -> str:
+    out = io.StringIO()
+    csv.writer(out).writerow(fields)
+    return out.getvalue()
+
+
+CSV_HEADER = _csv_line(CSV_COLUMNS)
+
+
+def csv_line(row: dict) -> str:
+    """One row of series.csv (CSV_COLUMNS; None as an empty field), with its line end."""
+    return _csv_line(["" if row.get(k) is None else row.get(k) for k in CSV_COLUMNS])
+
+
+def results_text(results: dict, series_lines: Sequence[str]) -> str:
+    """``results.json``'s text, laid out as ``json.dumps(indent=1)`` would but with one row of the series
+    a line, given already encoded in ``series_lines``."""
+    fields = []
+    for key, value in results.items():
+        if key == "series":
+            text = "[\n  " + ",\n  ".join(series_lines) + "\n ]" if series_lines else "[]"
+        else:
+            text = json.dumps(finite(value), indent=1).replace("\n", "\n ")
+        fields.append(f" {json.dumps(key)}: {text}")
+    return "{\n" + ",\n".join(fields) + "\n}\n"
 
 
 class ResultsWriter(EngineObserver):
     """Keeps ``results.json`` and ``series.csv`` of a run up to date after every step, and after every
-    stage trained between chunks."""
+    stage trained between chunks.
+
+    A row is encoded (JSON, CSV, record) once, when it is new, so that a step costs the writing of the
+    files and not the encoding of the whole series again: on a stream of thousands of chunks that
+    encoding was most of the step's time outside training.
+    """
 
     def __init__(self, folder: str | Path, config: dict, extra: dict | None = None):
         self.folder = Path(folder)
         self.config = config
         self.extra = extra or {}
         self.folder.mkdir(parents=True, exist_ok=True)
+        #: The series' rows encoded so far, and the rows themselves (held, so that none is mistaken for another).
+        self._rows: list[dict] = []
+        self._json_lines: list[str] = []
+        self._csv_lines: list[str] = []
+        self._records: list[StepRecord] = []
 
     def on_step(self, record: StepRecord, engine: Engine) -> None:
         self.write(engine)
@@ -99,10 +131,30 @@ class ResultsWriter(EngineObserver):
         self.write(engine)
 
     def write(self, engine: Engine) -> dict:
-        results = results_of(engine, self.config, self.extra)
-        write_json_atomic(self.folder / "results.json", results)
-        write_series_csv(self.folder / "series.csv", results["series"])
+        series = engine.state.series
+        self._encode(series)
+        results = {
+            "config": self.config,
+            "series": series,
+            "summary": summarize_records(self._records, engine.clock() - engine.state.started_at, engine.state),
+            **self.extra,
+        }
+        write_text_atomic(self.folder / "results.json", results_text(results, self._json_lines))
+        write_text_atomic(self.folder / "series.csv", CSV_HEADER + "".join(self._csv_lines))
         return results
+
+    def _encode(self, series: list[dict]) -> None:
+        """Encode the rows not encoded yet. The engine only appends rows; an engine whose state was
+        replaced (restored from its store) holds other row objects, and is encoded again whole."""
+        done = len(self._rows)
+        if done > len(series) or (done and series[done - 1] is not self._rows[-1]):
+            done = 0
+            del self._rows[:], self._json_lines[:], self._csv_lines[:], self._records[:]
+        for row in series[done:]:
+            self._rows.append(row)
+            self._json_lines.append(json.dumps(finite(row)))
+            self._csv_lines.append(csv_line(row))
+            self._records.append(StepRecord.from_row(row))
 
 
 def results_of(engine: Engine, config: dict, extra: dict | None = None) -> dict:

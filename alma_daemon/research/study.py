@@ -21,8 +21,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from alma_daemon.config import build_config, set_dotted, to_dict
+from alma_daemon.core.atomic_json import write_json_atomic
 from alma_daemon.logs import error_text
-from alma_daemon.observability.results import read_results, write_json_atomic
+from alma_daemon.observability.results import read_results
 from alma_daemon.research.findings import F3_WAIT, FINDINGS, RunResult, judge_all
 from alma_daemon.research.grid import expand_grid
 
