@@ -42,7 +42,10 @@ def factor_key(factor: int, seed: int, common: dict) -> str:
 
 
 def paired(ours: list[float], theirs: list[float]) -> str:
+    """Mean per-seed difference, with its standard error when there are two seeds or more."""
     differences = [a - b for a, b in zip(ours, theirs)]
+    if len(differences) < 2:
+        return f"{differences[0]:+.2f}"
     spread = statistics.stdev(differences) / math.sqrt(len(differences))
     return f"{statistics.fmean(differences):+.2f} ({spread:.2f})"
 

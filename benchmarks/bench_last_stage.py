@@ -41,10 +41,16 @@ def run_moved(last: int, seed: int, common: dict) -> dict:
             return plain(self, state)
         if state.chunks_seen == last:
             return Decision(True, False, f"the last stage, moved to chunk {last}")
-        return Decision(False, False, f"waiting for the last stage at chunk {last}")
+        if state.chunks_seen < last:
+            return Decision(False, False, f"waiting for the last stage at chunk {last}")
+        return Decision(False, False, f"the last stage was at chunk {last}")
 
+    # Pool workers run several tasks: the patch must not outlive this one.
     Geometric.decide = decide
-    return {**bench_policy.run_one(SETTING, GEOMETRIC, seed, common, False), "last_stage": last}
+    try:
+        return {**bench_policy.run_one(SETTING, GEOMETRIC, seed, common, False), "last_stage": last}
+    finally:
+        Geometric.decide = plain
 
 
 def main() -> None:
@@ -56,6 +62,8 @@ def main() -> None:
     parser.add_argument("--policy-runs", type=Path, default=bench_policy.RESULTS / "policy_runs.json")
     parser.add_argument("--out", type=Path, default=bench_policy.RESULTS / "last_stage.md")
     args = parser.parse_args()
+    if min(args.last) <= PREVIOUS_STAGE:
+        parser.error(f"--last: the moved stage must come after chunk {PREVIOUS_STAGE}, the stage before it")
 
     common = {"train.epochs": 10, "dataset.test_examples": 1000, "device": "cpu"}
     policy_runs = bench_policy.load_runs(args.policy_runs)

@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import csv
 import io
+import json
+import math
 
 import pytest
 import torch
 
 from alma_daemon.config import build_config
+from alma_daemon.core.atomic_json import finite
 from alma_daemon.core.chunk_buffer import MemoryBuffer
 from alma_daemon.core.engine import Engine, EngineObserver
 from alma_daemon.data.datasets import MNIST_TASK
 from alma_daemon.data.streams import Chunk, partition
 from alma_daemon.learners import build_learner
-from alma_daemon.observability.results import ResultsWriter, read_results, summarize
+from alma_daemon.observability.results import ResultsWriter, read_results, results_of, summarize
 from policies import build_policy
 from tests.conftest import config_for_any_learner, separable_data
 
@@ -286,9 +289,11 @@ def test_the_results_files_hold_the_whole_series_after_every_step_as_a_fresh_wri
     )
     assert [len(results["series"]) for results, _ in reader.seen] == list(range(1, B + 1))
     results, csv_text = reader.seen[-1]
-    assert results["series"] == engine.state.series and results["config"] == config
+    # What the writer encoding the whole results at once (json.dump of the finite results) wrote.
+    expected = json.loads(json.dumps(finite(results_of(engine, config)), indent=1))
+    del results["summary"]["wall_seconds"], expected["summary"]["wall_seconds"]
+    assert results == expected and results["series"] == engine.state.series
     fresh = ResultsWriter(tmp_path / "fresh", config).write(engine)
-    assert read_results(tmp_path / "fresh")["series"] == results["series"]
     assert (tmp_path / "fresh" / "series.csv").read_text() == csv_text
     csv_rows = list(csv.DictReader(io.StringIO(csv_text)))
     assert [(int(r["t"]), float(r["test_error"])) for r in csv_rows] == [
@@ -308,3 +313,18 @@ def test_a_writer_whose_engine_state_was_replaced_writes_the_new_series(tmp_path
         assert [row["reason"] for row in written["series"]] == [f"restored {i}" for i in range(rows)]
         assert written["summary"]["chunks"] == rows
         assert (tmp_path / "series.csv").read_text().count("\n") == rows + 1
+
+
+def test_a_row_with_a_value_that_is_not_finite_is_written_as_null_in_strict_json(tmp_path):
+    """A diverged language model's perplexity is NaN or infinite; JSON has neither."""
+    writer = ResultsWriter(tmp_path, {})
+    engine = run_stream(["policy.name=fixed", "policy.wait=1"], observers=[writer])
+    engine.state.series.append(dict(engine.state.series[-1], t=B + 1, test_error=math.nan, prequential_error=math.inf))
+    writer.write(engine)
+
+    def refuse(token):
+        raise ValueError(f"not JSON: {token}")
+
+    written = json.loads((tmp_path / "results.json").read_text(), parse_constant=refuse)
+    assert written["series"][-1]["test_error"] is None and written["series"][-1]["prequential_error"] is None
+    assert len(written["series"]) == B + 1

@@ -77,18 +77,19 @@ def summarize_records(records: Sequence[StepRecord], wall_seconds: float, state:
     return summary
 
 
-def _csv_line(fields: list) -> str:
+def _csv_text(fields: list) -> str:
+    """``fields`` as one CSV line, with its line end."""
     out = io.StringIO()
     csv.writer(out).writerow(fields)
     return out.getvalue()
 
 
-CSV_HEADER = _csv_line(CSV_COLUMNS)
+CSV_HEADER = _csv_text(CSV_COLUMNS)
 
 
 def csv_line(row: dict) -> str:
-    """One row of series.csv (CSV_COLUMNS; None as an empty field), with its line end."""
-    return _csv_line(["" if row.get(k) is None else row.get(k) for k in CSV_COLUMNS])
+    """A series row as a line of series.csv (CSV_COLUMNS; None as an empty field)."""
+    return _csv_text(["" if row.get(k) is None else row.get(k) for k in CSV_COLUMNS])
 
 
 def results_text(results: dict, series_lines: Sequence[str]) -> str:
@@ -118,7 +119,8 @@ class ResultsWriter(EngineObserver):
         self.config = config
         self.extra = extra or {}
         self.folder.mkdir(parents=True, exist_ok=True)
-        #: The series' rows encoded so far, and the rows themselves (held, so that none is mistaken for another).
+        #: The rows encoded so far, kept alive so that the identity check in _encode never meets a
+        #: reused object id.
         self._rows: list[dict] = []
         self._json_lines: list[str] = []
         self._csv_lines: list[str] = []
@@ -131,14 +133,8 @@ class ResultsWriter(EngineObserver):
         self.write(engine)
 
     def write(self, engine: Engine) -> dict:
-        series = engine.state.series
-        self._encode(series)
-        results = {
-            "config": self.config,
-            "series": series,
-            "summary": summarize_records(self._records, engine.clock() - engine.state.started_at, engine.state),
-            **self.extra,
-        }
+        self._encode(engine.state.series)
+        results = results_of(engine, self.config, self.extra, records=self._records)
         write_text_atomic(self.folder / "results.json", results_text(results, self._json_lines))
         write_text_atomic(self.folder / "series.csv", CSV_HEADER + "".join(self._csv_lines))
         return results
@@ -157,14 +153,18 @@ class ResultsWriter(EngineObserver):
             self._records.append(StepRecord.from_row(row))
 
 
-def results_of(engine: Engine, config: dict, extra: dict | None = None) -> dict:
+def results_of(
+    engine: Engine, config: dict, extra: dict | None = None, *, records: Sequence[StepRecord] | None = None
+) -> dict:
     """What ``results.json`` holds for ``engine``'s run so far: ``config`` (the resolved config, as a
-    dict), the series, its summary (wall time on the engine's clock, from its start) and ``extra``."""
+    dict), the series, its summary (wall time on the engine's clock, from its start) and ``extra``.
+    ``records``: the series already read, if the caller has it."""
     series = engine.state.series
+    wall_seconds = engine.clock() - engine.state.started_at
     return {
         "config": config,
         "series": series,
-        "summary": summarize(series, engine.clock() - engine.state.started_at, engine.state),
+        "summary": summarize_records(read_rows(series) if records is None else records, wall_seconds, engine.state),
         **(extra or {}),
     }
 
