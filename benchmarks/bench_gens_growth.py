@@ -19,7 +19,6 @@ import json
 import math
 import statistics
 import sys
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 import bench_policy  # the benchmark beside this one: a script's folder is on sys.path
@@ -98,17 +97,8 @@ def main() -> None:
             f"bench_policy.py --settings {SETTING} --seeds {' '.join(map(str, args.seeds))} first"
         )
     runs = bench_policy.load_runs(args.runs)
-    todo = [(f, s) for f in args.factors for s in args.seeds if factor_key(f, s, common) not in runs]
-    if todo:
-        print(f"{len(todo)} run(s) to do, {args.jobs} at a time")
-        with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-            futures = {pool.submit(run_factor, f, s, common): (f, s) for f, s in todo}
-            for future in as_completed(futures):
-                factor, seed = futures[future]
-                record = future.result()
-                runs[factor_key(factor, seed, common)] = record
-                bench_policy.save_runs(args.runs, runs)
-                print(f"factor {factor} seed {seed}: CER {record['cer']:.2f}, grew at {record['grew_at']}")
+    tasks = {factor_key(f, s, common): (run_factor, (f, s, common)) for f in args.factors for s in args.seeds}
+    bench_policy.run_missing(tasks, runs, args.runs, args.jobs)
 
     rows = {
         bench_policy.policy_label(p).removeprefix("geometric 0.5, "): [

@@ -17,7 +17,6 @@ import argparse
 import json
 import statistics
 import sys
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 import bench_policy  # the benchmark beside this one: a script's folder is on sys.path
@@ -75,16 +74,8 @@ def main() -> None:
     def key(last: int, seed: int) -> str:
         return json.dumps({"last_stage": last, "seed": seed, "common": common})
 
-    todo = [(last, s) for last in args.last for s in args.seeds if key(last, s) not in runs]
-    if todo:
-        print(f"{len(todo)} run(s) to do, {args.jobs} at a time")
-        with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-            futures = {pool.submit(run_moved, last, s, common): (last, s) for last, s in todo}
-            for future in as_completed(futures):
-                last, seed = futures[future]
-                runs[key(last, seed)] = future.result()
-                bench_policy.save_runs(args.runs, runs)
-                print(f"last stage {last} seed {seed}: CER {runs[key(last, seed)]['cer']:.2f}")
+    tasks = {key(last, s): (run_moved, (last, s, common)) for last in args.last for s in args.seeds}
+    bench_policy.run_missing(tasks, runs, args.runs, args.jobs)
 
     rows = {
         bench_policy.policy_label(p): [policy_runs[bench_policy.run_key(SETTING, p, s, common)] for s in args.seeds]

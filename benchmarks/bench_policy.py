@@ -26,6 +26,7 @@ import os
 import platform
 import statistics
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
@@ -191,6 +192,31 @@ def save_runs(path: Path, runs: dict) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps({"runs": dict(sorted(runs.items()))}, indent=0) + "\n")
     os.replace(tmp, path)
+
+
+def run_missing(tasks: dict[str, tuple[Callable[..., dict], tuple]], runs: dict, path: Path, jobs: int) -> None:
+    """Run each task ``key -> (function, arguments)`` whose key is not in ``runs``, ``jobs`` at a time
+    in worker processes, and save ``runs`` to ``path`` after each, so an interrupted benchmark resumes.
+    A failed run is reported and left out."""
+    todo = {key: task for key, task in tasks.items() if key not in runs}
+    if not todo:
+        return
+    print(f"{len(todo)} run(s) to do, {jobs} at a time")
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        futures = {pool.submit(function, *arguments): key for key, (function, arguments) in todo.items()}
+        for future in as_completed(futures):
+            key = futures[future]
+            try:
+                record = future.result()
+            except Exception as exc:
+                print(f"FAILED {key}: {exc!r}")
+                continue
+            runs[key] = record
+            save_runs(path, runs)
+            print(
+                f"{record['setting']:18} {record['policy']:32} seed {record['seed']}: CER {record['cer']:7.2f}  "
+                f"FLOPs {record['cumulative_train_flops']:.3g}  stages {record['stages']:3}  {record['seconds']} s"
+            )
 
 
 # -- report ---------------------------------------------------------------------------------------
@@ -369,40 +395,17 @@ def main() -> None:
 
     common = {"train.epochs": args.epochs, "dataset.test_examples": args.test_examples, "device": args.device}
     runs = load_runs(args.runs)
-    todo = [
-        (setting, policy, seed)
-        for setting in args.settings
-        for seed in args.seeds
-        for policy in schedules(setting)
-        if run_key(setting, policy, seed, common) not in runs
-    ]
-    if todo and not args.report_only:
-        print(f"{len(todo)} run(s) to do, {args.jobs} at a time")
-        with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-            futures = {
-                pool.submit(
-                    run_one,
-                    setting,
-                    policy,
-                    seed,
-                    common,
-                    seed == args.seeds[0] and policy_label(policy) in FIGURE_POLICIES,
-                ): (setting, policy, seed)
-                for setting, policy, seed in todo
-            }
-            for future in as_completed(futures):
-                setting, policy, seed = futures[future]
-                try:
-                    record = future.result()
-                except Exception as exc:
-                    print(f"FAILED {setting} {policy_label(policy)} seed {seed}: {exc!r}")
-                    continue
-                runs[run_key(setting, policy, seed, common)] = record
-                save_runs(args.runs, runs)
-                print(
-                    f"{setting:18} {record['policy']:32} seed {seed}: CER {record['cer']:7.2f}  "
-                    f"FLOPs {record['cumulative_train_flops']:.3g}  stages {record['stages']:3}  {record['seconds']} s"
-                )
+    if not args.report_only:
+        tasks = {
+            run_key(setting, policy, seed, common): (
+                run_one,
+                (setting, policy, seed, common, seed == args.seeds[0] and policy_label(policy) in FIGURE_POLICIES),
+            )
+            for setting in args.settings
+            for seed in args.seeds
+            for policy in schedules(setting)
+        }
+        run_missing(tasks, runs, args.runs, args.jobs)
 
     report = summarize(runs, args.settings, args.seeds, common)
     versions = sorted({r.get("torch", "?") for r in runs.values()})
