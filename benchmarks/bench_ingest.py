@@ -6,12 +6,19 @@
    with alma's ingest (validation, assembly, one MULTI/EXEC per poll into a flushed Redis).
    Reported: MB/s of record values, median over rounds, and ours / plain. For context, each round
    also times Redis alone absorbing the same bytes (SETs in transactions of one poll's size).
+   ``--partitions 4`` spreads the chunks over four partitions (the reorder path of the assembler).
 2. Memory: ``alma run --embedded`` over 500 MNIST chunks without replay (width-4 MLP, 1 epoch),
    fed by ``alma replay --embedded`` in another process; the daemon's RSS is sampled with psutil.
+3. Events (``--events N``): N MNIST examples as JSON events (one a record, no key) in a topic of
+   four partitions, produced once with confluent-kafka. Each round reads them all with a plain
+   kafka-python consumer and a plain confluent-kafka consumer (each only reads, then reads and
+   decodes every event with ``decode_event``), and with alma's ingest (kafka-python; events cut into
+   chunks of 500 and committed to a flushed Redis). Reported: examples/s, median over rounds.
 
-Run from the repository root (the two parts compete for CPU, so they run one after the other)::
+Run from the repository root (the parts compete for CPU, so they run one after the other)::
 
     python benchmarks/bench_ingest.py            # writes benchmarks/results/ingest.json
+    python benchmarks/bench_ingest.py --memory-chunks 0 --events 20000 --out benchmarks/results/ingest_events.json
 """
 
 from __future__ import annotations
@@ -32,8 +39,10 @@ import psutil
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # tests/servers.py holds the broker and Redis launchers
 
-from alma_daemon.data.datasets import load_dataset  # noqa: E402
+from alma_daemon.data.datasets import MNIST_TASK, load_dataset  # noqa: E402
+from alma_daemon.data.events import decode_event, encode_events  # noqa: E402
 from alma_daemon.data.wire import StreamSchema  # noqa: E402
+from alma_daemon.service.ingest.cutter import EventStream  # noqa: E402
 from alma_daemon.service.ingest.worker import IngestWorker  # noqa: E402
 from alma_daemon.service.redis_keys import StreamKeys  # noqa: E402
 from alma_daemon.transports.kafka import CONSUMER_SETTINGS, KafkaPublisher, KafkaSource  # noqa: E402
@@ -45,6 +54,17 @@ TOPIC = "bench.cifar"
 
 
 # -- 1. throughput ----------------------------------------------------------------------------------
+def topic_partitions(broker: KafkaBroker, topic: str) -> tuple[list, int]:
+    """The topic's partitions and the records they hold."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    probe = KafkaConsumer(bootstrap_servers=broker.bootstrap_servers)
+    partitions = [TopicPartition(topic, p) for p in sorted(probe.partitions_for_topic(topic))]
+    records = sum(probe.end_offsets(partitions).values())
+    probe.close()
+    return partitions, records
+
+
 def publish_cifar(broker: KafkaBroker, chunks: int, examples: int) -> None:
     train = load_dataset("cifar10").train
     stream = (
@@ -56,15 +76,16 @@ def publish_cifar(broker: KafkaBroker, chunks: int, examples: int) -> None:
     replay(stream, KafkaPublisher(broker.bootstrap_servers, TOPIC), STREAM, progress=False)
 
 
-def plain_consumer_seconds(broker: KafkaBroker, records: int) -> tuple[float, int]:
-    from kafka import KafkaConsumer, TopicPartition
+def plain_consumer_seconds(broker: KafkaBroker, records: int, topic: str = TOPIC) -> tuple[float, int]:
+    from kafka import KafkaConsumer
 
     consumer = KafkaConsumer(
         bootstrap_servers=broker.bootstrap_servers, group_id=None, enable_auto_commit=False, **CONSUMER_SETTINGS
     )
-    partition = TopicPartition(TOPIC, 0)
-    consumer.assign([partition])
-    consumer.seek(partition, 0)
+    partitions, _ = topic_partitions(broker, topic)
+    consumer.assign(partitions)
+    for partition in partitions:
+        consumer.seek(partition, 0)
     seen = size = 0
     start = time.perf_counter()
     while seen < records:
@@ -98,25 +119,21 @@ def alma_ingest_seconds(broker: KafkaBroker, client, records: int) -> float:
     worker.flush()  # the last batch's transaction is done: every record is in Redis
     elapsed = time.perf_counter() - start
     worker.stop()
-    assert int(client.hget(keys.offsets, "0")) == records
+    assert sum(int(v) for v in client.hvals(keys.offsets)) == records
     assert int(client.hget(keys.ingest, "records_rejected") or 0) == 0
     return elapsed
 
 
-def bench_throughput(chunks: int, examples: int, rounds: int) -> dict:
+def bench_throughput(chunks: int, examples: int, rounds: int, partitions: int = 1) -> dict:
     workdir = Path(tempfile.mkdtemp(prefix="alma-bench-ingest-"))
     broker, redis_server = KafkaBroker(workdir / "kafka"), RedisServer(workdir / "redis")
     broker.start()
     redis_server.start()
     client = redis_server.client(socket_timeout=60)
     try:
-        broker.create_topic(TOPIC)
+        broker.create_topic(TOPIC, partitions)
         publish_cifar(broker, chunks, examples)
-        from kafka import KafkaConsumer, TopicPartition
-
-        probe = KafkaConsumer(bootstrap_servers=broker.bootstrap_servers)
-        records = probe.end_offsets([TopicPartition(TOPIC, 0)])[TopicPartition(TOPIC, 0)]
-        probe.close()
+        _, records = topic_partitions(broker, TOPIC)
         plain, ours, redis_alone = [], [], []
         size = 0
         for _ in range(rounds):
@@ -131,6 +148,7 @@ def bench_throughput(chunks: int, examples: int, rounds: int) -> dict:
     return {
         "chunks": chunks,
         "examples_per_chunk": examples,
+        "partitions": partitions,
         "records": records,
         "megabytes": size / 1e6,
         "rounds": rounds,
@@ -158,6 +176,136 @@ def redis_alone_seconds(client, records: int, size: int) -> float:
             pipe.set(f"bench:{i}", value)
         pipe.execute()
     return time.perf_counter() - start
+
+
+# -- 3. events -------------------------------------------------------------------------------------
+EVENT_TOPIC = "bench.events"
+EVENT_SCHEMA = StreamSchema("labeled", MNIST_TASK.input_shape, num_classes=MNIST_TASK.num_classes)
+
+
+def publish_events(broker: KafkaBroker, events: int) -> None:
+    from confluent_kafka import Producer
+
+    train = load_dataset("mnist").train
+    producer = Producer({"bootstrap.servers": broker.bootstrap_servers, "linger.ms": 20})
+    for record in encode_events(train.x[:events], train.y[:events]):
+        producer.produce(EVENT_TOPIC, value=record.value, headers=record.headers)
+        producer.poll(0)
+    assert producer.flush(120) == 0
+
+
+def kafka_python_events_seconds(broker: KafkaBroker, records: int, decode: bool) -> float:
+    from kafka import KafkaConsumer
+
+    consumer = KafkaConsumer(
+        bootstrap_servers=broker.bootstrap_servers, group_id=None, enable_auto_commit=False, **CONSUMER_SETTINGS
+    )
+    partitions, _ = topic_partitions(broker, EVENT_TOPIC)
+    consumer.assign(partitions)
+    for partition in partitions:
+        consumer.seek(partition, 0)
+    seen = 0
+    start = time.perf_counter()
+    while seen < records:
+        for batch in consumer.poll(timeout_ms=500, max_records=512).values():
+            seen += len(batch)
+            if decode:
+                for r in batch:
+                    decode_event(r.value, r.headers, EVENT_SCHEMA)
+    elapsed = time.perf_counter() - start
+    consumer.close()
+    return elapsed
+
+
+def confluent_events_seconds(broker: KafkaBroker, records: int, decode: bool) -> float:
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    consumer = Consumer(
+        {"bootstrap.servers": broker.bootstrap_servers, "group.id": "bench", "enable.auto.commit": False}
+    )
+    partitions, _ = topic_partitions(broker, EVENT_TOPIC)
+    consumer.assign([TopicPartition(EVENT_TOPIC, p.partition, OFFSET_BEGINNING) for p in partitions])
+    seen = 0
+    start = time.perf_counter()
+    while seen < records:
+        for message in consumer.consume(num_messages=512, timeout=0.5):
+            if message.error():
+                continue
+            seen += 1
+            if decode:
+                decode_event(message.value(), message.headers(), EVENT_SCHEMA)
+    elapsed = time.perf_counter() - start
+    consumer.close()
+    return elapsed
+
+
+def alma_events_seconds(broker: KafkaBroker, client, records: int) -> float:
+    empty_redis(client)
+    keys = StreamKeys("events")
+    worker = IngestWorker(
+        KafkaSource(broker.bootstrap_servers, EVENT_TOPIC),
+        client,
+        keys,
+        EVENT_SCHEMA,
+        max_buffer_bytes=1 << 34,
+        events=EventStream(chunk_examples=500, chunk_seconds=None),
+    )
+    start = time.perf_counter()
+    handled = 0
+    while handled < records:
+        handled += worker.step(timeout=0.5)
+    worker.flush()
+    elapsed = time.perf_counter() - start
+    worker.stop()
+    stored = int(client.hget(keys.ingest, "examples_received") or 0) + int(
+        client.hget(keys.ingest, "open_examples") or 0
+    )
+    assert stored == records and int(client.hget(keys.ingest, "records_rejected") or 0) == 0
+    return elapsed
+
+
+def bench_events(events: int, rounds: int, partitions: int = 4) -> dict:
+    workdir = Path(tempfile.mkdtemp(prefix="alma-bench-events-"))
+    broker, redis_server = KafkaBroker(workdir / "kafka"), RedisServer(workdir / "redis")
+    broker.start()
+    redis_server.start()
+    client = redis_server.client(socket_timeout=60)
+    rates: dict[str, list[float]] = {
+        "kafka_python_read": [],
+        "kafka_python_read_decode": [],
+        "confluent_kafka_read": [],
+        "confluent_kafka_read_decode": [],
+        "alma_ingest": [],
+    }
+    try:
+        broker.create_topic(EVENT_TOPIC, partitions)
+        publish_events(broker, events)
+        # Every record is read: Tansu's end offsets lag what it holds, so they do not count them.
+        records = events
+        for _ in range(rounds):
+            for decode in (False, True):
+                suffix = "_read_decode" if decode else "_read"
+                rates["kafka_python" + suffix].append(events / kafka_python_events_seconds(broker, records, decode))
+                rates["confluent_kafka" + suffix].append(events / confluent_events_seconds(broker, records, decode))
+            rates["alma_ingest"].append(events / alma_events_seconds(broker, client, records))
+    finally:
+        client.close()
+        redis_server.stop()
+        broker.stop()
+    medians = {f"{name}_examples_s_median": statistics.median(values) for name, values in rates.items()}
+    return {
+        "events": events,
+        "partitions": partitions,
+        "format": "JSON, one MNIST example a record (784 pixel values), no key",
+        "rounds": rounds,
+        "chunk_examples": 500,
+        **{f"{name}_examples_s": values for name, values in rates.items()},
+        **medians,
+        "alma_over_kafka_python_read_decode": medians["alma_ingest_examples_s_median"]
+        / medians["kafka_python_read_decode_examples_s_median"],
+        "alma_over_confluent_kafka_read_decode": medians["alma_ingest_examples_s_median"]
+        / medians["confluent_kafka_read_decode_examples_s_median"],
+    }
 
 
 # -- 2. memory ----------------------------------------------------------------------------------------
@@ -234,7 +382,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunks", type=int, default=20, help="CIFAR chunks published for the throughput part")
     parser.add_argument("--examples", type=int, default=500, help="images per CIFAR chunk")
     parser.add_argument("--rounds", type=int, default=7, help="reads of the topic per consumer")
+    parser.add_argument("--partitions", type=int, default=1, help="partitions of the CIFAR topic")
+    parser.add_argument("--no-throughput", action="store_true", help="skip the CIFAR throughput part")
     parser.add_argument("--memory-chunks", type=int, default=500, help="MNIST chunks for the memory part (0 = skip)")
+    parser.add_argument("--events", type=int, default=0, help="MNIST JSON events for the events part (0 = skip)")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "ingest.json"))
     args = parser.parse_args(argv)
     results = {
@@ -244,8 +395,11 @@ def main(argv: list[str] | None = None) -> int:
             "load_average_at_start": os.getloadavg(),
             "python": platform.python_version(),
         },
-        "throughput": bench_throughput(args.chunks, args.examples, args.rounds),
     }
+    if not args.no_throughput:
+        results["throughput"] = bench_throughput(args.chunks, args.examples, args.rounds, args.partitions)
+    if args.events:
+        results["events"] = bench_events(args.events, args.rounds)
     if args.memory_chunks:
         results["memory"] = bench_memory(args.memory_chunks)
     out = Path(args.out)

@@ -14,6 +14,7 @@ from alma_daemon.config import build_config
 from alma_daemon.core.atomic_json import finite
 from alma_daemon.core.chunk_buffer import MemoryBuffer
 from alma_daemon.core.engine import Engine, EngineObserver
+from alma_daemon.core.records import StepRecord
 from alma_daemon.data.datasets import MNIST_TASK
 from alma_daemon.data.streams import Chunk, partition
 from alma_daemon.learners import build_learner
@@ -158,10 +159,16 @@ def test_a_growing_learner_retrained_from_scratch_still_grows(name):
     assert parameters[0] < parameters[1] < parameters[2]
 
 
-def test_chunk_ids_must_increase():
+def test_a_chunk_is_taken_once_and_a_lower_id_after_a_higher_one_is_a_late_step():
     engine = run_stream(["policy.wait=1"], chunks=2)
-    with pytest.raises(ValueError, match="ids must increase"):
+    with pytest.raises(ValueError, match="chunk 2 taken twice"):
         engine.on_chunk(Chunk(2, separable_data(MNIST_TASK, 10)))
+    assert not engine.on_chunk(Chunk(5, separable_data(MNIST_TASK, 10))).late
+    late = engine.on_chunk(Chunk(4, separable_data(MNIST_TASK, 10)))
+    assert late.late and late.trained and late.chunk == 4 and late.t == 4
+    assert (engine.state.last_chunk, engine.state.late_chunks) == (5, 1)
+    assert engine.state.series[-1]["late"] is True and "late" not in engine.state.series[-2]
+    assert StepRecord.from_row(engine.state.series[-1]).late
 
 
 def test_policies_see_the_last_stage_cost_even_after_waiting_steps():

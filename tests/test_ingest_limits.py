@@ -71,7 +71,7 @@ def assert_parts_match_chunks(client) -> None:
 
 # -- the assembler (pure logic) -------------------------------------------------------------------
 def test_assembler_refuses_a_chunk_larger_than_its_bound_and_skips_the_chunks_later_parts() -> None:
-    assembler = Assembler(STREAM, max_bytes=2 * PART - 1)
+    assembler = Assembler(STREAM, max_bytes=2 * PART - 1, max_ahead=1)
     big = decoded(records_of(1, n=3))
     assert assembler.accept(big[0], PART).store
     refused = assembler.accept(big[1], PART)
@@ -86,7 +86,7 @@ def test_assembler_refuses_a_chunk_larger_than_its_bound_and_skips_the_chunks_la
     assert not again.store and not again.dropped and not assembler.in_progress
     small = assembler.accept(decoded(records_of(2, n=1))[0], PART)
     assert small.completed is not None and assembler.last_completed == 2
-    assert not assembler.refused  # from now on the order guard rejects chunk 1's parts
+    assert not assembler.refused  # chunk 1 is behind the window: the order guard rejects its parts
 
 
 def test_assembler_drops_the_incomplete_chunks_with_the_lowest_ids_first_to_stay_within_its_bound() -> None:
@@ -136,7 +136,7 @@ def test_a_chunk_larger_than_the_buffer_limit_is_dead_lettered_and_the_next_chun
 @pytest.mark.integration
 def test_first_parts_of_chunks_that_never_complete_cannot_stall_ingest_or_outgrow_the_limit(redis_db) -> None:
     limit = 4 * PART
-    worker = redis_worker(redis_db, max_buffer_bytes=limit)
+    worker = redis_worker(redis_db, max_buffer_bytes=limit, max_chunks_ahead=1)
     for chunk_id in range(1, 11):  # their other two parts never come
         publish(redis_db, records_of(chunk_id, n=3)[:1])
         read_all(worker, redis_db)
@@ -146,7 +146,8 @@ def test_first_parts_of_chunks_that_never_complete_cannot_stall_ingest_or_outgro
     worker.stop()
     assert chunk_ids(redis_db, KEYS.ready) == [11] and not chunk_ids(redis_db, KEYS.assembling)
     dead = dead_letters(redis_db)
-    # Chunks 1-8 made room (the lowest ids first); 9 and 10 were abandoned when 11 completed.
+    # Chunks 1-8 made room (the lowest ids first); 9 and 10 were abandoned when 11 completed (the
+    # window of one id left them behind).
     assert [detail.split()[1] for _, detail in dead] == [str(c) for c in range(1, 11)]
     assert [reason for reason, _ in dead] == ["size"] * 8 + ["part_numbering"] * 2
     assert_parts_match_chunks(redis_db)
@@ -174,18 +175,18 @@ def chunk_fields(client, chunk_id: int) -> dict[bytes, bytes]:
     return {k: v for k, v in fields.items() if k not in (b"arrived_at", b"first_offset")}
 
 
-def ingest_in_rounds(client, rounds, max_buffer_bytes: int, restart: bool) -> dict:
+def ingest_in_rounds(client, rounds, max_buffer_bytes: int, restart: bool, **worker_options) -> dict:
     """Publish and ingest each round in turn, with a new worker after each round or one throughout;
     returns what Redis holds then. A stopped worker left what a killed one would: each read_all
     ends with every batch committed."""
     client.flushall()
-    worker = redis_worker(client, max_buffer_bytes)
+    worker = redis_worker(client, max_buffer_bytes, **worker_options)
     for records in rounds:
         publish(client, records)
         read_all(worker, client)
         if restart:
             worker.stop()
-            worker = redis_worker(client, max_buffer_bytes)
+            worker = redis_worker(client, max_buffer_bytes, **worker_options)
     worker.stop()
     assert_parts_match_chunks(client)
     return {
@@ -213,10 +214,10 @@ def test_a_restart_keeps_skipping_a_refused_chunk_as_an_uninterrupted_ingest(red
     rounds = [
         big[:4],  # chunk 1 is refused at its 4th part: the limit is 3 parts
         [small[0], *big[4:], *small[1:]],  # chunk 1's later parts would drop chunk 2 if stored again
-        big[:1],  # after chunk 2 completed, the order guard rejects chunk 1's parts
+        big[:1],  # after chunk 2 completed, chunk 1 is behind the window: the order guard rejects it
     ]
-    uninterrupted = ingest_in_rounds(redis_db, rounds, 3 * PART, restart=False)
-    restarted = ingest_in_rounds(redis_db, rounds, 3 * PART, restart=True)
+    uninterrupted = ingest_in_rounds(redis_db, rounds, 3 * PART, restart=False, max_chunks_ahead=1)
+    restarted = ingest_in_rounds(redis_db, rounds, 3 * PART, restart=True, max_chunks_ahead=1)
     assert restarted == uninterrupted
     assert [(reason, detail.split()[1]) for reason, detail in uninterrupted["dead"]] == [
         ("size", "1"),
@@ -224,8 +225,24 @@ def test_a_restart_keeps_skipping_a_refused_chunk_as_an_uninterrupted_ingest(red
     ]
     assert uninterrupted["ready"] == [2] and not uninterrupted["assembling"]
     assert uninterrupted["ingest"][b"refused_chunks"] == b""  # forgotten once chunk 2 completed
-    ingest_in_rounds(redis_db, rounds[:1], 3 * PART, restart=False)
+    ingest_in_rounds(redis_db, rounds[:1], 3 * PART, restart=False, max_chunks_ahead=1)
     assert redis_db.hget(KEYS.ingest, "refused_chunks") == b"1"
+
+
+@pytest.mark.integration
+def test_chunks_complete_in_any_order_and_a_restart_still_stores_a_re_sent_chunk_once(redis_db) -> None:
+    second, first = records_of(2, n=3), records_of(1, n=3)
+    rounds = [
+        [second[0], first[0], *second[1:]],  # chunk 2 completes first
+        first[1:],  # chunk 1 completes after it: valid data, stored
+        [*second, first[0]],  # re-sent by a producer's retry: duplicates, stored once
+    ]
+    uninterrupted = ingest_in_rounds(redis_db, rounds, 1 << 30, restart=False)
+    restarted = ingest_in_rounds(redis_db, rounds, 1 << 30, restart=True)
+    assert restarted == uninterrupted
+    assert uninterrupted["ready"] == [1, 2] and not uninterrupted["assembling"] and not uninterrupted["dead"]
+    assert uninterrupted["ingest"][b"last_completed"] == b"2" and uninterrupted["ingest"][b"chunks_received"] == b"2"
+    assert chunk_ids(redis_db, KEYS.completed) == [1, 2]
 
 
 @pytest.mark.integration

@@ -210,8 +210,9 @@ def test_bad_record_is_rejected_with_its_reason(name: str) -> None:
 
 
 def test_every_reason_has_a_concrete_bad_record() -> None:
-    # chunk_order and chunk_ahead need state across records and are covered by the ChunkOrderGuard tests.
-    covered = {case.reason for case in CASES.values()} | {"chunk_order", "chunk_ahead"}
+    # chunk_order and chunk_ahead need state across records and are covered by the ChunkOrderGuard tests;
+    # fields is an event's reason (tests/test_events.py).
+    covered = {case.reason for case in CASES.values()} | {"chunk_order", "chunk_ahead", "fields"}
     assert covered == set(REJECT_REASONS)
     assert all(name.split("-")[0] == case.reason for name, case in CASES.items())
 
@@ -392,23 +393,29 @@ def test_assemble_rejects_mixed_x_dtypes() -> None:
     assert caught.value.reason == "dtype"
 
 
-def test_chunk_order_guard() -> None:
-    guard = ChunkOrderGuard({"mnist": 5})
+def test_chunk_order_guard_takes_chunks_in_any_order_within_its_window() -> None:
+    guard = ChunkOrderGuard({"mnist": [5]}, max_ahead=10)
     guard.check("mnist", 5)  # redelivered part of the completed chunk: ingest dedups it
+    assert guard.is_completed("mnist", 5) and not guard.is_completed("mnist", 4)
     guard.check("mnist", 9)
     guard.check("cifar", 1)  # streams are independent
     guard.complete("mnist", 9)
     guard.complete("mnist", 6)  # completing an older in-flight chunk never moves the mark back
     assert guard.last_completed("mnist") == 9 and guard.last_completed("cifar") is None
+    guard.check("mnist", 8)  # older than the newest completed chunk: still valid data
+    guard.complete("mnist", 15)
+    assert guard.completed("mnist") == {6, 9, 15}  # 5 fell out of the window
+    assert guard.behind_window("mnist", 5) and not guard.behind_window("mnist", 6)
+    guard.check("mnist", 6)
     with pytest.raises(RejectedRecord) as caught:
-        guard.check("mnist", 8)
-    assert caught.value.reason == "chunk_order"
+        guard.check("mnist", 5)
+    assert caught.value.reason == "chunk_order" and "10 ids behind chunk 15" in caught.value.detail
 
 
 def test_chunk_order_guard_rejects_a_chunk_too_far_ahead_and_the_next_chunk_still_passes() -> None:
     """One record with a wild id (near 2**53) must not become the newest completed chunk, which would
     make every later, correct chunk "older" than it."""
-    guard = ChunkOrderGuard({"mnist": 5}, max_ahead=1000)
+    guard = ChunkOrderGuard({"mnist": [5]}, max_ahead=1000)
     for wild in (MAX_ID, 5 + 1001):
         with pytest.raises(RejectedRecord) as caught:
             guard.check("mnist", wild)
@@ -426,7 +433,11 @@ def test_chunk_order_guard_rejects_a_chunk_too_far_ahead_and_the_next_chunk_stil
     fresh.complete("mnist", 20261123)
     with pytest.raises(RejectedRecord):
         fresh.check("mnist", 20261123 + 1001)
-    ChunkOrderGuard({"mnist": 5}).check("mnist", MAX_ID)  # max_ahead None: no bound
+    unbounded = ChunkOrderGuard({"mnist": [5]})
+    unbounded.check("mnist", MAX_ID)  # max_ahead None: no bound either way
+    unbounded.complete("mnist", MAX_ID)
+    unbounded.check("mnist", 1)
+    assert unbounded.is_completed("mnist", 5)
     with pytest.raises(RejectedRecord) as caught:
         fresh.check("other", 0)  # the engine could never take it: it would wait in the buffer
     assert caught.value.reason == "chunk_order" and "chunk ids start at 1" in caught.value.detail

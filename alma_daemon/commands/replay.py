@@ -6,9 +6,11 @@ import argparse
 
 from alma_daemon.cli import add_config_arguments
 from alma_daemon.config import Config, load_config
+from alma_daemon.data.events import EVENT_JSON, EVENT_ROWS
 from alma_daemon.data.wire import DEFAULT_MAX_PART_BYTES
 from alma_daemon.service.embedded_redis import EMBEDDED_OVERRIDES, close_redis, connect_redis
 from alma_daemon.transports.replay import (
+    EventFormat,
     ReplayReport,
     chunk_source,
     labeled_chunks,
@@ -16,6 +18,9 @@ from alma_daemon.transports.replay import (
     replay,
     replay_publisher,
 )
+
+#: ``--events-format`` -> content type of the event records.
+EVENT_FORMATS = {"json": EVENT_JSON, "rows": EVENT_ROWS}
 
 #: Command-line flags that are shorthands for config keys.
 FLAG_KEYS = {
@@ -61,6 +66,19 @@ def add_parser(subparsers) -> None:
     parser.add_argument(
         "--partitions", type=int, default=1, help="partitions of the topic if it is created (default 1)"
     )
+    parser.add_argument(
+        "--events",
+        action="store_true",
+        help="send each chunk's examples as event records (no chunk headers, no key) instead of chunk parts",
+    )
+    parser.add_argument(
+        "--events-format",
+        choices=sorted(EVENT_FORMATS),
+        help="with --events: JSON objects (with stream.features: named fields) or safetensors rows (default json)",
+    )
+    parser.add_argument(
+        "--events-per-record", type=int, metavar="N", help="with --events: examples per event record (default 1)"
+    )
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     parser.set_defaults(func=run)
 
@@ -88,7 +106,11 @@ def run(args: argparse.Namespace) -> int:
     else:
         chunks = chunk_source(config)
     options = dict(
-        rate=rate, max_part_bytes=args.max_part_bytes, progress=not args.no_progress, total=config.stream.megabatches
+        rate=rate,
+        max_part_bytes=args.max_part_bytes,
+        progress=not args.no_progress,
+        total=config.stream.megabatches,
+        events=event_format(args, config),
     )
     # Only the embedded transport needs Redis: a Kafka replay runs without a service.
     client = connect_redis(config) if config.kafka.transport == "redis" else None
@@ -100,6 +122,18 @@ def run(args: argparse.Namespace) -> int:
             close_redis(client)
     print(describe(report, config))
     return 0
+
+
+def event_format(args: argparse.Namespace, config: Config) -> EventFormat | None:
+    """What ``--events*`` ask for; None: chunk parts."""
+    if not args.events:
+        if args.events_format is not None or args.events_per_record is not None:
+            raise ValueError("--events-format and --events-per-record go with --events")
+        return None
+    content_type = EVENT_FORMATS[args.events_format or "json"]
+    features = tuple(config.stream.features) if content_type == EVENT_JSON else ()
+    per_record = 1 if args.events_per_record is None else args.events_per_record
+    return EventFormat(content_type, per_record, features)
 
 
 def describe(report: ReplayReport, config: Config) -> str:

@@ -81,6 +81,16 @@ class StreamConfig:
     seq_len: Int = Field(default=64, gt=0)
     #: A change of distribution from chunk drift.at on (simulate and replay only).
     drift: DriftConfig = field(default_factory=DriftConfig)
+    #: Event streams (records of one or a few labeled examples, docs/wire-format.md "Event records"):
+    #: the daemon cuts a chunk every N examples. Setting this or chunk_seconds makes the stream an
+    #: event stream; both unset, records carry whole chunks' parts.
+    chunk_examples: Int | None = Field(default=None, gt=0)
+    #: Event streams: cut a chunk once its first example is this many seconds old (with chunk_examples:
+    #: whichever comes first).
+    chunk_seconds: Float | None = Field(default=None, gt=0)
+    #: Event streams: names of the numeric fields of a JSON event, in the order of the model's input
+    #: (an event is then {"<name>": value, ..., "y": label}); empty = events carry "x".
+    features: list[Str] = field(default_factory=list)
 
     @field_validator("val_fraction")
     @classmethod
@@ -90,6 +100,11 @@ class StreamConfig:
         return value
 
     def __post_init__(self) -> None:
+        if self.features and self.chunk_examples is None and self.chunk_seconds is None:
+            raise ConfigError(
+                "stream.features: names the fields of events, but the stream is not an event stream "
+                "(set stream.chunk_examples or stream.chunk_seconds)"
+            )
         # Drifts transform replays of the dataset's B chunks only, so a later first chunk never comes.
         if self.drift.at is not None and self.drift.at > self.megabatches:
             raise ConfigError(
@@ -212,6 +227,9 @@ class DaemonConfig:
     #: bounded) is dead-lettered as chunk_ahead: one record with a wild id would otherwise make every later chunk
     #: "older" than a completed one (docs/service.md, "Bad input"). Equal to wire.DEFAULT_MAX_CHUNKS_AHEAD (tested).
     max_chunks_ahead: Int = Field(default=1000, gt=0)
+    #: When a chunk id is missing and a later chunk is complete, wait at most this long for the missing
+    #: one before taking the later chunk; a chunk that completes after that still trains, as a late step.
+    reorder_wait_seconds: Float = Field(default=30.0, ge=0)
 
 
 @dataclass(config=SECTION)

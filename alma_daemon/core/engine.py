@@ -62,7 +62,9 @@ class EngineState:
     """Everything the engine needs to continue a stream; JSON-able, persisted by the daemon (engine_store.py)."""
 
     chunks_seen: int = 0
+    #: The newest chunk id taken; a chunk with a lower id is late (it completed after a later one was taken).
     last_chunk: int = 0
+    late_chunks: int = 0
     examples_seen: int = 0
     stages_done: int = 0
     model_version: int = 0
@@ -118,20 +120,22 @@ class Engine:
     # -- the step ---------------------------------------------------------------------------------
     def on_chunk(self, chunk: Chunk) -> StepRecord:
         """Process one arriving chunk (steps 1-6 above) and return its record."""
-        if chunk.index <= self.state.last_chunk:
-            raise ValueError(f"chunk {chunk.index} arrived after chunk {self.state.last_chunk}: ids must increase")
+        if chunk.index == self.state.last_chunk:
+            raise ValueError(f"chunk {chunk.index} taken twice")
+        late = chunk.index < self.state.last_chunk
         measure = self.learner.measure
         stream = self.config.stream
         sample = prequential_sample(chunk, stream.prequential_examples, stream.seed)
         prequential = self.learner.evaluate(sample)[measure]
         self.buffer.add(split_chunk(chunk, stream.val_fraction, stream.seed))
         self.state.chunks_seen += 1
-        self.state.last_chunk = chunk.index
+        self.state.last_chunk = max(chunk.index, self.state.last_chunk)
+        self.state.late_chunks += late
         self.state.examples_seen += len(chunk)
 
         decision = self.decide(prequential, len(sample))
         stage = self.train_stage(decision) if decision.train else None
-        return self.record_step(chunk, prequential, decision, stage)
+        return self.record_step(chunk, prequential, decision, stage, late=late)
 
     def policy_state(self, prequential: float | None = None, prequential_examples: int = 0) -> PolicyState:
         """What the policy sees; ``prequential`` is the newest chunk's measure (None between chunks)."""
@@ -292,7 +296,7 @@ class Engine:
         return value
 
     def record_step(
-        self, chunk: Chunk, prequential: float, decision: Decision, stage: StageRecord | None
+        self, chunk: Chunk, prequential: float, decision: Decision, stage: StageRecord | None, *, late: bool = False
     ) -> StepRecord:
         measure = self.learner.measure
         test = self.test_measure(self.test_set_at(chunk.index))
@@ -328,6 +332,7 @@ class Engine:
             model_version=s.model_version,
             wall_seconds=self.clock() - s.started_at,
             stage=stage,
+            late=late,
         )
         s.series.append(record.as_row())
         for observer in self.observers:

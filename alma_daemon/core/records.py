@@ -104,6 +104,8 @@ class StepRecord:
     model_version: int
     wall_seconds: float
     stage: StageRecord | None = None
+    #: The chunk completed after a later chunk was taken (service/reorder.py): it trained as this step.
+    late: bool = False
 
     @property
     def trained(self) -> bool:
@@ -141,6 +143,8 @@ class StepRecord:
         }
         if m == "error":
             row["cumulative_error"] = self.cumulative_error
+        if self.late:  # in-order steps, every simulated one included, keep their rows as they were
+            row["late"] = True
         stage = self.stage
         if stage is not None:
             row.update({key: getattr(stage, key) for key in _STAGE_KEYS_IN_STEP})
@@ -196,6 +200,7 @@ class StepRecord:
                 model_version=row["model_version"],
                 wall_seconds=row["wall_seconds"],
                 stage=stage,
+                late=bool(row.get("late", False)),
             )
         except KeyError as missing:
             raise ValueError(f"step record without key {missing}: {_describe(row)}") from None

@@ -4,7 +4,8 @@ One Kafka record carries one part of one chunk: a safetensors value plus ``alma-
 key ``<stream>/<chunk>``. The producer side (:func:`encode_chunk`) splits a chunk so that every
 value stays within the size limit; the consumer side (:func:`decode_record`) treats every record
 as untrusted and either returns a fully validated :class:`DecodedPart` or raises
-:class:`RejectedRecord` with a reason from the fixed set :data:`REJECT_REASONS`.
+:class:`RejectedRecord` with a reason from the fixed set :data:`REJECT_REASONS`. Records of one or a
+few examples without chunk headers (event records) are read by :mod:`alma_daemon.data.events`.
 
 The module is pure logic: no broker, no Redis. Values are never unpickled; safetensors parsing is
 done by its Rust deserializer, which only builds plain tensors.
@@ -51,6 +52,7 @@ REJECT_REASONS: tuple[str, ...] = (
     "value_range",
     "chunk_order",
     "chunk_ahead",
+    "fields",
 )
 
 #: Stream names end up inside the Redis hash tag ``{<stream>}`` and in the key ``<stream>/<chunk>``,
@@ -80,9 +82,13 @@ _HEADER_GROWTH_BYTES = 256
 
 @dataclass(frozen=True)
 class WireRecord:
-    """One Kafka record: ``key``, safetensors ``value`` and headers as kafka-python expects them."""
+    """One Kafka record: ``key``, ``value`` and headers as kafka-python expects them.
 
-    key: bytes
+    Chunk parts are keyed ``<stream>/<chunk>``; event records may have no key (None), so that the
+    Kafka client spreads them over partitions.
+    """
+
+    key: bytes | None
     value: bytes
     headers: list[tuple[str, bytes]]
 
@@ -166,53 +172,81 @@ class RejectedRecord(Exception):
 
 
 class ChunkOrderGuard:
-    """Rejects parts of a chunk older than the newest chunk already completed on its stream, or too
-    far ahead of it.
+    """Which chunk ids a stream may still store: a window of ``max_ahead`` ids on each side of the
+    newest completed chunk, and no chunk twice.
 
-    Decoding one record cannot see ordering, so this small piece of state does. Ingest is expected
-    to, per record: ``decode_record`` -> ``guard.check(stream, chunk_id)`` -> store the part; once
-    every part of a chunk is stored, ``guard.complete(stream, chunk_id)``. On restart it seeds the
-    guard with the newest completed chunk per stream from Redis. Parts of the completed chunk itself
-    (redelivery) pass, so that the idempotent part write can make them a no-op.
+    Kafka gives no order across partitions, so chunks complete in any order: a chunk older than the
+    newest completed one is still valid data (the engine takes it as a late step), and is refused
+    only once it falls ``max_ahead`` ids behind, where the set of completed ids that makes a
+    re-sent chunk a no-op is no longer kept. Ingest, per record: ``decode_record`` ->
+    ``guard.check(stream, chunk_id)`` -> skip the part if ``guard.is_completed`` -> store it; once
+    every part of a chunk is stored, ``guard.complete(stream, chunk_id)``. On restart it is seeded
+    with the completed ids that Redis holds.
 
-    ``max_ahead`` bounds a jump: a chunk id more than ``max_ahead`` above the newest completed one is
-    rejected, so one record with a wild id cannot complete a chunk that makes every later chunk
-    "older". None: no bound. Nothing bounds the first chunk of a stream: a producer may start its ids
-    anywhere (a replay from a later chunk, ids taken from a clock), and the first chunk sets the origin.
+    ``max_ahead`` also bounds a jump: unbounded, one valid record with an id near ``2**53`` would
+    complete at once and move the window past every later chunk of the stream. None: no bound, and
+    every completed id is kept. Nothing bounds the first chunk of a stream: a producer may start its
+    ids anywhere (a replay from a later chunk, ids taken from a clock), and the first chunk sets the
+    origin.
     """
 
-    def __init__(self, completed: Mapping[str, int] | None = None, max_ahead: int | None = None) -> None:
+    def __init__(self, completed: Mapping[str, Iterable[int]] | None = None, max_ahead: int | None = None) -> None:
         if max_ahead is not None and not (_is_int(max_ahead) and max_ahead >= 1):
             raise ValueError(f"max_ahead must be a positive int or None; got {max_ahead!r}")
-        self._completed: dict[str, int] = dict(completed or {})
         self.max_ahead = max_ahead
+        self._completed: dict[str, set[int]] = {}
+        self._newest: dict[str, int] = {}
+        for stream, ids in (completed or {}).items():
+            for chunk_id in ids:
+                self.complete(stream, chunk_id)
 
     def check(self, stream: str, chunk_id: int) -> None:
-        """Raise ``RejectedRecord`` "chunk_order" if ``chunk_id`` is below 1 or the newest completed one,
-        "chunk_ahead" if it is more than ``max_ahead`` above it."""
+        """Raise ``RejectedRecord`` "chunk_order" if ``chunk_id`` is below 1 or ``max_ahead`` ids behind the
+        newest completed one, "chunk_ahead" if it is more than ``max_ahead`` above it."""
         if chunk_id < 1:
-            # The engine takes ids above the last one it processed, which starts at 0.
+            # The engine's ids start above its initial "last chunk", 0.
             raise RejectedRecord("chunk_order", f"chunk {chunk_id} of stream {stream!r}: chunk ids start at 1")
-        newest = self._completed.get(stream)
-        if newest is not None and chunk_id < newest:
-            raise RejectedRecord(
-                "chunk_order", f"chunk {chunk_id} of stream {stream!r} arrived after chunk {newest} was completed"
-            )
-        if self.max_ahead is not None and newest is not None and chunk_id - newest > self.max_ahead:
+        newest = self._newest.get(stream)
+        if self.max_ahead is None or newest is None:
+            return
+        if chunk_id - newest > self.max_ahead:
             raise RejectedRecord(
                 "chunk_ahead",
                 f"chunk {chunk_id} of stream {stream!r} is {chunk_id - newest} ids ahead of chunk {newest}, the "
                 f"newest completed; daemon.max_chunks_ahead allows {self.max_ahead} (raise it if the producer "
                 f"skips more ids)",
             )
+        if newest - chunk_id >= self.max_ahead:
+            raise RejectedRecord(
+                "chunk_order",
+                f"chunk {chunk_id} of stream {stream!r} is {newest - chunk_id} ids behind chunk {newest}, the newest "
+                f"completed; daemon.max_chunks_ahead allows {self.max_ahead - 1}",
+            )
+
+    def is_completed(self, stream: str, chunk_id: int) -> bool:
+        """Whether every part of ``chunk_id`` was stored already (a re-sent part is then a no-op)."""
+        return chunk_id in self._completed.get(stream, ())
 
     def complete(self, stream: str, chunk_id: int) -> None:
         """Record that every part of ``chunk_id`` has been stored."""
-        self._completed[stream] = max(chunk_id, self._completed.get(stream, chunk_id))
+        completed = self._completed.setdefault(stream, set())
+        completed.add(chunk_id)
+        newest = self._newest[stream] = max(chunk_id, self._newest.get(stream, chunk_id))
+        if self.max_ahead is not None:
+            completed -= {c for c in completed if newest - c >= self.max_ahead}
 
     def last_completed(self, stream: str) -> int | None:
         """The newest completed chunk id of ``stream``, or None before the first one."""
-        return self._completed.get(stream)
+        return self._newest.get(stream)
+
+    def completed(self, stream: str) -> set[int]:
+        """The completed ids of ``stream`` still inside the window (what a restart seeds the guard with)."""
+        return set(self._completed.get(stream, ()))
+
+    def behind_window(self, stream: str, chunk_id: int) -> bool:
+        """Whether ``chunk_id`` is so far behind the newest completed chunk that its parts are refused."""
+        newest = self._newest.get(stream)
+        return self.max_ahead is not None and newest is not None and newest - chunk_id >= self.max_ahead
 
 
 def encode_chunk(

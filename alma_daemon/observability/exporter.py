@@ -197,6 +197,8 @@ class MetricsObserver(EngineObserver):
             telemetry.EXAMPLES_RECEIVED.inc(record.examples_seen - self._examples_seen)
             telemetry.BUFFER_CHUNKS.set(len(engine.buffer.pending_chunks()))
         self._examples_seen = record.examples_seen
+        if record.late:
+            telemetry.LATE_CHUNKS.inc()
         self._set_gauges(record)
 
     @staticmethod

@@ -47,6 +47,12 @@ RECORDS_REJECTED = Counter(
     "alma_records_rejected", "Records sent to the dead-letter stream, by reason", ["reason"], registry=REGISTRY
 )
 BUFFER_CHUNKS = Gauge("alma_buffer_chunks", "Chunks held in the buffer", registry=REGISTRY)
+CHUNKS_WAITING_ON_GAP = Gauge(
+    "alma_chunks_waiting_on_gap", "Ready chunks held back while a lower chunk id is missing", registry=REGISTRY
+)
+LATE_CHUNKS = Counter(
+    "alma_late_chunks", "Chunks taken after a later chunk (they completed late), trained as a step", registry=REGISTRY
+)
 INGEST_LAG = Gauge("alma_ingest_lag_records", "Records on the topic not yet ingested", registry=REGISTRY)
 KAFKA_OFFSET_RESETS = Counter(
     "alma_kafka_offset_resets",

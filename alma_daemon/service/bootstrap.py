@@ -13,7 +13,7 @@ import json
 import logging
 from typing import Any
 
-from alma_daemon.config import Config, to_dict
+from alma_daemon.config import Config, ConfigError, to_dict
 from alma_daemon.core.assembly import assemble_engine
 from alma_daemon.core.checkpoints import CheckpointStore
 from alma_daemon.core.engine import Engine, EngineObserver
@@ -22,6 +22,7 @@ from alma_daemon.data.stream_task import StreamTask
 from alma_daemon.data.wire import StreamSchema
 from alma_daemon.observability.results import ResultsWriter
 from alma_daemon.service.engine_store import EngineStateStore
+from alma_daemon.service.ingest.cutter import EventStream
 from alma_daemon.service.redis_buffer import RedisBuffer
 from alma_daemon.service.redis_keys import StreamKeys
 from serving.live_pointer import withdraw
@@ -29,12 +30,28 @@ from serving.live_pointer import withdraw
 log = logging.getLogger(__name__)
 
 
-def stream_schema(task: TaskInfo) -> StreamSchema:
+def stream_schema(task: TaskInfo, config: Config) -> StreamSchema:
     """What ingest accepts: examples of the task's input shape with labels in its class range, or
     token runs of the task's vocabulary for a language model."""
     if task.kind == "language_model":
+        if event_stream(config) is not None:
+            raise ConfigError("stream.chunk_examples: event streams carry labeled examples; a text stream sends chunks")
         return StreamSchema("text", vocab_size=task.num_classes)
+    features = config.stream.features
+    if features and tuple(task.input_shape) != (len(features),):
+        raise ConfigError(
+            f"stream.features: {len(features)} names, but one example of {config.dataset.name} has shape "
+            f"{tuple(task.input_shape)}; name one field per input value"
+        )
     return StreamSchema("labeled", task.input_shape, num_classes=task.num_classes)
+
+
+def event_stream(config: Config) -> EventStream | None:
+    """How to cut the stream into chunks when its records are labeled events; None for chunk records."""
+    stream = config.stream
+    if stream.chunk_examples is None and stream.chunk_seconds is None:
+        return None
+    return EventStream(stream.chunk_examples, stream.chunk_seconds, tuple(stream.features))
 
 
 def redis_name(config: Config) -> str:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,8 +29,9 @@ from alma_daemon.core.checkpoints import CheckpointStore
 from alma_daemon.core.engine import Engine, EngineObserver
 from alma_daemon.data.stream_task import StreamTask, load_stream_task
 from alma_daemon.data.wire import RejectedRecord, StreamSchema
+from alma_daemon.observability import telemetry
 from alma_daemon.observability.exporter import Exporter, MetricsObserver, start_exporter
-from alma_daemon.service.bootstrap import redis_name, restore_engine, stream_schema
+from alma_daemon.service.bootstrap import event_stream, redis_name, restore_engine, stream_schema
 from alma_daemon.service.engine_store import EngineStateStore
 from alma_daemon.service.gauges import update_buffer_gauge
 from alma_daemon.service.health import Health
@@ -41,6 +43,7 @@ from alma_daemon.service.rank_followers import RankLeader
 from alma_daemon.service.redis_buffer import ReadyChunks, RedisBuffer
 from alma_daemon.service.redis_keys import StreamKeys
 from alma_daemon.service.redis_outage import RedisOutage
+from alma_daemon.service.reorder import NextChunk, ReorderGate
 from alma_daemon.service.scheduler import build_scheduler
 from alma_daemon.service.signals import StopSignals
 from alma_daemon.service.step_commit import StepCommit
@@ -76,6 +79,7 @@ class Daemon:
         #: The other ranks under torchrun (service/rank_followers.py); alone, it does nothing.
         self.followers = followers or RankLeader()
         self.ready = ReadyChunks(client, self.keys)
+        self.reorder = ReorderGate(config.daemon.reorder_wait_seconds)
         self.stop_requested = threading.Event()
         self.wake = threading.Event()
         self.policy_check_due = threading.Event()
@@ -109,7 +113,7 @@ class Daemon:
         if self._task is None:
             self._task = load_stream_task(self.config)
         task = self._task.task
-        self.schema = stream_schema(task)
+        self.schema = stream_schema(task, self.config)
         if task.kind == "language_model":
             self.ready = ReadyChunks(self.client, self.keys, seq_len=task.input_shape[0])
         store = CheckpointStore(self.config.daemon.checkpoint_dir, self.config.serving.model_name)
@@ -144,6 +148,7 @@ class Daemon:
                 max_chunks_ahead=self.config.daemon.max_chunks_ahead,
                 on_chunk_ready=self.wake.set,
                 outages=self.outages,
+                events=event_stream(self.config),
             )
             self.signals.install()
             self.heartbeat.started()
@@ -184,15 +189,36 @@ class Daemon:
             # Redis may have lost its last second of writes (AOF everysec): continue from what it holds.
             log.warning("Redis restarted: resuming from its last committed step")
             self._reload_committed()
-        chunk_id = self.ready.first()
-        if chunk_id is not None:
+        assert self.engine is not None
+        choice = self.reorder.choose(
+            self.ready.ids(), self.engine.state.last_chunk, self.ready.lowest_assembling(), time.monotonic()
+        )
+        self._report_gap(choice)
+        if choice.take is not None:
+            chunk_id = choice.take
             self._step(lambda: self._process_chunk(chunk_id))
         elif self.policy_check_due.is_set():
             self.policy_check_due.clear()
             self._step(self._policy_tick)
         else:
-            self.wake.wait(self.config.daemon.poll_seconds)
+            self.wake.wait(min(self.config.daemon.poll_seconds, choice.wait_left or float("inf")))
             self.wake.clear()
+
+    def _report_gap(self, choice: NextChunk) -> None:
+        telemetry.CHUNKS_WAITING_ON_GAP.set(choice.waiting)
+        if choice.missing is None:
+            return
+        phase = f"waiting for chunk {choice.missing} ({choice.waiting} ready behind it, {choice.wait_left:.0f} s left)"
+        if self.heartbeat.phase != phase:
+            log.info(
+                "waiting for a missing chunk",
+                extra={
+                    "missing": choice.missing,
+                    "ready": choice.waiting,
+                    "seconds_left": round(choice.wait_left or 0),
+                },
+            )
+            self.heartbeat.set_phase(phase)
 
     def _shut_down(self, scheduler: Any) -> None:
         """Stop and join every thread, each step on its own, so that one failing (Redis being down,
@@ -265,8 +291,8 @@ class Daemon:
     def _process_chunk(self, chunk_id: int) -> None:
         engine, steps = self.engine, self.steps
         assert engine is not None and steps is not None
-        if chunk_id <= engine.state.last_chunk:
-            detail = f"chunk {chunk_id} is ready but the engine already processed chunk {engine.state.last_chunk}"
+        if chunk_id == engine.state.last_chunk or chunk_id in engine.buffer.pending_chunks():
+            detail = f"chunk {chunk_id} is ready but the engine already took it"
             steps.discard(self.ready, chunk_id, RejectedRecord("chunk_order", detail))
             return
         try:

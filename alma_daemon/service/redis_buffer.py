@@ -38,9 +38,13 @@ class ReadyChunks:
         self.keys = keys
         self.seq_len = seq_len
 
-    def first(self) -> int | None:
-        """The oldest ready chunk id, or None."""
-        ids = self.client.zrange(self.keys.ready, 0, 0)
+    def ids(self) -> list[int]:
+        """The ready chunk ids, ascending."""
+        return [int(c) for c in self.client.zrange(self.keys.ready, 0, -1)]
+
+    def lowest_assembling(self) -> int | None:
+        """The lowest id of a chunk with parts stored but not complete, or None."""
+        ids = self.client.zrange(self.keys.assembling, 0, 0)
         return int(ids[0]) if ids else None
 
     def count(self) -> int:

@@ -33,6 +33,10 @@ class StreamKeys:
         return f"{self.prefix}:assembling"
 
     @property
+    def completed(self) -> str:
+        return f"{self.prefix}:completed"
+
+    @property
     def ready(self) -> str:
         return f"{self.prefix}:ready"
 

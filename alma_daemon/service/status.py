@@ -67,6 +67,10 @@ def read_status(client: Any, keys: StreamKeys, poll_seconds: float = 1.0, servin
         )
     }
     chunks_processed = int(engine.get("chunks_seen", 0))
+    last_taken = int(engine.get("last_chunk", 0))
+    lowest_ready = client.zrange(keys.ready, 0, 0)
+    # The ready chunks the engine holds back behind a missing id (service/reorder.py).
+    waiting_on_gap = counts["ready"] if last_taken and lowest_ready and int(lowest_ready[0]) > last_taken + 1 else 0
     model_version = int(engine.get("model_version", 0))
     return {
         "stream": keys.stream,
@@ -85,6 +89,8 @@ def read_status(client: Any, keys: StreamKeys, poll_seconds: float = 1.0, servin
         "chunks_pending": counts["pending"],
         "chunks_processed": chunks_processed,
         "chunks_trained": chunks_processed - counts["pending"],
+        "chunks_waiting_on_gap": waiting_on_gap,
+        "chunks_late": int(engine.get("late_chunks", 0)),
         "queued_bytes": int(ingest.get("queued_bytes", 0)),
         "records_rejected": int(ingest.get("records_rejected", 0)),
         "rejected_by_reason": {
@@ -232,6 +238,10 @@ def format_status(status: dict) -> str:
         (
             "chunks trained",
             f"{status['chunks_trained']} of {status['chunks_processed']} processed, {status['stages']} stage(s)",
+        ),
+        (
+            "out of order",
+            f"{status['chunks_waiting_on_gap']} waiting on a missing id, {status['chunks_late']} taken late",
         ),
         ("last decision", f"{decision.get('action')}: {decision.get('reason')}" if decision else "none yet"),
         model_row(status),

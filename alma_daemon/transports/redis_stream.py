@@ -2,9 +2,9 @@
 :class:`RedisStreamPublisher` adds wire records to a stream, :class:`RedisStreamSource` reads them.
 
 The stream is named like the Kafka topic (``kafka.topic``). Each entry is one wire record with
-fields ``key``, ``value`` and ``headers`` (JSON list of ``[name, value]`` pairs, values as
-latin-1 text so every byte survives). Entries the ingest has stored are deleted from the stream,
-so its length is the ingest lag and its memory stays bounded.
+fields ``key`` (absent for a record without key), ``value`` and ``headers`` (JSON list of
+``[name, value]`` pairs, values as latin-1 text so every byte survives). Entries the ingest has
+stored are deleted from the stream, so its length is the ingest lag and its memory stays bounded.
 """
 
 from __future__ import annotations
@@ -25,7 +25,9 @@ POSITION = "stream"
 def encode_entry(record: WireRecord) -> dict[str, bytes]:
     """The stream entry fields for one wire record."""
     headers = json.dumps([[name, value.decode("latin-1")] for name, value in record.headers])
-    return {"key": record.key, "value": record.value, "headers": headers.encode()}
+    fields = {"value": record.value, "headers": headers.encode()}
+    # Redis has no null: an event record without key leaves the field out, and decode_entry reads None.
+    return fields if record.key is None else {"key": record.key, **fields}
 
 
 def decode_entry(

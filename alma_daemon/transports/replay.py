@@ -8,7 +8,8 @@ sees exactly the chunks the simulator sees.
 
 :data:`CHUNK_SOURCES` maps ``dataset.name`` to a source. Image datasets send ``x``/``y``; text
 corpora (PTB, a user's text files) send each chunk as its run of ``tokens`` (int32), which the
-daemon cuts into the same sequences the simulator trains on.
+daemon cuts into the same sequences the simulator trains on. With :class:`EventFormat`, a labeled
+chunk's examples travel as event records (``events.encode_events``) instead of chunk parts.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from tqdm import tqdm
 
 from alma_daemon.config import Config, ConfigError
 from alma_daemon.data.datasets import TaskInfo, load_dataset
+from alma_daemon.data.events import EVENT_JSON, encode_events
 from alma_daemon.data.streams import build_drift, drifted, megabatch_stream
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.data.text import text_stream, token_run
@@ -158,6 +160,17 @@ def parse_rate(text: str | None) -> float | None:
     return float(match.group(1)) / per
 
 
+@dataclass(frozen=True)
+class EventFormat:
+    """Send each chunk's examples as event records of ``per_record`` examples, written as
+    ``content_type`` (JSON with the named ``features``, if any). Records have no key, so that
+    Kafka's partitioner spreads them over the topic's partitions."""
+
+    content_type: str = EVENT_JSON
+    per_record: int = 1
+    features: tuple[str, ...] = ()
+
+
 @dataclass
 class ReplayReport:
     chunks: int = 0
@@ -177,8 +190,10 @@ def replay(
     progress: bool = True,
     total: int | None = None,
     stop: Callable[[], bool] = lambda: False,
+    events: EventFormat | None = None,
 ) -> ReplayReport:
-    """Publish every chunk with id >= ``first_chunk``, at most ``rate`` chunks per second."""
+    """Publish every chunk with id >= ``first_chunk``, at most ``rate`` chunks per second, as chunk
+    parts or, with ``events``, as event records."""
     report = ReplayReport()
     start = time.monotonic()
     bar = tqdm(total=total, unit="chunk", disable=not progress, dynamic_ncols=True, desc=f"replay {stream}")
@@ -191,7 +206,15 @@ def replay(
                 continue
             if rate is not None:
                 time.sleep(max(0.0, start + report.chunks / rate - time.monotonic()))
-            records = encode_chunk(stream, chunk.chunk_id, max_part_bytes=max_part_bytes, **chunk.tensors)
+            if events is None:
+                records = encode_chunk(stream, chunk.chunk_id, max_part_bytes=max_part_bytes, **chunk.tensors)
+            elif "x" in chunk.tensors:
+                x, y = chunk.tensors["x"], chunk.tensors["y"]
+                records = encode_events(
+                    x, y, events.content_type, events.features, events.per_record, max_part_bytes=max_part_bytes
+                )
+            else:
+                raise ValueError(f"event records carry labeled examples; stream {stream!r} is text")
             publisher.send(records)
             report.chunks += 1
             report.records += len(records)

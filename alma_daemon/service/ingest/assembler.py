@@ -2,17 +2,20 @@
 
 Pure logic, no Redis. The :class:`Assembler` holds the chunks being assembled (loaded from Redis
 on start) and, for each validated part, answers whether to store it (a new part, maybe completing
-its chunk) or not (a re-sent part, or one of a refused chunk: a no-op apart from moving the offset
-on), and which incomplete chunks to give up. Parts that contradict the chunk's other parts, or come
-after a newer chunk was completed, or too far ahead of it, raise ``RejectedRecord``.
+its chunk) or not (a re-sent part, a part of a chunk already completed, or one of a refused chunk: a
+no-op apart from moving the offset on), and which incomplete chunks to give up. Chunks complete in
+any order (a topic's partitions are read in no fixed order); parts that contradict the chunk's other
+parts, or fall outside the order guard's window around the newest completed chunk, raise
+``RejectedRecord``.
 
 The parts of incomplete chunks are bounded (``max_bytes``, the config's ``redis.max_buffer_bytes``):
 the engine cannot take them, so pausing ingest would not free them. A chunk that alone outgrows the
-bound is refused: its stored parts are dropped and its later parts skipped until a newer chunk
-completes. Otherwise a part that does not fit drops the other incomplete chunks, lowest id first,
+bound is refused: its stored parts are dropped and its later parts skipped until it falls behind
+the order guard's window. Otherwise a part that does not fit drops the other incomplete chunks, lowest id first,
 until it fits (a dropped chunk's later parts start it again). Every choice depends only on state
 that the store saves with each batch (the chunks' stored parts, the newest completed chunk, the
-refused chunks), so a restarted ingest chooses as an uninterrupted one would.
+refused chunks, the completed ids in the window), so a restarted ingest chooses as an uninterrupted
+one would.
 """
 
 from __future__ import annotations
@@ -45,9 +48,8 @@ class PartOutcome:
 
     ``completed`` is the chunk's progress when this part completed it. ``dropped`` lists the
     incomplete chunks given up, in order, each with the reason to dead-letter it: first those
-    dropped to keep within ``max_bytes`` (``size``), then, when the part completed its chunk, the
-    older ones that can never complete now (``part_numbering``: the order guard will reject their
-    remaining parts).
+    dropped to keep within ``max_bytes`` (``size``), then, when the part completed its chunk, those
+    that fell behind the order guard's window and can never complete now (``part_numbering``).
     """
 
     store: bool
@@ -69,22 +71,22 @@ class Assembler:
         self,
         stream: str,
         in_progress: dict[int, ChunkProgress] | None = None,
-        last_completed: int | None = None,
+        completed: Iterable[int] = (),
         max_bytes: int | None = None,
         refused: Iterable[int] = (),
         max_ahead: int | None = None,
     ):
         self.stream = stream
         self.in_progress: dict[int, ChunkProgress] = dict(in_progress or {})
-        #: ``max_ahead`` (the config's ``daemon.max_chunks_ahead``; None: no bound) rejects a part of
-        #: a chunk too far ahead of the newest completed one, before it is stored or counted.
-        self.guard = ChunkOrderGuard({stream: last_completed} if last_completed is not None else None, max_ahead)
+        #: ``max_ahead`` (the config's ``daemon.max_chunks_ahead``; None: no bound) is the guard's window:
+        #: a part of a chunk that far from the newest completed one is rejected before it is stored.
+        self.guard = ChunkOrderGuard({stream: completed}, max_ahead)
         #: Bound on the bytes of incomplete chunks (None: unbounded).
         self.max_bytes = max_bytes
         #: Bytes of the parts of incomplete chunks (the sum over ``in_progress``).
         self.bytes = sum(progress.bytes for progress in self.in_progress.values())
-        #: Chunks refused as larger than ``max_bytes``, whose later parts are skipped; kept until a
-        #: newer chunk completes (the order guard rejects their parts from then on). Each took more
+        #: Chunks refused as larger than ``max_bytes``, whose later parts are skipped; kept until they
+        #: fall behind the order guard's window (it rejects their parts from then on). Each took more
         #: than ``max_bytes`` of input, so few can exist.
         self.refused: set[int] = set(refused)
 
@@ -92,10 +94,18 @@ class Assembler:
     def last_completed(self) -> int | None:
         return self.guard.last_completed(self.stream)
 
+    @property
+    def window_floor(self) -> int | None:
+        """The oldest chunk id whose parts the order guard still takes (None: no bound, or no chunk yet)."""
+        newest = self.last_completed
+        if newest is None or self.guard.max_ahead is None:
+            return None
+        return newest - self.guard.max_ahead + 1
+
     def accept(self, part: DecodedPart, size: int) -> PartOutcome:
         """Account for one validated part of ``size`` bytes; raises ``RejectedRecord`` if it does not fit."""
         self.guard.check(part.stream, part.chunk_id)
-        if part.chunk_id == self.last_completed or part.chunk_id in self.refused:
+        if self.guard.is_completed(self.stream, part.chunk_id) or part.chunk_id in self.refused:
             return PartOutcome(store=False)
         dtype = part_dtype(part)
         progress = self.in_progress.get(part.chunk_id)
@@ -125,8 +135,8 @@ class Assembler:
             return PartOutcome(store=True, dropped=dropped)
         self._forget(part.chunk_id)
         self.guard.complete(part.stream, part.chunk_id)
-        dropped |= self._abandon_older(part.chunk_id)
-        self.refused = {c for c in self.refused if c > part.chunk_id}
+        dropped |= self._abandon_behind_window(part.chunk_id)
+        self.refused = {c for c in self.refused if not self.guard.behind_window(self.stream, c)}
         return PartOutcome(store=True, completed=progress, dropped=dropped)
 
     def _refuse(self, part: DecodedPart, progress: ChunkProgress, size: int, limit: int) -> PartOutcome:
@@ -159,15 +169,16 @@ class Assembler:
             dropped[lowest] = (progress, RejectedRecord("size", detail))
         return dropped
 
-    def _abandon_older(self, completed: int) -> dict[int, tuple[ChunkProgress, RejectedRecord]]:
-        """Drop the incomplete chunks older than ``completed``, which has just completed: the order
-        guard will reject their missing parts."""
+    def _abandon_behind_window(self, completed: int) -> dict[int, tuple[ChunkProgress, RejectedRecord]]:
+        """Drop the incomplete chunks that ``completed``, which has just completed, moved behind the
+        order guard's window: it will reject their missing parts."""
         abandoned: dict[int, tuple[ChunkProgress, RejectedRecord]] = {}
-        for chunk_id in [c for c in self.in_progress if c < completed]:
+        for chunk_id in [c for c in self.in_progress if self.guard.behind_window(self.stream, c)]:
             progress = self._forget(chunk_id)
             detail = (
-                f"chunk {chunk_id} has {len(progress.got)} of {progress.parts} parts and chunk {completed} "
-                f"completed after it: its missing parts would arrive out of order"
+                f"chunk {chunk_id} has {len(progress.got)} of {progress.parts} parts and chunk {completed} completed, "
+                f"{completed - chunk_id} ids later: daemon.max_chunks_ahead allows {self.guard.max_ahead} "
+                f"(raise it if chunks arrive further out of order)"
             )
             abandoned[chunk_id] = (progress, RejectedRecord("part_numbering", detail))
         return abandoned

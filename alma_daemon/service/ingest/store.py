@@ -7,7 +7,9 @@ which records are in Redis: the consumer seeks there and nothing is lost or stor
 ``queued_bytes`` in ``alma:{s}:ingest`` counts the bytes of complete chunks the engine has not
 consumed (what ingest pauses on).
 ``refused_chunks`` there lists the chunks the assembler refused (ids, space-separated), so a
-restart keeps skipping their later parts.
+restart keeps skipping their later parts. ``alma:{s}:completed`` holds the ids of the chunks
+completed within the order guard's window, so a restart still treats their re-sent parts as
+duplicates.
 """
 
 from __future__ import annotations
@@ -24,6 +26,16 @@ from alma_daemon.service.stream_identity import RedisRestarted, server_run_id
 from alma_daemon.transports.source import SourceRecord
 
 
+@dataclass(frozen=True)
+class Segment:
+    """Examples of an event stream appended to its open chunk as part ``part`` (``cutter.py``)."""
+
+    chunk_id: int
+    part: int
+    value: bytes
+    examples: int
+
+
 @dataclass
 class IngestBatch:
     """The changes of one poll, written together by :meth:`IngestStore.commit`."""
@@ -36,9 +48,18 @@ class IngestBatch:
     offsets: dict[str, str] = field(default_factory=dict)
     #: The assembler's refused chunks after this batch, where the batch changed them.
     refused: set[int] | None = None
+    #: After a batch that completed chunks: the newest completed id, and the oldest id the order
+    #: guard's window still holds (older completed ids are forgotten).
+    newest_completed: int | None = None
+    window_floor: int | None = None
+
+    #: Event streams: the parts appended to open chunks, and the open chunk's state after the batch
+    #: (``alma:{s}:ingest`` fields), when the batch changed it.
+    segments: list[Segment] = field(default_factory=list)
+    open_chunk: dict[str, str] | None = None
 
     def __bool__(self) -> bool:
-        return bool(self.offsets)
+        return bool(self.offsets) or self.open_chunk is not None
 
     def abandon(self, chunk_id: int, progress: ChunkProgress, why: RejectedRecord) -> None:
         """Give up an incomplete chunk: its parts in this batch are not written, earlier ones are deleted.
@@ -69,6 +90,10 @@ class IngestStore:
         """
         self._run_id = server_run_id(self.client)
 
+    def open_chunk_fields(self) -> dict[str, str]:
+        """The ingest hash, where an event stream keeps its open chunk (``cutter.OpenChunk``)."""
+        return text_hash(self.client, self.keys.ingest)
+
     def offsets(self) -> dict[str, str]:
         return text_hash(self.client, self.keys.offsets)
 
@@ -92,7 +117,8 @@ class IngestStore:
     def load_assembler(self, max_bytes: int | None = None, max_ahead: int | None = None) -> Assembler:
         """The assembler as the last committed batch left it, its incomplete chunks within ``max_bytes``,
         its chunk ids at most ``max_ahead`` above the newest completed one."""
-        last, refused = self.client.hmget(self.keys.ingest, ["last_completed", "refused_chunks"])
+        (refused,) = self.client.hmget(self.keys.ingest, ["refused_chunks"])
+        completed = [int(c) for c in self.client.zrange(self.keys.completed, 0, -1)]
         in_progress = {}
         for member in self.client.zrange(self.keys.assembling, 0, -1):
             chunk_id = int(member)
@@ -107,7 +133,7 @@ class IngestStore:
         return Assembler(
             self.keys.stream,
             in_progress,
-            int(last) if last is not None else None,
+            completed,
             max_bytes,
             refused=(int(c) for c in (refused or b"").split()),
             max_ahead=max_ahead,
@@ -141,13 +167,27 @@ class IngestStore:
             pipe.hincrby(chunk_key, "examples", part.examples)
             pipe.hincrby(chunk_key, "bytes", len(record.value))
             pipe.zadd(keys.assembling, {part.chunk_id: part.chunk_id})
+        for segment in batch.segments:
+            chunk_key = keys.chunk(segment.chunk_id)
+            pipe.set(keys.part(segment.chunk_id, segment.part), segment.value)
+            pipe.hset(chunk_key, mapping={"parts": segment.part + 1, f"got:{segment.part}": 1, "dtype": "float32"})
+            pipe.hsetnx(chunk_key, "arrived_at", now)
+            pipe.hincrby(chunk_key, "examples", segment.examples)
+            pipe.hincrby(chunk_key, "bytes", len(segment.value))
+            pipe.zadd(keys.assembling, {segment.chunk_id: segment.chunk_id})
+        if batch.open_chunk is not None:
+            pipe.hset(keys.ingest, mapping=batch.open_chunk)
         for chunk_id, progress in batch.completed.items():
             pipe.zrem(keys.assembling, chunk_id)
             pipe.zadd(keys.ready, {chunk_id: chunk_id})
+            pipe.zadd(keys.completed, {chunk_id: chunk_id})
             pipe.hincrby(keys.ingest, "queued_bytes", progress.bytes)
             pipe.hincrby(keys.ingest, "chunks_received", 1)
             pipe.hincrby(keys.ingest, "examples_received", progress.examples)
-            pipe.hset(keys.ingest, "last_completed", chunk_id)
+        if batch.newest_completed is not None:
+            pipe.hset(keys.ingest, "last_completed", batch.newest_completed)
+        if batch.window_floor is not None:
+            pipe.zremrangebyscore(keys.completed, "-inf", f"({batch.window_floor}")
         for record, rejection in batch.rejected:
             dead_letter(
                 pipe,

@@ -26,6 +26,7 @@ from typing import Any
 from alma_daemon.data.wire import DEFAULT_MAX_CHUNKS_AHEAD, RejectedRecord, StreamSchema, decode_record
 from alma_daemon.observability import telemetry
 from alma_daemon.runtime import run_beside_training
+from alma_daemon.service.ingest.cutter import EventCollector, EventStream
 from alma_daemon.service.ingest.store import IngestBatch, IngestStore
 from alma_daemon.service.outages import REDIS_UNREACHABLE, OutageBoard, one_line, retry_delays
 from alma_daemon.service.redis_keys import StreamKeys
@@ -35,6 +36,9 @@ log = logging.getLogger(__name__)
 
 #: Records per poll (and per transaction): about 14 MiB of parts at most.
 POLL_RECORDS = 16
+#: Event records per poll: events are small (one example or a few), and a transaction per 16 of them
+#: would bound ingest at a few hundred examples a second.
+POLL_EVENTS = 512
 #: Transactions queued for the committer thread while the next batch is read (memory: one batch each).
 MAX_IN_FLIGHT = 2
 #: Seconds between refreshes of the ingest-lag gauge (each asks the transport).
@@ -59,6 +63,7 @@ class IngestWorker:
         max_chunks_ahead: int = DEFAULT_MAX_CHUNKS_AHEAD,
         on_chunk_ready: Callable[[], None] = lambda: None,
         outages: OutageBoard | None = None,
+        events: EventStream | None = None,
     ):
         self.source = source
         #: Where this thread reports Redis and transport outages (the daemon's board).
@@ -70,7 +75,10 @@ class IngestWorker:
         self.max_buffer_bytes = max_buffer_bytes
         self.max_chunks_ahead = max_chunks_ahead
         self.on_chunk_ready = on_chunk_ready
-        self.assembler = self.store.load_assembler(max_buffer_bytes, max_chunks_ahead)
+        #: Event streams (``stream.chunk_examples``/``chunk_seconds``): records are events, cut into chunks.
+        self.events = events
+        self.poll_records = POLL_RECORDS if events is None else POLL_EVENTS
+        self._load_progress()
         self.source.seek(self.store.offsets())
         self.paused = False
         self._queued_bound = self.store.recount_queued_bytes()
@@ -98,8 +106,8 @@ class IngestWorker:
             self._refresh_lag()  # a transport outage during a pause is reported too
             self._stop.wait(min(timeout, 0.2))
             return 0
-        records = self.source.poll(timeout, POLL_RECORDS)
-        batch = self._assemble_batch(records)
+        records = self.source.poll(timeout, self.poll_records)
+        batch = self._assemble_batch(records) if self.collector is None else self.collector.collect(records)
         while len(self._in_flight) >= MAX_IN_FLIGHT or (self._in_flight and self._in_flight[0].done()):
             self._in_flight.popleft().result()
         self._queued_bound += sum(progress.bytes for progress in batch.completed.values())
@@ -107,6 +115,13 @@ class IngestWorker:
             self._in_flight.append(self._committer.submit(self._commit, batch))
         self._refresh_lag()
         return len(records)
+
+    def _load_progress(self) -> None:
+        """The chunks in progress as Redis holds them: the assembler's, or an event stream's open chunk."""
+        self.assembler = self.store.load_assembler(self.max_buffer_bytes, self.max_chunks_ahead)
+        self.collector: EventCollector | None = None
+        if self.events is not None:
+            self.collector = self.events.collector(self.schema, self.store.open_chunk_fields())
 
     def _assemble_batch(self, records: list[SourceRecord]) -> IngestBatch:
         """Validate ``records`` and account for their parts: the batch that stores them."""
@@ -130,6 +145,9 @@ class IngestWorker:
                 batch.completed[part.chunk_id] = outcome.completed
         if self.assembler.refused != refused:
             batch.refused = set(self.assembler.refused)
+        if batch.completed:
+            batch.newest_completed = self.assembler.last_completed
+            batch.window_floor = self.assembler.window_floor
         return batch
 
     def _commit(self, batch: IngestBatch) -> None:
@@ -229,7 +247,7 @@ class IngestWorker:
         self._commit_failed = False
         self.store.follow_server()
         self._queued_bound = self.store.queued_bytes()
-        self.assembler = self.store.load_assembler(self.max_buffer_bytes, self.max_chunks_ahead)
+        self._load_progress()
         self.source.seek(self.store.offsets())
 
     # -- the thread -------------------------------------------------------------------------------

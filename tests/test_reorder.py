@@ -1,0 +1,43 @@
+"""The engine's choice of the next ready chunk (service/reorder.py): id order, a bounded wait, late chunks."""
+
+from __future__ import annotations
+
+from alma_daemon.service.reorder import NextChunk, ReorderGate
+
+
+def test_the_next_id_is_taken_at_once_and_a_gap_holds_later_chunks_for_the_wait_only() -> None:
+    gate = ReorderGate(wait_seconds=30)
+    assert gate.choose([], 0, None, now=0) == NextChunk()
+    assert gate.choose([1, 3], 0, None, now=0) == NextChunk(take=1)
+    held = gate.choose([3, 4], 1, None, now=100)
+    assert (held.take, held.missing, held.waiting, held.wait_left) == (None, 2, 2, 30)
+    assert gate.choose([3, 4], 1, None, now=120).wait_left == 10  # the wait counts from when it began
+    assert gate.choose([3, 4], 1, None, now=130) == NextChunk(take=3)  # the gap never filled: go on
+
+
+def test_a_chunk_completing_after_a_later_one_was_taken_is_taken_at_once_as_late() -> None:
+    gate = ReorderGate(wait_seconds=30)
+    assert gate.choose([2, 5], 3, None, now=0) == NextChunk(take=2, late=True)
+    assert gate.choose([5], 3, None, now=0).missing == 4
+
+
+def test_a_gap_that_fills_in_time_ends_the_wait_and_a_new_gap_waits_afresh() -> None:
+    gate = ReorderGate(wait_seconds=30)
+    assert gate.choose([3], 1, None, now=0).missing == 2
+    assert gate.choose([2, 3], 1, None, now=20) == NextChunk(take=2)
+    assert gate.choose([3], 2, None, now=21) == NextChunk(take=3)
+    held = gate.choose([5], 3, None, now=25)
+    assert (held.missing, held.wait_left) == (4, 30)
+
+
+def test_before_the_first_chunk_only_an_incomplete_lower_chunk_is_waited_for() -> None:
+    """A stream's ids may start anywhere: with nothing lower seen, the lowest ready chunk is the first."""
+    gate = ReorderGate(wait_seconds=30)
+    assert gate.choose([7, 8], 0, None, now=0) == NextChunk(take=7)
+    assert gate.choose([7, 8], 0, 9, now=0) == NextChunk(take=7)
+    held = gate.choose([7, 8], 0, 6, now=0)
+    assert (held.take, held.missing) == (None, 6)
+
+
+def test_no_wait_configured_takes_the_lowest_ready_chunk_at_once() -> None:
+    assert ReorderGate(wait_seconds=0).choose([3], 1, None, now=0) == NextChunk(take=3)
