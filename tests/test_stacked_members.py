@@ -52,8 +52,15 @@ def test_stacked_members_get_the_weights_and_reports_of_training_each_alone(opti
             expected.val_error,
         ), index
         for key, value in net.state_dict().items():
-            assert torch.equal(value, twin.state_dict()[key]), (index, key)
+            assert_same_weights(value, twin.state_dict()[key], (index, key))
     assert len({r.epochs for r in reports.values()}) > 1, "no member stopped early: the test would not see it"
+
+
+def assert_same_weights(a: torch.Tensor, b: torch.Tensor, what: object) -> None:
+    """Equal up to float32 rounding: on AMD EPYC the batched and the single matmul kernels agree bit
+    for bit, on some Intel Xeons they round differently in the last place (the same reports, epochs
+    and validation errors, weights up to 6e-8 apart, seen here)."""
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=lambda m: f"{what}: {m}")
 
 
 def test_a_member_gets_the_same_result_whatever_else_is_stacked_with_it() -> None:
@@ -65,7 +72,7 @@ def test_a_member_gets_the_same_result_whatever_else_is_stacked_with_it() -> Non
     one = members(3)[1:2]
     fit_stacked(trainer, [(1, one[0])], train, val)
     for a, b in zip(three[1].parameters(), one[0].parameters()):
-        assert torch.equal(a, b)
+        assert_same_weights(a, b, "member 1")
 
 
 def test_the_stacked_model_computes_each_members_forward() -> None:
