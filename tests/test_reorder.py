@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
+import pytest
+
+from alma_daemon.service.redis_keys import StreamKeys
 from alma_daemon.service.reorder import NextChunk, ReorderGate
+from alma_daemon.service.status import format_status, read_status
 
 
 def test_the_next_id_is_taken_at_once_and_a_gap_holds_later_chunks_for_the_wait_only() -> None:
@@ -41,3 +47,15 @@ def test_before_the_first_chunk_only_an_incomplete_lower_chunk_is_waited_for() -
 
 def test_no_wait_configured_takes_the_lowest_ready_chunk_at_once() -> None:
     assert ReorderGate(wait_seconds=0).choose([3], 1, None, now=0) == NextChunk(take=3)
+
+
+@pytest.mark.integration
+def test_status_shows_chunks_waiting_on_a_missing_id_and_late_chunks(redis_db) -> None:
+    keys = StreamKeys("gaps")
+    redis_db.set(keys.engine, json.dumps({"chunks_seen": 4, "last_chunk": 3, "late_chunks": 1}))
+    redis_db.zadd(keys.ready, {"5": 5, "6": 6})  # chunk 4 missing
+    status = read_status(redis_db, keys)
+    assert (status["chunks_waiting_on_gap"], status["chunks_late"]) == (2, 1)
+    assert "2 waiting on a missing id, 1 taken late" in format_status(status)
+    redis_db.zadd(keys.ready, {"4": 4})  # it came: nothing waits
+    assert read_status(redis_db, keys)["chunks_waiting_on_gap"] == 0
