@@ -37,7 +37,11 @@ def produce(bootstrap_servers: str, topic: str, records: Iterable[WireRecord], p
         else:
             partitions.add(msg.partition())
 
-    producer = Producer({"bootstrap.servers": bootstrap_servers, "enable.idempotence": True})
+    # Keyless records stick to one partition per 10 ms batch by default (librdkafka's sticky
+    # partitioner): a fast, short run could send them all to one. 0 picks a partition per record.
+    producer = Producer(
+        {"bootstrap.servers": bootstrap_servers, "enable.idempotence": True, "sticky.partitioning.linger.ms": 0}
+    )
     for record in records:
         producer.produce(topic, key=record.key, value=record.value, headers=record.headers, on_delivery=delivered)
         producer.poll(0)
