@@ -65,6 +65,20 @@ def topic_partitions(broker: KafkaBroker, topic: str) -> tuple[list, int]:
     return partitions, records
 
 
+def consumer_from_start(broker: KafkaBroker, topic: str):
+    """A plain kafka-python consumer with the daemon's fetch settings, at offset 0 of every partition."""
+    from kafka import KafkaConsumer
+
+    consumer = KafkaConsumer(
+        bootstrap_servers=broker.bootstrap_servers, group_id=None, enable_auto_commit=False, **CONSUMER_SETTINGS
+    )
+    partitions, _ = topic_partitions(broker, topic)
+    consumer.assign(partitions)
+    for partition in partitions:
+        consumer.seek(partition, 0)
+    return consumer
+
+
 def publish_cifar(broker: KafkaBroker, chunks: int, examples: int) -> None:
     train = load_dataset("cifar10").train
     stream = (
@@ -77,15 +91,8 @@ def publish_cifar(broker: KafkaBroker, chunks: int, examples: int) -> None:
 
 
 def plain_consumer_seconds(broker: KafkaBroker, records: int, topic: str = TOPIC) -> tuple[float, int]:
-    from kafka import KafkaConsumer
 
-    consumer = KafkaConsumer(
-        bootstrap_servers=broker.bootstrap_servers, group_id=None, enable_auto_commit=False, **CONSUMER_SETTINGS
-    )
-    partitions, _ = topic_partitions(broker, topic)
-    consumer.assign(partitions)
-    for partition in partitions:
-        consumer.seek(partition, 0)
+    consumer = consumer_from_start(broker, topic)
     seen = size = 0
     start = time.perf_counter()
     while seen < records:
@@ -195,15 +202,8 @@ def publish_events(broker: KafkaBroker, events: int) -> None:
 
 
 def kafka_python_events_seconds(broker: KafkaBroker, records: int, decode: bool) -> float:
-    from kafka import KafkaConsumer
 
-    consumer = KafkaConsumer(
-        bootstrap_servers=broker.bootstrap_servers, group_id=None, enable_auto_commit=False, **CONSUMER_SETTINGS
-    )
-    partitions, _ = topic_partitions(broker, EVENT_TOPIC)
-    consumer.assign(partitions)
-    for partition in partitions:
-        consumer.seek(partition, 0)
+    consumer = consumer_from_start(broker, EVENT_TOPIC)
     seen = 0
     start = time.perf_counter()
     while seen < records:
