@@ -98,6 +98,26 @@ def test_until_chunks_beyond_what_the_replay_sends_is_refused_at_start(tmp_path)
 
 
 @needs_mnist
+def test_replay_into_an_event_stream_is_refused_at_start_naming_the_key_and_the_way(tmp_path) -> None:
+    result = alma(
+        "run",
+        "--embedded",
+        "--replay",
+        "mnist",
+        "--set",
+        "stream.chunk_seconds=5",
+        "--no-progress",
+        *settings(tmp_path),
+    )
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        "alma run: config error: stream.chunk_seconds: set, so the stream takes labeled events, but --replay sends "
+        "chunk parts; run without --replay and feed it with `alma replay --events` in another shell"
+    ]
+    assert not (tmp_path / "state").exists(), "something started before the refusal"
+
+
+@needs_mnist
 def test_a_replay_that_fails_is_told_in_one_line_without_a_traceback(tmp_path) -> None:
     port = free_port()  # nobody listens: no broker
     run = alma("run", "--replay", "mnist", "--set", f"kafka.bootstrap_servers=127.0.0.1:{port}", *settings(tmp_path))

@@ -16,6 +16,7 @@ from alma_daemon.core.checkpoints import CheckpointStore
 from alma_daemon.logs import error_text
 from alma_daemon.observability.progress import ProgressBar
 from alma_daemon.runtime import resolve_device
+from alma_daemon.service.bootstrap import event_stream
 from alma_daemon.service.daemon import Daemon
 from alma_daemon.service.embedded_redis import EMBEDDED_OVERRIDES, close_redis, connect_redis
 from alma_daemon.service.rank_followers import RankLeader, RankStepFailed, follow
@@ -61,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
     config = load_config(args.config, overrides)
     check_config_under_ranks(config)
     check_until_chunks(args, config)
+    check_replay_format(args, config)
     world = join_process_group(resolve_device(config.device))
     try:
         if not world.is_main:
@@ -85,6 +87,16 @@ def check_until_chunks(args: argparse.Namespace, config: Config) -> None:
             f"--until-chunks {args.until_chunks} is more than the {config.stream.megabatches} chunks "
             f"--replay {args.replay} sends (stream.megabatches={config.stream.megabatches}): the daemon "
             f"would wait for chunk {config.stream.megabatches + 1} forever"
+        )
+
+
+def check_replay_format(args: argparse.Namespace, config: Config) -> None:
+    """``--replay`` sends chunk parts, which an event stream refuses: say so before starting."""
+    if args.replay and event_stream(config) is not None:
+        key = "stream.chunk_examples" if config.stream.chunk_examples is not None else "stream.chunk_seconds"
+        raise ConfigError(
+            f"{key}: set, so the stream takes labeled events, but --replay sends chunk parts; "
+            "run without --replay and feed it with `alma replay --events` in another shell"
         )
 
 
