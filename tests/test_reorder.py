@@ -6,9 +6,13 @@ import json
 
 import pytest
 
+from alma_daemon.config import build_config
 from alma_daemon.service.redis_keys import StreamKeys
 from alma_daemon.service.reorder import NextChunk, ReorderGate
 from alma_daemon.service.status import format_status, read_status
+from alma_daemon.transports.redis_stream import RedisStreamPublisher
+from alma_daemon.transports.replay import dataset_chunks, replay
+from tests.test_daemon import engine_state, run_daemon, service_config
 
 
 def test_the_next_id_is_taken_at_once_and_a_gap_holds_later_chunks_for_the_wait_only() -> None:
@@ -59,3 +63,23 @@ def test_status_shows_chunks_waiting_on_a_missing_id_and_late_chunks(redis_db) -
     assert "2 waiting on a missing id, 1 taken late" in format_status(status)
     redis_db.zadd(keys.ready, {"4": 4})  # it came: nothing waits
     assert read_status(redis_db, keys)["chunks_waiting_on_gap"] == 0
+
+
+@pytest.mark.integration
+def test_the_daemon_waits_for_a_missing_chunk_then_goes_on_and_trains_it_late_when_it_comes(tmp_path, redis_db) -> None:
+    """Chunks 1 and 3 arrive; the daemon takes 1, waits the reorder wait for 2, takes 3; then 2 arrives
+    and is taken at once as a late step. The restart in between resumes from what was committed."""
+    config = build_config(
+        service_config(tmp_path, None, "gaps", stream={"megabatches": 3}, daemon={"reorder_wait_seconds": 0.5})
+    )
+    chunks = list(dataset_chunks(config))
+    publisher = RedisStreamPublisher(redis_db, config.kafka.topic)
+    replay([chunks[0], chunks[2]], publisher, "gaps", progress=False)
+    run_daemon(config, redis_db, until=2)
+    assert [r["chunk"] for r in engine_state(redis_db, "gaps")["series"]] == [1, 3]
+    replay([chunks[1]], publisher, "gaps", progress=False)
+    run_daemon(config, redis_db, until=3)
+    state = engine_state(redis_db, "gaps")
+    assert [(r["chunk"], r.get("late", False)) for r in state["series"]] == [(1, False), (3, False), (2, True)]
+    assert state["late_chunks"] == 1 and state["last_chunk"] == 3 and redis_db.xlen(StreamKeys("gaps").dead) == 0
+    assert read_status(redis_db, StreamKeys("gaps"))["chunks_late"] == 1

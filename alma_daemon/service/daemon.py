@@ -208,7 +208,7 @@ class Daemon:
         telemetry.CHUNKS_WAITING_ON_GAP.set(choice.waiting)
         if choice.missing is None:
             return
-        phase = f"waiting for chunk {choice.missing} ({choice.waiting} ready behind it, {choice.wait_left:.0f} s left)"
+        phase = f"waiting for chunk {choice.missing} ({choice.waiting} ready behind it)"
         if self.heartbeat.phase != phase:
             log.info(
                 "waiting for a missing chunk",
@@ -289,9 +289,9 @@ class Daemon:
             self.heartbeat.set_phase("waiting")
 
     def _process_chunk(self, chunk_id: int) -> None:
-        engine, steps = self.engine, self.steps
-        assert engine is not None and steps is not None
-        if chunk_id == engine.state.last_chunk or chunk_id in engine.buffer.pending_chunks():
+        engine, steps, buffer = self.engine, self.steps, self.buffer
+        assert engine is not None and steps is not None and buffer is not None
+        if chunk_id == engine.state.last_chunk or chunk_id in buffer.pending_chunks() + buffer.kept_chunks():
             detail = f"chunk {chunk_id} is ready but the engine already took it"
             steps.discard(self.ready, chunk_id, RejectedRecord("chunk_order", detail))
             return
