@@ -39,10 +39,10 @@ def run_moved(last: int, seed: int, common: dict) -> dict:
         if state.chunks_seen - state.chunks_pending < PREVIOUS_STAGE:
             return plain(self, state)
         if state.chunks_seen == last:
-            return Decision(True, False, f"the last stage, moved to chunk {last}")
+            return Decision.train(f"the last stage, moved to chunk {last}")
         if state.chunks_seen < last:
-            return Decision(False, False, f"waiting for the last stage at chunk {last}")
-        return Decision(False, False, f"the last stage was at chunk {last}")
+            return Decision.wait(f"waiting for the last stage at chunk {last}")
+        return Decision.wait(f"the last stage was at chunk {last}")
 
     # Pool workers run several tasks: the patch must not outlive this one.
     Geometric.decide = decide

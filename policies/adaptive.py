@@ -171,9 +171,7 @@ class Adaptive(Policy):
     # -- the decision -----------------------------------------------------------------------------
     def decide(self, state: PolicyState) -> Decision:
         if state.prequential is None or state.chunks_seen <= self.seen:
-            return Decision(
-                False,
-                False,
+            return Decision.wait(
                 f"{state.chunks_pending} chunk(s) pending; no new chunk measured since the "
                 f"last decision (this policy decides on new chunks)",
             )
@@ -206,7 +204,7 @@ class Adaptive(Policy):
         if pending >= threshold:
             reason = f"{pending} chunk(s) pending >= {rule}; {facts}"
             return self._train(state, reason, estimates, value, drift=False)
-        return Decision(False, False, f"{pending} chunk(s) pending < {rule}; {facts}", estimates)
+        return Decision.wait(f"{pending} chunk(s) pending < {rule}; {facts}", estimates)
 
     def _threshold(self) -> int:
         """Pending chunks the next stage waits for."""
@@ -305,4 +303,4 @@ class Adaptive(Policy):
         after = {"drift_score": estimates["drift_score"]} if "drift_score" in estimates else {}
         self._export_means(state.measure, after)
         after["wait_chunks"] = float(self._threshold())
-        return Decision(True, grow, reason, after)
+        return (Decision.grow if grow else Decision.train)(reason, after)

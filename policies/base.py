@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from alma_daemon.config import PolicyConfig
 
@@ -45,24 +45,43 @@ class PolicyState:
     newest_chunk: int | None = None
 
 
+#: What a decision does: nothing yet, train on what is pending, or grow the model first and then train.
+Action = Literal["wait", "train", "grow+train"]
+
+
 @dataclass(frozen=True)
 class Decision:
     """A policy's answer, with the reason that is logged and shown by ``alma status``.
 
-    ``estimates`` holds the numbers a policy decided from, by name (exported as metrics where
+    Built with :meth:`wait`, :meth:`train` or :meth:`grow`. ``estimates`` holds the numbers a policy
+    decided from, by name (exported as metrics where
     :data:`alma_daemon.observability.telemetry.POLICY_ESTIMATES` names them); most policies have none.
     """
 
-    train: bool
-    grow: bool
+    action: Action
     reason: str
     estimates: dict[str, float] = field(default_factory=dict)
 
+    @classmethod
+    def wait(cls, reason: str, estimates: dict[str, float] | None = None) -> Decision:
+        return cls("wait", reason, estimates or {})
+
+    @classmethod
+    def train(cls, reason: str, estimates: dict[str, float] | None = None) -> Decision:
+        return cls("train", reason, estimates or {})
+
+    @classmethod
+    def grow(cls, reason: str, estimates: dict[str, float] | None = None) -> Decision:
+        """Grow the model, then train it (a learner that cannot grow only trains)."""
+        return cls("grow+train", reason, estimates or {})
+
     @property
-    def action(self) -> str:
-        if not self.train:
-            return "wait"
-        return "grow+train" if self.grow else "train"
+    def trains(self) -> bool:
+        return self.action != "wait"
+
+    @property
+    def grows(self) -> bool:
+        return self.action == "grow+train"
 
 
 class Policy(ABC):
@@ -102,7 +121,7 @@ class Policy(ABC):
         grow = state.learner_grows and self.grows_at(stage)
         if grow:
             reason += f"; grow at stage {stage} (grow_every={self.config.grow_every})"
-        return Decision(train=True, grow=grow, reason=reason)
+        return Decision.grow(reason) if grow else Decision.train(reason)
 
     def state_dict(self) -> dict:
         """Internal state to persist across daemon restarts (JSON-able)."""

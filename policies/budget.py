@@ -29,10 +29,12 @@ class BudgetConfig(PolicyConfig):
     """budget: one or both of a compute budget per hour of wall time."""
 
     name: Literal["budget"] = "budget"
-    #: Training FLOPs allowed per hour of wall time.
-    flops_per_hour: Float | None = Field(default=None, gt=0)
-    #: GPU-seconds allowed per hour of wall time.
-    gpu_seconds_per_hour: Float | None = Field(default=None, gt=0)
+    flops_per_hour: Float | None = Field(
+        default=None, gt=0, description="Training FLOPs allowed per hour of wall time."
+    )
+    gpu_seconds_per_hour: Float | None = Field(
+        default=None, gt=0, description="GPU-seconds allowed per hour of wall time."
+    )
 
     def __post_init__(self) -> None:
         if self.flops_per_hour is None and self.gpu_seconds_per_hour is None:
@@ -63,7 +65,7 @@ class Budget(Policy):
     def decide(self, state: PolicyState) -> Decision:
         pending = state.chunks_pending
         if pending == 0:
-            return Decision(False, False, "no chunk pending")
+            return Decision.wait("no chunk pending")
         # (unit, budget per hour, spent so far, last stage's cost per training example)
         budgets = []
         if self.config.flops_per_hour is not None:
@@ -95,4 +97,4 @@ class Budget(Policy):
                 f"{'<=' if within else '>'} {allowed:.3g} allowed ({per_hour:.3g}/h x {hours:.3g} h)"
             )
         reason = f"{pending} chunk(s) pending, {'within' if fits else 'over'} budget: " + "; ".join(checks)
-        return self.train_decision(state, reason) if fits else Decision(False, False, reason)
+        return self.train_decision(state, reason) if fits else Decision.wait(reason)

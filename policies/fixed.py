@@ -21,8 +21,9 @@ class FixedWaitConfig(PolicyConfig):
     """fixed: the number of chunks to wait for."""
 
     name: Literal["fixed"] = "fixed"
-    #: Train once this many chunks have accumulated (1 = greedy, B = tardy).
-    wait: Int = Field(default=1, gt=0)
+    wait: Int = Field(
+        default=1, gt=0, description="Train once this many chunks have accumulated (1 = greedy, B = tardy)."
+    )
 
     def check_stream_length(self, megabatches: int) -> None:
         if self.wait > megabatches:
@@ -47,4 +48,4 @@ class FixedWait(Policy):
         wait = self.config.wait
         if state.chunks_pending >= wait:
             return self.train_decision(state, f"{state.chunks_pending} chunk(s) pending >= wait {wait}")
-        return Decision(False, False, f"{state.chunks_pending} chunk(s) pending < wait {wait}")
+        return Decision.wait(f"{state.chunks_pending} chunk(s) pending < wait {wait}")

@@ -35,8 +35,11 @@ class GeometricConfig(PolicyConfig):
     """geometric: how fast the wait grows with the chunks trained on."""
 
     name: Literal["geometric"] = "geometric"
-    #: Train once the pending chunks reach ratio x the chunks trained on (None = DEFAULT_RATIO).
-    ratio: Float | None = Field(default=None, gt=0)
+    ratio: Float | None = Field(
+        default=None,
+        gt=0,
+        description="Train once the pending chunks reach ratio x the chunks trained on (None = 0.5).",
+    )
 
 
 @register_policy
@@ -61,4 +64,4 @@ class Geometric(Policy):
         rule = f"max(1, {self.ratio:g} x {trained} chunk(s) trained on) = {threshold}"
         if state.chunks_pending >= threshold:
             return self.train_decision(state, f"{numbers} >= {rule}")
-        return Decision(False, False, f"{numbers} < {rule}")
+        return Decision.wait(f"{numbers} < {rule}")

@@ -31,12 +31,13 @@ class ScheduleConfig(PolicyConfig):
     """schedule: exactly one of a cron expression and an interval."""
 
     name: Literal["schedule"] = "schedule"
-    #: A cron expression ("0 2 * * *": nightly at 02:00), read in ``timezone``.
-    cron: Str | None = None
-    #: Or an interval in seconds.
-    interval_seconds: Float | None = Field(default=None, gt=0)
-    #: IANA time zone in which cron is read ("Europe/Paris"); UTC keeps runs reproducible.
-    timezone: Str = "UTC"
+    cron: Str | None = Field(
+        default=None, description='A cron expression ("0 2 * * *": nightly at 02:00), read in policy.timezone.'
+    )
+    interval_seconds: Float | None = Field(default=None, gt=0, description="An interval in seconds (instead of cron).")
+    timezone: Str = Field(
+        default="UTC", description='IANA time zone in which cron is read ("Europe/Paris"); UTC keeps runs reproducible.'
+    )
 
     def __post_init__(self) -> None:
         if (self.cron is None) == (self.interval_seconds is None):
@@ -81,12 +82,12 @@ class Schedule(Policy):
             self.next_fire = self._fire_after(state.now)
         due = self.next_fire
         if state.now < due:
-            return Decision(False, False, f"{state.chunks_pending} chunk(s) pending; next fire at {self._show(due)}")
+            return Decision.wait(f"{state.chunks_pending} chunk(s) pending; next fire at {self._show(due)}")
         self.next_fire = self._fire_after(state.now)
         later = f"next at {self._show(self.next_fire)}"
         if state.chunks_pending == 0:
             skipped = f"fire time {self._show(due)} skipped: no new chunk since stage {state.stages_done}; {later}"
-            return Decision(False, False, skipped)
+            return Decision.wait(skipped)
         fired = f"fire time {self._show(due)} with {state.chunks_pending} new chunk(s); {later}"
         return self.train_decision(state, fired)
 

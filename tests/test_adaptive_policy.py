@@ -23,7 +23,7 @@ from alma_daemon.observability import telemetry
 from alma_daemon.observability.exporter import MetricsObserver, start_exporter
 from policies import build_policy
 from policies.base import PolicyState
-from tests.conftest import separable_data
+from tests.helpers.data import separable_data
 
 EXAMPLES = 1000  # per chunk: a standard error of about 0.01 at an error of 0.1
 
@@ -69,7 +69,7 @@ def drive(
             saved = json.loads(json.dumps(policy.state_dict()))
             policy = build_policy(policy_config(name="adaptive", grow_every=grow_every))
             policy.load_state_dict(saved)
-        if decision.train:
+        if decision.trains:
             trained_at.append(chunk)
             stages += 1
             pending = 0
@@ -96,7 +96,7 @@ def test_a_training_decision_exports_the_state_it_leaves_not_the_one_it_found():
     nothing measured yet, the replaced one as the previous, and the wait for the next stage."""
     _, decisions = drive(learning, 5)
     stage = decisions[4]  # chunk 5: 2 pending after 3 trained, so it trains; 5 trained, next wait 3
-    assert stage.train and math.isnan(stage.estimates["live_error"])
+    assert stage.trains and math.isnan(stage.estimates["live_error"])
     assert stage.estimates["previous_error"] == pytest.approx(0.1)  # the error after 3 stages, now replaced
     assert stage.estimates["wait_chunks"] == 3 and "stage_gain_score" not in stage.estimates
 
@@ -125,7 +125,7 @@ def test_a_jump_in_the_prequential_error_trains_at_once_and_restarts_the_wait():
     assert before == [1, 2, 3, 5, 8, 12, 18, 27]
     assert trained_at[len(before) :] == [30, 31, 32, 34, 37]
     drift = decisions[29]
-    assert drift.train and drift.reason.startswith("drift: the newest chunk's error 0.9")
+    assert drift.trains and drift.reason.startswith("drift: the newest chunk's error 0.9")
     assert "waiting again from chunk 30" in drift.reason and drift.estimates["drift_score"] > 4
     assert "made the model worse" not in drift.reason  # measured against the live model, two chunks in
     assert "since chunk 30" in decisions[30].reason
@@ -174,36 +174,36 @@ def test_a_learner_that_grows_an_untrained_part_grows_each_time_the_data_trained
     for error_of in (flat, learning):
         trained_at, decisions = drive(error_of, 250, grows=True)
         assert trained_at == [1, 2, 3, 5, 8, 12, 18, 27, 41, 62, 93, 140, 210]
-        grew = [t for t, d in zip(range(1, 251), decisions) if d.grow]
+        grew = [t for t, d in zip(range(1, 251), decisions) if d.grows]
         # Chunks trained on before the stage: 5 >= 4 x 1, then 27 >= 4 x 5, then 140 >= 4 x 27.
         assert grew == [8, 41, 210] and all(decisions[t - 1].action == "grow+train" for t in grew)
     assert "grow first: 27 chunk(s) trained on >= 4 x max(1, 5 chunk(s)" in decisions[40].reason
-    assert not any(d.grow for d in drive(flat, 60, grows=True, grow_every=0)[1])
-    assert not any(d.grow for d in drive(flat, 60, grows=False)[1])
+    assert not any(d.grows for d in drive(flat, 60, grows=True, grow_every=0)[1])
+    assert not any(d.grows for d in drive(flat, 60, grows=False)[1])
 
 
 def test_after_a_drift_the_growth_count_starts_again_with_the_wait():
     drifting = lambda chunk, stages: 0.1 if chunk < 50 else 0.9  # noqa: E731
     trained_at, decisions = drive(drifting, 70, grows=True)
-    assert decisions[49].reason.startswith("drift") and not decisions[49].grow
+    assert decisions[49].reason.startswith("drift") and not decisions[49].grows
     # Chunk 50 counts as the new regime's first chunk trained on; at chunk 57 its stages have trained
     # on 5 >= 4 x 1 chunks, so it grows there as the stream's start did at chunk 8.
     assert trained_at[trained_at.index(50) :] == [50, 51, 52, 54, 57, 61, 67]
-    assert [t for t, d in zip(range(1, 71), decisions) if d.grow] == [8, 41, 57]
+    assert [t for t, d in zip(range(1, 71), decisions) if d.grows] == [8, 41, 57]
 
 
 def test_the_growth_count_survives_a_restart_at_every_chunk():
     flat = lambda chunk, stages: 0.5  # noqa: E731 - no stage ever changes the error
     trained_at, decisions = drive(flat, 60, grows=True, restart_every_chunk=True)
     assert trained_at == [1, 2, 3, 5, 8, 12, 18, 27, 41]
-    assert [t for t, d in zip(range(1, 61), decisions) if d.grow] == [8, 41]
+    assert [t for t, d in zip(range(1, 61), decisions) if d.grows] == [8, 41]
 
 
 def test_a_learner_whose_growth_keeps_its_function_grows_at_every_stage():
     trained_at, decisions = drive(learning, 20, grows=True, keeps_function=True)
-    assert [t for t, d in zip(range(1, 21), decisions) if d.grow] == trained_at == [1, 2, 3, 5, 8, 12, 18]
+    assert [t for t, d in zip(range(1, 21), decisions) if d.grows] == trained_at == [1, 2, 3, 5, 8, 12, 18]
     assert "grow first: the learner's growth keeps its function" in decisions[0].reason
-    assert not any(d.grow for d in drive(learning, 20, grows=True, keeps_function=True, grow_every=0)[1])
+    assert not any(d.grows for d in drive(learning, 20, grows=True, keeps_function=True, grow_every=0)[1])
 
 
 def test_language_models_are_judged_on_log_perplexity():
@@ -239,7 +239,7 @@ def test_a_check_between_chunks_counts_nothing():
         train_seconds_total=0.0,
     )
     decision = policy.decide(tick)
-    assert not decision.train and "no new chunk measured" in decision.reason
+    assert not decision.trains and "no new chunk measured" in decision.reason
     assert policy.state_dict() == before
 
 
@@ -269,6 +269,7 @@ def engine_run(chunks: range, *, engine: Engine | None = None, observers=()) -> 
     return engine
 
 
+@pytest.mark.slow
 def test_the_engine_hands_the_prequential_error_over_and_records_reasons_and_estimates():
     engine = engine_run(range(1, 13))
     series = engine.state.series
@@ -279,6 +280,7 @@ def test_the_engine_hands_the_prequential_error_over_and_records_reasons_and_est
     assert set(last["estimates"]) >= {"live_error", "wait_chunks", "drift_score"}
 
 
+@pytest.mark.slow
 def test_a_restarted_engine_with_the_saved_policy_state_continues_the_same_series():
     whole = engine_run(range(1, 13)).state.series
     first = engine_run(range(1, 7))
@@ -326,7 +328,7 @@ def test_a_crashed_daemon_resumes_the_adaptive_policy_and_equals_the_simulator_o
     from alma_daemon.research.simulate import run_simulation
     from alma_daemon.transports.redis_stream import RedisStreamPublisher
     from alma_daemon.transports.replay import dataset_chunks, replay
-    from tests.test_daemon import Crash, CrashOnce, engine_state, exact, run_daemon, service_config
+    from tests.helpers.daemon import Crash, CrashOnce, engine_state, exact, run_daemon, service_config
 
     # Chunks of 1,000 images: enough for the model to learn before the labels change at chunk 4.
     drifting = {"megabatches": 6, "train_examples": 6000, "drift": {"kind": "permute_labels", "at": 4}}

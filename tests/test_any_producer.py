@@ -14,10 +14,10 @@ import torch
 from alma_daemon.config import build_config
 from alma_daemon.data.events import EVENT_JSON, EVENT_ROWS, encode_events
 from alma_daemon.data.wire import WireRecord, encode_chunk
+from alma_daemon.infra.redis_keys import StreamKeys
 from alma_daemon.service.redis_buffer import RedisBuffer
-from alma_daemon.service.redis_keys import StreamKeys
 from alma_daemon.transports.replay import dataset_chunks
-from tests.test_daemon import engine_state, finish, service_config, sigkill, start_daemon, wait_until, write_config
+from tests.helpers.daemon import engine_state, finish, service_config, sigkill, start_daemon, wait_until, write_config
 
 PARTITIONS = 4
 CHUNKS = 6

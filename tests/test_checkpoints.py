@@ -11,7 +11,8 @@ import torch
 from alma_daemon.core.checkpoints import VALIDATION, WEIGHTS, CheckpointStore
 from alma_daemon.data.datasets import MNIST_TASK
 from alma_daemon.learners import build_learner
-from tests.conftest import learner_settings, separable_data
+from tests.helpers.configs import learner_settings
+from tests.helpers.data import separable_data
 
 
 def test_every_tensor_file_reaches_the_disk_before_its_version_is_renamed_into_place(
@@ -43,7 +44,7 @@ def test_every_tensor_file_reaches_the_disk_before_its_version_is_renamed_into_p
 def test_tied_weights_are_saved_once_and_the_same_weights_make_the_same_bytes(tmp_path: Path) -> None:
     """A Switch LM ties its output layer to its embedding: three members, three tied pairs. safetensors'
     save_model wrote the dropped names in an order that changed from save to save."""
-    from tests.test_switch_lm import tiny_learner
+    from tests.helpers.switch_lm import tiny_learner
 
     learner = tiny_learner("switch-lm-ens", members=3)
     store = CheckpointStore(tmp_path, "alma")

@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from alma_daemon.data.datasets import resolve_data_root
-from tests.conftest import TINY_MNIST
-from tests.servers import free_port
+from tests.helpers.data import TINY_MNIST
+from tests.helpers.servers import free_port
 
 pytestmark = pytest.mark.skipif(
     not (resolve_data_root(None) / "mnist").is_dir(), reason="MNIST files not in the data folder (see README: data)"
@@ -24,6 +24,7 @@ def alma(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "alma_daemon", *args], capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_simulate_writes_results_and_prints_a_summary(tmp_path):
     out = tmp_path / "run"
     result = alma("simulate", "--config", "examples/mnist-sm.yaml", *SMALL, "--out", str(out), "--no-progress")
@@ -53,6 +54,7 @@ def test_simulate_writes_results_and_prints_a_summary(tmp_path):
     assert (out / "series.csv").read_text().splitlines()[0].startswith("t,chunk,examples_seen")
 
 
+@pytest.mark.slow
 def test_a_bad_config_exits_non_zero_with_one_line_naming_the_key():
     result = alma("simulate", "--set", "learner.widht=3")
     assert result.returncode != 0
@@ -60,6 +62,7 @@ def test_a_bad_config_exits_non_zero_with_one_line_naming_the_key():
     assert len(lines) == 1 and "learner.widht" in lines[0]
 
 
+@pytest.mark.slow
 def test_grid_runs_every_combination_skips_failures_and_report_plots_them(tmp_path):
     grid = tmp_path / "grid.yaml"
     overrides = dict(item.split("=", 1) for item in SMALL[1::2])
@@ -104,6 +107,7 @@ def test_replay_without_a_kafka_broker_fails_at_once_with_one_line_saying_what_t
     )
 
 
+@pytest.mark.slow
 def test_dash_vv_prints_the_traceback_of_a_failing_command_in_both_log_formats(tmp_path):
     (tmp_path / "results.json").write_text("{not json")  # a run folder whose results cannot be read
     for extra in ([], ["--log-json"]):

@@ -13,11 +13,11 @@ import pytest
 from kafka.errors import KafkaConnectionError, KafkaTimeoutError
 
 from alma_daemon.cli import build_parser, main
+from alma_daemon.infra.outages import one_line
 from alma_daemon.logs import configure_logging, error_text
 from alma_daemon.observability.progress import ProgressBar
-from alma_daemon.service.outages import one_line
 from alma_daemon.transports.kafka import KafkaPublisher
-from tests.servers import free_port
+from tests.helpers.servers import free_port
 
 
 def _parsers(parser: argparse.ArgumentParser, name: str = "alma"):
@@ -68,6 +68,7 @@ def test_status_with_no_daemon_state_says_so_in_one_line(tmp_path, capsys):
     )
 
 
+@pytest.mark.slow
 def test_a_reader_that_stops_reading_ends_the_command_quietly():
     """``alma config schema | head``: stdout's pipe is closed before alma writes to it."""
     read, write = os.pipe()

@@ -89,44 +89,6 @@ def test_missing_config_file_is_a_config_error(tmp_path):
         load_config(tmp_path / "nope.yaml")
 
 
-def dotted_keys(cls, prefix: str = "") -> list[str]:
-    import dataclasses
-
-    keys = []
-    for f in dataclasses.fields(cls):
-        if dataclasses.is_dataclass(f.default_factory if f.default_factory is not dataclasses.MISSING else None):
-            keys += dotted_keys(f.default_factory, prefix + f.name + ".")
-        else:
-            keys.append(prefix + f.name)
-    return keys
-
-
-def test_config_yaml_documents_every_key_with_its_default():
-    import re
-
-    from alma_daemon.config import Config
-
-    text = (ROOT / "config.yaml").read_text()
-    loaded = load_config(ROOT / "config.yaml")
-    assert loaded == Config()
-    # Each section's block: from its top-level line to the next top-level key (a key's leaf name is
-    # searched there only, since names such as kind, url or stream recur in several sections).
-    starts = [(m.group(1), m.start()) for m in re.finditer(r"^#?\s?([a-z_]+):", text, re.M) if m.group(0)[0] != " "]
-    blocks = {
-        name: text[start : (starts[i + 1][1] if i + 1 < len(starts) else len(text))]
-        for i, (name, start) in enumerate(starts)
-    }
-    for key in dotted_keys(Config):
-        section, leaf = key.split(".")[0], key.split(".")[-1]
-        block = blocks.get(section, "") if "." in key else text
-        assert re.search(rf"^\s*#?\s*{re.escape(leaf)}:", block, re.M), f"config.yaml lacks {key}"
-
-
-def model_defaults(model: type) -> dict[str, object]:
-    """Each key of a config model with its default (some plugin models need keys set to be built at all)."""
-    return {name: info.get_default(call_default_factory=True) for name, info in model.__pydantic_fields__.items()}
-
-
 def plugin_models() -> dict[str, dict[str, type]]:
     from alma_daemon.learners import learner_config_models
     from policies import policy_config_models
@@ -134,94 +96,46 @@ def plugin_models() -> dict[str, dict[str, type]]:
     return {"learner": learner_config_models(), "policy": policy_config_models()}
 
 
-def documented_plugin_keys(text: str, section: str) -> dict[str, dict[str, object]]:
-    """config.yaml's ``section``: the keys (and defaults) it documents for each plugin name.
+@pytest.mark.parametrize("name", ["docs/config.md", "config.yaml"])
+def test_the_config_reference_is_generated_from_the_models_descriptions(name):
+    from alma_daemon.config.reference import reference_files
 
-    Keys written out belong to every plugin that reads them; a commented group ``# ens, umix:`` lists
-    keys (``#   members: 5``) of the plugins it names.
-    """
-    import re
-
-    lines = text.split(f"\n{section}:", 1)[1].split("\n\n", 1)[0].splitlines()[1:]
-    written: dict[str, object] = {}
-    groups: dict[str, dict[str, object]] = {}
-    names: list[str] = []
-    for line in lines:
-        if match := re.match(r"^  (\w+): (.*)$", line):
-            written.update(yaml.safe_load(f"{match[1]}: {match[2]}"))
-        elif match := re.match(r"^  #   (\w+): (.*)$", line):
-            for name in names:
-                groups.setdefault(name, {}).update(yaml.safe_load(f"{match[1]}: {match[2]}"))
-        elif match := re.match(r"^  # ([\w, -]+?)(?: \(.*\))?:", line):
-            names = [n.strip() for n in match[1].split(",")]
-    return {"written": written, **groups}
+    assert (ROOT / name).read_text() == reference_files()[name], f"{name} is stale: run `alma config docs`"
 
 
-@pytest.mark.parametrize("section", ["learner", "policy"])
-def test_config_yaml_documents_each_plugins_keys_with_their_defaults(section):
-    text = (ROOT / "config.yaml").read_text()
-    documented = documented_plugin_keys(text, section)
-    for name, model in plugin_models()[section].items():
-        defaults = {key: value for key, value in model_defaults(model).items() if key != "name"}
-        own = documented.get(name, {})
-        for key, default in defaults.items():
-            value = own.get(key, documented["written"].get(key, "missing"))
-            assert value == default, f"config.yaml documents {section}.{key} of {name} as {value!r}; it is {default!r}"
-        for key in own:
-            assert key in defaults, f"config.yaml lists {section}.{key} under {name}, which does not read it"
-
-
-def readme_rows() -> dict[str, str]:
-    """The README's configuration reference: each key of a row, with the default the row states."""
-    import re
-
-    text = (ROOT / "README.md").read_text().split("## Configuration reference", 1)[1].split("\n## ", 1)[0]
-    rows = {}
-    for keys_cell, defaults_cell in re.findall(r"^\| (`[^|]+`) \| (`[^|]*`) \|", text, re.M):
-        keys, defaults = re.findall(r"`([^`]+)`", keys_cell), re.findall(r"`([^`]*)`", defaults_cell)
-        for key, default in zip(keys, defaults * len(keys) if len(defaults) == 1 else defaults):
-            rows[key] = default
-    return rows
-
-
-def test_readme_reference_states_the_models_defaults_and_every_learner_and_policy_key():
-
+def test_the_generated_config_yaml_states_every_default_so_that_it_loads_back():
     from alma_daemon.config import Config
+    from alma_daemon.config.loading import _load_yaml
+    from alma_daemon.config.reference import config_markdown, config_yaml, yaml_value
 
-    rows = readme_rows()
-    defaults = {key: value for key, value in flat_defaults(Config()).items()}
+    assert build_config(_load_yaml(config_yaml())) == Config()
+    # The keys of the other learners and policies are commented out: their defaults, as written, load back too.
+    markdown = config_markdown()
     for section, models in plugin_models().items():
-        for model in models.values():
-            for key, value in model_defaults(model).items():
-                defaults.setdefault(f"{section}.{key}", set()).add(repr(value))
-    for key, stated in rows.items():
-        assert key in defaults, f"README documents {key}, which is no config key"
-        expected = defaults[key]
-        stated_value = repr(yaml.safe_load(stated))
-        if isinstance(expected, set):
-            if key.endswith(".name"):
-                continue
-            assert stated_value in expected, f"README: {key} defaults to one of {expected}, not {stated}"
-        else:
-            assert stated_value == repr(expected), f"README: {key} defaults to {expected!r}, not {stated}"
-    for key in defaults:
-        if key.startswith(("learner.", "policy.")):
-            assert key in rows, f"README's configuration reference lacks {key}"
+        for name, model in models.items():
+            assert f"### {section} `{name}`" in markdown
+            for key, info in model.__pydantic_fields__.items():
+                default = info.get_default(call_default_factory=True)
+                assert _load_yaml(f"{key}: {yaml_value(default)}") == {key: default}, f"{section}.{key} of {name}"
+                assert f"{key}: {yaml_value(default)}" in config_yaml() or key == "name", f"{section}.{key}"
+    for value in (1e15, 1e-3, None, [], [28, 28], "0 2 * * *", "127.0.0.1:9092", 0.1):
+        assert _load_yaml(f"k: {yaml_value(value)}") == {"k": value}
 
 
-def flat_defaults(config, prefix: str = "") -> dict[str, object]:
-    import dataclasses
+def test_config_docs_writes_the_reference_and_its_check_names_the_stale_file(tmp_path, capsys):
+    from alma_daemon.cli import main
 
-    out: dict[str, object] = {}
-    for f in dataclasses.fields(config):
-        value = getattr(config, f.name)
-        if f.name in ("learner", "policy") and not prefix:
-            continue
-        if dataclasses.is_dataclass(value):
-            out.update(flat_defaults(value, f"{prefix}{f.name}."))
-        else:
-            out[prefix + f.name] = value
-    return out
+    assert main(["config", "docs", "--check", "--root", str(tmp_path)]) == 1
+    assert "config.md is stale" in capsys.readouterr().err
+    assert main(["config", "docs", "--root", str(tmp_path)]) == 0
+    assert main(["config", "docs", "--check", "--root", str(tmp_path)]) == 0
+    assert (tmp_path / "config.yaml").read_text() == (ROOT / "config.yaml").read_text()
+    (tmp_path / "config.yaml").write_text("seed: 0\n")
+    capsys.readouterr()
+    assert main(["config", "docs", "--check", "--root", str(tmp_path)]) == 1
+    assert capsys.readouterr().err == (
+        f"alma config docs: {tmp_path / 'config.yaml'} is stale; run `alma config docs` to regenerate it\n"
+    )
 
 
 def test_a_key_of_another_learner_names_the_key_and_the_chosen_learner():
@@ -349,14 +263,16 @@ def test_a_key_of_another_plugin_says_where_it_was_set_and_what_to_do(tmp_path, 
 
     path = tmp_path / "mnist.yaml"
     path.write_text("learner: {name: sm, width: 8}\npolicy: {name: fixed, wait: 1}\n")
-    # Switching policy on the command line leaves the file's keys of the old one behind.
-    assert main(["config", "check", str(path), "--set", "policy.name=adaptive"]) == 2
-    assert capsys.readouterr().err == (
-        f"alma config check: config error: policy.wait: not read by the 'adaptive' policy (set in {path}); to "
-        f'switch policy and drop the file\'s policy keys: --set \'policy={{"name": "adaptive"}}\'\n'
+    # Switching policy on the command line drops the file's keys of the old one, saying so in one line.
+    assert main(["config", "check", str(path), "--set", "policy.name=adaptive"]) == 0
+    captured = capsys.readouterr()
+    assert "policy adaptive" in captured.out
+    assert captured.err.count("\n") == 1
+    assert captured.err.rstrip().endswith(
+        "config: policy.name=adaptive from --set: dropped policy.wait (adaptive does not read it)"
     )
     assert main(["config", "check", str(path), "--set", 'policy={"name": "adaptive"}']) == 0
-    capsys.readouterr()
+    assert capsys.readouterr().err == ""
     # A key given on the command line that the chosen learner does not read: the learners that read it.
     assert main(["config", "check", str(path), "--set", "learner.grow_members=2"]) == 2
     assert capsys.readouterr().err == (
@@ -374,17 +290,63 @@ def test_a_key_of_another_plugin_says_where_it_was_set_and_what_to_do(tmp_path, 
         build_config({"learner": {"name": "sm", "members": 3}})
 
 
-def test_a_checkpoint_spec_saved_with_every_learners_keys_still_loads():
-    """Specs written while one flat config class served every learner carry all of its keys."""
+def test_a_plugin_named_with_set_drops_the_files_keys_it_does_not_read_in_one_logged_line(tmp_path, caplog):
+    path = tmp_path / "c.yaml"
+    path.write_text("learner: {name: ens, width: 8, members: 3}\npolicy: {name: fixed, wait: 2, grow_every: 0}\n")
+    with caplog.at_level("WARNING", logger="alma_daemon.config"):
+        config = load_config(path, ["policy.name=adaptive"])
+    assert (config.policy.name, config.policy.grow_every) == ("adaptive", 0)  # the key adaptive reads stays
+    assert [r.getMessage() for r in caplog.records] == [
+        "config: policy.name=adaptive from --set: dropped policy.wait (adaptive does not read it)"
+    ]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="alma_daemon.config"):
+        config = load_config(path, ["learner.name=switch-lm-ens", "learner.layers=3"])
+    assert (config.learner.name, config.learner.members, config.learner.layers) == ("switch-lm-ens", 3, 3)
+    assert [r.getMessage() for r in caplog.records] == [
+        "config: learner.name=switch-lm-ens from --set: dropped learner.width (switch-lm-ens does not read it)"
+    ]
+    caplog.clear()
+    # Nothing to drop, nothing said; a name that is not switched on the command line drops nothing.
+    with caplog.at_level("WARNING", logger="alma_daemon.config"):
+        assert load_config(path, ["learner.name=umix"]).learner.members == 3
+        assert load_config(path, ["policy.wait=3"]).policy.wait == 3
+    assert caplog.records == []
+    # A key given with --set that the chosen plugin does not read still fails, naming the plugins that read it.
+    with pytest.raises(
+        ConfigError, match=r"^policy\.wait: not read by the 'adaptive' policy; the policies that read it: fixed$"
+    ):
+        load_config(path, ["policy.name=adaptive", "policy.wait=3"])
+    # The file's own keys are checked against the plugin the file names, as before.
+    with pytest.raises(ConfigError, match=r"^learner\.name: unknown learner 'nope'"):
+        load_config(path, ["learner.name=nope"])
+    path.write_text("policy: {name: fixed, wait: 2}\n")
+    with pytest.raises(ConfigError, match=r"^policy\.cron / policy\.interval_seconds: the schedule policy needs"):
+        load_config(path, ["policy.name=schedule"])
+    assert load_config(path, ["policy.name=schedule", "policy.cron=0 2 * * *"]).policy.cron == "0 2 * * *"
+
+
+def test_a_dropped_wait_is_not_held_against_the_simulated_stream(tmp_path, capsys):
+    from alma_daemon.cli import main
+
+    path = tmp_path / "c.yaml"
+    path.write_text("policy: {name: fixed, wait: 50}\nstream: {megabatches: 10}\n")
+    config = load_config(path, ["policy.name=adaptive"])
+    config.policy.check_stream_length(config.stream.megabatches)  # what alma simulate checks at start
+    assert main(["config", "check", str(path), "--set", "policy.name=adaptive"]) == 0
+    captured = capsys.readouterr()
+    assert "note:" not in captured.out and "dropped policy.wait" in captured.err
+
+
+def test_a_checkpoint_spec_with_a_key_its_learner_does_not_read_fails_naming_it():
     from alma_daemon.data.datasets import MNIST_TASK
     from alma_daemon.learners import build_learner, learner_from_spec
     from tests.conftest import learner_settings
 
     spec = build_learner("ens", MNIST_TASK, learner_settings("ens", {"width": 8, "members": 3}), 0).spec()
-    spec["config"] = {**spec["config"], "name": "sm", "grow_members": 1, "gating": "soft", "d_model": 128}
     config = learner_from_spec(spec).config
     assert (config.name, config.width, config.members) == ("ens", 8, 3)
-    # Keys it never had are not dropped: a renamed or unknown key fails, naming it.
+    # A renamed or unknown key is not dropped: it fails, naming it.
     spec["config"]["member_count"] = 3
     with pytest.raises(ConfigError, match="spec.config.member_count"):
         learner_from_spec(spec)

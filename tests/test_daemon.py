@@ -12,7 +12,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -20,110 +19,42 @@ import pytest
 import redis
 import safetensors.torch
 import torch
-import yaml
 from safetensors.torch import load_file
 
-from alma_daemon.config import Config, build_config
-from alma_daemon.core.engine import EngineObserver
-from alma_daemon.core.records import StepRecord
+from alma_daemon.config import build_config
 from alma_daemon.data.arrays import load_npz
 from alma_daemon.data.datasets import load_dataset
 from alma_daemon.data.streams import megabatch_stream, split_chunk
 from alma_daemon.data.wire import MAX_ID, encode_chunk
+from alma_daemon.infra.redis_keys import StreamKeys
 from alma_daemon.research.simulate import run_simulation
 from alma_daemon.service.daemon import Daemon
-from alma_daemon.service.engine_store import EngineStateStore, state_fields
 from alma_daemon.service.redis_buffer import RedisBuffer
-from alma_daemon.service.redis_keys import StreamKeys
 from alma_daemon.service.replay_thread import ReplayThread
 from alma_daemon.service.status import format_status, read_status
 from alma_daemon.transports.kafka import KafkaPublisher
 from alma_daemon.transports.redis_stream import RedisStreamPublisher, encode_entry
 from alma_daemon.transports.replay import ReplayChunk, dataset_chunks, labeled_chunks, replay, text_chunks
-from tests.servers import free_port
-from tests.test_ingest import bad_records, records_of
-from tests.test_text_stream import TINY_LM, corpus
-
-REPO = Path(__file__).resolve().parents[1]
-#: Fields of a step record that must not depend on interruptions (times excluded).
-EXACT_FIELDS = (
-    "t",
-    "chunk",
-    "examples_seen",
-    "trained",
-    "decision",
-    "test_error",
-    "prequential_error",
-    "cumulative_error",
-    "train_flops",
-    "cumulative_train_flops",
-    "parameters",
-    "cumulative_parameters",
-    "model_version",
-    "stage",
-    "epochs",
-    "best_epoch",
-    "val_error",
+from tests.helpers.daemon import (
+    PROCESS_LIMIT_SECONDS,
+    REPO,
+    Crash,
+    CrashOnce,
+    engine_state,
+    exact,
+    finish,
+    run_daemon,
+    service_config,
+    sigkill,
+    start_daemon,
+    wait_until,
+    write_config,
 )
-#: Generous limits for a loaded 2-core machine; they bound a hang, they do not measure anything.
-PROCESS_LIMIT_SECONDS = 300
-
-
-def service_config(tmp_path: Path, redis_url: str | None, name: str, **sections) -> dict:
-    data = {
-        "dataset": {"name": "mnist", "test_examples": 200},
-        "stream": {"megabatches": 4, "train_examples": 600},
-        "learner": {"width": 8},
-        "train": {"epochs": 1, "patience": 0},
-        "kafka": {"transport": "redis", "topic": f"alma.{name}"},
-        "redis": {"url": redis_url},
-        "daemon": {
-            "stream": name,
-            "state_dir": str(tmp_path / name / "state"),
-            "checkpoint_dir": str(tmp_path / name / "model_store"),
-            "poll_seconds": 0.2,
-        },
-    }
-    for section, values in sections.items():
-        if section == "learner" and "name" in values:
-            # Another learner reads other keys: the MLP's width would be refused as foreign to it.
-            data[section] = dict(values)
-        else:
-            data.setdefault(section, {}).update(values)
-    return data
-
-
-def exact(series: list[dict]) -> list[dict]:
-    return [{k: r.get(k) for k in EXACT_FIELDS} for r in series]
-
-
-def engine_state(client, stream: str) -> dict:
-    state = EngineStateStore(client, StreamKeys(stream)).load()
-    return state_fields(state) | {"series": state.series} if state is not None else {}
-
+from tests.helpers.records import bad_records, records_of
+from tests.helpers.servers import free_port
+from tests.helpers.text import TINY_LM, corpus
 
 # -- in process: a crash at any point of a step -----------------------------------------------------
-class Crash(BaseException):
-    """Stands for the process dying at the point the observer is called."""
-
-
-class CrashOnce(EngineObserver):
-    def __init__(self, hook: str, at: int):
-        self.hook, self.at = hook, at
-
-    def on_checkpoint(self, version: int, path: str, metrics: dict, engine) -> None:
-        if self.hook == "checkpoint" and version == self.at:
-            raise Crash(f"after checkpoint {version} was written, before the step was committed")
-
-    def on_step(self, record: StepRecord, engine) -> None:
-        if self.hook == "step" and record.chunk == self.at:
-            raise Crash(f"after results of chunk {self.at} were written, before the step was committed")
-
-
-def run_daemon(config: Config, client, until: int, observers=()) -> Daemon:
-    daemon = Daemon(config, client, until_chunks=until, observers=list(observers))
-    daemon.run()
-    return daemon
 
 
 @pytest.mark.integration
@@ -179,39 +110,6 @@ def test_a_daemon_killed_at_any_point_resumes_to_the_uninterrupted_series(tmp_pa
 
 
 # -- subprocesses against real servers ----------------------------------------------------------------
-def write_config(tmp_path: Path, data: dict) -> Path:
-    path = tmp_path / f"{data['daemon']['stream']}.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
-
-
-def start_daemon(config_path: Path, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "alma_daemon", "run", "--config", str(config_path), "--no-progress", *extra],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-
-
-def wait_until(condition, what: str, process: subprocess.Popen | None = None) -> None:
-    deadline = time.monotonic() + PROCESS_LIMIT_SECONDS
-    while not condition():
-        if process is not None and process.poll() is not None:
-            pytest.fail(f"daemon exited with {process.returncode} before {what}:\n{process.stdout.read().decode()}")
-        assert time.monotonic() < deadline, f"not {what} within {PROCESS_LIMIT_SECONDS} s"
-        time.sleep(0.05)
-
-
-def sigkill(process: subprocess.Popen) -> None:
-    process.send_signal(signal.SIGKILL)
-    process.wait()
-
-
-def finish(process: subprocess.Popen) -> str:
-    output, _ = process.communicate(timeout=PROCESS_LIMIT_SECONDS)
-    assert process.returncode == 0, output.decode()
-    return output.decode()
 
 
 @pytest.mark.integration
@@ -331,6 +229,8 @@ def test_a_replay_that_fails_stops_the_daemon_instead_of_leaving_it_waiting() ->
     assert replayer.error is not None
 
 
+@pytest.mark.integration
+@pytest.mark.slow
 def test_embedded_run_with_replay_is_one_command(tmp_path) -> None:
     state_dir = tmp_path / "state"
     common = [

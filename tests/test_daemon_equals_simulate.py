@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.test_daemon import engine_state, exact
+from tests.helpers.daemon import engine_state, exact
 
 REPO = Path(__file__).resolve().parents[1]
 PROCESS_LIMIT_SECONDS = 300

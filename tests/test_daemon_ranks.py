@@ -20,12 +20,19 @@ import torch
 from safetensors.torch import load_file
 
 from alma_daemon.config import build_config
+from alma_daemon.infra.redis_keys import StreamKeys
 from alma_daemon.service.redis_buffer import RedisBuffer
-from alma_daemon.service.redis_keys import StreamKeys
 from alma_daemon.transports.redis_stream import RedisStreamPublisher
 from alma_daemon.transports.replay import ReplayChunk, dataset_chunks, replay
-from tests.test_daemon import PROCESS_LIMIT_SECONDS, engine_state, exact, service_config, wait_until, write_config
-from tests.test_distributed import torchrun
+from tests.helpers.daemon import (
+    PROCESS_LIMIT_SECONDS,
+    engine_state,
+    exact,
+    service_config,
+    torchrun,
+    wait_until,
+    write_config,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 #: Small enough for seconds per run, large enough that SM learns (final error about 0.28).

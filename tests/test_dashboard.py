@@ -26,8 +26,8 @@ from alma_daemon.core.engine import Engine, EngineObserver
 from alma_daemon.observability import telemetry
 from alma_daemon.observability.exporter import MetricsObserver, start_exporter
 from alma_daemon.research.simulate import run_simulation
-from tests.conftest import TINY_MNIST as TINY
-from tests.servers import PrometheusServer, http_request
+from tests.helpers.data import TINY_MNIST as TINY
+from tests.helpers.servers import PrometheusServer, http_request
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 GRAFANA = DEPLOY / "grafana"

@@ -11,12 +11,8 @@ import pytest
 import torch
 
 from alma_daemon.data.augment import PixelRows, flip_and_crop
-from alma_daemon.data.datasets import DatasetError, load_dataset, resolve_data_root
-
-
-def have(name: str) -> bool:
-    root = resolve_data_root(None)
-    return (root / "mnist").is_dir() if name == "mnist" else any(root.glob("**/data_batch_1*"))
+from alma_daemon.data.datasets import DatasetError, load_dataset
+from tests.helpers.data import have
 
 
 @pytest.mark.skipif(not have("mnist"), reason="MNIST files not in the data folder (see README: data)")

@@ -17,7 +17,8 @@ from alma_daemon.training.data_parallel import DataParallel
 from alma_daemon.training.distributed import train_members
 from alma_daemon.training.loop import FitReport
 from alma_daemon.training.ranks import World, current_world
-from tests.test_text_stream import TINY_LM, corpus
+from tests.helpers.daemon import torchrun
+from tests.helpers.text import TINY_LM, corpus
 
 REPO = Path(__file__).resolve().parents[1]
 PROCESS_LIMIT_SECONDS = 300
@@ -95,10 +96,6 @@ def test_members_trained_on_two_ranks_give_the_one_process_series(tmp_path, lear
     assert printed.count("cumulative training FLOPs") == 1  # rank 0 alone reports
 
 
-def torchrun(ranks: int) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"]
-
-
 @pytest.mark.slow
 def test_sm_trained_data_parallel_on_two_ranks_ends_within_half_a_point_of_one_process(tmp_path) -> None:
     config = tmp_path / "config.yaml"
@@ -168,6 +165,7 @@ def test_alone_every_member_trains_here_in_the_given_order() -> None:
     assert (report.flops, report.steps, report.val_error) == (60, 3, 0.3)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "command",
     [

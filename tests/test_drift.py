@@ -14,7 +14,7 @@ from alma_daemon.data.datasets import MNIST_TASK, TaskInfo, resolve_data_root
 from alma_daemon.data.streams import Chunk, build_drift, drifted, label_permutation, partition, rotate_images
 from alma_daemon.learners import build_learner
 from policies import build_policy
-from tests.conftest import separable_data
+from tests.helpers.data import separable_data
 
 
 def permute_from(at: int) -> DriftConfig:

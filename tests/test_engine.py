@@ -20,7 +20,8 @@ from alma_daemon.data.streams import Chunk, partition
 from alma_daemon.learners import build_learner
 from alma_daemon.observability.results import ResultsWriter, read_results, results_of, summarize
 from policies import build_policy
-from tests.conftest import config_for_any_learner, separable_data
+from tests.helpers.configs import config_for_any_learner
+from tests.helpers.data import separable_data
 
 B = 6
 
@@ -81,7 +82,7 @@ def test_growth_compute_is_charged_to_the_stage_it_precedes():
     engine = Engine(learner, build_policy(config.policy), MemoryBuffer(), config, torch.device("cpu"), observers=[spy])
     for i, part in enumerate(partition(separable_data(MNIST_TASK, 180, seed=1), 3, seed=0), start=1):
         engine.on_chunk(Chunk(i, part))
-    growth_flops = [stage.growth.get("flops", 0) for stage in spy.stages]
+    growth_flops = [stage.growth.flops or 0 for stage in spy.stages]
     assert growth_flops[0] == 0 and all(f > 0 for f in growth_flops[1:])  # nothing to split before training
     assert [s.train_flops for s in spy.stages] == [r.flops + g for r, g in zip(fitted, growth_flops)]
 
@@ -133,6 +134,7 @@ def test_prequential_error_is_measured_before_training_on_the_chunk():
     assert series[-1]["prequential_error"] < series[0]["prequential_error"]
 
 
+@pytest.mark.slow
 def test_two_cpu_runs_with_the_same_seed_are_identical():
     keys = ("test_error", "prequential_error", "train_flops", "parameters")
     a = [[r[k] for k in keys] for r in run_stream(["learner.name=ens"]).state.series]

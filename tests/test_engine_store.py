@@ -7,8 +7,8 @@ import json
 import pytest
 
 from alma_daemon.core.engine import EngineState
+from alma_daemon.infra.redis_keys import StreamKeys
 from alma_daemon.service.engine_store import EngineStateStore, last_record
-from alma_daemon.service.redis_keys import StreamKeys
 
 KEYS = StreamKeys("store")
 

@@ -12,7 +12,7 @@ from alma_daemon.data.datasets import MNIST_TASK
 from alma_daemon.data.streams import Chunk, partition
 from alma_daemon.learners import build_learner
 from policies import build_policy
-from tests.conftest import separable_data
+from tests.helpers.data import separable_data
 
 CHUNKS = 7
 TIMES = ("wall_seconds", "train_seconds", "cumulative_train_seconds")

@@ -9,11 +9,11 @@ import torch
 
 from alma_daemon.data.events import EVENT_JSON, EVENT_ROWS, encode_events
 from alma_daemon.data.wire import StreamSchema, WireRecord
+from alma_daemon.infra.redis_keys import StreamKeys
 from alma_daemon.service.ingest.cutter import EventCutter, EventStream, OpenChunk
 from alma_daemon.service.ingest.store import IngestBatch
 from alma_daemon.service.ingest.worker import IngestWorker
 from alma_daemon.service.redis_buffer import ReadyChunks
-from alma_daemon.service.redis_keys import StreamKeys
 from alma_daemon.transports.redis_stream import RedisStreamSource, encode_entry
 
 STREAM = "events"

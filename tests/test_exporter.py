@@ -20,8 +20,8 @@ from alma_daemon.core.records import StepRecord
 from alma_daemon.observability import telemetry
 from alma_daemon.observability.exporter import MetricsObserver, start_exporter
 from alma_daemon.research.simulate import run_simulation
-from tests.conftest import TINY_MNIST as TINY
-from tests.servers import free_ports, http_request, port_open
+from tests.helpers.data import TINY_MNIST as TINY
+from tests.helpers.servers import free_ports, http_request, port_open
 
 #: docs/observability.md, as exposed (prometheus_client adds ``_total`` to counters).
 DESIGN_METRICS = {

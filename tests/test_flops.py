@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
@@ -40,6 +41,7 @@ def test_meter_counts_each_shape_once_and_adds_the_figure_for_repeats():
     assert meter.total == 3 * 2 * 8 * 16 * 4 and counted == [1]
 
 
+@pytest.mark.slow
 def test_the_count_is_flop_counter_modes_total_on_a_conv_net_and_a_switch_lm():
     torch.manual_seed(0)
     vgg = build_backbone(CIFAR10_TASK, 4)

@@ -15,8 +15,9 @@ from alma_daemon.learners.firefly import Candidate, apply, propose, select, trac
 from alma_daemon.learners.gmoe import routed_forward
 from alma_daemon.models.firefly_net import parameter_count
 from alma_daemon.training.loop import Trainer
-from tests.conftest import learner_settings, separable_data
-from tests.test_learner_contract import CIFAR_LIKE
+from tests.helpers.configs import learner_settings
+from tests.helpers.contract import CIFAR_LIKE
+from tests.helpers.data import separable_data
 
 TASKS = {"mlp": MNIST_TASK, "vgg": CIFAR_LIKE}
 
@@ -62,16 +63,17 @@ def assert_rebuilt_exactly(learner, data) -> None:
 # -- gEns -------------------------------------------------------------------------------------------
 def test_gens_trains_only_the_new_members():
     learner, train, val = make("gens", grow_members=2)
-    assert stage(learner, train, val, 1)["added"] == 0  # nothing trained yet to freeze
+    assert stage(learner, train, val, 1).details["added"] == 0  # nothing trained yet to freeze
     first = snapshot(learner.model[0])
     growth = stage(learner, train, val, 2)
-    assert growth["added"] == 2 and len(learner.model) == 3
+    assert growth.details["added"] == 2 and len(learner.model) == 3
     for key, value in learner.model[0].state_dict().items():
         assert torch.equal(value, first[key]), key
     initialized = learner_from_spec(learner.spec()).model[1]  # a new member as it was before training
     assert not torch.equal(initialized.layers[0][1].weight, learner.model[1].layers[0][1].weight)
 
 
+@pytest.mark.slow
 def test_gens_retrained_from_scratch_trains_every_member_again():
     """train.from_scratch re-draws every member, the frozen ones too: the next stage must train them all."""
     learner, train, val = make("gens")
@@ -81,11 +83,12 @@ def test_gens_retrained_from_scratch_trains_every_member_again():
     learner.reinitialize(1234)
     redrawn = [snapshot(member) for member in learner.model]
     growth = stage(learner, train, val, 3)
-    assert growth["added"] == 0  # nothing trained since the re-draw: no growth
+    assert growth.details["added"] == 0  # nothing trained since the re-draw: no growth
     for member, before in zip(learner.model, redrawn):
         assert any(not torch.equal(v, before[k]) for k, v in member.state_dict().items())
 
 
+@pytest.mark.slow
 def test_members_grown_after_a_restore_are_those_grown_without_it():
     """A checkpoint keeps the seed later members draw from, which a retraining from scratch changed."""
     learner, train, val = make("gens")
@@ -112,6 +115,7 @@ def test_gens_inference_cost_grows_with_the_members():
 
 
 # -- gMoE -------------------------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("task_name,gating", [("mlp", "soft"), ("mlp", "hard"), ("vgg", "soft")])
 def test_gmoe_split_keeps_the_function(task_name, gating):
     learner, train, val = make("gmoe", task_name, n=64, gating=gating, width=4 if task_name == "vgg" else 8)
@@ -120,7 +124,7 @@ def test_gmoe_split_keeps_the_function(task_name, gating):
     before_loss, before = loss(learner, train), learner.predict_proba(train.x)
     growth = learner.grow(val, trainer(task_name, 3))
     assert [len(m.experts) for m in learner.mixtures()] == [3, 3]
-    assert growth["experts"] == [3, 3]
+    assert growth.details["experts"] == [3, 3]
     assert loss(learner, train) == pytest.approx(before_loss, rel=1e-5)
     torch.testing.assert_close(learner.predict_proba(train.x), before, rtol=0, atol=1e-5)
     assert_rebuilt_exactly(learner, val)
@@ -148,7 +152,7 @@ def test_gmoe_splits_the_expert_with_the_largest_validation_loss_not_the_most_us
     cumulative = weights[0].T @ F.cross_entropy(logits, val.y, reduction="none")
     assert usage.argmax() == 0 and cumulative.argmax() == 1, "the case must tell the two rules apart"
     growth = learner.grow(val, trainer(stage=3))
-    assert growth["split"][0]["losing_expert"] == 1
+    assert growth.details["split"][0]["losing_expert"] == 1
     torch.testing.assert_close(mixture.experts[2].state_dict(), mixture.experts[1].state_dict())
 
 
@@ -169,11 +173,12 @@ def test_hard_gates_sample_from_the_trainers_generator_not_the_global_rng():
 
 def test_gmoe_does_not_grow_before_training():
     learner, train, val = make("gmoe")
-    assert stage(learner, train, val, 1)["split"] == []
+    assert stage(learner, train, val, 1).details["split"] == []
     assert learner.num_parameters() == build_learner("sm", MNIST_TASK, learner.config, 0).num_parameters()
 
 
 # -- Firefly ----------------------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("task_name", ["mlp", "vgg"])
 def test_firefly_step_barely_changes_the_loss_and_adds_the_configured_parameters(task_name):
     small = {"mlp": {"n": 64, "width": 8}, "vgg": {"n": 32, "width": 4}}[task_name]
@@ -183,7 +188,7 @@ def test_firefly_step_barely_changes_the_loss_and_adds_the_configured_parameters
     before = loss(learner, train)
     growth = learner.grow(val, trainer(task_name, 2))
     added = learner.num_parameters() - initial
-    assert added == growth["parameters_added"]
+    assert added == growth.details["parameters_added"]
     assert parameter_count(learner.task, learner.arch) == learner.num_parameters()
     assert 0.9 * 0.5 * initial <= added <= 0.5 * initial
     assert abs(loss(learner, train) - before) <= 0.05 * before + 1e-3

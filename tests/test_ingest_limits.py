@@ -12,14 +12,14 @@ import time
 import pytest
 import redis
 
+from alma_daemon.infra.outages import OutageBoard
+from alma_daemon.infra.redis_keys import StreamKeys
 from alma_daemon.observability import telemetry
 from alma_daemon.service.ingest.assembler import Assembler
 from alma_daemon.service.ingest.worker import IngestWorker
-from alma_daemon.service.outages import OutageBoard
-from alma_daemon.service.redis_keys import StreamKeys
 from alma_daemon.transports.redis_stream import RedisStreamSource, encode_entry
-from tests.servers import RedisServer
-from tests.test_ingest import SCHEMA, STREAM, decoded, records_of
+from tests.helpers.records import SCHEMA, STREAM, decoded, records_of
+from tests.helpers.servers import RedisServer
 
 TRANSPORT = "alma.tiny"
 PART = len(records_of(1, n=1)[0].value)

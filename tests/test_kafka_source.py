@@ -23,11 +23,11 @@ from kafka.protocol.consumer.fetch import FetchRequest, FetchResponse
 from kafka.protocol.consumer.offsets import ListOffsetsRequest, ListOffsetsResponse
 
 from alma_daemon.data.wire import WireRecord
+from alma_daemon.infra.redis_keys import StreamKeys
 from alma_daemon.observability import telemetry
-from alma_daemon.service.redis_keys import StreamKeys
 from alma_daemon.transports.kafka import KafkaSource
-from tests.servers import LOOPBACK, KafkaBroker, free_port
-from tests.test_ingest import STREAM, drain, kafka_worker, new_topic, publish_kafka, records_of
+from tests.helpers.records import STREAM, drain, kafka_worker, new_topic, publish_kafka, records_of
+from tests.helpers.servers import LOOPBACK, KafkaBroker, free_port
 
 OFFSET_OUT_OF_RANGE = 1
 LEADER_NOT_AVAILABLE = 5

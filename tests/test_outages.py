@@ -19,16 +19,16 @@ import pytest
 import torch
 
 from alma_daemon.config import build_config
+from alma_daemon.infra.outages import OutageBoard, OutageTooLong
+from alma_daemon.infra.redis_keys import StreamKeys
 from alma_daemon.research.simulate import run_simulation
 from alma_daemon.runtime import run_beside_training
 from alma_daemon.service.daemon import STATUS_FILE
-from alma_daemon.service.outages import OutageBoard, OutageTooLong
-from alma_daemon.service.redis_keys import StreamKeys
 from alma_daemon.transports.kafka import KafkaPublisher
 from alma_daemon.transports.redis_stream import RedisStreamPublisher
 from alma_daemon.transports.replay import dataset_chunks, replay
-from tests.servers import KafkaBroker, RedisServer, free_port
-from tests.test_daemon import engine_state, exact, finish, service_config, start_daemon, wait_until, write_config
+from tests.helpers.daemon import engine_state, exact, finish, service_config, start_daemon, wait_until, write_config
+from tests.helpers.servers import KafkaBroker, RedisServer, free_port
 
 
 class DurableRedis(RedisServer):

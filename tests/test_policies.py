@@ -46,7 +46,7 @@ def test_fixed_trains_every_wait_chunks(wait, stages):
     trained_at, pending = [], 0
     for chunk in range(1, 11):
         pending += 1
-        if p.decide(state(pending=pending, chunks_seen=chunk, stages_done=len(trained_at))).train:
+        if p.decide(state(pending=pending, chunks_seen=chunk, stages_done=len(trained_at))).trains:
             trained_at.append(chunk)
             pending = 0
     assert trained_at == stages
@@ -64,7 +64,7 @@ def test_geometric_waits_ratio_times_the_chunks_trained_on(ratio, stages):
     for chunk in range(1, 21):
         pending += 1
         decision = p.decide(state(pending=pending, chunks_seen=chunk, stages_done=len(trained_at)))
-        if decision.train:
+        if decision.trains:
             trained_at.append(chunk)
             pending = 0
     assert trained_at == stages
@@ -72,35 +72,35 @@ def test_geometric_waits_ratio_times_the_chunks_trained_on(ratio, stages):
 
 def test_geometric_reason_shows_the_threshold():
     decision = policy("geometric").decide(state(pending=2, chunks_seen=7))
-    assert not decision.train
+    assert not decision.trains
     assert decision.reason == "2 chunk(s) pending < max(1, 0.5 x 5 chunk(s) trained on) = 3"
 
 
 # -- schedule ---------------------------------------------------------------------------------------
 def test_cron_fires_once_per_period_and_only_with_a_new_chunk():
     p = policy("schedule", cron="0 2 * * *")
-    assert not p.decide(state(T0 + 0.5 * HOUR)).train
+    assert not p.decide(state(T0 + 0.5 * HOUR)).trains
     assert next_fire(p) == T0 + 2 * HOUR
 
     fired = p.decide(state(T0 + 2 * HOUR))
-    assert fired.train and "2024-01-01T02:00:00+00:00" in fired.reason and "2024-01-02T02:00:00+00:00" in fired.reason
-    assert not p.decide(state(T0 + 2.2 * HOUR, stages_done=1)).train, "fired twice in one night"
+    assert fired.trains and "2024-01-01T02:00:00+00:00" in fired.reason and "2024-01-02T02:00:00+00:00" in fired.reason
+    assert not p.decide(state(T0 + 2.2 * HOUR, stages_done=1)).trains, "fired twice in one night"
 
     skipped = p.decide(state(T0 + DAY + 2 * HOUR, pending=0, stages_done=1))
-    assert not skipped.train and "skipped" in skipped.reason
-    assert not p.decide(state(T0 + DAY + 3 * HOUR, stages_done=1)).train, "a late chunk waits for the next night"
-    assert p.decide(state(T0 + 2 * DAY + 2 * HOUR + 5, stages_done=1)).train
+    assert not skipped.trains and "skipped" in skipped.reason
+    assert not p.decide(state(T0 + DAY + 3 * HOUR, stages_done=1)).trains, "a late chunk waits for the next night"
+    assert p.decide(state(T0 + 2 * DAY + 2 * HOUR + 5, stages_done=1)).trains
 
 
 def test_interval_fires_on_its_grid_and_coalesces_missed_periods():
     p = policy("schedule", interval_seconds=HOUR)
-    assert not p.decide(state(T0)).train
-    assert not p.decide(state(T0 + HOUR - 1)).train
-    assert p.decide(state(T0 + HOUR)).train
-    assert not p.decide(state(T0 + HOUR + 100, stages_done=1)).train
-    assert p.decide(state(T0 + 5.5 * HOUR, stages_done=1)).train
+    assert not p.decide(state(T0)).trains
+    assert not p.decide(state(T0 + HOUR - 1)).trains
+    assert p.decide(state(T0 + HOUR)).trains
+    assert not p.decide(state(T0 + HOUR + 100, stages_done=1)).trains
+    assert p.decide(state(T0 + 5.5 * HOUR, stages_done=1)).trains
     assert next_fire(p) == T0 + 6 * HOUR
-    assert not p.decide(state(T0 + 5.6 * HOUR, stages_done=2)).train
+    assert not p.decide(state(T0 + 5.6 * HOUR, stages_done=2)).trains
 
 
 def test_schedule_survives_a_restart_without_skipping_or_firing_twice():
@@ -111,14 +111,14 @@ def test_schedule_survives_a_restart_without_skipping_or_firing_twice():
     # Down from 00:30 to 03:00: the 02:00 fire is taken at restart, once.
     after = policy("schedule", cron="0 2 * * *")
     after.load_state_dict(json.loads(saved))
-    assert after.decide(state(T0 + 3 * HOUR)).train
+    assert after.decide(state(T0 + 3 * HOUR)).trains
     again = policy("schedule", cron="0 2 * * *")
     again.load_state_dict(json.loads(json.dumps(after.state_dict())))
-    assert not again.decide(state(T0 + 3 * HOUR + 60, stages_done=1)).train
+    assert not again.decide(state(T0 + 3 * HOUR + 60, stages_done=1)).trains
 
     # Without its state a restarted policy re-anchors and waits for the next night.
     forgetful = policy("schedule", cron="0 2 * * *")
-    assert not forgetful.decide(state(T0 + 3 * HOUR)).train
+    assert not forgetful.decide(state(T0 + 3 * HOUR)).trains
 
 
 def test_a_changed_schedule_discards_the_saved_fire_time():
@@ -126,7 +126,7 @@ def test_a_changed_schedule_discards_the_saved_fire_time():
     hourly.decide(state(T0))
     daily = policy("schedule", interval_seconds=DAY)
     daily.load_state_dict(hourly.state_dict())
-    assert not daily.decide(state(T0 + 2 * HOUR)).train
+    assert not daily.decide(state(T0 + 2 * HOUR)).trains
     assert next_fire(daily) == T0 + 2 * HOUR + DAY
 
 
@@ -150,9 +150,7 @@ def test_schedule_from_a_config_file():
     config = build_config({"policy": {"name": "schedule", "cron": "0 2 * * *", "grow_every": 2}})
     p = build_policy(config.policy)
     p.decide(state(T0))
-    assert p.decide(state(T0 + 2 * HOUR, stages_done=1, learner_grows=True)) == Decision(
-        True,
-        True,
+    assert p.decide(state(T0 + 2 * HOUR, stages_done=1, learner_grows=True)) == Decision.grow(
         "fire time 2024-01-01T02:00:00+00:00 with 1 new chunk(s); next at 2024-01-02T02:00:00+00:00; "
         "grow at stage 2 (grow_every=2)",
     )
@@ -174,39 +172,39 @@ def measured(now: float, flops: float = 0.0, seconds: float = 0.0, **fields) -> 
 
 def test_budget_trains_the_first_chunk_before_any_cost_is_known():
     decision = policy("budget", flops_per_hour=1e12).decide(state(T0 + 60))
-    assert decision.train and "no FLOPs per example measured after 0 stage(s)" in decision.reason
-    assert not policy("budget", flops_per_hour=1e12).decide(state(T0 + 60, pending=0)).train
+    assert decision.trains and "no FLOPs per example measured after 0 stage(s)" in decision.reason
+    assert not policy("budget", flops_per_hour=1e12).decide(state(T0 + 60, pending=0)).trains
 
 
 def test_budget_trains_within_and_waits_over_budget():
     p = policy("budget", flops_per_hour=1e12)
     within = p.decide(measured(T0 + HOUR - 100, flops=8e11))
-    assert within.train
+    assert within.trains
     assert "spent 8e+11 + next stage 1e+11 (1e+09/example x 100) <= 1e+12 allowed (1e+12/h x 1 h)" in within.reason
     over = p.decide(measured(T0 + HOUR - 100, flops=9.5e11))
-    assert not over.train and "over budget" in over.reason and "> 1e+12 allowed" in over.reason
-    assert p.decide(measured(T0 + 1.1 * HOUR, flops=9.5e11)).train, "the allowance grows with time"
+    assert not over.trains and "over budget" in over.reason and "> 1e+12 allowed" in over.reason
+    assert p.decide(measured(T0 + 1.1 * HOUR, flops=9.5e11)).trains, "the allowance grows with time"
 
 
 def test_budget_needs_every_configured_budget_to_fit():
     p = policy("budget", flops_per_hour=1e12, gpu_seconds_per_hour=60.0)
     decision = p.decide(measured(T0 + HOUR - 100, flops=1e11, seconds=50.0))
-    assert not decision.train
+    assert not decision.trains
     assert "FLOPs: spent 1e+11" in decision.reason and "GPU-s: spent 50 + next stage 100" in decision.reason
 
 
 def test_budget_estimates_the_examples_the_next_stage_fits_on():
     p = policy("budget", flops_per_hour=1e12)
-    assert p.decide(measured(T0 + HOUR)).train
+    assert p.decide(measured(T0 + HOUR)).trains
     replaying = p.decide(measured(T0 + HOUR, next_stage_examples=2000))
-    assert not replaying.train and "x 2000" in replaying.reason
+    assert not replaying.trains and "x 2000" in replaying.reason
 
 
 def test_budget_counts_the_stage_duration_as_elapsed_time():
     # A whole GPU per hour: busy all the time so far, the next stage still fits because it takes as
     # long as it spends.
     p = policy("budget", gpu_seconds_per_hour=3600.0)
-    assert p.decide(measured(T0 + HOUR, seconds=HOUR - 10, examples_pending=1000)).train
+    assert p.decide(measured(T0 + HOUR, seconds=HOUR - 10, examples_pending=1000)).trains
 
 
 # -- config errors ----------------------------------------------------------------------------------

@@ -81,7 +81,7 @@ class Stream:
             before = policy.state_dict()
             decision = policy.decide(state)
             trace.append((state, before, decision))
-            if decision.train:
+            if decision.trains:
                 examples = self.chunks_pending * EXAMPLES_PER_CHUNK
                 self.stages_done += 1
                 self.flops += FLOPS_PER_EXAMPLE * examples
@@ -105,7 +105,7 @@ def test_decisions_are_well_formed_and_some_train(name, kwargs):
     for _, _, decision in trace:
         assert isinstance(decision, Decision)
         assert isinstance(decision.reason, str) and decision.reason.strip()
-    assert sum(decision.train for _, _, decision in trace) >= 2, "the stream never exercises training"
+    assert sum(decision.trains for _, _, decision in trace) >= 2, "the stream never exercises training"
 
 
 @pytest.mark.parametrize("name,kwargs", CASES)
@@ -117,24 +117,24 @@ def test_grow_every_applies_uniformly(name, kwargs, grow_every, learner_grows):
         stage = state.stages_done + 1
         if POLICIES[name].decides_growth:
             # Its own growth timing, but only with training, for a learner that grows, and never with 0.
-            assert not decision.grow or (decision.train and learner_grows and grow_every > 0), (stage, decision)
+            assert not decision.grows or (decision.trains and learner_grows and grow_every > 0), (stage, decision)
             continue
-        expected = decision.train and learner_grows and grow_every > 0 and stage % grow_every == 0
-        assert decision.grow == expected, (stage, decision)
+        expected = decision.trains and learner_grows and grow_every > 0 and stage % grow_every == 0
+        assert decision.grows == expected, (stage, decision)
 
 
 @pytest.mark.parametrize("name,kwargs", CASES)
 def test_no_training_when_nothing_is_pending(name, kwargs):
     policy = build(name, kwargs)
     stream = Stream()
-    assert not policy.decide(stream.state()).train, "trained before any chunk"
+    assert not policy.decide(stream.state()).trains, "trained before any chunk"
     stream.run(policy, STEPS // 2)
     stream.chunks_pending = 0
     start = stream.now
     for later in (0, 59, 3600, 86_400, 7 * 86_400):
         stream.now = start + later
         decision = policy.decide(stream.state())
-        assert not decision.train, decision
+        assert not decision.trains, decision
 
 
 @pytest.mark.parametrize("name,kwargs", CASES)

@@ -8,8 +8,8 @@ import torch
 from alma_daemon.core.chunk_buffer import MemoryBuffer
 from alma_daemon.data.streams import Chunk, split_chunk
 from alma_daemon.data.tensors import LabeledData
+from alma_daemon.infra.redis_keys import StreamKeys
 from alma_daemon.service.redis_buffer import RedisBuffer
-from alma_daemon.service.redis_keys import StreamKeys
 
 KEYS = StreamKeys("tiny")
 

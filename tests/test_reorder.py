@@ -7,12 +7,12 @@ import json
 import pytest
 
 from alma_daemon.config import build_config
-from alma_daemon.service.redis_keys import StreamKeys
+from alma_daemon.infra.redis_keys import StreamKeys
 from alma_daemon.service.reorder import NextChunk, ReorderGate
 from alma_daemon.service.status import format_status, read_status
 from alma_daemon.transports.redis_stream import RedisStreamPublisher
 from alma_daemon.transports.replay import dataset_chunks, replay
-from tests.test_daemon import engine_state, run_daemon, service_config
+from tests.helpers.daemon import engine_state, run_daemon, service_config
 
 
 def test_the_next_id_is_taken_at_once_and_a_gap_holds_later_chunks_for_the_wait_only() -> None:

@@ -13,7 +13,7 @@ from alma_daemon.core.records import StepRecord
 from alma_daemon.observability.report import TABLE_HEADER, cer_target, find_runs, write_report
 from alma_daemon.observability.results import ResultsWriter, read_results
 from alma_daemon.research.simulate import build_engine, run_simulation, simulated_stream
-from tests.conftest import TINY_MNIST as TINY
+from tests.helpers.data import TINY_MNIST as TINY
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

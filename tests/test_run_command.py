@@ -15,8 +15,8 @@ import pytest
 from alma_daemon.data.datasets import resolve_data_root
 from alma_daemon.service.status import live_state, model_row
 from serving.live_pointer import ServingState
-from tests.servers import free_port
-from tests.test_daemon import PROCESS_LIMIT_SECONDS, REPO, sigkill, wait_until
+from tests.helpers.daemon import PROCESS_LIMIT_SECONDS, REPO, sigkill, wait_until
+from tests.helpers.servers import free_port
 
 #: The commands replay MNIST (`alma run --replay mnist`), which is read from the data folder and never
 #: downloaded: where a user's checkout has no MNIST files those tests cannot run (CI has them, from
@@ -56,6 +56,8 @@ def status(root: Path) -> dict:
     return json.loads(result.stdout)
 
 
+@pytest.mark.integration
+@pytest.mark.slow
 @needs_mnist
 def test_a_second_daemon_on_the_stream_is_refused_at_start_and_a_restart_after_kill_9_is_not(tmp_path) -> None:
     # No --until-chunks: the first daemon keeps running once the replay is done.
@@ -86,6 +88,7 @@ def test_a_second_daemon_on_the_stream_is_refused_at_start_and_a_restart_after_k
     assert status(tmp_path)["chunks_trained"] == 3
 
 
+@pytest.mark.slow
 @needs_mnist
 def test_until_chunks_beyond_what_the_replay_sends_is_refused_at_start(tmp_path) -> None:
     result = alma("run", "--embedded", "--replay", "mnist", "--until-chunks", "5", "--no-progress", *settings(tmp_path))
@@ -97,6 +100,7 @@ def test_until_chunks_beyond_what_the_replay_sends_is_refused_at_start(tmp_path)
     assert not (tmp_path / "state").exists(), "something started before the refusal"
 
 
+@pytest.mark.slow
 @needs_mnist
 def test_replay_into_an_event_stream_is_refused_at_start_naming_the_key_and_the_way(tmp_path) -> None:
     result = alma(
@@ -117,6 +121,8 @@ def test_replay_into_an_event_stream_is_refused_at_start_naming_the_key_and_the_
     assert not (tmp_path / "state").exists(), "something started before the refusal"
 
 
+@pytest.mark.integration
+@pytest.mark.slow
 @needs_mnist
 def test_a_replay_that_fails_is_told_in_one_line_without_a_traceback(tmp_path) -> None:
     port = free_port()  # nobody listens: no broker
@@ -140,6 +146,8 @@ def resumed(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     return root, second
 
 
+@pytest.mark.integration
+@pytest.mark.slow
 @needs_mnist
 def test_the_progress_bar_of_a_resumed_run_counts_the_chunks_processed_before(resumed) -> None:
     _, run = resumed
@@ -147,6 +155,8 @@ def test_the_progress_bar_of_a_resumed_run_counts_the_chunks_processed_before(re
     assert "2/3 " in bars[0] and "100%" in bars[-1] and "3/3 " in bars[-1], bars
 
 
+@pytest.mark.integration
+@pytest.mark.slow
 @needs_mnist
 def test_status_shows_the_live_version_and_a_rollback(resumed) -> None:
     root, run = resumed
@@ -164,6 +174,8 @@ def test_status_shows_the_live_version_and_a_rollback(resumed) -> None:
     assert re.search(rf"^CER so far +{after['cer']:.4f}$", shown, re.M), shown
 
 
+@pytest.mark.integration
+@pytest.mark.slow
 @needs_mnist
 def test_status_while_redis_is_down_shows_the_daemon_file_and_the_live_version(resumed) -> None:
     root, _ = resumed

@@ -1,7 +1,7 @@
 """Secured connections: Redis with a password, an ACL user and TLS; Kafka with TLS and SASL settings;
 secrets read from files and never shown.
 
-Real servers (tests/servers.py): Redis with ``requirepass`` and an ACL user, the same on TLS only with
+Real servers (tests/helpers/servers.py): Redis with ``requirepass`` and an ACL user, the same on TLS only with
 client certificates required, and the Tansu broker behind a TLS relay. Tansu offers no usable SASL,
 so the SASL keys are checked where they land: in the ``.config`` of kafka-python's clients.
 """
@@ -21,10 +21,11 @@ import yaml
 from kafka import KafkaConsumer, KafkaProducer
 
 from alma_daemon.config import ConfigError, KafkaConfig, RedisConfig, build_config, to_dict
-from alma_daemon.service.connections import kafka_client, kafka_security, redis_client
-from alma_daemon.service.credentials import MASK, mask_url, read_secret
-from alma_daemon.service.redis_keys import StreamKeys
-from tests.servers import free_port
+from alma_daemon.config.masking import MASK, mask_url
+from alma_daemon.infra.connections import kafka_client, kafka_security, redis_client
+from alma_daemon.infra.credentials import read_secret
+from alma_daemon.infra.redis_keys import StreamKeys
+from tests.helpers.servers import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 #: Bounds a hang on a loaded 2-core machine; it measures nothing.

@@ -1,4 +1,4 @@
-"""Each fixture of tests/servers.py starts a real server that real clients can use and stop."""
+"""Each fixture of tests/helpers/servers.py starts a real server that real clients can use and stop."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.servers import (
+from tests.helpers.servers import (
     KafkaBroker,
     RedisServer,
     ServerStartError,
@@ -79,6 +79,39 @@ def test_failed_start_reports_the_log_tail(tmp_path: Path) -> None:
 def test_start_refuses_a_port_in_use(redis_server: RedisServer, tmp_path: Path) -> None:
     with pytest.raises(ServerStartError, match="already listens"):
         RedisServer(tmp_path, port=redis_server.port).start()
+
+
+@pytest.mark.integration
+def test_a_server_whose_chosen_port_is_taken_before_its_start_moves_to_a_free_one(tmp_path: Path) -> None:
+    server = RedisServer(tmp_path)
+    first = server.port
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", first))
+        taken.listen()
+        server.start()
+        try:
+            assert server.port != first and server.ports == [server.port]
+            with server.client() as client:
+                assert client.ping()
+        finally:
+            server.stop()
+
+
+@pytest.mark.integration
+def test_a_server_that_cannot_bind_its_chosen_port_starts_again_on_fresh_ones(tmp_path: Path) -> None:
+    """The race itself: nothing listens on the chosen port, but another socket holds it by the time
+    the server binds. Tansu then exits (with code 0); the start goes on with a fresh port."""
+    broker = KafkaBroker(tmp_path)
+    first = broker.port
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", first))  # bound, not listening: port_open() sees nothing
+        broker.start()
+        try:
+            assert broker.port != first and broker.bootstrap_servers == f"127.0.0.1:{broker.port}"
+            broker.create_topic("moved")
+        finally:
+            broker.stop()
+    assert "taken by another process" in broker.log_tail(400)
 
 
 # --------------------------------------------------------------------------------------- Kafka

@@ -1,6 +1,6 @@
 """The local publisher (pointer, guard, rollback), the background worker and the CLI, without servers.
 
-The checkpoint helpers here are shared with ``tests/test_serving_torchserve.py``.
+The checkpoint helpers, shared with ``tests/test_serving_torchserve.py``, are in ``tests/helpers/serving.py``.
 """
 
 from __future__ import annotations
@@ -18,58 +18,25 @@ import pytest
 import torch
 
 from alma_daemon.cli import main
-from alma_daemon.config import TrainConfig, build_config
+from alma_daemon.config import build_config
 from alma_daemon.core.checkpoints import WEIGHTS, CheckpointStore
 from alma_daemon.core.chunk_buffer import MemoryBuffer
 from alma_daemon.core.engine import Engine
-from alma_daemon.data.datasets import MNIST_TASK, TaskInfo
+from alma_daemon.data.datasets import MNIST_TASK
 from alma_daemon.data.streams import Chunk, partition
-from alma_daemon.data.tensors import LabeledData
-from alma_daemon.learners import Learner, build_learner
-from alma_daemon.observability import telemetry
+from alma_daemon.learners import build_learner
 from alma_daemon.service.bootstrap import drop_uncommitted_checkpoints
 from alma_daemon.service.publish_handoff import PublishHandoff
-from alma_daemon.training.loop import Trainer
 from policies import build_policy
 from serving import build_publisher
 from serving.archiver import ARCHIVES, build_archive
 from serving.background import BackgroundPublisher
 from serving.local_publisher import LocalPublisher
 from serving.publisher import Candidate, Outcome, PublishError
-from tests.conftest import learner_settings, separable_data
+from tests.helpers.data import separable_data
+from tests.helpers.serving import metric_value, new_learner, save_version
 
 MODEL = "alma"
-
-
-# -- checkpoint helpers (shared with the TorchServe tests) ----------------------------------------
-def quick_trainer(seed: int = 0) -> Trainer:
-    return Trainer(TrainConfig(epochs=4, patience=4, batch_size=64), "adadelta", torch.device("cpu"), seed=seed)
-
-
-def new_learner(name: str = "sm", task: TaskInfo = MNIST_TASK, seed: int = 0) -> Learner:
-    return build_learner(name, task, learner_settings(name, {"width": 8, "members": 2}), seed)
-
-
-def save_version(store: CheckpointStore, version: int, learner: Learner, sample: LabeledData) -> Path:
-    """A checkpoint like the engine's: metrics.json with val_<measure>, and the validation sample."""
-    measure = learner.measure
-    return store.save(
-        learner, version, {f"val_{measure}": learner.evaluate(sample)[measure], "kind": "finetune"}, validation=sample
-    )
-
-
-@pytest.fixture(scope="module")
-def good_and_bad() -> tuple[Learner, Learner, LabeledData]:
-    """A trained SM, an untrained one, and a validation sample on which the first is far better."""
-    good, bad = new_learner(seed=0), new_learner(seed=1)
-    good.fit(separable_data(MNIST_TASK, 600, seed=1), separable_data(MNIST_TASK, 100, seed=2), quick_trainer())
-    sample = separable_data(MNIST_TASK, 200, seed=3)
-    assert good.evaluate(sample)["error"] + 0.3 < bad.evaluate(sample)["error"], "fixture: good must beat bad"
-    return good, bad, sample
-
-
-def metric_value(name: str, **labels: str) -> float:
-    return telemetry.REGISTRY.get_sample_value(name, labels) or 0.0
 
 
 @pytest.fixture

@@ -28,9 +28,10 @@ from serving.background import BackgroundPublisher
 from serving.codecs import SAFETENSORS_CONTENT_TYPE, codec_for
 from serving.publisher import PublishError
 from serving.torchserve_publisher import TorchServePublisher
-from tests.conftest import learner_settings, separable_data
-from tests.servers import TorchServeServer, free_ports, http_request, java_available
-from tests.test_serving_local import good_and_bad, metric_value, new_learner, quick_trainer, save_version  # noqa: F401
+from tests.helpers.configs import learner_settings
+from tests.helpers.data import separable_data
+from tests.helpers.servers import TorchServeServer, free_ports, http_request, java_available
+from tests.helpers.serving import metric_value, new_learner, quick_trainer, save_version
 
 pytestmark = pytest.mark.integration
 

@@ -14,7 +14,7 @@ from alma_daemon.models.stacked import StackedMLP, stackable
 from alma_daemon.training import compile as compile_module
 from alma_daemon.training.loop import Trainer
 from alma_daemon.training.members import fit_stacked, stacked_fitter
-from tests.conftest import separable_data
+from tests.helpers.data import separable_data
 
 #: Patience 0 over 8 epochs on noisy labels: members stop early at different epochs.
 CONFIG = TrainConfig(epochs=8, patience=0, batch_size=32)

@@ -16,8 +16,8 @@ from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import build_learner
 from alma_daemon.research.simulate import simulated_stream
 from policies import build_policy
-from tests.test_datasets import have
-from tests.test_text_stream import text_config
+from tests.helpers.data import have
+from tests.helpers.text import text_config
 
 needs_mnist = pytest.mark.skipif(not have("mnist"), reason="MNIST files not in the data folder (see README: data)")
 

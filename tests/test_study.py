@@ -172,6 +172,7 @@ def test_the_quick_and_full_scales_plan_every_experiment_with_one_folder_per_run
         assert {r.seed for r in runs} == set(range(seeds))
 
 
+@pytest.mark.slow
 def test_a_tiny_study_runs_judges_reports_and_resumes(tmp_path, capsys):
     said: list[str] = []
     findings = run_study(tmp_path, TINY, say=said.append)

@@ -8,26 +8,13 @@ import math
 import pytest
 import torch
 
-from alma_daemon.config import TrainConfig
 from alma_daemon.data.tensors import LabeledData
-from alma_daemon.learners import build_learner, learner_from_spec
+from alma_daemon.learners import learner_from_spec
 from alma_daemon.learners.switch_lm_gmoe import expert_losses
 from alma_daemon.models.switch import SwitchFFN, balance_loss
-from alma_daemon.training.loop import Trainer
 from alma_daemon.training.optim import LinearWarmupDecay
-from tests.conftest import learner_settings
-from tests.test_learner_contract import TOKENS, token_data
-
-TINY = {"layers": 2, "d_model": 16, "heads": 2, "d_ff": 32, "experts": 3, "dropout": 0.0}
-
-
-def tiny_learner(name: str, **overrides):
-    return build_learner(name, TOKENS, learner_settings(name, TINY, overrides), seed=0)
-
-
-def trainer(steps: int = 4, stage: int = 1) -> Trainer:
-    config = TrainConfig(batch_size=16, steps_per_chunk=steps, warmup_steps=2, lr=3e-3)
-    return Trainer(config, "adam", torch.device("cpu"), seed=stage)
+from tests.helpers.contract import token_data
+from tests.helpers.switch_lm import tiny_learner, trainer
 
 
 def random_router_layer(experts: int = 4, capacity_factor: float = 1.0) -> SwitchFFN:
@@ -115,6 +102,7 @@ def test_perplexity_of_a_uniform_model_is_the_vocabulary_size():
     assert learner.evaluate(token_data(8, seed=0))["perplexity"] == pytest.approx(50.0, rel=1e-5)
 
 
+@pytest.mark.slow
 def test_switch_lm_learns_the_pattern():
     learner = tiny_learner("switch-lm")
     train, val = token_data(256, seed=1), token_data(32, seed=2)
@@ -133,12 +121,13 @@ def test_ensemble_averages_member_probabilities():
     torch.testing.assert_close(learner.predict_proba(x), members.mean(0), rtol=0, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_gens_starts_with_one_member_and_trains_only_new_ones():
     learner = tiny_learner("switch-lm-gens")
     train, val = token_data(64, seed=1), token_data(16, seed=2)
-    assert learner.grow(val, trainer())["added"] == 0  # nothing to grow from before the first stage
+    assert learner.grow(val, trainer()).details["added"] == 0  # nothing to grow from before the first stage
     learner.fit(train, val, trainer())
-    assert learner.grow(val, trainer(stage=2)) == {"added": 1, "members": 2}
+    assert learner.grow(val, trainer(stage=2)).details == {"added": 1, "members": 2}
     first = {k: v.clone() for k, v in learner.model[0].state_dict().items()}
     report = learner.fit(train, val, trainer(stage=2))
     assert report.steps == 4  # one member's steps
@@ -164,9 +153,10 @@ def test_gens_loads_the_arch_that_older_checkpoints_saved(saved, current):
     assert len(restored.model) == saved["members"]
     assert restored.members_to_train() == range(current["frozen"], saved["members"])
     val = token_data(16, seed=2)
-    assert restored.grow(val, trainer())["added"] == (1 if current["trained"] else 0)
+    assert restored.grow(val, trainer()).details["added"] == (1 if current["trained"] else 0)
 
 
+@pytest.mark.slow
 def test_gens_stage_without_growth_fine_tunes_every_member_of_the_last_growth():
     learner = tiny_learner("switch-lm-gens", grow_members=2)
     train, val = token_data(64, seed=1), token_data(16, seed=2)
@@ -179,17 +169,18 @@ def test_gens_stage_without_growth_fine_tunes_every_member_of_the_last_growth():
     assert all(torch.equal(v, learner.model[0].state_dict()[k]) for k, v in first.items())
 
 
+@pytest.mark.slow
 def test_gmoe_growth_copies_the_worst_experts_and_leaves_the_output_unchanged():
     learner = tiny_learner("switch-lm-gmoe", grow_experts=2)
     train, val = token_data(128, seed=1), token_data(32, seed=2)
-    assert learner.grow(val, trainer())["copied"] == []  # not trained yet
+    assert learner.grow(val, trainer()).details["copied"] == []  # not trained yet
     torch.manual_seed(0)
     learner.fit(train, val, trainer(steps=10))
     losses = expert_losses(learner.model, val, learner.device)
     before = learner.predict_proba(val.x)
     growth = learner.grow(val, trainer(stage=2))
-    assert growth["experts"] == [5, 5]
-    assert growth["copied"] == [loss.topk(2).indices.tolist() for loss in losses]
+    assert growth.details["experts"] == [5, 5]
+    assert growth.details["copied"] == [loss.topk(2).indices.tolist() for loss in losses]
     torch.testing.assert_close(learner.predict_proba(val.x), before, rtol=0, atol=1e-5)
 
 
@@ -218,6 +209,7 @@ def test_step_budget_runs_exactly_that_many_full_batches():
     assert report.steps == 7 and seen == [16] * 7  # 112 examples: three reshuffled passes, no short batch
 
 
+@pytest.mark.slow
 def test_dropout_masks_come_from_the_trainer_not_from_other_threads_building_models():
     """The daemon's publisher builds models (reseeding torch's global RNG) while the main thread trains."""
     import threading

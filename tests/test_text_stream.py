@@ -8,38 +8,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from alma_daemon.config import Config, build_config, learner_config
+from alma_daemon.config import build_config, learner_config
 from alma_daemon.core.checkpoints import CheckpointStore
 from alma_daemon.data.datasets import DatasetError, resolve_data_root
 from alma_daemon.data.text import BPETokenizer, WordVocabulary, split_lines, text_stream, tokenizer_from_task
 from alma_daemon.learners import build_learner
 from alma_daemon.research.ablation import ablate_iid
 from alma_daemon.research.simulate import run_simulation
+from tests.helpers.text import TINY_LM, text_config
 
 PTB = resolve_data_root(None) / "ptb"
 needs_ptb = pytest.mark.skipif(not (PTB / "ptb.train.txt").is_file(), reason=f"PTB not found in {PTB}")
-TINY_LM = {"name": "switch-lm", "layers": 1, "d_model": 16, "heads": 2, "d_ff": 32, "experts": 2}
-
-
-def corpus(tmp_path: Path) -> list[str]:
-    """Two files, three equal parts of fixed-width lines: ``aaaa bbbb`` text first, ``qqqq rrrr`` after."""
-    first = "aaaa bbbb aaaa bbbb ab\n" * 60
-    rest = "qqqq rrrr qqqq rrrr qr\n" * 120
-    (tmp_path / "one.txt").write_text(first + rest[: 23 * 30])
-    (tmp_path / "two.txt").write_text(rest[23 * 30 :])
-    return [str(tmp_path / "one.txt"), str(tmp_path / "two.txt")]
-
-
-def text_config(tmp_path: Path, **sections: dict) -> Config:
-    data = {
-        "dataset": {"name": "text", "files": corpus(tmp_path), "vocab_size": 300},
-        "stream": {"megabatches": 2, "seq_len": 16},
-        "learner": TINY_LM,
-        "train": {"batch_size": 8, "steps_per_chunk": 3, "warmup_steps": 1},
-    }
-    for name, values in sections.items():
-        data[name] = {**data.get(name, {}), **values}
-    return build_config(data)
 
 
 @pytest.fixture(scope="module")
@@ -152,6 +131,7 @@ def test_lm_simulation_records_perplexity_not_error(tmp_path):
     assert "tokenizer" in json.loads((tmp_path / "store" / "alma" / "2" / "spec.json").read_text())["task"]["extra"]
 
 
+@pytest.mark.slow
 def test_ablation_trains_sequentially_and_iid_with_the_same_steps(tmp_path):
     results = ablate_iid(text_config(tmp_path), chunks=2, progress=False)
     sequential, iid = results["sequential"], results["iid"]

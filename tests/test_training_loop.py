@@ -18,7 +18,7 @@ from alma_daemon.seeding import generator
 from alma_daemon.training import compile as compile_module
 from alma_daemon.training.loop import EVAL_BATCH, Trainer, pass_batch_sizes
 from alma_daemon.training.optim import DEFAULT_LR, FlatOptimizer, optimizer_factory
-from tests.conftest import separable_data
+from tests.helpers.data import separable_data
 
 CIFAR_LIKE = TaskInfo(
     "classification", (32, 32, 3), 4, mean=(0.5, 0.4, 0.3), std=(0.25, 0.2, 0.3), channels_last=True, augment=True
@@ -68,6 +68,7 @@ def test_a_pass_never_ends_on_a_batch_under_half_the_batch_size(n, sizes) -> Non
     assert sorted(torch.cat(batches).tolist()) == list(range(n))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task,width,optimizer", [(MNIST_TASK, 16, "adadelta"), (CIFAR_LIKE, 4, "sgd")])
 def test_trainer_gives_the_textbook_loops_weights_bit_for_bit(task, width, optimizer) -> None:
     train, val = separable_data(task, 160, seed=1), separable_data(task, 40, seed=2)
@@ -202,7 +203,8 @@ def test_train_compile_traces_a_switch_lm_step_once_under_its_learning_rate_sche
     dropout of 0 draws no noise, so the step compiles; the results are close to eager ones."""
     from torch._dynamo.utils import counters
 
-    from tests.test_switch_lm import tiny_learner, token_data, trainer
+    from tests.helpers.contract import token_data
+    from tests.helpers.switch_lm import tiny_learner, trainer
 
     torch._dynamo.reset()
     counters.clear()
@@ -276,6 +278,7 @@ class WithUnusedLayer(torch.nn.Module):
         return self.used(x.flatten(1).float() / 255)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "net,reason", [(WithUnusedLayer, None), (lambda: SeededDropoutNet(), "SeededDropout draw noise")]
 )

@@ -1,4 +1,5 @@
-"""``alma config schema`` prints the config's JSON Schema; ``alma config check FILE`` validates a config file.
+"""``alma config schema`` prints the config's JSON Schema; ``alma config check FILE`` validates a config file;
+``alma config docs`` writes the config reference (docs/config.md, config.yaml) from the models' field descriptions.
 
 Editors check a config.yaml against the schema as it is typed (with the YAML language server: a first
 line ``# yaml-language-server: $schema=alma.schema.json``); ``check`` applies the same rules alma applies
@@ -10,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from alma_daemon.config import ConfigError, load_config
 from alma_daemon.config.loading import json_schema
@@ -17,7 +19,7 @@ from alma_daemon.data.arrays import arrays_task
 
 
 def add_parser(subparsers) -> None:
-    parser = subparsers.add_parser("config", help="the config's JSON Schema, or check a config file")
+    parser = subparsers.add_parser("config", help="the config's JSON Schema and reference, or check a config file")
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     schema = actions.add_parser("schema", help="print the JSON Schema of a config file (every learner and policy)")
     schema.set_defaults(func=print_schema)
@@ -34,6 +36,36 @@ def add_parser(subparsers) -> None:
         help="override a config key, as the other commands do, e.g. --set learner.width=16 (repeatable)",
     )
     check.set_defaults(func=check_file)
+    docs = actions.add_parser(
+        "docs", help="write the config reference (docs/config.md, config.yaml) from the config models' descriptions"
+    )
+    docs.add_argument("--check", action="store_true", help="write nothing; exit 1 if a file is stale, naming it")
+    docs.add_argument("--root", default=".", metavar="DIR", help="the repository root the files are under (default: .)")
+    docs.set_defaults(func=write_docs)
+
+
+def write_docs(args: argparse.Namespace) -> int:
+    """Write docs/config.md and config.yaml from the models' field descriptions, or with --check say which is stale."""
+    from alma_daemon.config.reference import reference_files
+
+    root = Path(args.root)
+    stale = []
+    for name, text in reference_files().items():
+        path = root / name
+        if path.is_file() and path.read_text() == text:
+            continue
+        stale.append(name)
+        if not args.check:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            print(f"wrote {path}")
+    if args.check and stale:
+        for name in stale:
+            print(f"alma config docs: {root / name} is stale; run `alma config docs` to regenerate it", file=sys.stderr)
+        return 1
+    if not stale:
+        print("the config reference is up to date")
+    return 0
 
 
 def print_schema(args: argparse.Namespace) -> int:

@@ -13,6 +13,7 @@ import sys
 from alma_daemon.cli import add_config_arguments, check_config_under_ranks
 from alma_daemon.config import Config, ConfigError, load_config
 from alma_daemon.core.checkpoints import CheckpointStore
+from alma_daemon.infra.redis_keys import StreamKeys
 from alma_daemon.logs import error_text
 from alma_daemon.observability.progress import ProgressBar
 from alma_daemon.runtime import resolve_device
@@ -20,7 +21,6 @@ from alma_daemon.service.bootstrap import event_stream
 from alma_daemon.service.daemon import Daemon
 from alma_daemon.service.embedded_redis import EMBEDDED_OVERRIDES, close_redis, connect_redis
 from alma_daemon.service.rank_followers import RankLeader, RankStepFailed, follow
-from alma_daemon.service.redis_keys import StreamKeys
 from alma_daemon.service.replay_thread import ReplayThread
 from alma_daemon.service.signals import StepAbandoned
 from alma_daemon.service.status import engine_counters, format_status, read_status, serving_state

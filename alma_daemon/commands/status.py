@@ -10,10 +10,10 @@ from pathlib import Path
 
 from alma_daemon.cli import add_config_arguments
 from alma_daemon.config import load_config
+from alma_daemon.infra.outages import REDIS_UNREACHABLE, one_line
+from alma_daemon.infra.redis_keys import StreamKeys
 from alma_daemon.service.daemon import STATUS_FILE
 from alma_daemon.service.embedded_redis import EMBEDDED_OVERRIDES, close_redis, connect_redis, embedded_db_path
-from alma_daemon.service.outages import REDIS_UNREACHABLE, one_line
-from alma_daemon.service.redis_keys import StreamKeys
 from alma_daemon.service.status import format_local_status, format_status, local_status, read_status, serving_state
 
 

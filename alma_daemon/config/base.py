@@ -38,15 +38,9 @@ class KeyOfAnotherPlugin(ConfigError):
 
     def where_set(self, file: str | None, overridden: set[str]) -> ConfigError:
         """This error, worded for a config read from ``file`` with ``--set`` overrides of the keys
-        ``overridden``: the key named in the file and a ``name`` chosen on the command line are a
-        switch of plugin that left the file's keys of the old one behind."""
+        ``overridden``: the file is named when the key was set there. (A ``name`` chosen with --set drops
+        the file's keys that plugin does not read before validation: alma_daemon/config/loading.py.)"""
         key_in_file = file is not None and not _set_by(self.key, overridden)
-        if key_in_file and _set_by(f"{self.section}.name", overridden):
-            return ConfigError(
-                f"{self.key}: not read by the {self.name!r} {self.section} (set in {file}); to switch "
-                f"{self.section} and drop the file's {self.section} keys: "
-                f'--set \'{self.section}={{"name": "{self.name}"}}\''
-            )
         return KeyOfAnotherPlugin(self.key, self.section, self.name, self.readers, file if key_in_file else None)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import logging
 import re
 from pathlib import Path
 from typing import Any, cast
@@ -16,7 +17,11 @@ import yaml
 from pydantic import TypeAdapter
 
 from alma_daemon.config.base import ConfigError, KeyOfAnotherPlugin, validate
+from alma_daemon.config.masking import mask_secrets
+from alma_daemon.config.plugins import LearnerConfig, PolicyConfig
 from alma_daemon.config.sections import Config
+
+log = logging.getLogger(__name__)
 
 
 class _ConfigLoader(yaml.SafeLoader):
@@ -92,10 +97,45 @@ def build_config(
         key, value = parse_override(text)
         set_dotted(merged, key, value)
         overridden.add(key)
+    for kind in (LearnerConfig, PolicyConfig):
+        _switch_plugin(merged, kind, overridden)
     try:
         return cast(Config, validate(Config, merged))
     except KeyOfAnotherPlugin as exc:
         raise exc.where_set(None if file is None else str(file), overridden) from None
+
+
+def _switch_plugin(merged: dict, kind: type[LearnerConfig] | type[PolicyConfig], overridden: set[str]) -> None:
+    """``--set learner.name=X`` (or ``policy.name``) switches the plugin of a config read from a file:
+    drop the file's keys of that section that X does not read (those of the plugin it named), logging
+    one line. Keys given with --set themselves stay, so that one X does not read still fails."""
+    section = kind.section
+    values = merged.get(section)
+    if f"{section}.name" not in overridden or not isinstance(values, dict):
+        return
+    name = values.get("name")
+    models = kind.registered()
+    if not isinstance(name, str) or name not in models:
+        return  # validation refuses it, naming the known plugins
+    reads = {f.name for f in dataclasses.fields(models[name])}
+    dropped = [k for k in values if k not in reads and not _set_by(f"{section}.{k}", overridden)]
+    for key in dropped:
+        del values[key]
+    if dropped:
+        keys = ", ".join(f"{section}.{k}" for k in dropped)
+        log.warning(
+            "config: %s.name=%s from --set: dropped %s (%s does not read %s)",
+            section,
+            name,
+            keys,
+            name,
+            "it" if len(dropped) == 1 else "them",
+        )
+
+
+def _set_by(key: str, overridden: set[str]) -> bool:
+    """Whether one of the ``overridden`` keys sets ``key`` (itself, or a section holding it)."""
+    return any(key == k or key.startswith(f"{k}.") for k in overridden)
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
@@ -105,9 +145,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
 
 def to_dict(config: Any) -> dict:
     """The resolved config as plain data, as saved next to every run's results: a password written in
-    a URL is masked (secrets come from files; alma_daemon/service/credentials.py)."""
-    from alma_daemon.service.credentials import mask_secrets  # it imports ConfigError from this package
-
+    a URL is masked (secrets come from files; alma_daemon/infra/credentials.py)."""
     return mask_secrets(dataclasses.asdict(config))
 
 

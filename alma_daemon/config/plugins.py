@@ -8,6 +8,9 @@ discriminated by ``name``, so a key the chosen learner does not read fails at st
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from importlib.metadata import entry_points
 from typing import Annotated, Any, cast
 
 from pydantic import BeforeValidator, Field
@@ -16,40 +19,55 @@ from pydantic.dataclasses import dataclass
 from alma_daemon.config.base import PLUGIN_SECTION, Int, PluginConfig, Str, UnionSchema, validate
 
 
+@functools.cache
+def _providers(group: str) -> tuple[Callable[[], dict[str, type[PluginConfig]]], ...]:
+    return tuple(entry.load() for entry in entry_points(group=group))
+
+
+def plugin_models(group: str) -> dict[str, type[PluginConfig]]:
+    """The config model of each plugin by name, from the functions named in entry point ``group`` (the
+    built-ins' in pyproject.toml): the plugins import this package, so it imports none of them."""
+    models: dict[str, type[PluginConfig]] = {}
+    for provider in _providers(group):
+        models.update(provider())
+    return models
+
+
 @dataclass(config=PLUGIN_SECTION)
 class LearnerConfig(PluginConfig):
     """Keys every learner has; each learner's model adds its own."""
 
-    #: sm, ens, umix, gens, gmoe, firefly, switch-lm, switch-lm-ens, switch-lm-gens, switch-lm-gmoe.
-    name: Str = "sm"
+    name: Str = Field(
+        default="sm",
+        description="The learner: sm, ens, umix, gens, gmoe, firefly, switch-lm, switch-lm-ens, switch-lm-gens, switch-lm-gmoe.",
+    )
 
     section = "learner"
     default_name = "sm"
 
     @classmethod
     def registered(cls) -> dict[str, type[PluginConfig]]:
-        from alma_daemon.learners import learner_config_models  # the learners import this module
-
-        return dict(learner_config_models())
+        return plugin_models("alma_daemon.learners")
 
 
 @dataclass(config=PLUGIN_SECTION)
 class PolicyConfig(PluginConfig):
     """Keys every waiting-time policy has; each policy's model adds its own."""
 
-    #: fixed, geometric, adaptive, schedule, budget.
-    name: Str = "fixed"
-    #: Growing learners grow every k-th training stage (1 = every stage, 0 = never).
-    grow_every: Int = Field(default=1, ge=0)
+    name: Str = Field(
+        default="fixed",
+        description="The waiting-time policy: fixed, geometric, adaptive, schedule, budget (docs/policies.md).",
+    )
+    grow_every: Int = Field(
+        default=1, ge=0, description="Growing learners grow every k-th training stage (1 = every stage, 0 = never)."
+    )
 
     section = "policy"
     default_name = "fixed"
 
     @classmethod
     def registered(cls) -> dict[str, type[PluginConfig]]:
-        from policies import policy_config_models  # the policies import this module
-
-        return dict(policy_config_models())
+        return plugin_models("alma_daemon.policies")
 
     def check_stream_length(self, megabatches: int) -> None:
         """Raise a ConfigError if this policy would never train on a stream that ends after

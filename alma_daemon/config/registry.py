@@ -51,9 +51,16 @@ class PluginRegistry(Generic[PluginT]):
         return sorted(self.classes)
 
     def config_models(self) -> dict[str, Any]:
-        """Each plugin's config model by name (the section is their union, discriminated by name)."""
+        """Each plugin's config model by name (the section is their union, discriminated by name), the
+        built-ins in the order of their modules' list, whatever imported them first, then the others."""
         self.import_builtins()
-        return {name: cls.config_model for name, cls in self.classes.items()}
+        modules = [f"{self.package}.{module}" for module in self.builtin_modules]
+
+        def rank(name: str) -> int:
+            module = self.classes[name].__module__
+            return modules.index(module) if module in modules else len(modules)
+
+        return {name: self.classes[name].config_model for name in sorted(self.classes, key=rank)}
 
     def import_builtins(self) -> None:
         for module in self.builtin_modules:

@@ -29,7 +29,7 @@ from alma_daemon.core.records import StageRecord, StepRecord
 from alma_daemon.data.streams import Chunk, build_drift, prequential_sample, split_chunk
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import Learner
-from alma_daemon.learners.growing import NOT_TRAINED_YET
+from alma_daemon.learners.growth_report import GrowthReport
 from alma_daemon.seeding import derive_seed
 from alma_daemon.training.loop import FitReport, Trainer
 from alma_daemon.training.optim import resolve_optimizer_name
@@ -134,7 +134,7 @@ class Engine:
         self.state.examples_seen += len(chunk)
 
         decision = self.decide(prequential, len(sample))
-        stage = self.train_stage(decision) if decision.train else None
+        stage = self.train_stage(decision) if decision.trains else None
         return self.record_step(chunk, prequential, decision, stage, late=late)
 
     def policy_state(self, prequential: float | None = None, prequential_examples: int = 0) -> PolicyState:
@@ -186,7 +186,7 @@ class Engine:
         # Asked even with nothing pending: a fire time that passes without a chunk is used up, so a
         # chunk arriving after it waits for the next one (a nightly schedule's promise).
         decision = self.decide()
-        if not decision.train:
+        if not decision.trains:
             return None
         stage = self.train_stage(decision)
         self.state.cumulative_train_flops += stage.train_flops
@@ -202,18 +202,18 @@ class Engine:
         chunk_ids = self.buffer.pending_chunks()
         train, val = self.buffer.training_data(self.config.stream.replay)
         kind = "scratch" if self.config.train.from_scratch else "finetune"
-        growth: dict | None = None
+        growth: GrowthReport | None = None
         # Growth first: it chooses from the trained model (gMoE's losing expert, Firefly's candidates),
         # which a retraining from scratch then re-draws at the grown size.
-        if decision.grow and self.learner.grows:
+        if decision.grows and self.learner.grows:
             growth = self._grow(val, trainer)
-            if growth.get("reason") != NOT_TRAINED_YET:
+            if growth.grew:
                 kind = "grow"
         if self.config.train.from_scratch and self.state.stages_done > 0:
             self.learner.reinitialize(derive_seed(self.config.seed, "scratch", stage))
         report: FitReport = self.learner.fit(train, val, trainer)
         # The passes that chose how to grow (validation losses, candidate scoring) are training compute.
-        report = replace(report, flops=report.flops + int((growth or {}).get("flops", 0)))
+        report = replace(report, flops=report.flops + int(growth.flops or 0 if growth else 0))
         self.buffer.mark_trained(self.config.stream.replay)
         val_measure = self.learner.evaluate(val)[self.learner.measure]
         self.state.stages_done = stage
@@ -257,7 +257,7 @@ class Engine:
         torch.manual_seed(derive_seed(seed, "torch", stage))
         return trainer
 
-    def _grow(self, val: LabeledData, trainer: Trainer) -> dict:
+    def _grow(self, val: LabeledData, trainer: Trainer) -> GrowthReport:
         """The learner's growth step; returns its report (a step it skipped says why, and grew nothing)."""
         growth = self.learner.grow(val, trainer)
         self.learner.architecture_changed()

@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from alma_daemon.learners.growth_report import GrowthReport
+
 #: Stage keys that a step's row repeats when the step trained, in row order (``val_<measure>`` comes
 #: between ``steps`` and ``train_flops_per_example``; ``growth`` last, only for a growth stage).
 _STAGE_KEYS_IN_STEP = ("stage", "kind", "epochs", "best_epoch", "steps")
@@ -39,8 +41,8 @@ class StageRecord:
     model_version: int
     parameters: int
     train_flops_per_example: float
-    #: What growing did (the learner's own report), when the stage grew the model.
-    growth: dict | None = None
+    #: What the growth step did, when the stage started with one.
+    growth: GrowthReport | None = None
     #: ``chunks``: the chunks not trained on before (pending) only, even with ``stream.replay``, where
     #: the stage also trains on every earlier chunk kept. ``examples``: the examples trained and
     #: validated on, the pending chunks' without replay, every kept chunk's with it. None for a stage
@@ -61,7 +63,7 @@ class StageRecord:
             "epochs": self.epochs,
             "best_epoch": self.best_epoch,
             f"val_{self.measure}": self.val,
-            "growth": self.growth,
+            "growth": self.growth.as_row() if self.growth is not None else None,
             "model_version": self.model_version,
             "parameters": self.parameters,
             "train_flops_per_example": self.train_flops_per_example,
@@ -151,7 +153,7 @@ class StepRecord:
             row[f"val_{m}"] = stage.val
             row["train_flops_per_example"] = stage.train_flops_per_example
             if stage.growth is not None:
-                row["growth"] = stage.growth
+                row["growth"] = stage.growth.as_row()
         return row
 
     @classmethod
@@ -177,7 +179,7 @@ class StepRecord:
                     model_version=row["model_version"],
                     parameters=row["parameters"],
                     train_flops_per_example=row["train_flops_per_example"],
-                    growth=row.get("growth"),
+                    growth=GrowthReport.from_row(row["growth"]) if row.get("growth") is not None else None,
                 )
             return cls(
                 t=row["t"],

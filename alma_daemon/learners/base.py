@@ -24,6 +24,7 @@ from alma_daemon.config import LearnerConfig, validate
 from alma_daemon.config.base import PLUGIN_SECTION, Int
 from alma_daemon.data.datasets import TaskInfo
 from alma_daemon.data.tensors import LabeledData
+from alma_daemon.learners.growth_report import GrowthReport
 from alma_daemon.models.backbones import Normalize, inputs_standardized_outside
 from alma_daemon.seeding import derive_seed
 from alma_daemon.training.flops import count_flops
@@ -52,8 +53,9 @@ def seeded_members(learner: Learner, indices: range, build: Callable[[], ModuleT
 class BackboneConfig(LearnerConfig):
     """Keys of the learners built from the image backbones (MLP, reduced VGG19-BN)."""
 
-    #: Hidden units (MLP) or channels (VGG) of every layer of the backbone.
-    width: Int = Field(default=64, gt=0)
+    width: Int = Field(
+        default=64, gt=0, description="Hidden units (MLP) or channels (VGG) of every layer of the backbone."
+    )
 
 
 class Learner(ABC):
@@ -116,11 +118,8 @@ class Learner(ABC):
         """
         return [("mlp", {}), ("vgg", {"width": 4})]
 
-    def grow(self, val: LabeledData, trainer: Trainer) -> dict:
-        """Grow the architecture before a training stage; returns a JSON summary of what grew.
-
-        A ``"flops"`` entry in the summary is charged to the stage's training compute.
-        """
+    def grow(self, val: LabeledData, trainer: Trainer) -> GrowthReport:
+        """Grow the architecture before a training stage; returns what grew and what choosing it cost."""
         raise NotImplementedError(f"learner {self.name!r} does not grow")
 
     # -- shared behaviour -------------------------------------------------------------------------
@@ -227,18 +226,9 @@ class SingleNetwork(Learner):
         return self.model(x).softmax(1)
 
 
-#: The keys of the one flat learner config every learner shared before each had its own model.
-_SHARED_CONFIG_KEYS = frozenset(
-    {"name", "width", "members", "grow_members", "gating", "growth_rate", "experts", "layers", "d_model"}
-    | {"heads", "d_ff", "dropout", "capacity_factor", "balance_loss_weight", "grow_experts"}
-)
-
-
 def config_from_spec(spec: dict, model: type[LearnerConfig]) -> tuple[TaskInfo, LearnerConfig]:
-    """The task and learner config saved in a spec.json, read as ``model`` (the spec's learner's)."""
-    # Specs saved with the shared config carry every learner's keys (and name "sm" for any learner
-    # built without one): of those, only the ones this learner reads are its config. Any other key
-    # is not dropped: a renamed key must fail rather than load its default.
-    keys = {f.name for f in dataclasses.fields(model)}
-    saved = {k: v for k, v in spec["config"].items() if k in keys or k not in _SHARED_CONFIG_KEYS}
-    return TaskInfo.from_dict(spec["task"]), validate(model, {**saved, "name": spec["learner"]}, prefix="spec.config.")
+    """The task and learner config saved in a spec.json, read as ``model`` (the spec's learner's).
+
+    No key is dropped: a renamed or unknown key fails, naming it, rather than load its default."""
+    config = {**spec["config"], "name": spec["learner"]}
+    return TaskInfo.from_dict(spec["task"]), validate(model, config, prefix="spec.config.")

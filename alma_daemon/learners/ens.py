@@ -55,8 +55,7 @@ class EnsembleConfig(BackboneConfig):
     """Ens: the backbone's width and the number of members."""
 
     name: Literal["ens"] = "ens"
-    #: Independent backbones, each initialized from its own seed.
-    members: Int = Field(default=5, gt=0)
+    members: Int = Field(default=5, gt=0, description="Independent backbones, each initialized from its own seed.")
 
 
 @register_learner

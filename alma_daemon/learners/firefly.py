@@ -45,6 +45,7 @@ from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import register_learner
 from alma_daemon.learners.base import BackboneConfig, SingleNetwork
 from alma_daemon.learners.growing import GrowsOnceTrained
+from alma_daemon.learners.growth_report import GrowthReport
 from alma_daemon.models.backbones import is_image_task
 from alma_daemon.models.firefly_net import (
     GrowableLayer,
@@ -351,8 +352,11 @@ class FireflyConfig(BackboneConfig):
     """Firefly: the backbone's (initial) width and how much each growth step adds."""
 
     name: Literal["firefly"] = "firefly"
-    #: Parameters added per growth step as a share of the initial count (linear growth).
-    growth_rate: Float = Field(default=0.25, ge=0)
+    growth_rate: Float = Field(
+        default=0.25,
+        ge=0,
+        description="Parameters added per growth step as a share of the initial count (linear growth).",
+    )
 
 
 @register_learner
@@ -378,7 +382,7 @@ class Firefly(GrowsOnceTrained, SingleNetwork):
     def growth_skipped(self) -> dict:
         return {"parameters_added": 0}
 
-    def grow_trained(self, val: LabeledData, trainer: Trainer) -> dict:
+    def grow_trained(self, val: LabeledData, trainer: Trainer) -> GrowthReport:
         """One Firefly step on a subsample of ``val``."""
         limit = SCORING_IMAGES if is_image_task(self.task) else SCORING_EXAMPLES
         pick = torch.randperm(len(val), generator=trainer.generator("firefly", "subsample"))[:limit]
@@ -389,4 +393,4 @@ class Firefly(GrowsOnceTrained, SingleNetwork):
             lambda: firefly_step(self.model, self.task, data, self.config.growth_rate * initial, directions)
         )
         self.arch = {**self.model.architecture(), "trained": True}
-        return {**summary, "flops": flops}
+        return GrowthReport(summary, flops=flops)

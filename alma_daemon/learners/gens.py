@@ -13,6 +13,7 @@ Without a growth step (``policy.grow_every`` > 1) a stage fine-tunes the newest 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Literal
 
 from pydantic import Field
@@ -24,6 +25,7 @@ from alma_daemon.learners import register_learner
 from alma_daemon.learners.base import BackboneConfig
 from alma_daemon.learners.ens import Ensemble
 from alma_daemon.learners.growing_ensemble import GrowsByMembers
+from alma_daemon.learners.growth_report import GrowthReport
 from alma_daemon.training.loop import Trainer
 
 
@@ -32,8 +34,7 @@ class GrowingEnsembleConfig(BackboneConfig):
     """gEns: the backbone's width and the members added per growth step."""
 
     name: Literal["gens"] = "gens"
-    #: Members added per growth step (k).
-    grow_members: Int = Field(default=1, gt=0)
+    grow_members: Int = Field(default=1, gt=0, description="Members added per growth step (k).")
 
 
 @register_learner
@@ -47,7 +48,8 @@ class GrowingEnsemble(GrowsByMembers, Ensemble):
     config_model = GrowingEnsembleConfig
     config: GrowingEnsembleConfig
 
-    def grow_trained(self, val: LabeledData, trainer: Trainer) -> dict:
+    def grow_trained(self, val: LabeledData, trainer: Trainer) -> GrowthReport:
         # Image gEns's growth records also count the frozen members (switch-lm-gens's never did): saved
         # series keep their keys.
-        return {**super().grow_trained(val, trainer), "frozen": self.arch["frozen"]}
+        report = super().grow_trained(val, trainer)
+        return replace(report, details={**report.details, "frozen": self.arch["frozen"]})

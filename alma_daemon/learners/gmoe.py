@@ -20,6 +20,7 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
+from pydantic import Field
 from pydantic.dataclasses import dataclass
 from torch import nn
 
@@ -29,6 +30,7 @@ from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import register_learner
 from alma_daemon.learners.base import BackboneConfig, SingleNetwork, seeded_build
 from alma_daemon.learners.growing import GrowsOnceTrained
+from alma_daemon.learners.growth_report import GrowthReport
 from alma_daemon.models.backbones import Backbone, Normalize, backbone_layers
 from alma_daemon.models.moe import LEAF, TreeGatedMoE, binary_gate, count_experts
 from alma_daemon.training.flops import count_flops
@@ -81,8 +83,10 @@ class GrowingMixtureOfExpertsConfig(BackboneConfig):
     """gMoE: the backbone's width and how the experts are gated."""
 
     name: Literal["gmoe"] = "gmoe"
-    #: "soft" (softmax gates) or "hard" (straight-through in training, argmax at test time).
-    gating: Literal["soft", "hard"] = "soft"
+    gating: Literal["soft", "hard"] = Field(
+        default="soft",
+        description='"soft" (softmax gates) or "hard" (straight-through in training, argmax at test time).',
+    )
 
 
 @register_learner
@@ -123,7 +127,7 @@ class GrowingMixtureOfExperts(GrowsOnceTrained, SingleNetwork):
     def growth_skipped(self) -> dict:
         return {"split": []}
 
-    def grow_trained(self, val: LabeledData, trainer: Trainer) -> dict:
+    def grow_trained(self, val: LabeledData, trainer: Trainer) -> GrowthReport:
         """Split the losing expert of every mixture layer."""
         val = LabeledData(val.x.to(self.device), val.y.to(self.device))
         losses, flops = count_flops(lambda: cumulative_losses(self.model, val))
@@ -142,4 +146,4 @@ class GrowingMixtureOfExperts(GrowsOnceTrained, SingleNetwork):
                 }
             )
         self.arch = {"trees": [m.tree for m in self.mixtures()], "trained": True}
-        return {"split": splits, "experts": [len(m.experts) for m in self.mixtures()], "flops": flops}
+        return GrowthReport({"split": splits, "experts": [len(m.experts) for m in self.mixtures()]}, flops=flops)

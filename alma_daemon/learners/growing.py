@@ -9,6 +9,7 @@ weights. So a growth step waits until the newest part has trained, and says so i
 from __future__ import annotations
 
 from alma_daemon.data.tensors import LabeledData
+from alma_daemon.learners.growth_report import GrowthReport
 from alma_daemon.training.loop import FitReport, Trainer
 
 #: The reason a skipped growth step gives in the stage's record.
@@ -38,15 +39,15 @@ class GrowsOnceTrained:
         self.arch = {**self.arch, "trained": False}
 
     def growth_skipped(self) -> dict:
-        """The summary of a growth step that grew nothing (keys as in :meth:`grow_trained`'s)."""
+        """The details of a growth step that grew nothing (keys as in :meth:`grow_trained`'s)."""
         return {}
 
-    def grow_trained(self, val: LabeledData, trainer: Trainer) -> dict:
+    def grow_trained(self, val: LabeledData, trainer: Trainer) -> GrowthReport:
         raise NotImplementedError
 
-    def grow(self, val: LabeledData, trainer: Trainer) -> dict:
+    def grow(self, val: LabeledData, trainer: Trainer) -> GrowthReport:
         if not self.newest_part_trained():
-            return {**self.growth_skipped(), "reason": NOT_TRAINED_YET}
+            return GrowthReport(self.growth_skipped(), skipped=NOT_TRAINED_YET)
         return self.grow_trained(val, trainer)
 
     def fit(self, train: LabeledData, val: LabeledData, trainer: Trainer) -> FitReport:

@@ -15,6 +15,7 @@ from alma_daemon.config import LearnerConfig
 from alma_daemon.data.datasets import TaskInfo
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners.growing import GrowsOnceTrained
+from alma_daemon.learners.growth_report import GrowthReport
 from alma_daemon.training.loop import Trainer
 
 
@@ -65,9 +66,9 @@ class GrowsByMembers(GrowsOnceTrained):
     def growth_skipped(self) -> dict:
         return {"added": 0, "members": self.arch["members"]}
 
-    def grow_trained(self, val: LabeledData, trainer: Trainer) -> dict:
+    def grow_trained(self, val: LabeledData, trainer: Trainer) -> GrowthReport:
         """Freeze every member and add k freshly initialized ones."""
         count, added = self.arch["members"], self.config.grow_members
         self.model.extend(m.to(self.device) for m in self.new_members(range(count, count + added)))
         self.arch = {"members": count + added, "frozen": count, "trained": False}
-        return {"added": added, "members": count + added}
+        return GrowthReport({"added": added, "members": count + added})

@@ -55,18 +55,16 @@ def validation_loss(net: nn.Module, val: LabeledData, meter: FlopMeter) -> float
 class LanguageModelConfig(LearnerConfig):
     """Keys of every Switch LM learner: the size of one Switch Transformer LM (Fedus et al. 2021)."""
 
-    #: Experts per Switch layer.
-    experts: Int = Field(default=4, gt=0)
-    #: Transformer blocks, model width, attention heads, expert FFN width, dropout.
-    layers: Int = Field(default=2, gt=0)
-    d_model: Int = Field(default=128, gt=0)
-    heads: Int = Field(default=4, gt=0)
-    d_ff: Int = Field(default=512, gt=0)
-    dropout: Float = Field(default=0.1, ge=0)
-    #: Tokens over an expert's capacity skip the FFN through the residual.
-    capacity_factor: Float = Field(default=1.0, gt=0)
-    #: Weight of the load-balancing loss.
-    balance_loss_weight: Float = Field(default=0.01, ge=0)
+    experts: Int = Field(default=4, gt=0, description="Experts per Switch layer.")
+    layers: Int = Field(default=2, gt=0, description="Transformer blocks.")
+    d_model: Int = Field(default=128, gt=0, description="Model width.")
+    heads: Int = Field(default=4, gt=0, description="Attention heads.")
+    d_ff: Int = Field(default=512, gt=0, description="Expert FFN width.")
+    dropout: Float = Field(default=0.1, ge=0, description="Dropout rate.")
+    capacity_factor: Float = Field(
+        default=1.0, gt=0, description="Tokens over an expert's capacity skip the FFN through the residual."
+    )
+    balance_loss_weight: Float = Field(default=0.01, ge=0, description="Weight of the load-balancing loss.")
 
 
 @dataclass(config=PLUGIN_SECTION)

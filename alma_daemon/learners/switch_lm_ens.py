@@ -31,8 +31,7 @@ class SwitchLMEnsembleConfig(LanguageModelConfig):
     """switch-lm-ens: the size of each LM and the number of members."""
 
     name: Literal["switch-lm-ens"] = "switch-lm-ens"
-    #: Switch LMs, each initialized from its own seed.
-    members: Int = Field(default=5, gt=0)
+    members: Int = Field(default=5, gt=0, description="Switch LMs, each initialized from its own seed.")
 
 
 @register_learner

@@ -25,8 +25,7 @@ class GrowingSwitchLMEnsembleConfig(LanguageModelConfig):
     """switch-lm-gens: the size of each LM and the members added per growth step."""
 
     name: Literal["switch-lm-gens"] = "switch-lm-gens"
-    #: Members added per growth step.
-    grow_members: Int = Field(default=1, gt=0)
+    grow_members: Int = Field(default=1, gt=0, description="Members added per growth step.")
 
 
 @register_learner

@@ -22,6 +22,7 @@ from alma_daemon.config.base import PLUGIN_SECTION, Int
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import register_learner
 from alma_daemon.learners.growing import GrowsOnceTrained
+from alma_daemon.learners.growth_report import GrowthReport
 from alma_daemon.learners.switch_lm import LM_EVAL_BATCH, LanguageModelConfig, SwitchLanguageModel
 from alma_daemon.models.switch import SwitchLM
 from alma_daemon.training.flops import count_flops
@@ -47,8 +48,7 @@ class GrowingSwitchLMConfig(LanguageModelConfig):
     """switch-lm-gmoe: the LM's initial size and the experts copied per growth step."""
 
     name: Literal["switch-lm-gmoe"] = "switch-lm-gmoe"
-    #: Experts copied per growth step (top-k by validation loss).
-    grow_experts: Int = Field(default=2, gt=0)
+    grow_experts: Int = Field(default=2, gt=0, description="Experts copied per growth step (top-k by validation loss).")
 
 
 @register_learner
@@ -71,7 +71,7 @@ class GrowingSwitchLM(GrowsOnceTrained, SwitchLanguageModel):
     def growth_skipped(self) -> dict:
         return {"copied": [], "experts": list(self.arch["experts"])}
 
-    def grow_trained(self, val: LabeledData, trainer: Trainer) -> dict:
+    def grow_trained(self, val: LabeledData, trainer: Trainer) -> GrowthReport:
         losses, flops = count_flops(lambda: expert_losses(self.model, val, self.device))
         copied = []
         for ffn, loss in zip(self.model.switch_layers(), losses):
@@ -79,4 +79,4 @@ class GrowingSwitchLM(GrowsOnceTrained, SwitchLanguageModel):
             ffn.split_experts(chosen)
             copied.append(chosen)
         self.arch = {**self.arch, "experts": [len(ffn.experts) for ffn in self.model.switch_layers()]}
-        return {"copied": copied, "experts": list(self.arch["experts"]), "flops": flops}
+        return GrowthReport({"copied": copied, "experts": list(self.arch["experts"])}, flops=flops)

@@ -31,8 +31,7 @@ class UniformMixtureConfig(BackboneConfig):
     """UMix: the backbone's width and the number of members."""
 
     name: Literal["umix"] = "umix"
-    #: Backbones whose averaged logits are trained end to end.
-    members: Int = Field(default=5, gt=0)
+    members: Int = Field(default=5, gt=0, description="Backbones whose averaged logits are trained end to end.")
 
 
 @register_learner

@@ -35,7 +35,7 @@ ERROR_SETS: tuple[str, ...] = ("test", "prequential")
 UPDATE_KINDS: tuple[str, ...] = ("finetune", "grow", "scratch")
 #: ``alma_policy_decisions_total{action}``: :attr:`policies.Decision.action`.
 DECISION_ACTIONS: tuple[str, ...] = ("wait", "train", "grow+train")
-#: ``alma_server_up{server}``: the servers the daemon depends on (alma_daemon/service/outages.py).
+#: ``alma_server_up{server}``: the servers the daemon depends on (alma_daemon/infra/outages.py).
 SERVERS: tuple[str, ...] = ("redis", "kafka")
 #: ``alma_swap_failures_total{stage}``: the publishing steps of docs/serving.md.
 SWAP_STAGES: tuple[str, ...] = ("archive", "guard", "register", "probe", "set_default", "drain", "delete")

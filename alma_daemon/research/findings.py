@@ -70,6 +70,10 @@ class MissingRuns(LookupError):
     """A rule needs runs the result set does not have (the study was cut short, or a run failed)."""
 
 
+#: A rule: the runs of one seed -> (whether the finding holds, the evidence).
+Judge = Callable[[list["RunResult"]], tuple[bool, dict]]
+
+
 @dataclass(frozen=True)
 class Finding:
     """A claim of the paper and the rule that judges it on the runs of one seed."""
@@ -77,7 +81,7 @@ class Finding:
     id: str
     claim: str
     rule: str
-    judge: Callable[[list[RunResult]], tuple[bool, dict]]
+    judge: Judge
 
 
 def _select(runs: Iterable[RunResult], experiment: str | None = None, **params) -> list[RunResult]:
@@ -116,9 +120,27 @@ def _chunks(run: RunResult) -> int:
 
 
 # -- the rules, one per finding ---------------------------------------------------------------------
+#: Every finding, in the order reports show them; each is declared by :func:`finding` on its rule.
+FINDINGS: list[Finding] = []
 
 
-def judge_f1(runs: list[RunResult]) -> tuple[bool, dict]:
+def finding(id: str, claim: str, rule: str) -> Callable[[Judge], Judge]:
+    """Declare the finding ``id`` (the paper's ``claim``, judged by ``rule`` in words) on its judge."""
+
+    def declare(judge: Judge) -> Judge:
+        FINDINGS.append(Finding(id, claim, rule, judge))
+        return judge
+
+    return declare
+
+
+@finding(
+    "F1",
+    "MNIST: an intermediate waiting time is best (lowest CER) only for small models; bigger ones prefer smaller w",
+    "for SM on MNIST, the smallest width's lowest-CER wait lies strictly between the smallest and "
+    "largest waits tried, and the largest width's lowest-CER wait is smaller than it",
+)
+def judge_intermediate_wait_best_for_small_models(runs: list[RunResult]) -> tuple[bool, dict]:
     waits, widths = _values(runs, "mnist-wait", "policy.wait"), _values(runs, "mnist-wait", "learner.width")
     best: dict[int, int] = {}
     cer: dict[int, dict[int, float]] = {}
@@ -131,7 +153,15 @@ def judge_f1(runs: list[RunResult]) -> tuple[bool, dict]:
     return ok, {"best_wait": best, "cer_by_wait": cer, "small_best_is_intermediate": intermediate}
 
 
-def judge_f2(runs: list[RunResult]) -> tuple[bool, dict]:
+@finding(
+    "F2",
+    "CIFAR-10 without replay: an intermediate w gives the best CER for the compute; greedy leads "
+    "only early; tardy has the best final error",
+    "for SM on CIFAR-10 (smallest width): the lowest CER is at a wait strictly between greedy and "
+    "tardy; greedy's mean test error over the first tenth of the stream is below the best "
+    "intermediate wait's, and its final error above it; the tardy run's final error is the lowest",
+)
+def judge_intermediate_wait_best_on_cifar(runs: list[RunResult]) -> tuple[bool, dict]:
     waits, widths = _values(runs, "cifar-wait", "policy.wait"), _values(runs, "cifar-wait", "learner.width")
     by_wait = {w: _one(runs, "cifar-wait", width=widths[0], wait=w) for w in waits}
     greedy, tardy = by_wait[waits[0]], by_wait[waits[-1]]
@@ -166,7 +196,14 @@ F3_WAIT = 10
 F3_EXPERIMENTS = {"mnist": ("mnist-wait",), "cifar": ("cifar-wait", "cifar-large")}
 
 
-def judge_f3(runs: list[RunResult]) -> tuple[bool, dict]:
+@finding(
+    "F3",
+    "larger models are statistically more efficient: the large model after a tenth of the stream "
+    "beats the small one at its end",
+    f"at w = {F3_WAIT}, the largest SM's test error after B/10 chunks is below the smallest SM's "
+    "final test error, on every dataset of the study that has two widths",
+)
+def judge_large_models_learn_more_per_example(runs: list[RunResult]) -> tuple[bool, dict]:
     evidence, oks = {}, []
     for dataset in ("mnist", "cifar"):
         sizes = [
@@ -203,7 +240,16 @@ def _best_within(candidates: list[RunResult], budget: Callable[[RunResult], floa
     return min(within, key=lambda r: r.cer) if within else None
 
 
-def judge_f4(runs: list[RunResult]) -> tuple[bool, dict]:
+@finding(
+    "F4",
+    "growing does not pay: at equal compute or memory, SM of average size beats gMoE and FF; Ens "
+    "beats gEns at equal inference cost",
+    "on MNIST at the methods' wait: for every gMoE and Firefly run, the best SM with no more "
+    "cumulative training FLOPs, and the best SM with no more cumulative parameters, each have a "
+    "lower CER; for every gEns run, the best Ens with no higher final inference FLOPs per example "
+    "has a lower CER",
+)
+def judge_growing_does_not_pay(runs: list[RunResult]) -> tuple[bool, dict]:
     pool = _mnist_pool(runs)
     sms = [r for r in pool if r.learner == "sm"]
     comparisons, oks = [], []
@@ -251,7 +297,13 @@ def _comparison(run: RunResult, best: RunResult | None, budget: str, ok: bool) -
     }
 
 
-def judge_f5(runs: list[RunResult]) -> tuple[bool, dict]:
+@finding(
+    "F5",
+    "the operating point matters: UMix edges Ens for small members, Ens wins for large ones",
+    "on MNIST at the methods' wait: UMix's CER is below Ens's at the smallest member width, and "
+    "Ens's below UMix's at the largest",
+)
+def judge_umix_edges_ens_only_for_small_members(runs: list[RunResult]) -> tuple[bool, dict]:
     widths = _values(runs, "mnist-methods", "learner.width")
     cer = {
         width: {m: _one(runs, "mnist-methods", learner=m, width=width).cer for m in ("umix", "ens")}
@@ -277,7 +329,14 @@ def _dominated(run: RunResult, others: Iterable[RunResult], budget: Callable[[Ru
     return None
 
 
-def judge_f6(runs: list[RunResult]) -> tuple[bool, dict]:
+@finding(
+    "F6",
+    "Ens strikes the best trade-off for larger models",
+    "on MNIST at the methods' wait: at the largest member width Ens has the lowest CER of all "
+    "methods, and no run of the pool (every method and SM size) is at least as good in CER at no "
+    "more cumulative training FLOPs, nor at no more cumulative parameters",
+)
+def judge_ens_best_trade_off_for_large_models(runs: list[RunResult]) -> tuple[bool, dict]:
     pool = _mnist_pool(runs)
     widths = _values(runs, "mnist-methods", "learner.width")
     large = [r for r in pool if r.experiment == "mnist-methods" and r.width == widths[-1]]
@@ -294,7 +353,14 @@ def judge_f6(runs: list[RunResult]) -> tuple[bool, dict]:
     }
 
 
-def judge_f7(runs: list[RunResult]) -> tuple[bool, dict]:
+@finding(
+    "F7",
+    "replay lowers error but gives no better CER-for-compute trade-off",
+    "on MNIST, for every (method, width) run with and without replay: replay lowers the CER, and "
+    "every replay run is matched (at most its training FLOPs and at most its CER, one of them "
+    "strictly) by some MNIST run without replay",
+)
+def judge_replay_lowers_error_not_the_trade_off(runs: list[RunResult]) -> tuple[bool, dict]:
     replayed = _select(runs, "mnist-replay", **{"stream.replay": True})
     if not replayed:
         raise MissingRuns("mnist-replay has no run with replay")
@@ -318,7 +384,14 @@ def judge_f7(runs: list[RunResult]) -> tuple[bool, dict]:
     return ok, {"pairs": pairs, "replay_lowers_cer": all(lowers), "no_better_trade_off": all(dominated)}
 
 
-def judge_f8(runs: list[RunResult]) -> tuple[bool, dict]:
+@finding(
+    "F8",
+    "learning sequentially is harder than learning i.i.d. on the same data and compute",
+    "for every SM width on MNIST, greedy training chunk by chunk (w = 1) ends with a higher test "
+    "error than one stage on the whole stream (w = B), which sees the same examples for the same "
+    "epochs (the same training FLOPs): `alma ablate-iid` with k = B",
+)
+def judge_sequential_is_harder_than_iid(runs: list[RunResult]) -> tuple[bool, dict]:
     waits, widths = _values(runs, "mnist-wait", "policy.wait"), _values(runs, "mnist-wait", "learner.width")
     evidence, oks = {}, []
     for width in widths:
@@ -337,7 +410,13 @@ def judge_f8(runs: list[RunResult]) -> tuple[bool, dict]:
     return all(oks), evidence
 
 
-def judge_f9(runs: list[RunResult]) -> tuple[bool, dict]:
+@finding(
+    "F9",
+    "(ours) a waiting time that grows with the data trained on (geometric) beats every constant w in CER",
+    "for every SM width on MNIST, the geometric policy's CER (ratio 0.5) is below the lowest CER "
+    "of the constant waits tried",
+)
+def judge_geometric_beats_every_constant_wait(runs: list[RunResult]) -> tuple[bool, dict]:
     geometric = _select(runs, "mnist-geometric")
     if not geometric:
         raise MissingRuns("no runs of mnist-geometric")
@@ -357,82 +436,6 @@ def judge_f9(runs: list[RunResult]) -> tuple[bool, dict]:
             "holds": ok,
         }
     return all(oks), evidence
-
-
-FINDINGS: list[Finding] = [
-    Finding(
-        "F1",
-        "MNIST: an intermediate waiting time is best (lowest CER) only for small models; bigger ones prefer smaller w",
-        "for SM on MNIST, the smallest width's lowest-CER wait lies strictly between the smallest and "
-        "largest waits tried, and the largest width's lowest-CER wait is smaller than it",
-        judge_f1,
-    ),
-    Finding(
-        "F2",
-        "CIFAR-10 without replay: an intermediate w gives the best CER for the compute; greedy leads "
-        "only early; tardy has the best final error",
-        "for SM on CIFAR-10 (smallest width): the lowest CER is at a wait strictly between greedy and "
-        "tardy; greedy's mean test error over the first tenth of the stream is below the best "
-        "intermediate wait's, and its final error above it; the tardy run's final error is the lowest",
-        judge_f2,
-    ),
-    Finding(
-        "F3",
-        "larger models are statistically more efficient: the large model after a tenth of the stream "
-        "beats the small one at its end",
-        f"at w = {F3_WAIT}, the largest SM's test error after B/10 chunks is below the smallest SM's "
-        "final test error, on every dataset of the study that has two widths",
-        judge_f3,
-    ),
-    Finding(
-        "F4",
-        "growing does not pay: at equal compute or memory, SM of average size beats gMoE and FF; Ens "
-        "beats gEns at equal inference cost",
-        "on MNIST at the methods' wait: for every gMoE and Firefly run, the best SM with no more "
-        "cumulative training FLOPs, and the best SM with no more cumulative parameters, each have a "
-        "lower CER; for every gEns run, the best Ens with no higher final inference FLOPs per example "
-        "has a lower CER",
-        judge_f4,
-    ),
-    Finding(
-        "F5",
-        "the operating point matters: UMix edges Ens for small members, Ens wins for large ones",
-        "on MNIST at the methods' wait: UMix's CER is below Ens's at the smallest member width, and "
-        "Ens's below UMix's at the largest",
-        judge_f5,
-    ),
-    Finding(
-        "F6",
-        "Ens strikes the best trade-off for larger models",
-        "on MNIST at the methods' wait: at the largest member width Ens has the lowest CER of all "
-        "methods, and no run of the pool (every method and SM size) is at least as good in CER at no "
-        "more cumulative training FLOPs, nor at no more cumulative parameters",
-        judge_f6,
-    ),
-    Finding(
-        "F7",
-        "replay lowers error but gives no better CER-for-compute trade-off",
-        "on MNIST, for every (method, width) run with and without replay: replay lowers the CER, and "
-        "every replay run is matched (at most its training FLOPs and at most its CER, one of them "
-        "strictly) by some MNIST run without replay",
-        judge_f7,
-    ),
-    Finding(
-        "F8",
-        "learning sequentially is harder than learning i.i.d. on the same data and compute",
-        "for every SM width on MNIST, greedy training chunk by chunk (w = 1) ends with a higher test "
-        "error than one stage on the whole stream (w = B), which sees the same examples for the same "
-        "epochs (the same training FLOPs): `alma ablate-iid` with k = B",
-        judge_f8,
-    ),
-    Finding(
-        "F9",
-        "(ours) a waiting time that grows with the data trained on (geometric) beats every constant w in CER",
-        "for every SM width on MNIST, the geometric policy's CER (ratio 0.5) is below the lowest CER "
-        "of the constant waits tried",
-        judge_f9,
-    ),
-]
 
 
 def judge(finding: Finding, runs: list[RunResult]) -> dict:

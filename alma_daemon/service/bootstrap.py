@@ -20,11 +20,11 @@ from alma_daemon.core.engine import Engine, EngineObserver
 from alma_daemon.data.datasets import TaskInfo
 from alma_daemon.data.stream_task import StreamTask
 from alma_daemon.data.wire import StreamSchema
+from alma_daemon.infra.redis_keys import StreamKeys
 from alma_daemon.observability.results import ResultsWriter
 from alma_daemon.service.engine_store import EngineStateStore
 from alma_daemon.service.ingest.cutter import EventStream
 from alma_daemon.service.redis_buffer import RedisBuffer
-from alma_daemon.service.redis_keys import StreamKeys
 from serving.live_pointer import withdraw
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,7 @@ def event_stream(config: Config) -> EventStream | None:
 def redis_name(config: Config) -> str:
     """Where Redis is, for messages: host:port, or the embedded server's database file."""
     if config.redis.url:
-        from alma_daemon.service.connections import redis_server
+        from alma_daemon.infra.connections import redis_server
 
         return redis_server(config.redis.url)
     from alma_daemon.service.embedded_redis import embedded_db_path

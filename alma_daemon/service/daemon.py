@@ -29,6 +29,8 @@ from alma_daemon.core.checkpoints import CheckpointStore
 from alma_daemon.core.engine import Engine, EngineObserver
 from alma_daemon.data.stream_task import StreamTask, load_stream_task
 from alma_daemon.data.wire import RejectedRecord, StreamSchema
+from alma_daemon.infra.outages import REDIS_UNREACHABLE, OutageBoard, one_line
+from alma_daemon.infra.redis_keys import StreamKeys
 from alma_daemon.observability import telemetry
 from alma_daemon.observability.exporter import Exporter, MetricsObserver, start_exporter
 from alma_daemon.service.bootstrap import event_stream, redis_name, restore_engine, stream_schema
@@ -37,11 +39,9 @@ from alma_daemon.service.gauges import update_buffer_gauge
 from alma_daemon.service.health import Health
 from alma_daemon.service.heartbeat import STATUS_FILE, Heartbeat
 from alma_daemon.service.ingest.worker import IngestWorker
-from alma_daemon.service.outages import REDIS_UNREACHABLE, OutageBoard, one_line
 from alma_daemon.service.publish_handoff import PublishHandoff
 from alma_daemon.service.rank_followers import RankLeader
 from alma_daemon.service.redis_buffer import ReadyChunks, RedisBuffer
-from alma_daemon.service.redis_keys import StreamKeys
 from alma_daemon.service.redis_outage import RedisOutage
 from alma_daemon.service.reorder import NextChunk, ReorderGate
 from alma_daemon.service.scheduler import build_scheduler

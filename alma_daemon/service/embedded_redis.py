@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from alma_daemon.config import Config
-from alma_daemon.service.connections import redis_client
-from alma_daemon.service.outages import redis_retry
+from alma_daemon.infra.connections import redis_client
+from alma_daemon.infra.outages import redis_retry
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ import json
 from typing import Any
 
 from alma_daemon.core.engine import EngineState
-from alma_daemon.service.redis_keys import StreamKeys
+from alma_daemon.infra.redis_keys import StreamKeys
 
 
 def state_fields(state: EngineState) -> dict:

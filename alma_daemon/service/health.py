@@ -9,9 +9,9 @@ import logging
 import threading
 from typing import Any
 
+from alma_daemon.infra.outages import REDIS_UNREACHABLE, OutageBoard
 from alma_daemon.observability.exporter import Exporter
 from alma_daemon.service.ingest.worker import IngestWorker
-from alma_daemon.service.outages import REDIS_UNREACHABLE, OutageBoard
 
 log = logging.getLogger(__name__)
 

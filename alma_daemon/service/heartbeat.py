@@ -13,9 +13,9 @@ from typing import Any
 import psutil
 
 from alma_daemon.core.atomic_json import write_json_atomic
+from alma_daemon.infra.outages import REDIS_UNREACHABLE, OutageBoard
+from alma_daemon.infra.redis_keys import StreamKeys
 from alma_daemon.service.ingest.worker import IngestWorker
-from alma_daemon.service.outages import REDIS_UNREACHABLE, OutageBoard
-from alma_daemon.service.redis_keys import StreamKeys
 
 #: ``<daemon.state_dir>/STATUS_FILE``: the daemon's status, readable by ``alma status`` while Redis is down.
 STATUS_FILE = "daemon-status.json"

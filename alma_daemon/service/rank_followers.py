@@ -148,8 +148,7 @@ class RankLeader(EngineObserver):
             return
         header = {
             "kind": "decision",
-            "train": decision.train,
-            "grow": decision.grow,
+            "action": decision.action,
             "reason": decision.reason,
             "estimates": decision.estimates,
         }
@@ -173,7 +172,7 @@ class FollowedPolicy(Policy):
     def decide(self, state: PolicyState) -> Decision:
         header, _ = self.channel.receive()
         expect(header, "decision")
-        return Decision(header["train"], header["grow"], header["reason"], header["estimates"])
+        return Decision(header["action"], header["reason"], header["estimates"])
 
 
 def expect(header: dict, kind: str) -> None:

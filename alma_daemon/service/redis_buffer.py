@@ -23,7 +23,7 @@ from alma_daemon.data.streams import Chunk, SplitChunk
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.data.text import sequences
 from alma_daemon.data.wire import DecodedPart, RejectedRecord, assemble_chunk
-from alma_daemon.service.redis_keys import StreamKeys
+from alma_daemon.infra.redis_keys import StreamKeys
 
 
 class ReadyChunks:

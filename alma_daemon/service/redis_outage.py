@@ -4,7 +4,7 @@ While Redis cannot be reached the daemon keeps its process, reports itself degra
 with backoff; when Redis answers again it checks that Redis still holds the stream
 (``stream_identity.py``) and resumes from the last committed step, exactly as after a crash. An
 outage longer than ``daemon.outage_limit_seconds`` ends the run with
-:class:`~alma_daemon.service.outages.OutageTooLong`.
+:class:`~alma_daemon.infra.outages.OutageTooLong`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 
 from alma_daemon.core.engine import Engine
-from alma_daemon.service.outages import REDIS_UNREACHABLE, OutageBoard, one_line, retry_delays
+from alma_daemon.infra.outages import REDIS_UNREACHABLE, OutageBoard, one_line, retry_delays
 from alma_daemon.service.stream_identity import StreamIdentity
 
 log = logging.getLogger(__name__)

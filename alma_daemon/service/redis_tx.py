@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from alma_daemon.service.redis_keys import StreamKeys
+from alma_daemon.infra.redis_keys import StreamKeys
 
 #: The dead-letter stream keeps about this many entries (XADD MAXLEN ~), so bad input cannot fill Redis.
 DEAD_LETTER_MAXLEN = 10_000

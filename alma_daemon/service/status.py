@@ -12,8 +12,8 @@ from typing import Any
 from alma_daemon.config import Config
 from alma_daemon.core.checkpoints import CheckpointStore
 from alma_daemon.core.records import StepRecord
+from alma_daemon.infra.redis_keys import StreamKeys
 from alma_daemon.service.engine_store import last_record
-from alma_daemon.service.redis_keys import StreamKeys
 from alma_daemon.service.redis_tx import text_hash
 from serving.live_pointer import LivePointer, ServingState
 

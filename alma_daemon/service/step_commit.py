@@ -13,10 +13,10 @@ from typing import Any
 
 from alma_daemon.core.engine import Engine
 from alma_daemon.data.wire import RejectedRecord
+from alma_daemon.infra.redis_keys import StreamKeys
 from alma_daemon.observability import telemetry
 from alma_daemon.service.engine_store import EngineStateStore
 from alma_daemon.service.redis_buffer import ReadyChunks, RedisBuffer
-from alma_daemon.service.redis_keys import StreamKeys
 from alma_daemon.service.redis_tx import dead_letter, watched_transaction
 from alma_daemon.service.stream_identity import RedisRestarted, StreamIdentity
 

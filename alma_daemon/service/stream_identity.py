@@ -23,7 +23,7 @@ import redis
 
 from alma_daemon.core.atomic_json import write_json_atomic
 from alma_daemon.core.checkpoints import CheckpointStore
-from alma_daemon.service.redis_keys import StreamKeys
+from alma_daemon.infra.redis_keys import StreamKeys
 
 IDENTITY_FILE = "stream-identity.json"
 

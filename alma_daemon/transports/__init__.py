@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from alma_daemon.config import Config
-from alma_daemon.service.connections import kafka_security
+from alma_daemon.infra.connections import kafka_security
 from alma_daemon.transports.source import RecordSource
 
 

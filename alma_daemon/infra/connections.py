@@ -4,7 +4,7 @@
 Redis-stream transport, ``alma status``); :func:`kafka_security` turns ``kafka.*`` into the
 kafka-python keywords that the consumer (ingest), the producer and the admin client (replay) share;
 :func:`kafka_client` builds any of the three with them. Passwords are read from their files here, at
-connection time (alma_daemon/service/credentials.py), so they live in the client objects only.
+connection time (alma_daemon/infra/credentials.py), so they live in the client objects only.
 
 A server that refuses the login or the TLS handshake fails here, at start-up, with one line naming
 the server and the keys to check (a :class:`ConfigError`, which the CLI prints without a traceback).
@@ -25,8 +25,8 @@ from urllib.parse import urlsplit
 import redis
 
 from alma_daemon.config import ConfigError, KafkaConfig, RedisConfig
-from alma_daemon.service.credentials import read_secret
-from alma_daemon.service.outages import redis_retry
+from alma_daemon.infra.credentials import read_secret
+from alma_daemon.infra.outages import redis_retry
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,48 @@
+"""Checkpoints for the publishers' tests: a quick trainer, small learners, saved versions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from alma_daemon.config import TrainConfig
+from alma_daemon.core.checkpoints import CheckpointStore
+from alma_daemon.data.datasets import MNIST_TASK, TaskInfo
+from alma_daemon.data.tensors import LabeledData
+from alma_daemon.learners import Learner, build_learner
+from alma_daemon.observability import telemetry
+from alma_daemon.training.loop import Trainer
+from tests.helpers.configs import learner_settings
+from tests.helpers.data import separable_data
+
+
+def quick_trainer(seed: int = 0) -> Trainer:
+    return Trainer(TrainConfig(epochs=4, patience=4, batch_size=64), "adadelta", torch.device("cpu"), seed=seed)
+
+
+def new_learner(name: str = "sm", task: TaskInfo = MNIST_TASK, seed: int = 0) -> Learner:
+    return build_learner(name, task, learner_settings(name, {"width": 8, "members": 2}), seed)
+
+
+def save_version(store: CheckpointStore, version: int, learner: Learner, sample: LabeledData) -> Path:
+    """A checkpoint like the engine's: metrics.json with val_<measure>, and the validation sample."""
+    measure = learner.measure
+    return store.save(
+        learner, version, {f"val_{measure}": learner.evaluate(sample)[measure], "kind": "finetune"}, validation=sample
+    )
+
+
+@pytest.fixture(scope="module")
+def good_and_bad() -> tuple[Learner, Learner, LabeledData]:
+    """A trained SM, an untrained one, and a validation sample on which the first is far better."""
+    good, bad = new_learner(seed=0), new_learner(seed=1)
+    good.fit(separable_data(MNIST_TASK, 600, seed=1), separable_data(MNIST_TASK, 100, seed=2), quick_trainer())
+    sample = separable_data(MNIST_TASK, 200, seed=3)
+    assert good.evaluate(sample)["error"] + 0.3 < bad.evaluate(sample)["error"], "fixture: good must beat bad"
+    return good, bad, sample
+
+
+def metric_value(name: str, **labels: str) -> float:
+    return telemetry.REGISTRY.get_sample_value(name, labels) or 0.0
