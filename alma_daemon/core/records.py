@@ -12,7 +12,7 @@ Observers read the records' typed fields; :meth:`StepRecord.as_row` gives the ro
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from alma_daemon.learners.growth_report import GrowthReport
@@ -206,6 +206,16 @@ class StepRecord:
             )
         except KeyError as missing:
             raise ValueError(f"step record without key {missing}: {_describe(row)}") from None
+
+
+#: The step record's fields that hold wall-clock times: two runs of one stream, interrupted or not, on
+#: one process or several, may differ in these and in nothing else.
+TIMING_FIELDS = frozenset(f.name for f in fields(StepRecord) if f.name.endswith("seconds"))
+
+
+def timeless(row: Mapping[str, Any]) -> dict[str, Any]:
+    """``row`` without its :data:`TIMING_FIELDS`: what must be equal between runs of one stream."""
+    return {key: value for key, value in row.items() if key not in TIMING_FIELDS}
 
 
 def read_rows(rows: list[dict]) -> list[StepRecord]:

@@ -13,35 +13,13 @@ import yaml
 
 from alma_daemon.config import Config
 from alma_daemon.core.engine import EngineObserver
-from alma_daemon.core.records import StepRecord
+from alma_daemon.core.records import StepRecord, timeless
 from alma_daemon.infra.redis_keys import StreamKeys
 from alma_daemon.service.daemon import Daemon
 from alma_daemon.service.engine_store import EngineStateStore, state_fields
 
 #: The repository root: the working directory of `alma` subprocesses.
 REPO = Path(__file__).resolve().parents[2]
-
-
-#: Fields of a step record that must not depend on interruptions (times excluded).
-EXACT_FIELDS = (
-    "t",
-    "chunk",
-    "examples_seen",
-    "trained",
-    "decision",
-    "test_error",
-    "prequential_error",
-    "cumulative_error",
-    "train_flops",
-    "cumulative_train_flops",
-    "parameters",
-    "cumulative_parameters",
-    "model_version",
-    "stage",
-    "epochs",
-    "best_epoch",
-    "val_error",
-)
 
 
 #: Generous limits for a loaded 2-core machine; they bound a hang, they do not measure anything.
@@ -73,7 +51,7 @@ def service_config(tmp_path: Path, redis_url: str | None, name: str, **sections)
 
 
 def exact(series: list[dict]) -> list[dict]:
-    return [{k: r.get(k) for k in EXACT_FIELDS} for r in series]
+    return [timeless(r) for r in series]
 
 
 def engine_state(client, stream: str) -> dict:
