@@ -112,3 +112,32 @@ def test_a_row_without_a_needed_key_is_refused_naming_the_key_and_the_chunk():
         StepRecord.from_row(row)
     with pytest.raises(ValueError, match="prequential_<measure>"):
         StepRecord.from_row({"t": 1, "chunk": 3})
+
+
+def test_series_csv_columns_follow_the_step_fields_with_the_measured_ones_in_one_block():
+    from alma_daemon.observability.results import CSV_HEADER
+
+    assert CSV_HEADER == (
+        "t,chunk,examples_seen,trained,decision,test_error,prequential_error,cumulative_error,"
+        "test_perplexity,prequential_perplexity,train_flops,cumulative_train_flops,parameters,"
+        "cumulative_parameters,inference_flops_per_example,train_seconds,model_version,wall_seconds\r\n"
+    )
+
+
+def test_a_trained_steps_row_ends_with_the_stage_keys_a_late_one_says_so_and_reads_back():
+    record = language_model_step(late=True)
+    row = record.as_row()
+    assert list(row)[-8:] == [
+        "late",
+        "stage",
+        "kind",
+        "epochs",
+        "best_epoch",
+        "steps",
+        "val_perplexity",
+        "train_flops_per_example",
+    ]
+    again = StepRecord.from_row(row)
+    assert again.late and again.trained and again.stage is not None
+    assert again.stage.as_row() | {"chunks": [1], "examples": 110} == record.stage.as_row()
+    assert "late" not in language_model_step().as_row()

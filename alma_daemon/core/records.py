@@ -4,114 +4,181 @@ per chunk, and their rows in the results files.
 A record's row is what ``results.json``, ``series.csv`` and the daemon's series in Redis hold: flat
 keys, the measured ones named after the learner's measure (``test_error``, ``val_error`` and the
 CER ``cumulative_error`` for a classifier; ``test_perplexity``, ``val_perplexity`` for a language
-model). The row format is the one results files have always had, so :meth:`StepRecord.from_row`
-reads the files of earlier versions too. Only this module builds row keys from the measure's name.
-Observers read the records' typed fields; :meth:`StepRecord.as_row` gives the row.
+model). Each field declares its place in the row with :func:`column` (or :func:`no_column`), so the
+rows, their reading back and the CSV columns all follow the dataclasses' fields, in field order.
+Only this module builds row keys from the measure's name. Observers read the records' typed fields;
+:meth:`StepRecord.as_row` gives the row.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import MISSING, Field, dataclass, field, fields, replace
 from typing import Any
 
 from alma_daemon.learners.growth_report import GrowthReport
 
-#: Stage keys that a step's row repeats when the step trained, in row order (``val_<measure>`` comes
-#: between ``steps`` and ``train_flops_per_example``; ``growth`` last, only for a growth stage).
-_STAGE_KEYS_IN_STEP = ("stage", "kind", "epochs", "best_epoch", "steps")
+#: The learners' measures, in the order series.csv gives their columns.
+MEASURES = ("error", "perplexity")
 
 
 @dataclass(frozen=True)
+class Column:
+    """How a record's field appears in its row."""
+
+    #: The row's key; ``{measure}`` stands for the record's measure.
+    key: str
+    #: The measures whose records carry the key (None: every record).
+    measures: tuple[str, ...] | None = None
+    #: The row carries the key only when the field is true (a flag kept out of ordinary rows).
+    only_if_true: bool = False
+    #: A column of series.csv.
+    csv: bool = False
+    #: A stage field that a trained step's row repeats (None values left out).
+    in_step: bool = False
+    #: Field value -> row value, and back; as is when None.
+    encode: Callable[[Any], Any] | None = None
+    decode: Callable[[Any], Any] | None = None
+
+    @property
+    def measured(self) -> bool:
+        return "{measure}" in self.key or self.measures is not None
+
+    def key_for(self, measure: str) -> str:
+        return self.key.format(measure=measure)
+
+    def applies_to(self, measure: str) -> bool:
+        return self.measures is None or measure in self.measures
+
+
+def column(key: str | None = None, *, default: Any = MISSING, **how: Any) -> Any:
+    """A field with its place in the row (``key``: the field's name unless given); see :class:`Column`."""
+    return field(default=default, metadata={"column": Column(key or "", **how)})
+
+
+def no_column(**kwargs: Any) -> Any:
+    """A field that no row holds under a key of its own."""
+    return field(metadata={"column": None}, **kwargs)
+
+
+def columns_of(record_type: type) -> Iterator[tuple[Field, Column]]:
+    """The fields of a record type that rows hold, in field order, with their columns."""
+    for f in fields(record_type):
+        how = f.metadata.get("column")
+        if how is not None:
+            yield f, (how if how.key else replace(how, key=f.name))
+
+
+def _encoded(how: Column, value: Any) -> Any:
+    return how.encode(value) if how.encode is not None and value is not None else value
+
+
+def _decoded(how: Column, value: Any) -> Any:
+    return how.decode(value) if how.decode is not None and value is not None else value
+
+
+@dataclass(frozen=True, kw_only=True)
 class StageRecord:
     """One training stage: what it trained on, what it cost, and the model it left."""
 
-    stage: int
+    stage: int = column(in_step=True)
     #: "finetune", "grow" or "scratch".
-    kind: str
-    #: The learner's measure ("error" or "perplexity"): :attr:`val` is in its units.
-    measure: str
-    #: The trained model's measure on the stage's validation data.
-    val: float
-    train_flops: int
-    train_seconds: float
-    steps: int
-    epochs: int
-    best_epoch: int
-    model_version: int
-    parameters: int
-    train_flops_per_example: float
+    kind: str = column(in_step=True)
+    epochs: int = column(in_step=True)
+    best_epoch: int = column(in_step=True)
+    steps: int = column(in_step=True)
+    #: The trained model's measure on the stage's validation data, in :attr:`measure`'s units.
+    val: float = column("val_{measure}", in_step=True)
+    train_flops_per_example: float = column(in_step=True)
     #: What the growth step did, when the stage started with one.
-    growth: GrowthReport | None = None
+    growth: GrowthReport | None = column(
+        default=None, in_step=True, encode=GrowthReport.as_row, decode=GrowthReport.from_row
+    )
     #: ``chunks``: the chunks not trained on before (pending) only, even with ``stream.replay``, where
     #: the stage also trains on every earlier chunk kept. ``examples``: the examples trained and
     #: validated on, the pending chunks' without replay, every kept chunk's with it. None for a stage
     #: read back from a step's row, which does not carry them.
-    chunks: list[int] | None = None
-    examples: int | None = None
+    chunks: list[int] | None = column(default=None)
+    examples: int | None = column(default=None)
+    train_flops: int = column()
+    train_seconds: float = column()
+    model_version: int = column()
+    parameters: int = column()
+    #: The learner's measure ("error" or "perplexity").
+    measure: str = no_column()
 
     def as_row(self) -> dict[str, Any]:
         """The stage as logs and checkpoint metrics show it."""
-        return {
-            "stage": self.stage,
-            "kind": self.kind,
-            "chunks": self.chunks,
-            "examples": self.examples,
-            "train_flops": self.train_flops,
-            "train_seconds": self.train_seconds,
-            "steps": self.steps,
-            "epochs": self.epochs,
-            "best_epoch": self.best_epoch,
-            f"val_{self.measure}": self.val,
-            "growth": self.growth.as_row() if self.growth is not None else None,
-            "model_version": self.model_version,
-            "parameters": self.parameters,
-            "train_flops_per_example": self.train_flops_per_example,
-        }
+        return {how.key_for(self.measure): _encoded(how, getattr(self, f.name)) for f, how in columns_of(StageRecord)}
+
+    def step_columns(self) -> dict[str, Any]:
+        """The stage's keys in the row of the step that trained it (those it has a value for)."""
+        row = {}
+        for f, how in columns_of(StageRecord):
+            value = getattr(self, f.name)
+            if how.in_step and value is not None:
+                row[how.key_for(self.measure)] = _encoded(how, value)
+        return row
 
     def checkpoint_metrics(self) -> dict[str, Any]:
         """What a checkpoint's metrics.json holds about the stage that wrote it (all but the growth report)."""
         return {k: v for k, v in self.as_row().items() if k != "growth"}
 
+    @classmethod
+    def from_step_row(cls, row: Mapping[str, Any], measure: str) -> StageRecord:
+        """The stage of a trained step's row: its own keys, and those it shares with the step (its
+        FLOPs, seconds, parameters and model version); what only a stage's own row holds is None."""
+        values: dict[str, Any] = {"measure": measure}
+        for f, how in columns_of(cls):
+            key = how.key_for(measure)
+            if f.default is MISSING:
+                values[f.name] = _decoded(how, row[key])
+            elif how.in_step:
+                values[f.name] = _decoded(how, row.get(key))
+        return cls(**values)
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, kw_only=True)
 class StepRecord:
     """One chunk's step: the measures taken, the policy's decision, the running totals, and the stage
     it trained (None when the policy waited)."""
 
     #: Chunks seen so far (1 for the first chunk).
-    t: int
+    t: int = column(csv=True)
     #: The chunk's id.
-    chunk: int
-    examples_seen: int
+    chunk: int = column(csv=True)
+    examples_seen: int = column(csv=True)
+    #: Whether the step trained a stage (set from :attr:`stage`).
+    trained: bool = field(init=False, metadata={"column": Column("trained", csv=True)})
     #: The policy's action and its reason.
-    decision: str
-    reason: str
-    #: The learner's measure ("error" or "perplexity"), the unit of the measured fields below.
-    measure: str
+    decision: str = column(csv=True)
+    reason: str = column()
     #: The model after this step on the test set (None without a test set).
-    test: float | None
+    test: float | None = column("test_{measure}", csv=True)
     #: The model before training on the chunk, measured on the chunk (prequential), and the running sum.
-    prequential: float
-    cumulative_prequential: float
+    prequential: float = column("prequential_{measure}", csv=True)
+    cumulative_prequential: float = column("cumulative_prequential_{measure}")
+    train_flops: int = column(csv=True)
+    cumulative_train_flops: int = column(csv=True)
+    parameters: int = column(csv=True)
+    cumulative_parameters: int = column(csv=True)
+    inference_flops_per_example: float = column(csv=True)
+    train_seconds: float = column(csv=True)
+    cumulative_train_seconds: float = column()
+    model_version: int = column(csv=True)
+    wall_seconds: float = column(csv=True)
     #: The CER so far (sum of the test errors, paper Eq. 1): classifiers only, None without a test set.
-    cumulative_error: float | None
-    train_flops: int
-    cumulative_train_flops: int
-    parameters: int
-    cumulative_parameters: int
-    inference_flops_per_example: float
-    train_seconds: float
-    cumulative_train_seconds: float
-    model_version: int
-    wall_seconds: float
-    stage: StageRecord | None = None
+    cumulative_error: float | None = column(measures=("error",), csv=True)
     #: The chunk completed after a later chunk was taken (service/reorder.py): it trained as this step.
-    late: bool = False
+    #: Only such a step's row has the key, so in-order rows, every simulated one, have no ``late``.
+    late: bool = column(default=False, only_if_true=True)
+    #: The stage trained, whose :meth:`StageRecord.step_columns` end the row.
+    stage: StageRecord | None = no_column(default=None)
+    #: The learner's measure ("error" or "perplexity"), the unit of the measured fields.
+    measure: str = no_column()
 
-    @property
-    def trained(self) -> bool:
-        return self.stage is not None
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "trained", self.stage is not None)
 
     def measured(self, measure: str, on: str = "test") -> float | None:
         """The value of ``measure`` on ``on`` ("test" or "prequential"); None when the learner reports
@@ -122,38 +189,13 @@ class StepRecord:
 
     def as_row(self) -> dict[str, Any]:
         """The step as results files and the daemon's series hold it."""
-        m = self.measure
-        row: dict[str, Any] = {
-            "t": self.t,
-            "chunk": self.chunk,
-            "examples_seen": self.examples_seen,
-            "trained": self.trained,
-            "decision": self.decision,
-            "reason": self.reason,
-            f"test_{m}": self.test,
-            f"prequential_{m}": self.prequential,
-            f"cumulative_prequential_{m}": self.cumulative_prequential,
-            "train_flops": self.train_flops,
-            "cumulative_train_flops": self.cumulative_train_flops,
-            "parameters": self.parameters,
-            "cumulative_parameters": self.cumulative_parameters,
-            "inference_flops_per_example": self.inference_flops_per_example,
-            "train_seconds": self.train_seconds,
-            "cumulative_train_seconds": self.cumulative_train_seconds,
-            "model_version": self.model_version,
-            "wall_seconds": self.wall_seconds,
-        }
-        if m == "error":
-            row["cumulative_error"] = self.cumulative_error
-        if self.late:  # in-order steps, every simulated one included, keep their rows as they were
-            row["late"] = True
-        stage = self.stage
-        if stage is not None:
-            row.update({key: getattr(stage, key) for key in _STAGE_KEYS_IN_STEP})
-            row[f"val_{m}"] = stage.val
-            row["train_flops_per_example"] = stage.train_flops_per_example
-            if stage.growth is not None:
-                row["growth"] = stage.growth.as_row()
+        row: dict[str, Any] = {}
+        for f, how in columns_of(StepRecord):
+            value = getattr(self, f.name)
+            if how.applies_to(self.measure) and (value or not how.only_if_true):
+                row[how.key_for(self.measure)] = value
+        if self.stage is not None:
+            row.update(self.stage.step_columns())
         return row
 
     @classmethod
@@ -163,49 +205,37 @@ class StepRecord:
         if len(measures) != 1:
             raise ValueError(f"not a step record (needs one prequential_<measure> key): {_describe(row)}")
         m = measures[0]
+        values: dict[str, Any] = {"measure": m}
         try:
-            stage = None
-            if row.get("stage") is not None:
-                stage = StageRecord(
-                    stage=row["stage"],
-                    kind=row["kind"],
-                    measure=m,
-                    val=row[f"val_{m}"],
-                    train_flops=row["train_flops"],
-                    train_seconds=row["train_seconds"],
-                    steps=row["steps"],
-                    epochs=row["epochs"],
-                    best_epoch=row["best_epoch"],
-                    model_version=row["model_version"],
-                    parameters=row["parameters"],
-                    train_flops_per_example=row["train_flops_per_example"],
-                    growth=GrowthReport.from_row(row["growth"]) if row.get("growth") is not None else None,
-                )
-            return cls(
-                t=row["t"],
-                chunk=row["chunk"],
-                examples_seen=row["examples_seen"],
-                decision=row["decision"],
-                reason=row["reason"],
-                measure=m,
-                test=row[f"test_{m}"],
-                prequential=row[f"prequential_{m}"],
-                cumulative_prequential=row[f"cumulative_prequential_{m}"],
-                cumulative_error=row.get("cumulative_error"),
-                train_flops=row["train_flops"],
-                cumulative_train_flops=row["cumulative_train_flops"],
-                parameters=row["parameters"],
-                cumulative_parameters=row["cumulative_parameters"],
-                inference_flops_per_example=row["inference_flops_per_example"],
-                train_seconds=row["train_seconds"],
-                cumulative_train_seconds=row["cumulative_train_seconds"],
-                model_version=row["model_version"],
-                wall_seconds=row["wall_seconds"],
-                stage=stage,
-                late=bool(row.get("late", False)),
-            )
+            for f, how in columns_of(cls):
+                if not f.init:
+                    continue
+                key = how.key_for(m)
+                required = f.default is MISSING and how.applies_to(m) and how.measures is None
+                values[f.name] = row[key] if required else row.get(key, None if f.default is MISSING else f.default)
+            values["stage"] = StageRecord.from_step_row(row, m) if row.get("stage") is not None else None
+            return cls(**values)
         except KeyError as missing:
             raise ValueError(f"step record without key {missing}: {_describe(row)}") from None
+
+
+def csv_columns() -> list[str]:
+    """The columns of series.csv: the step's CSV fields in field order, the measured ones as one block
+    (each measure's columns in turn, :data:`MEASURES` order) where the first of them stands."""
+    columns: list[str | None] = []
+    measured: list[Column] = []
+    for _, how in columns_of(StepRecord):
+        if not how.csv:
+            continue
+        if how.measured:
+            if not measured:
+                columns.append(None)
+            measured.append(how)
+        else:
+            columns.append(how.key)
+    block = [how.key_for(m) for m in MEASURES for how in measured if how.applies_to(m)]
+    at = columns.index(None)
+    return [c for c in columns[:at] if c] + block + [c for c in columns[at + 1 :] if c]
 
 
 #: The step record's fields that hold wall-clock times: two runs of one stream, interrupted or not, on

@@ -14,29 +14,10 @@ from pathlib import Path
 
 from alma_daemon.core.atomic_json import finite, write_text_atomic
 from alma_daemon.core.engine import Engine, EngineObserver, EngineState
-from alma_daemon.core.records import StageRecord, StepRecord, read_rows
+from alma_daemon.core.records import StageRecord, StepRecord, csv_columns, read_rows
 
 #: Columns of series.csv, in order; other fields stay in results.json only.
-CSV_COLUMNS = [
-    "t",
-    "chunk",
-    "examples_seen",
-    "trained",
-    "decision",
-    "test_error",
-    "prequential_error",
-    "cumulative_error",
-    "test_perplexity",
-    "prequential_perplexity",
-    "train_flops",
-    "cumulative_train_flops",
-    "parameters",
-    "cumulative_parameters",
-    "inference_flops_per_example",
-    "train_seconds",
-    "model_version",
-    "wall_seconds",
-]
+CSV_COLUMNS = csv_columns()
 
 
 def summarize(series: list[dict], wall_seconds: float, state: EngineState | None = None) -> dict:
