@@ -1,7 +1,8 @@
 """Model archives (.mar) for TorchServe, built with torch-model-archiver from a checkpoint folder.
 
 An archive holds :mod:`serving.handler` plus the checkpoint's ``spec.json`` and
-``weights.safetensors`` as extra files, and carries the checkpoint's version.
+``weights.safetensors`` as extra files (and the source of a team's ``learner.model`` module,
+:mod:`serving.bundled_model`), and carries the checkpoint's version.
 
 Its file name, ``<model>-v<version>-<digest>.mar``, names the checkpoint's content as well as its
 version, because a version number can be written twice (see :func:`serving.live_pointer.withdraw`).
@@ -24,6 +25,7 @@ import tempfile
 from pathlib import Path
 
 from alma_daemon.core.checkpoints import SPEC, WEIGHTS
+from serving.bundled_model import BUNDLED_SOURCE, module_source
 
 HANDLER = Path(__file__).with_name("handler.py")
 #: The folder of a model's archives, beside its versions: ``<model_store>/<model>/archives/``.
@@ -69,13 +71,18 @@ def build_archive(checkpoint: str | Path, model_name: str, version: int, out_dir
         return target
     out_dir.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.stem}-", dir=out_dir))
+    extra_files = [str(checkpoint / SPEC), str(checkpoint / WEIGHTS)]
+    source = module_source(checkpoint / SPEC)
+    if source is not None:
+        shutil.copyfile(source, staging / BUNDLED_SOURCE)
+        extra_files.append(str(staging / BUNDLED_SOURCE))
     try:
         generate_model_archive(
             ModelArchiverConfig(
                 model_name=target.stem,
                 handler=str(HANDLER),
                 version=str(version),
-                extra_files=f"{checkpoint / SPEC},{checkpoint / WEIGHTS}",
+                extra_files=",".join(extra_files),
                 export_path=str(staging),
                 # Safetensors weights barely compress; storing them makes archiving and loading faster.
                 archive_format="zip-store",

@@ -103,6 +103,8 @@ def instances_of(body: Any) -> list:
 class ClassificationCodec(Codec):
     """Images or other fixed-shape inputs in raw units -> class probabilities.
 
+    Values must be finite; a task normalized as ``pixels`` also takes only values in [0, 255].
+
     Request: ``{"instances": [example, ...]}``, each example a nested list of shape
     ``task.input_shape``, or a safetensors body holding ``x`` (uint8 or float32, N x input_shape).
     Response: ``{"predictions": [[p_0, ..., p_{C-1}], ...]}``, one row of probabilities per example.
@@ -136,7 +138,7 @@ class ClassificationCodec(Codec):
                 raise RequestError("examples contain NaN or infinite values")
             low, high = float(x.min()), float(x.max())
             # Normalized inputs (mean 0, std 1) would be silently misread as raw pixels.
-            if low < 0 or high > 255:
+            if self.task.pixels and (low < 0 or high > 255):
                 raise RequestError(f"values must be raw units in [0, 255]; got min {low:g}, max {high:g}")
         return x
 

@@ -3,7 +3,8 @@
 The archive carries the checkpoint's ``spec.json`` and ``weights.safetensors``; the handler
 rebuilds the learner from them (no pickle, no TorchScript), so one handler serves every learner,
 grown or not. Requests and responses are those of the task kind's codec (:mod:`serving.codecs`).
-The worker's Python environment must have alma-daemon installed, as the handler imports it.
+The worker's Python environment must have alma-daemon installed, as the handler imports it; a team's
+``learner.model`` module comes bundled in the archive (:mod:`serving.bundled_model`).
 
 TorchServe takes the one class defined in this module as the entry point: keep it the only one.
 """
@@ -11,12 +12,14 @@ TorchServe takes the one class defined in this module as the entry point: keep i
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from alma_daemon.core.checkpoints import load_checkpoint
+from alma_daemon.core.checkpoints import SPEC, load_checkpoint
 from alma_daemon.learners import Learner
+from serving.bundled_model import register_bundled_module
 from serving.codecs import Codec, RequestError, codec_for
 
 log = logging.getLogger(__name__)
@@ -38,6 +41,7 @@ class AlmaHandler:
             # the CPU; TF32 convolutions (cuDNN's default) would differ by up to about 1e-2.
             torch.backends.cudnn.allow_tf32 = False
             torch.set_float32_matmul_precision("highest")
+        register_bundled_module(properties["model_dir"], Path(properties["model_dir"]) / SPEC)
         self.learner = load_checkpoint(properties["model_dir"], device)
         self.codec = codec_for(self.learner.task)
         log.info("model loaded", extra={"learner": self.learner.name, "device": device})

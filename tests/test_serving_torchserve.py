@@ -32,6 +32,7 @@ from tests.helpers.configs import learner_settings
 from tests.helpers.data import separable_data
 from tests.helpers.servers import TorchServeServer, free_ports, http_request, java_available
 from tests.helpers.serving import metric_value, new_learner, quick_trainer, save_version
+from tests.helpers.user_models import FEATURES, feature_data
 
 pytestmark = pytest.mark.integration
 
@@ -44,6 +45,10 @@ LM_TASK = TaskInfo(
 )
 TINY_LM = {"layers": 1, "d_model": 16, "heads": 2, "d_ff": 32, "experts": 2}
 
+#: A team's own network (bundled in the archive) on standardized features of any sign and scale.
+USER_MLP = "tests.helpers.user_models:tabular_mlp"
+FEATURE_TASK = FEATURES.with_statistics(feature_data(200, seed=0).x)
+
 #: Learner families the handler must serve: (learner name, task, learner config, train then grow
 #: before saving). A new family is one more line here.
 ROUND_TRIP = [
@@ -51,6 +56,7 @@ ROUND_TRIP = [
     pytest.param("ens", CIFAR10_TASK, {"width": 4}, False, id="ens-cifar"),
     pytest.param("gmoe", MNIST_TASK, {}, True, id="grown-gmoe-mnist"),
     pytest.param("switch-lm", LM_TASK, TINY_LM, False, id="switch-lm-text"),
+    pytest.param("ens", FEATURE_TASK, {"model": USER_MLP}, False, id="ens-user-model-features"),
 ]
 
 
@@ -67,7 +73,7 @@ def sample_for(task: TaskInfo, n: int) -> LabeledData:
         tokens = sequences(WORDS.encode(TEXT), task.input_shape[0])
         # x and y are views of one tensor; safetensors refuses to save tensors sharing memory.
         return LabeledData(tokens.x[:n].clone(), tokens.y[:n].clone())
-    return separable_data(task, n, seed=3)
+    return separable_data(task, n, seed=3) if task.pixels else feature_data(n, seed=3)
 
 
 def torchserve_config(server: TorchServeServer, store_root: Path, **serving) -> Config:
@@ -126,8 +132,9 @@ def test_handler_answers_like_the_learner_in_process(torchserve_server, tmp_path
         torch.testing.assert_close(codec.decode_response(answer), learner.predict_proba(sample.x), rtol=0, atol=1e-5)
         status, answer = predict(server, json.dumps({"instances": [[1, 2, 3]]}).encode())
         assert status == 400 and "each example must have shape" in answer["error"]
-        status, answer = predict(server, json.dumps({"instances": (sample.x[:1] / 255 - 0.5).tolist()}).encode())
-        assert status == 400 and "raw units" in answer["error"]
+        if task.pixels:
+            status, answer = predict(server, json.dumps({"instances": (sample.x[:1] / 255 - 0.5).tolist()}).encode())
+            assert status == 400 and "raw units" in answer["error"]
     else:
         status, answer = predict(server, b"the cat sat on", "text/plain")
         assert status == 200, answer

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from alma_daemon.data.streams import Chunk, megabatch_stream, partition, split_chunk
+from alma_daemon.data.streams import Chunk, megabatch_stream, ordered_stream, partition, split_chunk
 from alma_daemon.data.tensors import LabeledData
 
 
@@ -45,6 +45,17 @@ def test_limit_uses_a_subset_of_the_shuffled_data():
 def test_stream_yields_chunks_numbered_from_one():
     chunks = list(megabatch_stream(numbered(100), 4, seed=0))
     assert [c.index for c in chunks] == [1, 2, 3, 4]
+
+
+def test_an_ordered_stream_keeps_the_data_order_in_equal_contiguous_chunks():
+    chunks = list(ordered_stream(numbered(103), 4))
+    assert [c.index for c in chunks] == [1, 2, 3, 4]
+    assert [c.data.x[:, 0].tolist() for c in chunks] == [list(range(i * 25, (i + 1) * 25)) for i in range(4)]
+
+
+def test_an_ordered_streams_limit_takes_the_first_examples():
+    chunks = list(ordered_stream(numbered(1000), 2, limit=10))
+    assert [c.data.x[:, 0].tolist() for c in chunks] == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]
 
 
 def test_split_holds_out_ten_percent_deterministically():

@@ -36,7 +36,7 @@ FLAG_KEYS = {
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser("replay", help="publish a dataset as a stream of chunks (Kafka or embedded)")
     add_config_arguments(parser)
-    parser.add_argument("--dataset", help="dataset to stream (mnist, cifar10, ptb, text); default: dataset.name")
+    parser.add_argument("--dataset", help="dataset to stream (mnist, cifar10, ptb, text, river); default: dataset.name")
     parser.add_argument(
         "--npz", metavar="FILE", help="stream your own arrays instead: a .npz with x (N x ...) and y (N)"
     )

@@ -8,13 +8,18 @@ saved state. The learner, the policy and the device come from the config the sam
 
 from __future__ import annotations
 
-from alma_daemon.config import Config
+from pathlib import Path
+
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+
+from alma_daemon.config import Config, ConfigError
 from alma_daemon.core.checkpoints import CheckpointStore
 from alma_daemon.core.chunk_buffer import ChunkBuffer
 from alma_daemon.core.engine import Engine, EngineObserver, EngineState
 from alma_daemon.data.datasets import TaskInfo
 from alma_daemon.data.tensors import LabeledData
-from alma_daemon.learners import build_learner
+from alma_daemon.learners import Learner, build_learner
 from alma_daemon.runtime import resolve_device
 from policies import build_policy
 
@@ -43,6 +48,9 @@ def assemble_engine(
         learner = checkpoints.load(version, str(device))
     else:
         learner = build_learner(config.learner.name, task, config.learner, config.seed)
+        init_weights = getattr(config.learner, "init_weights", None)
+        if init_weights is not None:
+            start_from_deployed(learner, init_weights)
     policy = build_policy(config.policy)
     if policy_state is not None:
         policy.load_state_dict(policy_state)
@@ -57,3 +65,17 @@ def assemble_engine(
         observers=observers,
         state=state,
     )
+
+
+def start_from_deployed(learner: Learner, init_weights: str) -> None:
+    """Load ``learner.init_weights``, a safetensors file, into a fresh learner (see :meth:`Learner.start_from`)."""
+    path = Path(init_weights).expanduser()
+    if not path.is_file():
+        raise ConfigError(
+            f"learner.init_weights: no file {str(path)!r}; give a .safetensors file of the model's weights"
+        )
+    try:
+        state = load_file(path)
+    except (SafetensorError, OSError, ValueError) as err:
+        raise ConfigError(f"learner.init_weights: {path} is not a safetensors file: {err}") from None
+    learner.start_from(state, str(path))

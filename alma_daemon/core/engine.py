@@ -123,6 +123,8 @@ class Engine:
         if chunk.index == self.state.last_chunk:
             raise ValueError(f"chunk {chunk.index} taken twice")
         late = chunk.index < self.state.last_chunk
+        if self.learner.task.awaits_statistics:
+            self.learner.take_input_statistics(chunk.data.x)
         measure = self.learner.measure
         stream = self.config.stream
         sample = prequential_sample(chunk, stream.prequential_examples, stream.seed)

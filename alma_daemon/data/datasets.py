@@ -12,7 +12,7 @@ import gzip
 import os
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +25,12 @@ class DatasetError(FileNotFoundError):
     """A dataset file is missing or malformed; the message says which file and where to put it."""
 
 
+#: How a model normalizes its raw inputs: ``pixels`` (0-255 images, the dataset's per-channel
+#: statistics), ``standardize`` (per-feature statistics of the stream's first chunk) or ``none``
+#: (the model takes the features as they come).
+NORMALIZATIONS = ("pixels", "standardize", "none")
+
+
 @dataclass(frozen=True)
 class TaskInfo:
     """What a model needs to know about its inputs and outputs; saved in every checkpoint's spec."""
@@ -32,7 +38,11 @@ class TaskInfo:
     kind: str  # "classification" or "language_model"
     input_shape: tuple[int, ...]
     num_classes: int
-    #: Per-channel mean and std on the [0, 1] scale; inputs arrive in raw units (0-255 pixels).
+    #: What the model does to raw inputs first (:data:`NORMALIZATIONS`).
+    normalization: str = "pixels"
+    #: ``pixels``: per-channel mean and std on the [0, 1] scale of 0-255 raw pixels. ``standardize``:
+    #: per-feature mean and std in raw units (one value per input value, flattened), taken from the
+    #: stream's first chunk (empty until then). ``none``: unused.
     mean: tuple[float, ...] = ()
     std: tuple[float, ...] = ()
     #: Channel axis of a raw example ("last" for HWC images as stored on the wire).
@@ -40,11 +50,34 @@ class TaskInfo:
     augment: bool = False
     extra: dict = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        if self.normalization not in NORMALIZATIONS:
+            raise ValueError(f"normalization must be one of {NORMALIZATIONS}; got {self.normalization!r}")
+
+    def with_statistics(self, x: torch.Tensor) -> TaskInfo:
+        """This standardizing task with per-feature statistics of ``x`` (N x input_shape): a feature
+        that does not vary keeps a std of 1, so it passes centred instead of dividing by zero."""
+        flat = x.reshape(len(x), -1).double()
+        mean, std = flat.mean(0), flat.std(0, correction=0)
+        std = torch.where(std > 1e-6 * (1 + mean.abs()), std, torch.ones_like(std))
+        return replace(self, mean=tuple(mean.float().tolist()), std=tuple(std.float().tolist()))
+
+    @property
+    def pixels(self) -> bool:
+        """Raw inputs are pixels in [0, 255] (what the wire and serving check)."""
+        return self.normalization == "pixels"
+
+    @property
+    def awaits_statistics(self) -> bool:
+        """A standardizing task before its first chunk: its statistics are not known yet."""
+        return self.normalization == "standardize" and not self.mean
+
     def to_dict(self) -> dict:
         return {
             "kind": self.kind,
             "input_shape": list(self.input_shape),
             "num_classes": self.num_classes,
+            "normalization": self.normalization,
             "mean": list(self.mean),
             "std": list(self.std),
             "channels_last": self.channels_last,
@@ -58,6 +91,7 @@ class TaskInfo:
             kind=data["kind"],
             input_shape=tuple(data["input_shape"]),
             num_classes=int(data["num_classes"]),
+            normalization=str(data.get("normalization", "pixels")),
             mean=tuple(data.get("mean", ())),
             std=tuple(data.get("std", ())),
             channels_last=bool(data.get("channels_last", False)),

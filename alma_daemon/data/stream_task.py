@@ -9,13 +9,14 @@ undrifted: the engine drifts it from ``stream.drift.at`` on, whichever front doo
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
-from alma_daemon.config import Config
+from alma_daemon.config import Config, ConfigError
 from alma_daemon.data import arrays
 from alma_daemon.data.datasets import TaskInfo, load_test_set
+from alma_daemon.data.river_streams import read_configured_river
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.data.text import text_task
 from alma_daemon.seeding import generator
@@ -31,7 +32,20 @@ class StreamTask:
 
 def load_stream_task(config: Config) -> StreamTask:
     """The task and the test set of the stream ``config.dataset`` describes."""
-    return TASK_READERS.get(config.dataset.name, labeled_task)(config)
+    stream = TASK_READERS.get(config.dataset.name, labeled_task)(config)
+    return StreamTask(normalized_task(stream.task, config), stream.test)
+
+
+def normalized_task(task: TaskInfo, config: Config) -> TaskInfo:
+    """``task`` normalized as ``dataset.normalization`` asks (unset: as the dataset defines it)."""
+    chosen = config.dataset.normalization
+    if chosen is None or chosen == task.normalization:
+        return task
+    if task.kind != "classification":
+        raise ConfigError(
+            f"dataset.normalization: {config.dataset.name} streams tokens, which are not normalized; unset it"
+        )
+    return replace(task, normalization=chosen, mean=(), std=())
 
 
 def select_test_examples(test: LabeledData, config: Config) -> LabeledData:
@@ -62,9 +76,17 @@ def corpus_task(config: Config) -> StreamTask:
     return StreamTask(task, test)
 
 
+def river_task(config: Config) -> StreamTask:
+    """A River stream (docs/river.md): its task, and the test set its simulation measures on (the
+    stream is generated whole: the test set is its continuation)."""
+    river = read_configured_river(config.dataset, config.stream.seed)
+    return StreamTask(river.task, select_test_examples(river.test, config))
+
+
 #: Datasets whose task is not a registered labeled dataset's, by name.
 TASK_READERS: dict[str, Callable[[Config], StreamTask]] = {
     "arrays": arrays_task,
     "ptb": corpus_task,
     "text": corpus_task,
+    "river": river_task,
 }

@@ -64,6 +64,17 @@ def megabatch_stream(data: LabeledData, megabatches: int, seed: int, limit: int 
         yield Chunk(index, part)
 
 
+def ordered_stream(data: LabeledData, megabatches: int, limit: int | None = None) -> Iterator[Chunk]:
+    """``data`` (its first ``limit`` examples) in its own order as ``megabatches`` contiguous equal
+    chunks, ids 1..B (the remainder is dropped): a stream whose order matters, as a drifting one's does."""
+    count = len(data) if limit is None else min(limit, len(data))
+    size = count // megabatches
+    if size == 0:
+        raise ValueError(f"{count} examples cannot make {megabatches} non-empty mega-batches")
+    for index in range(megabatches):
+        yield Chunk(index + 1, data.subset(torch.arange(index * size, (index + 1) * size)))
+
+
 def split_chunk(chunk: Chunk, val_fraction: float, seed: int) -> SplitChunk:
     """Hold out ``val_fraction`` of the chunk as its validation set: at least one example, and at least
     one left to train on (a one-example chunk has none held out; its stage then trains every epoch).

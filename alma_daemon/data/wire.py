@@ -109,6 +109,8 @@ class StreamSchema:
     num_classes: int | None = None
     vocab_size: int | None = None
     max_part_bytes: int = DEFAULT_MAX_PART_BYTES
+    #: Float ``x`` must be raw pixels in [0, 255] (a task normalized as ``pixels``); else any finite value.
+    pixel_range: bool = True
 
     def __post_init__(self) -> None:
         # Configs loaded from YAML hand over lists; a frozen dataclass needs tuples to stay hashable.
@@ -507,7 +509,7 @@ def _validate_labeled(x: torch.Tensor, y: torch.Tensor, schema: StreamSchema) ->
         raise RejectedRecord("label_range", f"labels span [{low}, {high}]; expected [0, {schema.num_classes})")
     if x.is_floating_point() and not bool(torch.isfinite(x).all()):
         raise RejectedRecord("non_finite", f"x holds {int((~torch.isfinite(x)).sum())} NaN or infinite values")
-    if x.is_floating_point():
+    if x.is_floating_point() and schema.pixel_range:
         low_x, high_x = float(x.min()), float(x.max())
         # The model divides raw units by 255 and serving refuses anything outside [0, 255] (normalized
         # features would be misread): a model trained on them could never be published.

@@ -20,17 +20,28 @@ from pydantic import Field
 from pydantic.dataclasses import dataclass
 from torch import nn
 
-from alma_daemon.config import LearnerConfig, validate
-from alma_daemon.config.base import PLUGIN_SECTION, Int
+from alma_daemon.config import ConfigError, LearnerConfig, validate
+from alma_daemon.config.base import PLUGIN_SECTION, Int, Str
 from alma_daemon.data.datasets import TaskInfo
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners.growth_report import GrowthReport
-from alma_daemon.models.backbones import Normalize, inputs_standardized_outside
+from alma_daemon.models.backbones import Backbone, Normalize, backbone_layers, inputs_standardized_outside
+from alma_daemon.models.user_model import load_user_weights, user_layers
 from alma_daemon.seeding import derive_seed
 from alma_daemon.training.flops import count_flops
 from alma_daemon.training.loop import EVAL_BATCH, FitReport, Trainer
 
 ModuleT = TypeVar("ModuleT", bound=nn.Module)
+
+
+def network_layers(task: TaskInfo, config: BackboneConfig) -> list[nn.Module]:
+    """The layers of one network: the factory's of ``learner.model``, else the paper's backbone's."""
+    return user_layers(task, config.model) if config.model else backbone_layers(task, config.width)
+
+
+def build_network(task: TaskInfo, config: BackboneConfig) -> Backbone:
+    """One network of a backbone learner (an SM model, an ensemble's member), from raw inputs to logits."""
+    return Backbone(task, network_layers(task, config))
 
 
 def seeded_build(seed: int, build: Any) -> Any:
@@ -54,7 +65,22 @@ class BackboneConfig(LearnerConfig):
     """Keys of the learners built from the image backbones (MLP, reduced VGG19-BN)."""
 
     width: Int = Field(
-        default=64, gt=0, description="Hidden units (MLP) or channels (VGG) of every layer of the backbone."
+        default=64,
+        gt=0,
+        description="Hidden units (MLP) or channels (VGG) of every layer of the backbone (unused with learner.model).",
+    )
+    model: Str | None = Field(
+        default=None,
+        description="A team's own network instead of the paper's backbone: 'package.module:factory', a function of "
+        "the task returning a torch.nn.Module from a batch of inputs to logits, imported from an installed package "
+        "or the working directory (docs/your-model.md). Every member is built from it, each from its own seed.",
+    )
+    init_weights: Str | None = Field(
+        default=None,
+        description="Start the stream from the deployed model: a .safetensors file of learner.model's state dict "
+        "(every member of sm, ens and umix starts from it; gens's first member), or a version's weights.safetensors "
+        "in a model store (the live one: alma status names it) of the same learner. None = random weights. Ignored "
+        "when the daemon resumes from a checkpoint.",
     )
 
 
@@ -139,6 +165,29 @@ class Learner(ABC):
         self.build_seed = seed
         self.model = seeded_build(seed, lambda: self.build(self.arch)).to(device)
 
+    def start_from(self, state: dict[str, torch.Tensor], source: str) -> None:
+        """Load a deployed model's weights (``learner.init_weights``): a checkpoint's of this learner and
+        architecture (a version's weights.safetensors in a model store), or ``learner.model``'s module's,
+        into every network built so far: SM's one, each member of an ensemble or a uniform mixture,
+        gEns's first member."""
+        if state.keys() == self.model.state_dict().keys():
+            self.load_state_dict(state)
+            return
+        networks = [m for m in self.model.modules() if isinstance(m, Backbone)]
+        if not networks:
+            raise ConfigError(f"learner.init_weights: learner {self.name!r} has no network built by learner.model")
+        for net in networks:
+            load_user_weights(net, state, source)
+
+    def take_input_statistics(self, x: torch.Tensor) -> None:
+        """Standardize inputs with the per-feature statistics of ``x`` (a standardizing task's first chunk):
+        they go into the task, hence the spec, and into every :class:`Normalize` of the model."""
+        self.task = self.task.with_statistics(x)
+        for module in self.model.modules():
+            if isinstance(module, Normalize):
+                module.set_statistics(self.task)
+        self._standardized_inputs.clear()
+
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.model.parameters())
 
@@ -159,14 +208,25 @@ class Learner(ABC):
         """
         if len(data) == 0:
             return {"error": float("nan")}
+        return {"error": int(self._mistakes(data).sum()) / len(data)}
+
+    def mistakes(self, data: LabeledData) -> torch.Tensor:
+        """Which examples of ``data`` the model gets wrong: a bool tensor on the CPU, one per example.
+
+        The promotion guard pairs two versions' mistakes on the same examples (serving/guard.py);
+        ``evaluate``'s error is their mean.
+        """
+        return self._mistakes(data).cpu()
+
+    def _mistakes(self, data: LabeledData) -> torch.Tensor:
         self.model.eval()
+        wrong = []
         with inputs_standardized_outside(self.model) as normalize, torch.inference_mode():
             x = data.x if normalize is None else self._standardized(data.x, normalize)
-            wrong = torch.zeros((), dtype=torch.long, device=self.device)
             for i in range(0, len(data), EVAL_BATCH):
                 proba = self.forward_proba(x[i : i + EVAL_BATCH].to(self.device))
-                wrong += (proba.argmax(1) != data.y[i : i + EVAL_BATCH].to(self.device)).sum()
-        return {"error": int(wrong) / len(data)}
+                wrong.append(proba.argmax(1) != data.y[i : i + EVAL_BATCH].to(self.device))
+        return torch.cat(wrong) if wrong else torch.zeros(0, dtype=torch.bool, device=self.device)
 
     def _standardized(self, x: torch.Tensor, normalize: Normalize) -> torch.Tensor:
         """``x`` as the model's layers take it, kept while ``x`` lives: the engine measures one test set

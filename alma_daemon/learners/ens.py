@@ -18,18 +18,15 @@ from alma_daemon.config import LearnerConfig
 from alma_daemon.config.base import PLUGIN_SECTION, Int
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import register_learner
-from alma_daemon.learners.base import BackboneConfig, Learner, seeded_members
-from alma_daemon.models.backbones import build_backbone
+from alma_daemon.learners.base import BackboneConfig, Learner, build_network, seeded_members
 from alma_daemon.training.distributed import train_members
 from alma_daemon.training.loop import FitReport, Trainer
 from alma_daemon.training.members import stacked_fitter
 
 
 def independent_members(learner: Learner, indices: range) -> list[nn.Module]:
-    """The backbones ``indices`` of an ensemble."""
-    return seeded_members(
-        learner, indices, lambda: build_backbone(learner.task, cast(BackboneConfig, learner.config).width)
-    )
+    """The networks ``indices`` of an ensemble (backbones, or ``learner.model``'s)."""
+    return seeded_members(learner, indices, lambda: build_network(learner.task, cast(BackboneConfig, learner.config)))
 
 
 def member_fitter(trainer: Trainer, train: LabeledData, val: LabeledData) -> Callable[[int, nn.Module], FitReport]:

@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
-from alma_daemon.config.base import PLUGIN_SECTION, Float
+from alma_daemon.config.base import PLUGIN_SECTION, ConfigError, Float
 from alma_daemon.data.datasets import TaskInfo
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import register_learner
@@ -352,6 +352,14 @@ class FireflyConfig(BackboneConfig):
     """Firefly: the backbone's (initial) width and how much each growth step adds."""
 
     name: Literal["firefly"] = "firefly"
+
+    def __post_init__(self) -> None:
+        if self.model is not None:
+            raise ConfigError(
+                "learner.model: firefly grows the paper's MLP and VGG by splitting and adding units inside their "
+                "layers, which it cannot do to a module it did not build; use sm, ens, umix, gens or gmoe"
+            )
+
     growth_rate: Float = Field(
         default=0.25,
         ge=0,

@@ -24,14 +24,14 @@ from pydantic import Field
 from pydantic.dataclasses import dataclass
 from torch import nn
 
-from alma_daemon.config.base import PLUGIN_SECTION
+from alma_daemon.config.base import PLUGIN_SECTION, ConfigError
 from alma_daemon.data.datasets import TaskInfo
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import register_learner
-from alma_daemon.learners.base import BackboneConfig, SingleNetwork, seeded_build
+from alma_daemon.learners.base import BackboneConfig, SingleNetwork, network_layers, seeded_build
 from alma_daemon.learners.growing import GrowsOnceTrained
 from alma_daemon.learners.growth_report import GrowthReport
-from alma_daemon.models.backbones import Backbone, Normalize, backbone_layers
+from alma_daemon.models.backbones import Backbone, Normalize
 from alma_daemon.models.moe import LEAF, TreeGatedMoE, binary_gate, count_experts
 from alma_daemon.training.flops import count_flops
 from alma_daemon.training.loop import EVAL_BATCH, Trainer
@@ -88,6 +88,13 @@ class GrowingMixtureOfExpertsConfig(BackboneConfig):
         description='"soft" (softmax gates) or "hard" (straight-through in training, argmax at test time).',
     )
 
+    def __post_init__(self) -> None:
+        if self.init_weights is not None:
+            raise ConfigError(
+                "learner.init_weights: gmoe's first layers are mixtures of experts, which a deployed model's "
+                "weights do not fit; start sm, ens, umix or gens from them"
+            )
+
 
 @register_learner
 class GrowingMixtureOfExperts(GrowsOnceTrained, SingleNetwork):
@@ -111,15 +118,30 @@ class GrowingMixtureOfExperts(GrowsOnceTrained, SingleNetwork):
         return {"trees": [LEAF] * MIXTURE_LAYERS, "trained": False}
 
     def build(self, arch: dict) -> nn.Module:
-        layers = backbone_layers(self.task, self.config.width)
+        layers = self.mixable_layers()
         sizes = layer_input_sizes(self.task, layers, MIXTURE_LAYERS)
         for i, tree in enumerate(arch["trees"]):
-            experts = [layers[i]] + [
-                backbone_layers(self.task, self.config.width)[i] for _ in range(count_experts(tree) - 1)
-            ]
+            experts = [layers[i]] + [network_layers(self.task, self.config)[i] for _ in range(count_experts(tree) - 1)]
             gates = [binary_gate(sizes[i]) for _ in range(count_experts(tree) - 1)]
             layers[i] = TreeGatedMoE(experts, gates, tree, self.config.gating == "hard", sizes[i])
         return Backbone(self.task, layers)
+
+    def mixable_layers(self) -> list[nn.Module]:
+        """The network's layers, the first :data:`MIXTURE_LAYERS` of which hold parameters to mix.
+
+        A ``learner.model`` factory's ``nn.Sequential`` gives its children: group each hidden layer
+        with its activation (``nn.Sequential(nn.Linear(d, h), nn.ReLU())``) so that they are layers.
+        """
+        layers = network_layers(self.task, self.config)
+        flat = [i for i, layer in enumerate(layers[: MIXTURE_LAYERS + 1]) if not any(True for _ in layer.parameters())]
+        if len(layers) <= MIXTURE_LAYERS or flat:
+            raise ConfigError(
+                f"learner.model: gmoe makes the first {MIXTURE_LAYERS} layers of the factory's nn.Sequential mixtures "
+                f"of experts and needs a layer after them, each with parameters; got {len(layers)} layers"
+                + (f", layer {flat[0]} ({type(layers[flat[0]]).__name__}) without parameters" if flat else "")
+                + ": group each hidden layer with its activation, e.g. nn.Sequential(nn.Linear(d, h), nn.ReLU())"
+            )
+        return layers
 
     def mixtures(self) -> list[TreeGatedMoE]:
         return [layer for layer in self.model.layers if isinstance(layer, TreeGatedMoE)]

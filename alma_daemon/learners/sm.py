@@ -9,8 +9,7 @@ from torch import nn
 
 from alma_daemon.config.base import PLUGIN_SECTION
 from alma_daemon.learners import register_learner
-from alma_daemon.learners.base import BackboneConfig, SingleNetwork
-from alma_daemon.models.backbones import build_backbone
+from alma_daemon.learners.base import BackboneConfig, SingleNetwork, build_network
 
 
 @dataclass(config=PLUGIN_SECTION)
@@ -22,11 +21,11 @@ class SingleModelConfig(BackboneConfig):
 
 @register_learner
 class SingleModel(SingleNetwork):
-    """One backbone (MLP or reduced VGG19-BN) of ``learner.width`` units per layer."""
+    """One network: the backbone (MLP or reduced VGG19-BN) of ``learner.width`` units per layer, or ``learner.model``."""
 
     name = "sm"
     config_model = SingleModelConfig
     config: SingleModelConfig
 
     def build(self, arch: dict) -> nn.Module:
-        return build_backbone(self.task, self.config.width)
+        return build_network(self.task, self.config)

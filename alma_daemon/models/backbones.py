@@ -30,7 +30,8 @@ def image_channels(task: TaskInfo) -> int:
 
 
 class Normalize(nn.Module):
-    """Raw inputs (0-255, channels-last images as on the wire) -> standardized floats (NCHW images).
+    """Raw inputs (0-255 pixels, channels-last images as on the wire, or numeric features) -> standardized
+    floats (NCHW images), as the task's :attr:`~TaskInfo.normalization` says.
 
     The work is split in two so that a training loop can standardize a stage's data once
     (:meth:`standardize`, elementwise, in the data's own layout) and hand the model batches that
@@ -43,14 +44,27 @@ class Normalize(nn.Module):
 
     def __init__(self, task: TaskInfo):
         super().__init__()
-        mean = torch.tensor(task.mean or (0.0,), dtype=torch.float32) * 255.0
-        std = torch.tensor(task.std or (1.0,), dtype=torch.float32) * 255.0
         self.channels_last = task.channels_last
-        if is_image_task(task) and not self.channels_last:
-            mean, std = mean.reshape(-1, 1, 1), std.reshape(-1, 1, 1)
-        self.register_buffer("mean", mean, persistent=False)
-        self.register_buffer("std", std, persistent=False)
+        self.register_buffer("mean", torch.zeros(1), persistent=False)
+        self.register_buffer("std", torch.ones(1), persistent=False)
+        self.set_statistics(task)
         self.passthrough = False
+
+    def set_statistics(self, task: TaskInfo) -> None:
+        """Take ``task``'s statistics: per channel on the 0-1 scale for pixels, per feature in raw units
+        for standardized features (identity while a standardizing task awaits them, and for ``none``)."""
+        mean = torch.tensor(task.mean or (0.0,), dtype=torch.float32)
+        std = torch.tensor(task.std or (1.0,), dtype=torch.float32)
+        if task.pixels:
+            mean, std = mean * 255.0, std * 255.0
+            if is_image_task(task) and not self.channels_last:
+                mean, std = mean.reshape(-1, 1, 1), std.reshape(-1, 1, 1)
+        elif task.normalization == "standardize" and task.mean:
+            mean, std = mean.reshape(task.input_shape), std.reshape(task.input_shape)
+        else:
+            mean, std = torch.zeros(1), torch.ones(1)
+        self.mean = mean.to(self.mean.device)
+        self.std = std.to(self.std.device)
 
     def standardize(self, x: torch.Tensor) -> torch.Tensor:
         """Raw units -> standardized floats, same layout (elementwise: rows may be gathered before or after).

@@ -12,8 +12,9 @@ from alma_daemon.core.checkpoints import CheckpointStore
 from alma_daemon.core.chunk_buffer import MemoryBuffer
 from alma_daemon.core.engine import Engine, EngineObserver
 from alma_daemon.data.datasets import TaskInfo, load_dataset
-from alma_daemon.data.stream_task import select_test_examples
-from alma_daemon.data.streams import Chunk, build_drift, drifted, megabatch_stream
+from alma_daemon.data.river_streams import read_configured_river
+from alma_daemon.data.stream_task import normalized_task, select_test_examples
+from alma_daemon.data.streams import Chunk, build_drift, drifted, megabatch_stream, ordered_stream
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.data.text import text_stream
 from alma_daemon.observability.progress import ProgressBar
@@ -32,7 +33,9 @@ class SimulatedStream:
 
 def simulated_stream(config: Config) -> SimulatedStream:
     """The paper's stream for ``config.dataset``, built by the stream kind of that dataset."""
-    return STREAM_KINDS.get(config.dataset.name, labeled_stream)(config)
+    stream = STREAM_KINDS.get(config.dataset.name, labeled_stream)(config)
+    stream.task = normalized_task(stream.task, config)
+    return stream
 
 
 def labeled_stream(config: Config) -> SimulatedStream:
@@ -53,10 +56,21 @@ def contiguous_text_stream(config: Config) -> SimulatedStream:
     return SimulatedStream(stream.task, iter(stream.chunks), stream.test, len(stream.chunks))
 
 
+def river_stream(config: Config) -> SimulatedStream:
+    """A River stream in River's order, cut into B contiguous chunks (docs/river.md); ``stream.drift``
+    applies on top of the stream's own drift, as for any labeled stream."""
+    river = read_configured_river(config.dataset, config.stream.seed)
+    chunks = ordered_stream(river.train, config.stream.megabatches, limit=config.stream.train_examples)
+    drift = build_drift(config.stream.drift, river.task, config.stream.seed)
+    test = select_test_examples(river.test, config)
+    return SimulatedStream(river.task, drifted(chunks, drift), test, config.stream.megabatches)
+
+
 #: Datasets whose stream is not a random partition of labeled examples, by name.
 STREAM_KINDS: dict[str, Callable[[Config], SimulatedStream]] = {
     "ptb": contiguous_text_stream,
     "text": contiguous_text_stream,
+    "river": river_stream,
 }
 
 

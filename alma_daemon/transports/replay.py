@@ -3,10 +3,11 @@
 A *chunk source* yields the stream's chunks in order; a *publisher* sends each chunk's records
 (split under the size limit by ``wire.encode_chunk``) to a Kafka topic or, in embedded mode, to a
 Redis stream (:func:`replay_publisher` picks it, for ``alma replay`` and ``alma run --replay``).
-Dataset replays use the same seeded partition into mega-batches as ``alma simulate``, so the daemon
-sees exactly the chunks the simulator sees.
+Dataset replays use the same seeded partition into mega-batches as ``alma simulate`` (a River
+stream: the same contiguous chunks in River's order), so the daemon sees exactly the chunks the
+simulator sees.
 
-:data:`CHUNK_SOURCES` maps ``dataset.name`` to a source. Image datasets send ``x``/``y``; text
+:data:`CHUNK_SOURCES` maps ``dataset.name`` to a source. Image datasets and River streams send ``x``/``y``; text
 corpora (PTB, a user's text files) send each chunk as its run of ``tokens`` (int32), which the
 daemon cuts into the same sequences the simulator trains on. With :class:`EventFormat`, a labeled
 chunk's examples travel as event records (``events.encode_events``) instead of chunk parts.
@@ -27,7 +28,8 @@ from tqdm import tqdm
 from alma_daemon.config import Config, ConfigError
 from alma_daemon.data.datasets import TaskInfo, load_dataset
 from alma_daemon.data.events import EVENT_JSON, encode_events
-from alma_daemon.data.streams import build_drift, drifted, megabatch_stream
+from alma_daemon.data.river_streams import read_configured_river
+from alma_daemon.data.streams import build_drift, drifted, megabatch_stream, ordered_stream
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.data.text import text_stream, token_run
 from alma_daemon.data.wire import DEFAULT_MAX_PART_BYTES, HEADER_CHUNK, WireRecord, encode_chunk
@@ -66,6 +68,14 @@ def dataset_chunks(config: Config) -> Iterator[ReplayChunk]:
     return labeled_chunks(dataset.train, config, dataset.task)
 
 
+def river_chunks(config: Config) -> Iterator[ReplayChunk]:
+    """A River stream as the simulator streams it: contiguous chunks in River's order (docs/river.md)."""
+    river = read_configured_river(config.dataset, config.stream.seed)
+    drift = build_drift(config.stream.drift, river.task, config.stream.seed)
+    chunks = ordered_stream(river.train, config.stream.megabatches, limit=config.stream.train_examples)
+    return (ReplayChunk(chunk.index, {"x": chunk.data.x, "y": chunk.data.y}) for chunk in drifted(chunks, drift))
+
+
 def text_chunks(config: Config) -> Iterator[ReplayChunk]:
     """The corpus of ``dataset.name`` as the simulator streams it: each chunk's contiguous tokens (a
     drift fails here, before anything is published: text has no labels to permute)."""
@@ -84,6 +94,7 @@ CHUNK_SOURCES: dict[str, Callable[[Config], Iterator[ReplayChunk]]] = {
     "cifar10": dataset_chunks,
     "ptb": text_chunks,
     "text": text_chunks,
+    "river": river_chunks,
 }
 
 
