@@ -1,7 +1,7 @@
 """The ``alma`` command line. Each subcommand lives in ``alma_daemon/commands/<name>.py``.
 
 A command module provides ``add_parser(subparsers)`` (which sets ``func``) ; any error exits
-non-zero with a one-line reason (``-vv`` adds the traceback).
+non-zero with a one-line reason on a line of its own (``-vv`` adds the traceback).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import sys
 from typing import Any
 
 from alma_daemon.config import Config, ConfigError
-from alma_daemon.logs import configure_logging, error_text
+from alma_daemon.logs import configure_logging, error_text, print_error
 from alma_daemon.training.ranks import launched_ranks, launched_with_ranks
 from policies import build_policy
 
@@ -32,6 +32,7 @@ COMMANDS = [
     "ablate_iid",
     "study",
     "config",
+    "dev",
 ]
 
 
@@ -122,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()  # here, where a reader that went away is a BrokenPipeError below
         return code
     except KeyboardInterrupt:
-        print("alma: interrupted", file=sys.stderr)
+        print_error("alma: interrupted")
         return 130
     except BrokenPipeError:
         # stdout's reader stopped reading (`alma versions --json | head`): nothing left to tell it.
@@ -130,10 +131,10 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141  # what a shell reports for a command that SIGPIPE stopped (128 + 13)
     except ConfigError as exc:
-        print(f"alma {command}: config error: {exc}", file=sys.stderr)
+        print_error(f"alma {command}: config error: {exc}")
         return 2
     except Exception as exc:
-        print(f"alma {command}: error: {error_text(exc)}", file=sys.stderr)
+        print_error(f"alma {command}: error: {error_text(exc)}")
         logging.getLogger("alma").debug("traceback", exc_info=True)
         return 1
 

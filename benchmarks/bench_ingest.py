@@ -1,6 +1,6 @@
 """Ingest throughput (Kafka -> Redis) next to a plain kafka-python consumer, and the daemon's memory.
 
-1. Throughput: a Tansu broker and a redis-server (the classes of tests/helpers/servers.py) on loopback; 20
+1. Throughput: a Tansu broker and a redis-server (alma_daemon/infra/local_servers.py) on loopback; 20
    chunks of 500 CIFAR-10 images are published once. Each round then reads every record from
    offset 0 twice: with a plain ``KafkaConsumer`` (same fetch settings, records only counted) and
    with alma's ingest (validation, assembly, one MULTI/EXEC per poll into a flushed Redis).
@@ -37,17 +37,17 @@ from pathlib import Path
 import psutil
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # tests/helpers/servers.py holds the broker and Redis launchers
+sys.path.insert(0, str(REPO))  # the package, from a checkout without an install
 
 from alma_daemon.data.datasets import MNIST_TASK, load_dataset  # noqa: E402
 from alma_daemon.data.events import decode_event, encode_events  # noqa: E402
 from alma_daemon.data.wire import StreamSchema  # noqa: E402
+from alma_daemon.infra.local_servers import KafkaBroker, RedisServer  # noqa: E402
 from alma_daemon.infra.redis_keys import StreamKeys  # noqa: E402
 from alma_daemon.service.ingest.cutter import EventStream  # noqa: E402
 from alma_daemon.service.ingest.worker import IngestWorker  # noqa: E402
 from alma_daemon.transports.kafka import CONSUMER_SETTINGS, KafkaPublisher, KafkaSource  # noqa: E402
 from alma_daemon.transports.replay import ReplayChunk, replay  # noqa: E402
-from tests.helpers.servers import KafkaBroker, RedisServer  # noqa: E402
 
 STREAM = "cifar"
 TOPIC = "bench.cifar"

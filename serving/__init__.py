@@ -26,7 +26,12 @@ def make_publisher(config: Config) -> Publisher | None:
     if config.serving.kind == "local":
         from serving.local_publisher import LocalPublisher
 
-        return LocalPublisher(store, config.serving.promotion_margin)
+        return LocalPublisher(
+            store,
+            config.serving.promotion_margin,
+            promotion_alpha=config.serving.promotion_alpha,
+            promotion_min_examples=config.serving.promotion_min_examples,
+        )
     if config.serving.kind == "torchserve":
         from serving.torchserve_process import key_file_path
         from serving.torchserve_publisher import TokenKeys, TorchServeClient, TorchServePublisher

@@ -6,9 +6,11 @@ one checkpoint version, holding the serving lock (:mod:`serving.live_pointer`) s
 ``alma rollback`` in another process cannot interleave with the daemon:
 
 1. re-serve the live version if the server lost it (a restarted TorchServe forgets its models);
-2. guard: evaluate the candidate and the live version in process on the SAME validation sample
-   (the candidate's ``validation.safetensors``) and refuse the candidate if its error exceeds the
-   live one's by more than ``serving.promotion_margin``; the first version is always promoted;
+2. guard: evaluate the candidate and the live version in process on the SAME validation examples
+   (the candidate's ``validation.safetensors``, topped up from earlier versions' samples to
+   ``serving.promotion_min_examples``) and refuse the candidate only if it is worse by more than
+   ``serving.promotion_margin`` and a paired test finds the difference beyond the sample's noise
+   (:mod:`serving.guard`); the first version is always promoted;
 3. stage: load the candidate on the server and probe it (backend);
 4. make it the default (backend), then record it in the live pointer ``<model>/live.json``;
 5. retire old versions (backend; best effort, the new version is already live).
@@ -21,6 +23,7 @@ runs this flow on a worker thread.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import math
 import time
@@ -36,6 +39,7 @@ from alma_daemon.learners import Learner
 from alma_daemon.logs import error_text
 from alma_daemon.observability import telemetry
 from serving.codecs import codec_for
+from serving.guard import PromotionGuard, Verdict
 from serving.live_pointer import LivePointer, ServingState
 
 log = logging.getLogger(__name__)
@@ -98,6 +102,13 @@ class Outcome:
     live_value: float | None = None
     #: ``time.monotonic()`` when the version became the default (promoted versions only).
     promoted_at: float | None = None
+    #: The guard's sample size (classifiers: with the examples topped up from earlier versions).
+    examples: int | None = None
+    #: Classifiers against a live version: examples the candidate gets wrong and the live version
+    #: right, the reverse, and the paired test's p-value (:class:`serving.guard.Verdict`).
+    worse_on: int | None = None
+    better_on: int | None = None
+    p_value: float | None = None
 
 
 class Publisher(ABC):
@@ -110,9 +121,16 @@ class Publisher(ABC):
     #: Name in config (``serving.kind``).
     kind: str
 
-    def __init__(self, store: CheckpointStore, promotion_margin: float):
+    def __init__(
+        self,
+        store: CheckpointStore,
+        promotion_margin: float,
+        *,
+        promotion_alpha: float = PromotionGuard.alpha,
+        promotion_min_examples: int = PromotionGuard.min_examples,
+    ):
         self.store = store
-        self.promotion_margin = promotion_margin
+        self.promotion = PromotionGuard(promotion_margin, promotion_alpha, promotion_min_examples)
         self.pointer = LivePointer(store.folder)
         #: The missing live version last warned about, so that a resync every 30 s warns once.
         self._missing_live: int | None = None
@@ -160,14 +178,14 @@ class Publisher(ABC):
             outcome = self.guard(candidate, live)
             if outcome.action == "refused":
                 telemetry.PROMOTIONS_REFUSED.inc()
-                log.warning("promotion refused", extra=asdict(outcome))
+                log.warning(refusal_message(outcome, self.promotion), extra=_fields(outcome))
                 self.pointer.write(ServingState(live=live, decided=version, previous=state.previous))
                 return outcome
             self.stage(candidate)
             self._promote(version, ServingState(live=version, decided=version, previous=live))
             outcome = replace(outcome, promoted_at=time.monotonic())
             telemetry.SWAPS.inc()
-            log.info("promoted", extra=asdict(outcome))
+            log.info("promoted", extra=_fields(outcome))
             self._retire_quietly(version)
             return outcome
 
@@ -212,16 +230,61 @@ class Publisher(ABC):
             return Candidate(version, self.store.load(version), sample)
 
     def guard(self, candidate: Candidate, live: int | None) -> Outcome:
-        """Promote unless the candidate is worse than ``live`` by more than the margin on its sample."""
+        """Promote unless the candidate is worse than ``live`` beyond the margin and the sample's noise."""
         measure = candidate.learner.measure
         with failing_as("guard"):
-            value = candidate.learner.evaluate(candidate.sample)[measure]
             if live is None:
-                return Outcome(candidate.version, "promoted", None, measure, value)
-            live_value = self.store.load(live).evaluate(candidate.sample)[measure]
-        # A candidate that answers NaN never passes; a live version that does is always replaced.
-        promoted = math.isfinite(value) and not value > live_value + self.promotion_margin
-        return Outcome(candidate.version, "promoted" if promoted else "refused", live, measure, value, live_value)
+                value = candidate.learner.evaluate(candidate.sample)[measure]
+                return Outcome(candidate.version, "promoted", None, measure, value, examples=len(candidate.sample))
+            if measure != "error":
+                return self._guard_by_margin(candidate, live)
+            sample = self.guard_sample(candidate)
+            verdict = self.promotion.judge(
+                candidate.learner.mistakes(sample), self.store.load(live).mistakes(sample), len(candidate.sample)
+            )
+        return _outcome(candidate.version, live, verdict)
+
+    def _guard_by_margin(self, candidate: Candidate, live: int) -> Outcome:
+        """Language models: perplexity on the candidate's sample (every token of 512 sequences) against
+        the live version's plus the margin, no test. A candidate that answers NaN never passes; a live
+        version that does is always replaced."""
+        measure = candidate.learner.measure
+        value = candidate.learner.evaluate(candidate.sample)[measure]
+        live_value = self.store.load(live).evaluate(candidate.sample)[measure]
+        promoted = math.isfinite(value) and not value > live_value + self.promotion.margin
+        action = "promoted" if promoted else "refused"
+        return Outcome(candidate.version, action, live, measure, value, live_value, examples=len(candidate.sample))
+
+    def guard_sample(self, candidate: Candidate) -> LabeledData:
+        """The examples the guard asks both versions about: the candidate's validation sample, then,
+        while they number fewer than ``serving.promotion_min_examples``, the samples saved with the
+        versions before it, newest first, each example once (with ``stream.replay`` the samples
+        overlap). Versions after the candidate are never read, so the decision does not depend on
+        how far training ran ahead of publishing."""
+        wanted = self.promotion.min_examples
+        parts, held = [candidate.sample], len(candidate.sample)
+        if held >= wanted:
+            return candidate.sample
+        seen = {_example_key(candidate.sample, i) for i in range(len(candidate.sample))}
+        for version in reversed(self.store.versions()):
+            if held >= wanted:
+                break
+            if version >= candidate.version:
+                continue
+            sample = self.store.validation(version)
+            if sample is None:
+                continue
+            new = []
+            for i in range(len(sample)):
+                key = _example_key(sample, i)
+                if key not in seen:
+                    seen.add(key)
+                    new.append(i)
+            new = new[: wanted - held]
+            if new:
+                parts.append(sample.subset(torch.tensor(new)))
+                held += len(new)
+        return LabeledData.concat(parts)
 
     def _promote(self, version: int, state: ServingState) -> None:
         self.make_default(version)
@@ -259,3 +322,45 @@ class Publisher(ABC):
             # The new version already serves; the next publish retires what is left.
             telemetry.SWAP_FAILURES.labels(err.stage).inc()
             log.warning("retiring old versions failed", extra={"error": str(err)})
+
+
+def _outcome(version: int, live: int, verdict: Verdict) -> Outcome:
+    return Outcome(
+        version,
+        "promoted" if verdict.promoted else "refused",
+        live,
+        "error",
+        verdict.candidate_error,
+        verdict.live_error,
+        examples=verdict.examples,
+        worse_on=verdict.worse_on,
+        better_on=verdict.better_on,
+        p_value=verdict.p_value,
+    )
+
+
+def refusal_message(outcome: Outcome, promotion: PromotionGuard) -> str:
+    """The one line that says why ``outcome``'s version is not published (its numbers follow as fields)."""
+    head = f"version {outcome.version} not promoted, version {outcome.live_before} stays live"
+    if outcome.p_value is None:
+        return (
+            f"{head}: its {outcome.measure} on {outcome.examples} validation sequences exceeds the live one's by "
+            f"more than promotion_margin {promotion.margin:g}"
+        )
+    return (
+        f"{head}: a paired test on {outcome.examples} validation examples finds it worse by more than "
+        f"promotion_margin {promotion.margin:g} (p={outcome.p_value:.2g} < promotion_alpha {promotion.alpha:g})"
+    )
+
+
+def _fields(outcome: Outcome) -> dict:
+    """The outcome's fields for a log line: not the empty ones, the action (the message says it) or the
+    monotonic clock reading."""
+    return {k: v for k, v in asdict(outcome).items() if v is not None and k not in ("action", "promoted_at")}
+
+
+def _example_key(data: LabeledData, i: int) -> bytes:
+    """A digest of example ``i`` (input and label), to take an example once into the guard sample."""
+    digest = hashlib.blake2b(data.x[i].contiguous().numpy().tobytes(), digest_size=16)
+    digest.update(data.y[i].contiguous().numpy().tobytes())
+    return digest.digest()

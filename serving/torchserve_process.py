@@ -26,6 +26,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -39,6 +40,8 @@ PID_FILE = "torchserve.pid"
 LOG_FILE = "torchserve.log"
 KEY_FILE = "key_file.json"
 START_TIMEOUT_SECONDS = 120.0
+#: Seconds between two reports of the wait for ``/ping``.
+PING_REPORT_SECONDS = 10.0
 STOP_TIMEOUT_SECONDS = 30.0
 _LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1"}
 
@@ -93,8 +96,11 @@ class TorchServeProcess:
         # A stale pid file may name a group id the system has since given to something else.
         return pgid if any(str(self.folder) in " ".join(cmd) for cmd in _group_commands(pgid)) else None
 
-    def start(self, timeout: float = START_TIMEOUT_SECONDS) -> int:
-        """Start TorchServe and wait until it answers ``/ping``; returns its process group id."""
+    def start(self, timeout: float = START_TIMEOUT_SECONDS, report: Callable[[str], None] = lambda line: None) -> int:
+        """Start TorchServe and wait until it answers ``/ping``; returns its process group id.
+
+        ``report`` is told each stage (starting, waiting for ``/ping`` every :data:`PING_REPORT_SECONDS`,
+        ready): on a busy host, at ``serving.niceness`` 19, TorchServe's JVM may take a minute or more."""
         require_torchserve()
         running = self.running_pid()
         if running is not None:
@@ -109,6 +115,7 @@ class TorchServeProcess:
                 extra={"management_url": self.serving.management_url},
             )
         config_path = self._write_config()
+        report(f"starting TorchServe (niceness {self.serving.niceness}; its log: {self.log_path})")
         env = dict(os.environ)
         # TEMP is the JVM's temp dir (workers' sockets), TMPDIR moves TorchServe's pid file.
         env.update(
@@ -132,7 +139,7 @@ class TorchServeProcess:
         if self.serving.niceness:
             yield_to_training(process.pid, self.serving.niceness)
         try:
-            self._wait_ready(process, timeout)
+            self._wait_ready(process, timeout, report)
         except BaseException:
             self.stop()
             raise
@@ -188,9 +195,16 @@ class TorchServeProcess:
             command = ["nice", "-n", str(self.serving.niceness), *command]
         return command
 
-    def _wait_ready(self, process: subprocess.Popen, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
+    def _wait_ready(self, process: subprocess.Popen, timeout: float, report: Callable[[str], None]) -> None:
+        started = time.monotonic()
+        deadline = started + timeout
+        next_report = started + PING_REPORT_SECONDS
+        ping = self.serving.inference_url.rstrip("/") + "/ping"
         while not self._answers_ping():
+            if time.monotonic() >= next_report:
+                waited = time.monotonic() - started
+                report(f"waiting for TorchServe to answer {ping}: {waited:.0f} s so far, up to {timeout:.0f} s")
+                next_report += PING_REPORT_SECONDS
             if process.poll() is not None:
                 raise RuntimeError(
                     f"TorchServe exited with code {process.returncode}; see {self.log_path}:\n{_tail(self.log_path)}"
@@ -198,6 +212,7 @@ class TorchServeProcess:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"TorchServe did not answer /ping within {timeout:.0f} s; see {self.log_path}")
             time.sleep(0.2)
+        report(f"TorchServe answers {ping} after {time.monotonic() - started:.0f} s")
 
     def _answers_ping(self) -> bool:
         headers = {}

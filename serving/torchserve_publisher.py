@@ -23,6 +23,9 @@ from typing import Any
 
 from alma_daemon.config import ServingConfig
 from alma_daemon.core.checkpoints import CheckpointStore
+from alma_daemon.infra.unreachable import unreachable_line
+from alma_daemon.logs import NOTICE
+from alma_daemon.observability.progress import told_while
 from serving.archiver import ARCHIVES, archive_name, build_archive, checkpoint_digest
 from serving.codecs import codec_for, max_abs_difference
 from serving.publisher import Candidate, Publisher, PublishError, failing_as
@@ -49,6 +52,16 @@ class TorchServeError(RuntimeError):
     def __init__(self, method: str, url: str, status: int | None, detail: str):
         super().__init__(f"{method} {url} -> {status if status is not None else 'unreachable'}: {detail}")
         self.status = status
+
+
+class TorchServeUnreachable(TorchServeError):
+    """No answer from TorchServe: one line naming it, the URL key and the fix (infra/unreachable.py)."""
+
+    def __init__(self, api: str, base_url: str, error: BaseException | str):
+        RuntimeError.__init__(
+            self, unreachable_line("torchserve" if api == "management" else "torchserve_inference", base_url, error)
+        )
+        self.status = None
 
 
 class TokenKeys:
@@ -144,7 +157,7 @@ class TorchServeClient:
                     continue
                 raise TorchServeError(method, url, err.code, _message(detail)) from None
             except (urllib.error.URLError, OSError) as err:
-                raise TorchServeError(method, url, None, str(getattr(err, "reason", err))) from None
+                raise TorchServeUnreachable(api, base, getattr(err, "reason", err)) from None
         raise AssertionError("unreachable: the second attempt returns or raises")
 
     def _renew(self, api: str) -> None:
@@ -183,7 +196,12 @@ class TorchServePublisher(Publisher):
     kind = "torchserve"
 
     def __init__(self, store: CheckpointStore, serving: ServingConfig, client: TorchServeClient):
-        super().__init__(store, serving.promotion_margin)
+        super().__init__(
+            store,
+            serving.promotion_margin,
+            promotion_alpha=serving.promotion_alpha,
+            promotion_min_examples=serving.promotion_min_examples,
+        )
         self.client = client
         self.model = serving.model_name
         self.workers = serving.workers
@@ -213,7 +231,9 @@ class TorchServePublisher(Publisher):
                 self._unregister_stale(version, len(registrations))
                 registered = None
             if registered is None:
-                self._register(archive)
+                # Registration returns once the workers are loaded: tens of seconds on a busy host.
+                with told_while(lambda seconds: self._tell_loading(version, seconds)):
+                    self._register(archive)
         try:
             self._probe(candidate)
         except PublishError:
@@ -267,6 +287,14 @@ class TorchServePublisher(Publisher):
             )
         self._drain(version)
         self.client.unregister(self.model, version)
+
+    def _tell_loading(self, version: int, seconds: float) -> None:
+        log.log(
+            NOTICE,
+            f"TorchServe is loading the workers of version {version}: {seconds:.0f} s so far "
+            f"(up to {REGISTER_TIMEOUT_SECONDS:g} s)",
+            extra={"version": version, "workers": self.workers},
+        )
 
     def _register(self, archive: Path) -> None:
         try:

@@ -27,6 +27,7 @@ from alma_daemon.data.datasets import load_dataset
 from alma_daemon.data.streams import megabatch_stream, split_chunk
 from alma_daemon.data.wire import MAX_ID, encode_chunk
 from alma_daemon.infra.redis_keys import StreamKeys
+from alma_daemon.infra.unreachable import ServerUnreachable
 from alma_daemon.research.simulate import run_simulation
 from alma_daemon.service.daemon import Daemon
 from alma_daemon.service.redis_buffer import RedisBuffer
@@ -68,7 +69,7 @@ def test_a_start_up_that_fails_half_way_closes_what_it_opened(tmp_path, redis_db
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     daemon = Daemon(config, redis_db, until_chunks=1)
     try:
-        with pytest.raises(OSError):
+        with pytest.raises(ServerUnreachable, match="metrics.port"):
             daemon.run()
     finally:
         taken.close()

@@ -17,6 +17,7 @@ from alma_daemon.commands import simulate as simulate_command
 from alma_daemon.config import build_config
 from alma_daemon.core.engine import Engine, EngineObserver
 from alma_daemon.core.records import StepRecord
+from alma_daemon.infra.unreachable import ServerUnreachable
 from alma_daemon.observability import telemetry
 from alma_daemon.observability.exporter import MetricsObserver, start_exporter
 from alma_daemon.research.simulate import run_simulation
@@ -110,8 +111,12 @@ def test_stop_frees_the_port_and_can_be_repeated():
 
 
 def test_a_taken_port_is_an_error_naming_metrics_port(exporter):
-    with pytest.raises(OSError, match=rf"^metrics.port {exporter.port}: cannot listen on 127.0.0.1:{exporter.port} "):
+    with pytest.raises(ServerUnreachable) as caught:
         start_exporter(exporter.port)
+    assert str(caught.value) == (
+        f"Metrics exporter at 127.0.0.1:{exporter.port} (metrics.port) cannot listen: address already in use; "
+        "stop what listens there (another daemon?), or choose another metrics.port (0 turns the exporter off)"
+    )
 
 
 def test_catalogue_follows_design_and_naming_rules(exporter):

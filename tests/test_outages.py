@@ -68,14 +68,17 @@ def metric(port: int, name: str) -> str:
 
 # -- pure logic -------------------------------------------------------------------------------------
 def test_the_outage_board_keeps_the_first_failure_time_and_ends_past_the_limit() -> None:
-    patient, impatient = OutageBoard(limit_seconds=3600), OutageBoard(limit_seconds=0.01)
+    where = {"redis": "127.0.0.1:6379"}
+    patient, impatient = OutageBoard(limit_seconds=3600), OutageBoard(limit_seconds=0.01, addresses=where)
     for board in (patient, impatient):
         first = board.down("redis", ConnectionError("refused"))
         later = board.down("redis", "still refused")
         assert later.since == first.since and later.reason == "still refused" and board.degraded
     time.sleep(0.05)
     patient.check_limit()
-    with pytest.raises(OutageTooLong, match="redis unreachable .* daemon.outage_limit_seconds"):
+    with pytest.raises(
+        OutageTooLong, match=r"^Redis at 127.0.0.1:6379 \(redis.url\) unreachable .* daemon.outage_limit_seconds"
+    ):
         impatient.check_limit()
     assert patient.up("redis") is not None and not patient.degraded and patient.up("redis") is None
 
@@ -173,7 +176,10 @@ def test_a_redis_that_comes_back_empty_is_refused_and_so_is_a_start_on_it(tmp_pa
         again = start_daemon(config_path, "--until-chunks", "4")
         output, _ = again.communicate(timeout=300)
         last = output.decode().strip().splitlines()[-1]
-        assert again.returncode == 1 and "holds no stream 'amnesia'" in last and "another daemon.checkpoint_dir" in last
+        assert again.returncode == 1 and "holds no stream 'amnesia'" in last and "RedisLostTheStream" in last
+        # The model store records this Redis: it lost its data, and the store is no other Redis's.
+        assert "records it on this same Redis" in last and "Redis has lost its data" in last
+        assert "set daemon.checkpoint_dir to a new directory" in last
         assert client.get(StreamKeys(stream).engine) is None  # refused: nothing was started over
     finally:
         client.close()
@@ -198,7 +204,8 @@ def test_an_outage_longer_than_the_limit_ends_the_daemon_with_one_line(tmp_path)
         redis.stop()
     last = output.decode().strip().splitlines()[-1]
     assert daemon.returncode == 1, output.decode()
-    assert last.startswith("alma run: error: OutageTooLong: redis unreachable for") and "outage_limit_seconds" in last
+    assert last.startswith(f"alma run: error: Redis at 127.0.0.1:{redis.port} (redis.url) unreachable for "), last
+    assert "longer than daemon.outage_limit_seconds (2 s): the daemon gives up" in last
     assert "Traceback" not in output.decode() and "terminate called" not in output.decode()
     assert daemon_status(config)["phase"] == "stopped"
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from alma_daemon.data.datasets import resolve_data_root
+from alma_daemon.infra.unreachable import unreachable_line
 from alma_daemon.service.status import live_state, model_row
 from serving.live_pointer import ServingState
 from tests.helpers.daemon import PROCESS_LIMIT_SECONDS, REPO, sigkill, wait_until
@@ -130,8 +131,7 @@ def test_a_replay_that_fails_is_told_in_one_line_without_a_traceback(tmp_path) -
     assert run.returncode == 1, run.stderr
     assert "Traceback" not in run.stderr, run.stderr
     assert run.stderr.rstrip().splitlines()[-1] == (
-        f"alma run: replay failed: KafkaConnectionError: no Kafka broker answered at 127.0.0.1:{port} "
-        "(kafka.bootstrap_servers); start one, or use --embedded / kafka.transport: redis"
+        f"alma run: replay failed: {unreachable_line('kafka', f'127.0.0.1:{port}', 'connection refused')}"
     )
 
 

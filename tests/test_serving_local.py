@@ -24,6 +24,7 @@ from alma_daemon.core.chunk_buffer import MemoryBuffer
 from alma_daemon.core.engine import Engine
 from alma_daemon.data.datasets import MNIST_TASK
 from alma_daemon.data.streams import Chunk, partition
+from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import build_learner
 from alma_daemon.service.bootstrap import drop_uncommitted_checkpoints
 from alma_daemon.service.publish_handoff import PublishHandoff
@@ -87,12 +88,30 @@ def test_guard_evaluates_both_versions_on_the_candidates_sample_not_their_metric
     save_version(store, 1, good, sample)
     # metrics.json claims version 2 is perfect; the guard must not believe it.
     store.save(bad, 2, {"val_error": 0.0}, validation=other_sample)
-    publisher = LocalPublisher(store, promotion_margin=0.0)
+    publisher = LocalPublisher(store, promotion_margin=0.0, promotion_min_examples=50)
     publisher.publish(1)
     outcome = publisher.publish(2)
     assert outcome.live_value == pytest.approx(good.evaluate(other_sample)["error"])
     assert outcome.candidate_value == pytest.approx(bad.evaluate(other_sample)["error"])
-    assert outcome.action == "refused"
+    assert (outcome.action, outcome.examples) == ("refused", 50)
+
+
+def test_guard_tops_a_small_sample_up_from_the_samples_of_the_versions_before_it(store, good_and_bad):
+    good, bad, sample = good_and_bad
+    older, small, newer = sample.subset(slice(0, 100)), sample.subset(slice(100, 130)), sample.subset(slice(130, 200))
+    save_version(store, 1, good, older)
+    # With stream.replay a version's sample repeats the examples of earlier ones: each is taken once.
+    save_version(store, 2, good, LabeledData.concat([older.subset(slice(0, 40)), small]))
+    save_version(store, 3, bad, small)
+    save_version(store, 4, good, newer)  # trained after the candidate: never read
+    publisher = LocalPublisher(store, promotion_margin=0.0, promotion_min_examples=120)
+    taken = publisher.guard_sample(publisher.load_candidate(3))
+    expected = LabeledData.concat([small, older.subset(slice(0, 90))])
+    assert torch.equal(taken.x, expected.x) and torch.equal(taken.y, expected.y)
+    publisher.publish(1)
+    outcome = publisher.publish(3)
+    assert (outcome.action, outcome.examples) == ("refused", 120)
+    assert outcome.candidate_value == pytest.approx(bad.evaluate(expected)["error"])
 
 
 def test_versions_at_or_below_the_last_decided_one_are_skipped(store, good_and_bad):
@@ -478,6 +497,33 @@ def test_versions_and_rollback_commands(store, good_and_bad, capsys):
 
     assert main(["rollback", *config, "--to", "5"]) == 1
     assert "version 5 is not in" in capsys.readouterr().err
+
+
+def test_versions_shows_the_newest_and_the_live_one_and_says_how_many_it_left_out(store, good_and_bad, capsys):
+    good, _, sample = good_and_bad
+    for version in range(1, 26):
+        save_version(store, version, good, sample)
+    LocalPublisher(store, promotion_margin=1.0).publish(1)  # the first version is live; 24 came after it
+    config = ["--set", f"daemon.checkpoint_dir={store.root}", "--set", "serving.kind=local"]
+
+    def table(*extra: str) -> tuple[list[str], list[str]]:
+        assert main(["versions", *config, *extra]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        return [line.split()[0] for line in lines[1:] if line[:1].isdigit()], lines
+
+    shown, lines = table()  # the newest 20 and the live one
+    assert shown == ["1", *map(str, range(6, 26))]
+    assert lines[-1] == "(4 older version(s) not shown: --last N shows the N newest, --last 0 all)"
+    shown, lines = table("--last", "3")
+    assert shown == ["1", "23", "24", "25"] and lines[-1].startswith("(21 older version(s) not shown")
+    shown, lines = table("--last", "0")
+    assert shown == list(map(str, range(1, 26))) and not lines[-1].startswith("(")
+
+    assert main(["versions", *config, "--json"]) == 0  # for scripts: every version unless --last
+    assert len(json.loads(capsys.readouterr().out)) == 25
+    assert main(["versions", *config, "--json", "--last", "2"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["version"], r["live"]) for r in rows] == [(1, True), (24, False), (25, False)]
 
 
 def test_a_json_body_is_read_as_json_even_with_leading_whitespace():

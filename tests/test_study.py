@@ -259,8 +259,8 @@ def test_cer_lines_join_the_waits_of_each_method_and_size_at_the_mean_over_seeds
         fake_run("sm", width, wait, seed, cer=wait + seed) for width in (8, 16) for wait in (10, 1) for seed in (0, 1)
     ]
     lines = cer_lines(runs, "cumulative_train_flops", "cer")
-    assert list(lines) == ["width=8", "width=16"]
-    assert [(p[1], p[2]) for p in lines["width=8"]] == [(1.5, {"policy.wait": 1}), (10.5, {"policy.wait": 10})]
+    assert list(lines) == ["sm width=8", "sm width=16"]
+    assert [(p[1], p[2]) for p in lines["sm width=8"]] == [(1.5, {"policy.wait": 1}), (10.5, {"policy.wait": 10})]
 
 
 def test_a_legend_leaves_out_keys_a_configuration_does_not_have():

@@ -14,7 +14,7 @@ from alma_daemon.cli import add_config_arguments, check_config_under_ranks
 from alma_daemon.config import Config, ConfigError, load_config
 from alma_daemon.core.checkpoints import CheckpointStore
 from alma_daemon.infra.redis_keys import StreamKeys
-from alma_daemon.logs import error_text
+from alma_daemon.logs import error_text, print_error
 from alma_daemon.observability.progress import ProgressBar
 from alma_daemon.runtime import resolve_device
 from alma_daemon.service.bootstrap import event_stream
@@ -40,7 +40,7 @@ def add_parser(subparsers) -> None:
     parser.add_argument(
         "--replay",
         metavar="DATASET",
-        help="also publish DATASET (mnist, cifar10, ptb, text) into the stream from this process; with "
+        help="also publish DATASET (mnist, cifar10, ptb, text, river) into the stream from this process; with "
         "--embedded this runs the whole loop in one command",
     )
     parser.add_argument(
@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
             return 0
         return serve(args, config, world)
     except (RankStepFailed, StreamTaken) as exc:
-        print(f"alma run: error: {exc}", file=sys.stderr)
+        print_error(f"alma run: error: {exc}")
         return 1
     finally:
         leave_process_group()
@@ -114,15 +114,24 @@ def serve_locked(args: argparse.Namespace, config: Config, world: World) -> int:
         # The bar starts at the chunks processed before a restart, which restore() reads too.
         processed = int(engine_counters(client, StreamKeys(config.daemon.stream)).get("chunks_seen", 0))
         bar = ProgressBar(args.until_chunks, enabled=not args.no_progress, initial=processed)
-        daemon = Daemon(config, client, until_chunks=args.until_chunks, observers=[bar], followers=RankLeader(world))
-        daemon.restore()
-        if args.replay:
-            replayer = ReplayThread(config, client, daemon.stop_requested, on_failure=daemon.request_stop)
-            replayer.start()
+        # The bar is closed before any error is printed, so that no error shares its line.
         try:
+            daemon = Daemon(
+                config,
+                client,
+                until_chunks=args.until_chunks,
+                observers=[bar],
+                followers=RankLeader(world),
+                on_waiting=bar.show_waiting,
+            )
+            daemon.restore()
+            if args.replay:
+                replayer = ReplayThread(config, client, daemon.stop_requested, on_failure=daemon.request_stop)
+                replayer.start()
             daemon.run()
         except StepAbandoned as exc:
-            print(f"alma run: {exc}", file=sys.stderr)
+            bar.close()
+            print_error(f"alma run: {exc}")
             return 130
         finally:
             bar.close()

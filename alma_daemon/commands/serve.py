@@ -33,13 +33,13 @@ def run(args: argparse.Namespace) -> int:
     if args.stop:
         print("TorchServe stopped" if process.stop() else f"no TorchServe running from {process.folder}")
         return 0
-    pgid = process.start()
     if config.serving.kind != "torchserve":
         print(
             f"note: serving.kind is {config.serving.kind!r}: the daemon publishes to TorchServe only with "
             "serving.kind: torchserve",
             file=sys.stderr,
         )
+    pgid = process.start(report=lambda line: print(f"alma serve: {line}", file=sys.stderr, flush=True))
     serving = config.serving
     rows = [
         ("inference", serving.inference_url),
@@ -50,6 +50,9 @@ def run(args: argparse.Namespace) -> int:
     ]
     if serving.token_auth:
         rows.append(("keys", str(process.key_path)))
+    # A worker loads a version when the daemon registers it: at niceness 19 on a busy host, the first
+    # can take tens of seconds, which the daemon's log tells as it goes.
+    rows.append(("workers", f"{serving.workers} per version, started as the daemon registers each one"))
     print(f"TorchServe started (process group {pgid})")
     for name, value in rows:
         print(f"{name:<11} {value}", flush=True)

@@ -1,4 +1,8 @@
-"""``alma versions``: the model's checkpoint versions, their validation metrics, and which one is live."""
+"""``alma versions``: the model's checkpoint versions, their validation metrics, and which one is live.
+
+The table shows the newest :data:`DEFAULT_LAST` versions (``--last N``, ``--last 0`` for all) and the
+live one wherever it is, and says how many older ones it left out; ``--json`` prints every version
+unless ``--last`` is given."""
 
 from __future__ import annotations
 
@@ -11,16 +15,42 @@ from alma_daemon.config import load_config
 from serving import make_publisher
 from serving.publisher import PublishError
 
+#: Versions the table shows without ``--last``: a daemon that has run a while has hundreds.
+DEFAULT_LAST = 20
+
 
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser("versions", help="list model versions with their metrics and the live one")
     add_config_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
+    parser.add_argument(
+        "--last",
+        type=_count,
+        metavar="N",
+        help=f"only the N newest versions, and the live one (0: all; default: {DEFAULT_LAST} in the table, "
+        "all with --json)",
+    )
     parser.set_defaults(func=run)
 
 
-def version_rows(publisher) -> list[dict]:
-    """One row per checkpoint version, oldest first; ``registered`` only for servers that load versions."""
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 (all) or more, not {value}")
+    return value
+
+
+def shown_versions(versions: list[int], live: int | None, last: int | None) -> list[int]:
+    """The ``last`` newest of ``versions`` (all for None or 0), and ``live`` if it is older, in order."""
+    if not last or last >= len(versions):
+        return list(versions)
+    newest = list(versions[-last:])
+    return sorted({*newest, live}) if live in versions else newest
+
+
+def version_rows(publisher, last: int | None = None) -> list[dict]:
+    """One row per checkpoint version (the ``last`` newest and the live one, see
+    :func:`shown_versions`), oldest first; ``registered`` only for servers that load versions."""
     store = publisher.store
     live = publisher.live_version()
     try:
@@ -29,7 +59,7 @@ def version_rows(publisher) -> list[dict]:
         print(f"warning: cannot list the server's versions: {err}", file=sys.stderr)
         served = None
     rows = []
-    for version in store.versions():
+    for version in shown_versions(store.versions(), live, last):
         metrics = store.metrics(version)
         row = {
             "version": version,
@@ -73,11 +103,16 @@ def run(args: argparse.Namespace) -> int:
     publisher = make_publisher(config)
     if publisher is None:
         raise ValueError("serving.kind is none: nothing is published")
-    rows = version_rows(publisher)
+    last = args.last if args.last is not None or args.json else DEFAULT_LAST
+    rows = version_rows(publisher, last)
     if args.json:
         print(json.dumps(rows, indent=2))
-    elif rows:
-        print(format_table(rows))
-    else:
+        return 0
+    if not rows:
         print(f"no versions in {publisher.store.folder}")
+        return 0
+    print(format_table(rows))
+    hidden = len(publisher.store.versions()) - len(rows)
+    if hidden:
+        print(f"({hidden} older version(s) not shown: --last N shows the N newest, --last 0 all)")
     return 0

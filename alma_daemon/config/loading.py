@@ -19,7 +19,7 @@ from pydantic import TypeAdapter
 from alma_daemon.config.base import ConfigError, KeyOfAnotherPlugin, validate
 from alma_daemon.config.masking import mask_secrets
 from alma_daemon.config.plugins import LearnerConfig, PolicyConfig
-from alma_daemon.config.sections import Config
+from alma_daemon.config.sections import MODEL_STORE, Config
 
 log = logging.getLogger(__name__)
 
@@ -99,10 +99,36 @@ def build_config(
         overridden.add(key)
     for kind in (LearnerConfig, PolicyConfig):
         _switch_plugin(merged, kind, overridden)
+    _derive_daemon_folders(merged, file)
     try:
         return cast(Config, validate(Config, merged))
     except KeyOfAnotherPlugin as exc:
         raise exc.where_set(None if file is None else str(file), overridden) from None
+
+
+def default_state_dir(file: str | Path | None, redis_url: Any) -> str:
+    """``daemon.state_dir`` when neither the file nor ``--set`` gives it: one folder per config file and
+    per Redis kind, so that two configs (or one config with and without ``--embedded``) never share a
+    model store or a status file: ``runs/<file name>``, ``runs/<file name>-embedded`` for the embedded
+    Redis (``redis.url`` unset); without a file ``runs/embedded``, or ``runs/daemon`` with a redis.url."""
+    embedded = not redis_url
+    if file is None:
+        return "runs/embedded" if embedded else "runs/daemon"
+    name = Path(file).stem
+    return f"runs/{name}-embedded" if embedded else f"runs/{name}"
+
+
+def _derive_daemon_folders(merged: dict, file: str | Path | None) -> None:
+    """Fill in ``daemon.state_dir`` (:func:`default_state_dir`) and ``daemon.checkpoint_dir``
+    (``<state_dir>/model_store``) where neither the file nor an override set them."""
+    daemon = merged.setdefault("daemon", {})
+    redis = merged.get("redis")
+    if not isinstance(daemon, dict) or not (redis is None or isinstance(redis, dict)):
+        return  # validation names the section that is not a mapping
+    if daemon.get("state_dir") is None:
+        daemon["state_dir"] = default_state_dir(file, (redis or {}).get("url"))
+    if daemon.get("checkpoint_dir") is None and isinstance(daemon["state_dir"], str):
+        daemon["checkpoint_dir"] = str(Path(daemon["state_dir"]) / MODEL_STORE)
 
 
 def _switch_plugin(merged: dict, kind: type[LearnerConfig] | type[PolicyConfig], overridden: set[str]) -> None:

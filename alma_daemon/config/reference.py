@@ -63,6 +63,9 @@ class Key:
     name: str
     default: str
     description: str
+    #: Its default is derived at load time (``json_schema_extra={"derived": TEXT}``): ``default`` is TEXT,
+    #: and config.yaml leaves the key commented out, so that a copy of it derives the key too.
+    derived: bool = False
 
 
 def _fields(model: Any) -> dict[str, Any]:
@@ -87,7 +90,10 @@ def keys(model: Any) -> list[Key]:
         if not description and issubclass(model, PluginConfig):
             kind = KINDS[model.section]
             description = _fields(kind)[name].description or ""
-        out.append(Key(name, yaml_value(info.get_default(call_default_factory=True)), " ".join(description.split())))
+        extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+        derived = extra.get("derived")
+        default = str(derived) if derived else yaml_value(info.get_default(call_default_factory=True))
+        out.append(Key(name, default, " ".join(description.split()), derived=bool(derived)))
     return out
 
 
@@ -134,7 +140,7 @@ def _yaml_keys(model: Any, indent: str, commented: bool = False) -> list[str]:
     for key in keys(model):
         info = model.__pydantic_fields__[key.name]
         nested = info.get_default(call_default_factory=True)
-        mark = "#   " if commented else ""
+        mark = "#   " if commented or key.derived else ""
         if dataclasses.is_dataclass(nested):
             lines += _line(indent, f"{mark}{key.name}:", key.description)
             lines += _yaml_keys(type(nested), indent + "  ", commented)

@@ -18,6 +18,9 @@ from pydantic.dataclasses import dataclass
 from alma_daemon.config.base import SECTION, Bool, ConfigError, Float, Int, Str
 from alma_daemon.config.plugins import LearnerConfig, LearnerSection, PolicyConfig, PolicySection
 
+#: The model store's folder under ``daemon.state_dir`` when ``daemon.checkpoint_dir`` is not set.
+MODEL_STORE = "model_store"
+
 
 def _one_or_more(value: Any) -> Any:
     """A single file may be written without the list brackets."""
@@ -26,10 +29,11 @@ def _one_or_more(value: Any) -> Any:
 
 @dataclass(config=SECTION)
 class DatasetConfig:
-    name: Literal["mnist", "cifar10", "ptb", "text", "arrays"] = Field(
+    name: Literal["mnist", "cifar10", "ptb", "text", "arrays", "river"] = Field(
         default="mnist",
-        description="mnist, cifar10, ptb, text (a user's own corpus) or arrays (a user's own labeled arrays sent "
-        "with `alma replay --npz`; declare input_shape, num_classes).",
+        description="mnist, cifar10, ptb, text (a user's own corpus), arrays (a user's own labeled arrays sent "
+        "with `alma replay --npz`; declare input_shape, num_classes) or river (a stream of River, the `river` extra; "
+        "see river_stream).",
     )
     root: Str | None = Field(
         default=None,
@@ -61,6 +65,25 @@ class DatasetConfig:
     )
     test_file: Str | None = Field(
         default=None, description="dataset.name = arrays: optional .npz (arrays x, y) used as the daemon's test set."
+    )
+    normalization: Literal["pixels", "standardize", "none"] | None = Field(
+        default=None,
+        description="What the model does to raw inputs first: pixels (0-255 images, scaled by the dataset's "
+        "statistics; the wire and serving refuse other values), standardize (any finite float32 features, "
+        "per-feature mean and std of the stream's first chunk, saved in the checkpoint's spec) or none (the "
+        "model takes the features as they come). None = the dataset's own (pixels for mnist, cifar10, arrays; standardize for river).",
+    )
+    river_stream: Literal["agrawal", "sea", "hyperplane", "rbf-drift", "bananas", "image-segments"] = Field(
+        default="agrawal",
+        description="dataset.name = river: River's generator, seeded with stream.seed (agrawal: abrupt drift "
+        "halfway; sea: gradual drift halfway; hyperplane, rbf-drift: incremental drift) or a dataset bundled in its "
+        "wheel (bananas, image-segments), replayed in River's order (docs/river.md).",
+    )
+    river_examples: Int = Field(
+        default=20000,
+        gt=0,
+        description="dataset.name = river: examples read from the stream (a bundled dataset: at most its size); the "
+        "first nine tenths arrive as stream.megabatches contiguous chunks, the last tenth is the test set.",
     )
 
 
@@ -287,11 +310,14 @@ class RedisConfig:
 @dataclass(config=SECTION)
 class DaemonConfig:
     state_dir: Str = Field(
-        default="runs/daemon", description="Folder of results.json, the status and the embedded Redis."
+        default="runs/embedded",
+        description="Folder of results.json, the status and the embedded Redis. Unset: one per config file and kind of Redis, runs/<file name>, or runs/<file name>-embedded with the embedded Redis (redis.url unset); without a config file runs/embedded, or runs/daemon with a redis.url.",
+        json_schema_extra={"derived": "runs/<file name>"},
     )
     checkpoint_dir: Str = Field(
-        default="model_store",
-        description="Model store: <checkpoint_dir>/<model>/<version>/ (weights.safetensors, spec.json, metrics.json).",
+        default=f"runs/embedded/{MODEL_STORE}",
+        description="Model store: <checkpoint_dir>/<model>/<version>/ (weights.safetensors, spec.json, metrics.json); its stream-identity.json ties it to one stream on one Redis. Unset: <daemon.state_dir>/model_store.",
+        json_schema_extra={"derived": "<state_dir>/model_store"},
     )
     stream: Str = Field(default="mnist", description="Stream name used in Redis keys and wire headers.")
     poll_seconds: Float = Field(default=1.0, gt=0, description="Seconds between policy checks and status refreshes.")
@@ -325,7 +351,18 @@ class ServingConfig:
     promotion_margin: Float = Field(
         default=0.01,
         ge=0,
-        description="A new version is promoted only if its validation error is at most live + margin.",
+        description="A new version whose validation error is at most the live version's + this is always promoted; one worse by more is refused only if the paired test finds it worse at promotion_alpha (docs/serving.md). Language models: a perplexity margin, no test.",
+    )
+    promotion_alpha: Float = Field(
+        default=0.01,
+        gt=0,
+        le=1,
+        description="Significance level of the guard's one-sided paired test: a version is refused only where a difference as large between equally good versions would have a chance below this.",
+    )
+    promotion_min_examples: Int = Field(
+        default=300,
+        gt=0,
+        description="The guard's sample: the new version's validation sample, topped up to at least this many examples from the samples saved with the versions before it.",
     )
     workers: Int = Field(default=1, gt=0, description="TorchServe workers started for each registered version.")
     niceness: Int = Field(

@@ -8,8 +8,10 @@ connection time (alma_daemon/infra/credentials.py), so they live in the client o
 
 A server that refuses the login or the TLS handshake fails here, at start-up, with one line naming
 the server and the keys to check (a :class:`ConfigError`, which the CLI prints without a traceback).
-A server that is down or unreachable is left to the caller (a Kafka broker that accepts no
-connection is found out here, at once: :func:`kafka_client`).
+A Redis that cannot be reached fails here too, with one line naming it, ``redis.url`` and the fix
+(:class:`~alma_daemon.infra.unreachable.ServerUnreachable`). A Kafka broker that accepts no
+connection is found out here, at once (:func:`kafka_client`), as an outage the caller rides out or
+reports (:func:`~alma_daemon.infra.unreachable.unreachable_line`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import redis
 from alma_daemon.config import ConfigError, KafkaConfig, RedisConfig
 from alma_daemon.infra.credentials import read_secret
 from alma_daemon.infra.outages import redis_retry
+from alma_daemon.infra.unreachable import ServerUnreachable
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +53,8 @@ def redis_server(url: str) -> str:
 
 def redis_client(config: RedisConfig) -> redis.Redis:
     """A client for ``config.url`` with the ACL user, the password from ``password_file`` and the TLS
-    files; the login is checked once, so wrong credentials fail here rather than mid-run."""
+    files; the connection and the login are checked once, so a wrong address or wrong credentials
+    fail here rather than mid-run."""
     if not config.url:
         raise ValueError("redis_client needs redis.url (the embedded server: alma_daemon/service/embedded_redis.py)")
     options: dict[str, Any] = {"socket_timeout": 30, "socket_connect_timeout": 10, "retry": redis_retry()}
@@ -62,7 +66,7 @@ def redis_client(config: RedisConfig) -> redis.Redis:
     client = redis.Redis.from_url(config.url, **options)
     try:
         _check_login(client, config.url, config.username)
-    except ConfigError:
+    except (ConfigError, ServerUnreachable):
         client.close()
         raise
     return client
@@ -76,10 +80,10 @@ def _check_login(client: redis.Redis, url: str, username: str | None) -> None:
         raise ConfigError(
             f"Redis at {server} refused the login ({exc}); check redis.username and redis.password_file"
         ) from None
-    except redis.ConnectionError as exc:
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
         reason = _tls_failure(exc)
         if reason is None:
-            return
+            raise ServerUnreachable("redis", server, exc) from exc
         raise ConfigError(
             f"Redis at {server}: TLS handshake failed ({reason}); check redis.url (rediss://), "
             f"redis.ssl_ca_certs, redis.ssl_certfile and redis.ssl_keyfile"
@@ -155,11 +159,14 @@ def broker_accepts_connections(bootstrap_servers: str) -> None:
     from kafka.cluster import collect_hosts
     from kafka.errors import KafkaConnectionError
 
-    errors = []
+    errors: list[str] = []
+    last: OSError | None = None
     for host, port, _family in collect_hosts(bootstrap_servers, randomize=False):
         try:
             socket.create_connection((host, port), timeout=PROBE_TIMEOUT_SECONDS).close()
             return
         except OSError as exc:
             errors.append(f"{host}:{port}: {exc}")
-    raise KafkaConnectionError(f"no Kafka broker accepts connections ({'; '.join(errors)})")
+            last = exc
+    # Chained to the operating system's reason, which the one-line messages show (infra/unreachable.py).
+    raise KafkaConnectionError(f"no Kafka broker accepts connections ({'; '.join(errors)})") from last

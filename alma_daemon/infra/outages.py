@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
-from alma_daemon.logs import error_text
+from alma_daemon.infra.unreachable import SERVER_KINDS, gave_up_line
+from alma_daemon.logs import ExplainedError, error_text
 from alma_daemon.observability import telemetry
 
 SERVERS = telemetry.SERVERS
@@ -31,7 +33,7 @@ RETRY_FIRST_SECONDS = 0.5
 RETRY_MAX_SECONDS = 10.0
 
 
-class OutageTooLong(RuntimeError):
+class OutageTooLong(ExplainedError):
     """A server stayed unreachable for longer than ``daemon.outage_limit_seconds``."""
 
 
@@ -44,6 +46,13 @@ class Outage:
     reason: str
     #: ``time.time()`` of the first failure.
     since: float
+    #: Where the server is (host:port), as the config names it; empty where not known.
+    address: str = ""
+
+    def describe(self) -> str:
+        """``Kafka broker at 127.0.0.1:9092``, for ``alma status``."""
+        name = SERVER_KINDS[self.server].name if self.server in SERVER_KINDS else self.server
+        return f"{name} at {self.address}" if self.address else name
 
 
 def redis_retry() -> Retry:
@@ -65,8 +74,10 @@ def one_line(error: BaseException) -> str:
 class OutageBoard:
     """The servers currently down; the daemon is degraded while any is."""
 
-    def __init__(self, limit_seconds: float):
+    def __init__(self, limit_seconds: float, addresses: Mapping[str, str] | None = None):
+        """``addresses``: where each server is (``redis`` and ``kafka`` to host:port), for messages."""
         self.limit_seconds = limit_seconds
+        self.addresses = dict(addresses or {})
         self._lock = threading.Lock()
         self._down: dict[str, Outage] = {}
         for server in SERVERS:
@@ -78,7 +89,7 @@ class OutageBoard:
         reason = error if isinstance(error, str) else one_line(error)
         with self._lock:
             since = self._down[server].since if server in self._down else time.time()
-            self._down[server] = outage = Outage(server, reason, since)
+            self._down[server] = outage = Outage(server, reason, since, self.addresses.get(server, ""))
             self._export()
         return outage
 
@@ -108,8 +119,7 @@ class OutageBoard:
         for outage in self.outages():
             if now - outage.since > self.limit_seconds:
                 raise OutageTooLong(
-                    f"{outage.server} unreachable for {now - outage.since:.0f} s, longer than "
-                    f"daemon.outage_limit_seconds ({self.limit_seconds:g} s); last error: {outage.reason}"
+                    gave_up_line(outage.server, outage.address, outage.reason, now - outage.since, self.limit_seconds)
                 )
 
     def as_status(self) -> dict:
@@ -118,7 +128,9 @@ class OutageBoard:
         return {
             "degraded": bool(outages),
             "degraded_since": outages[0].since if outages else None,
-            "outages": [{"server": o.server, "reason": o.reason, "since": o.since} for o in outages],
+            "outages": [
+                {"server": o.server, "address": o.address, "reason": o.reason, "since": o.since} for o in outages
+            ],
         }
 
     def _export(self) -> None:

@@ -1,6 +1,6 @@
 """The Redis keyspace of one stream: every key's name is built here.
 
-Every key carries the hash tag ``{<stream>}``, so Redis Cluster keeps a stream in one slot and a
+Every key of a stream carries the hash tag ``{<stream>}``, so Redis Cluster keeps a stream in one slot and a
 MULTI/EXEC may touch any of them. What each key holds and who writes it is tabled once, in
 docs/architecture.md, "Redis keys".
 """
@@ -8,6 +8,11 @@ docs/architecture.md, "Redis keys".
 from __future__ import annotations
 
 from alma_daemon.data.wire import STREAM_NAME_RE
+
+#: The Redis database's own identity, one for all the streams it holds (no hash tag: it belongs to no
+#: stream): made by the first daemon that starts on it, and recorded in each model store's
+#: stream-identity.json, so that a model store of another Redis is told from a Redis that lost its data.
+REDIS_ID = "alma:redis-id"
 
 
 class StreamKeys:

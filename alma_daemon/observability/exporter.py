@@ -26,6 +26,7 @@ from prometheus_client.registry import Collector
 
 from alma_daemon.core.engine import Engine, EngineObserver
 from alma_daemon.core.records import StageRecord, StepRecord
+from alma_daemon.infra.unreachable import ServerUnreachable
 from alma_daemon.observability import telemetry
 from policies import Decision
 
@@ -118,15 +119,13 @@ def _server_class(host: str) -> type[ThreadingWSGIServer]:
 def start_exporter(port: int, host: str = "127.0.0.1", registry: Collector = telemetry.REGISTRY) -> Exporter:
     """Serve ``registry`` on ``host:port`` (0 = any free port) from a background thread.
 
-    Raises OSError, naming ``metrics.port``, when the port is taken. Callers skip this when
-    ``metrics.port`` is 0 (off).
+    Raises :class:`~alma_daemon.infra.unreachable.ServerUnreachable`, naming ``metrics.port``, when
+    the port is taken. Callers skip this when ``metrics.port`` is 0 (off).
     """
     try:
         return Exporter(host, port, registry)
     except OSError as exc:
-        raise OSError(
-            f"metrics.port {port}: cannot listen on {host}:{port} ({exc.strerror or exc}); choose another port"
-        ) from exc
+        raise ServerUnreachable("metrics", f"{host}:{port}", exc) from exc
 
 
 def _or_nan(value: float | None) -> float:

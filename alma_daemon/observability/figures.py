@@ -2,18 +2,26 @@
 
 - CER against cumulative training FLOPs or parameters (the paper's Fig. 2): log axes, one line per
   (method, size), joining its waiting times in order, named in a legend;
-- test error against mega-batches (Fig. 3): one curve per configuration, its y range set by the
-  curves once they have trained, so an untrained model's plateau does not squeeze the others;
+- test error against mega-batches (Fig. 3), with the prequential error in a panel under it: one
+  curve per configuration, the y range set by the curves once they have trained, so an untrained
+  model's plateau does not squeeze the others;
 - replay as arrows from the run without replay to the same run with it (Fig. 4).
 
-Runs are grouped by the config values that differ between them: runs that differ only in their
-seeds are one configuration, drawn at the mean over the seeds; runs that differ only in the policy's
-keys are one line. A run is anything with ``config``, ``summary`` and ``series`` (the rows of its
-results.json), as :class:`alma_daemon.observability.report.Run` has.
+Runs are grouped by the values that differ between them of the keys that say what a run learns
+(:data:`LEARNING_SECTIONS`: learner, policy, stream, train, dataset); where a run kept its state and
+which servers it talked to (``daemon.*``, ``kafka.*``, ``redis.*``, ...) never name or split a
+configuration. Runs that differ only in their seeds are one configuration, drawn at the mean over
+the seeds; runs that differ only in the policy's keys are one line; a run stopped before its
+stream's end is told apart as ``(5 of 10 chunks)``. Every figure has a title; its legend, titled,
+sits right of the axes, and names each configuration by its learner and the keys that differ; a
+figure of one configuration names it in its title instead. A CER plot of a single point is not
+drawn. A run is anything with ``config``, ``summary`` and ``series`` (the rows of
+its results.json), as :class:`alma_daemon.observability.report.Run` has.
 """
 
 from __future__ import annotations
 
+import math
 import re
 import statistics
 from collections import defaultdict
@@ -25,13 +33,40 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
-from matplotlib.ticker import NullFormatter, ScalarFormatter
+from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter, ScalarFormatter
 
 #: Config keys that only reseed a run: runs differing in these alone are averaged.
 SEED_KEYS = frozenset({"seed", "stream.seed"})
+#: The config sections that say what a run learns: only their keys name and split configurations.
+LEARNING_SECTIONS = ("learner", "policy", "stream", "train", "dataset")
+#: Keys of those sections that say where the data lies, not what it is.
+WHERE_KEYS = frozenset({"dataset.root"})
 #: The prefix of the keys a line joins (the waiting times and other policy settings).
 POLICY_PREFIX = "policy."
 REPLAY_KEY = "stream.replay"
+#: A pseudo key: the chunks a run processed, a configuration's key where runs stopped at different chunks.
+CHUNKS_KEY = "chunks"
+#: Legend names of keys whose leaf alone would not say what they are.
+_NAMES = {"stream.megabatches": "B", "policy.name": "policy", "dataset.name": "dataset"}
+#: The keys that name a single configuration in its figures' titles, where they are set.
+HEADLINE_KEYS = (
+    "learner.name",
+    "learner.width",
+    "learner.members",
+    "learner.d_model",
+    "learner.experts",
+    "policy.name",
+    "policy.wait",
+    "policy.ratio",
+    "policy.cron",
+    "policy.interval_seconds",
+    "policy.flops_per_hour",
+    "policy.gpu_seconds_per_hour",
+    "stream.megabatches",
+    REPLAY_KEY,
+)
+#: A legend value longer than this is cut to its end (a path's end names it).
+_LONGEST_VALUE = 24
 
 
 class RunLike(Protocol):
@@ -57,11 +92,47 @@ def flat(config: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def processed(run: RunLike) -> int:
+    """The chunks a run has processed (its summary's ``chunks``; older results: its rows)."""
+    chunks = run.summary.get("chunks")
+    return int(chunks) if chunks is not None else len(run.series)
+
+
+def stream_length(run: RunLike) -> int | None:
+    """B, the chunks of the run's stream; None for an event stream, whose chunks are cut from events."""
+    stream = run.config.get("stream", {})
+    if stream.get("chunk_examples") is not None or stream.get("chunk_seconds") is not None:
+        return None
+    return stream.get("megabatches")
+
+
+def cut_short(run: RunLike) -> str | None:
+    """``5 of 10`` for a run that processed fewer chunks than its stream has (a daemon stopped by
+    ``--until-chunks``, a run still going); None for a finished one or an event stream."""
+    done, total = processed(run), stream_length(run)
+    return f"{done} of {total}" if total is not None and done < total else None
+
+
+def learning_key(key: str) -> bool:
+    """Whether a config key says what a run learns (not where it keeps state, nor its seed)."""
+    return key.split(".")[0] in LEARNING_SECTIONS and key not in WHERE_KEYS and key not in SEED_KEYS
+
+
 def varying_keys(runs: Sequence[RunLike]) -> list[str]:
-    """The config keys whose values differ between the runs, seeds left out."""
+    """The learning keys (:func:`learning_key`) whose values differ between the runs, then
+    :data:`CHUNKS_KEY` where some runs stopped short of their stream's end and others did not, or
+    stopped elsewhere: a CER over 5 chunks is not one over 10."""
     flats = [flat(run.config) for run in runs]
-    keys = sorted({k for f in flats for k in f})
-    return [k for k in keys if k not in SEED_KEYS and len({repr(f.get(k)) for f in flats}) > 1]
+    keys = sorted({k for f in flats for k in f if learning_key(k)})
+    varying = [k for k in keys if len({repr(f.get(k)) for f in flats}) > 1]
+    if len({cut_short(run) for run in runs}) > 1:
+        varying.append(CHUNKS_KEY)
+    return varying
+
+
+def _value(value: Any) -> str:
+    text = ",".join(map(str, value)) if isinstance(value, list | tuple) else str(value)
+    return text if len(text) <= _LONGEST_VALUE else "…" + text[-(_LONGEST_VALUE - 1) :]
 
 
 def describe(params: dict) -> str:
@@ -69,20 +140,30 @@ def describe(params: dict) -> str:
     not have (``learner.members`` of an SM beside an Ens) is left out, not shown as ``members=None``."""
     parts: list[str] = []
     for key, value in params.items():
-        leaf = key.split(".")[-1]
         if value is None:
             continue
         if key == "learner.name":
             parts.insert(0, str(value))
         elif key == REPLAY_KEY:
             parts.append("replay" if value else "no replay")
+        elif key == CHUNKS_KEY:
+            parts.append(f"({value} chunks)")
         else:
-            parts.append(f"{leaf}={value}")
+            parts.append(f"{_NAMES.get(key, key.split('.')[-1])}={_value(value)}")
     return " ".join(parts) or "run"
+
+
+def headline(run: RunLike) -> str:
+    """What one run is, for the title of a figure of a single configuration:
+    ``sm width=8 policy=fixed wait=1 B=10 no replay (5 of 10 chunks)``."""
+    f = flat(run.config)
+    f[CHUNKS_KEY] = cut_short(run)
+    return describe({k: f.get(k) for k in (*HEADLINE_KEYS, CHUNKS_KEY)})
 
 
 def _params(run: RunLike, keys: list[str]) -> dict:
     f = flat(run.config)
+    f[CHUNKS_KEY] = cut_short(run)
     # Lists (dataset.files, dataset.input_shape) as tuples: the values group runs as dict keys.
     return {k: tuple(v) if isinstance(v, list) else v for k, v in ((k, f.get(k)) for k in keys)}
 
@@ -92,8 +173,10 @@ def _order_key(params: dict) -> tuple:
 
 
 def configurations(runs: Sequence[RunLike]) -> dict[tuple, list[RunLike]]:
-    """Runs grouped by configuration (same values of the varying keys, seeds aside)."""
-    keys = varying_keys(runs)
+    """Runs grouped by configuration (same values of the varying keys, seeds aside), each keyed by
+    those values and the learner's name, which a legend always starts with."""
+    varying = varying_keys(runs)
+    keys = varying if "learner.name" in varying else ["learner.name", *varying]
     groups: dict[tuple, list[RunLike]] = defaultdict(list)
     for run in runs:
         groups[tuple(_params(run, keys).items())].append(run)
@@ -102,6 +185,11 @@ def configurations(runs: Sequence[RunLike]) -> dict[tuple, list[RunLike]]:
 
 def _mean(values: list[float]) -> float:
     return statistics.fmean(values)
+
+
+def _legend_title(groups: Sequence[Sequence[RunLike]]) -> str:
+    seeds = max((len(group) for group in groups), default=1)
+    return f"configuration (mean of up to {seeds} runs)" if seeds > 1 else "configuration"
 
 
 def cer_lines(runs: Sequence[RunLike], x_key: str, y_key: str) -> dict[str, list[tuple[float, float, dict]]]:
@@ -127,6 +215,8 @@ def natural(text: str) -> list:
 
 
 _MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+#: Line styles of the error curves, taken in turn once the colors run out.
+_DASHES = ("-", "--", ":", "-.")
 
 
 def _style(label: str, labels) -> tuple[str, str]:
@@ -142,45 +232,100 @@ def _style(label: str, labels) -> tuple[str, str]:
     return colors[methods.index(method) % len(colors)], _MARKERS[siblings.index(label) % len(_MARKERS)]
 
 
-def _legend(ax, count: int) -> None:
-    if count > 8:
-        ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-    elif count:
-        ax.legend(fontsize="small")
+def _figure(panels: int = 1):
+    """A figure of ``panels`` axes one above the other (one x and one y range), whose title, legend
+    and note, placed outside the axes, are laid out with it."""
+    height = 4.8 if panels == 1 else 3.3 * panels
+    fig, axes = plt.subplots(
+        panels, 1, figsize=(7.5, height), sharex=True, sharey=True, squeeze=False, layout="constrained"
+    )
+    return fig, list(axes[:, 0])
 
 
-def plot_cer_lines(runs: Sequence[RunLike], x_key: str, x_label: str, y_key: str, y_label: str, path: Path) -> None:
-    """CER (``y_key``) against a cost (``x_key``): one line per (method, size) joining its waits."""
+def _finish(fig, title: str, note: str | None, legend_title: str | None, path: Path) -> None:
+    """Title on top, the legend right of the axes (never over a curve nor an axis label), the note
+    under the axes; saved and closed."""
+    fig.suptitle(title, fontsize=11)
+    if note:
+        fig.supxlabel(note, fontsize=8, color="0.35")
+    handles, labels = fig.axes[0].get_legend_handles_labels()
+    if legend_title is not None and handles:
+        legend = fig.legend(
+            handles,
+            labels,
+            loc="outside right upper",
+            title=legend_title,
+            fontsize="small" if len(handles) <= 12 else "x-small",
+            title_fontsize="small",
+            frameon=False,
+        )
+        # The layout takes the legend's width from the axes: widen the figure by as much instead.
+        fig.canvas.draw()
+        fig.set_figwidth(fig.get_figwidth() + legend.get_window_extent().width / fig.dpi)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+
+
+def _capital(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
+def _short_number(x: float, _position=None) -> str:
+    """``2e8``, ``6.5e10``: a tick label of a log axis between its powers of ten."""
+    if x <= 0:
+        return ""
+    exponent = math.floor(math.log10(x))
+    return f"{x / 10**exponent:.2g}e{exponent}"
+
+
+def _log_x(ax, xs: list[float]) -> None:
+    """A log x axis; within a decade or so, where at most one power of ten falls, the 2s and 5s are
+    labeled too, so the axis is never left with a single number."""
+    ax.set_xscale("log")
+    low, high = min(xs), max(xs)
+    if high / low < 20:
+        ax.xaxis.set_minor_locator(LogLocator(base=10, subs=(2.0, 5.0)))
+        ax.xaxis.set_minor_formatter(FuncFormatter(_short_number))
+    else:
+        ax.xaxis.set_minor_formatter(NullFormatter())  # a label on every minor tick of a short decade overlaps
+
+
+def plot_cer_lines(runs: Sequence[RunLike], x_key: str, x_label: str, y_key: str, y_label: str, path: Path) -> bool:
+    """CER (``y_key``) against a cost (``x_key``): one line per (method, size) joining its waits.
+
+    Returns False, and draws nothing, where there is less than two points to compare (a single run
+    is one dot: its CER and cost are in the report's table)."""
     lines = cer_lines(runs, x_key, y_key)
-    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    if sum(len(points) for points in lines.values()) < 2:
+        return False
+    fig, (ax,) = _figure()
     for label, points in lines.items():
         xs, ys = [p[0] for p in points], [p[1] for p in points]
         color, marker = _style(label, lines)
         ax.plot(xs, ys, marker=marker, markersize=5, color=color, label=label)
         if len(points) > 1:  # the smallest wait hollow, so a reader sees which way the waits grow
             ax.plot(xs[:1], ys[:1], marker=marker, markersize=8, markerfacecolor="white", color=color)
-    ax.set_xscale("log")
+    _log_x(ax, [p[0] for points in lines.values() for p in points])
     ys_all = [p[1] for points in lines.values() for p in points]
     # a log y axis only where the CERs span a decade; within one, log ticks are unreadable
-    log_y = bool(ys_all) and min(ys_all) > 0 and max(ys_all) / min(ys_all) >= 10
+    log_y = min(ys_all) > 0 and max(ys_all) / min(ys_all) >= 10
     if log_y:
         ax.set_yscale("log")
         ax.yaxis.set_major_formatter(ScalarFormatter())
         ax.yaxis.set_minor_formatter(NullFormatter())
-    ax.xaxis.set_minor_formatter(NullFormatter())  # a label on every minor tick of a short decade overlaps
     ax.set_xlabel(f"{x_label} (log)")
     ax.set_ylabel(f"{y_label} (log)" if log_y else y_label)
-    waits = {k for points in lines.values() for p in points for k in p[2]}
-    if waits:
-        ax.set_title(f"one line per configuration, joining its {', '.join(sorted(waits))} (hollow: first)", fontsize=9)
     ax.grid(alpha=0.3, which="both")
-    _legend(ax, len(lines))
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
+    waits = sorted({k for points in lines.values() for p in points for k in p[2]})
+    note = f"one line per configuration, joining its {', '.join(waits)} (hollow: first)" if waits else None
+    _finish(
+        fig, f"{_capital(y_label)} against {x_label}", note, _legend_title(list(configurations(runs).values())), path
+    )
+    return True
 
 
 def mean_curve(group: list[RunLike], key: str) -> tuple[list[int], list[float], int | None]:
-    """The test measure after every chunk, averaged over a configuration's seeds, and the first
+    """The measure ``key`` after every chunk, averaged over a configuration's seeds, and the first
     chunk after which the run had trained (None if it never did)."""
     values: dict[int, list[float]] = defaultdict(list)
     first_trained = None
@@ -194,37 +339,54 @@ def mean_curve(group: list[RunLike], key: str) -> tuple[list[int], list[float], 
     return ts, [_mean(values[t]) for t in ts], first_trained
 
 
-def plot_error_curves(runs: Sequence[RunLike], key: str, y_label: str, path: Path, log: bool = False) -> None:
-    """``key`` (a per-chunk measure) against mega-batches received, one curve per configuration.
+def plot_error_curves(
+    runs: Sequence[RunLike], panels: Sequence[tuple[str, str]], y_label: str, path: Path, log: bool = False
+) -> None:
+    """Per-chunk measures against mega-batches received, one curve per configuration, one panel per
+    (row key, panel title) of ``panels``, one above the other on the same axes' ranges: the test error
+    beside the prequential error.
 
     The y range covers every curve from its first training stage on; an untrained model's error
-    (about 0.9 on ten classes) above it is cut, as the caption says."""
+    (about 0.9 on ten classes) above it is cut, as the note under the axes says. A prequential
+    measure is taken before the chunk trains, so it counts as trained from the chunk after."""
     groups = configurations(runs)
     keys = varying_keys(runs)
-    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    fig, axes = _figure(len(panels))
     shown: list[float] = []
     everything: list[float] = []
-    for config, group in sorted(groups.items(), key=lambda item: _order_key(dict(item[0]))):
-        ts, ys, first = mean_curve(group, key)
-        if not ts:
-            continue
-        marker = "." if len(ts) <= 50 else None
-        ax.plot(ts, ys, marker=marker, linewidth=1.2, label=describe(dict(config)) if keys else "run")
-        everything += ys
-        shown += [y for t, y in zip(ts, ys, strict=True) if first is not None and t >= first]
-    ax.set_xlabel("mega-batches received")
-    ax.set_ylabel(y_label)
+    ordered = sorted(groups.items(), key=lambda item: _order_key(dict(item[0])))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, (key, panel) in zip(axes, panels, strict=True):
+        after = 1 if key.startswith("prequential_") else 0
+        for i, (config, group) in enumerate(ordered):
+            ts, ys, first = mean_curve(group, key)
+            if not ts:
+                continue
+            marker = "." if len(ts) <= 50 else None
+            color, dashes = colors[i % len(colors)], _DASHES[i // len(colors) % len(_DASHES)]
+            ax.plot(ts, ys, dashes, marker=marker, linewidth=1.2, color=color, label=describe(dict(config)))
+            everything += ys
+            shown += [y for t, y in zip(ts, ys, strict=True) if first is not None and t >= first + after]
+        ax.set_title(panel, fontsize=9)
+        ax.set_ylabel(y_label)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+    axes[-1].set_xlabel("mega-batches received")
+    note = None
     if log:
-        ax.set_yscale("log")
+        axes[0].set_yscale("log")
     elif shown and max(everything) > max(shown):
         low, high = min(shown), max(shown)
         margin = 0.05 * (high - low or high or 1.0)
-        ax.set_ylim(max(0.0, low - margin), high + margin)
-        ax.set_title("y range: the curves after their first training stage (untrained models cut)", fontsize=9)
-    ax.grid(alpha=0.3)
-    _legend(ax, len(groups))
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
+        axes[0].set_ylim(max(0.0, low - margin), high + margin)
+        note = "y range: the curves after their first training stage (untrained models cut)"
+    title = f"{_capital(y_label)} after each mega-batch"
+    if keys:
+        legend: str | None = _legend_title(list(groups.values()))
+    else:  # one configuration: the title names it, a legend would only say "run"
+        mean = f" (mean of {len(runs)} runs)" if len(runs) > 1 else ""
+        title, legend = f"{title}: {headline(runs[0])}{mean}", None
+    _finish(fig, title, note, legend, path)
 
 
 def replay_pairs(
@@ -259,7 +421,7 @@ def plot_replay_arrows(runs: Sequence[RunLike], x_key: str, x_label: str, y_key:
     pairs = replay_pairs(runs, x_key, y_key)
     if not pairs:
         return False
-    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    fig, (ax,) = _figure()
     others = [
         (float(r.summary[x_key]), float(r.summary[y_key]))
         for r in runs
@@ -272,12 +434,10 @@ def plot_replay_arrows(runs: Sequence[RunLike], x_key: str, x_label: str, y_key:
         color = colors[i % len(colors)]
         ax.annotate("", xy=end, xytext=start, arrowprops={"arrowstyle": "->", "color": color, "lw": 1.5})
         ax.scatter([start[0], end[0]], [start[1], end[1]], color=color, s=18, label=name, zorder=2)
-    ax.set_xscale("log")
+    _log_x(ax, [x for x, _ in others] + [p[0] for _, start, end in pairs for p in (start, end)])
     ax.set_xlabel(f"{x_label} (log)")
     ax.set_ylabel(y_label)
-    ax.set_title("replay: arrow from the run without it to the same run with it", fontsize=9)
     ax.grid(alpha=0.3, which="both")
-    _legend(ax, len(pairs) + 1)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
+    note = "arrow: from a configuration's run without replay to the same run with it"
+    _finish(fig, f"Replay: {y_label} against {x_label}", note, "configuration", path)
     return True

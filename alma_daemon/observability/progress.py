@@ -1,6 +1,13 @@
-"""The progress bar of a run: one tick per chunk the engine processed, for ``alma simulate`` and ``alma run``."""
+"""Progress a person waits on: the bar of a run (one tick per chunk the engine processed, for ``alma
+simulate`` and ``alma run``), and :func:`told_while`, which says how long a blocking call has been
+waiting (a TorchServe loading its workers)."""
 
 from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator
 
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
@@ -34,8 +41,38 @@ class ProgressBar(EngineObserver):
         # is not counted twice.
         self.bar.update(engine.state.chunks_seen - self.bar.n)
 
+    def show_waiting(self, waiting_for: str) -> None:
+        """Say before the bar what the run waits for (a server that is down, the last swap); empty
+        clears it."""
+        self.bar.set_description_str(f"waiting for {waiting_for}" if waiting_for else "", refresh=True)
+
     def close(self) -> None:
         if self._logs_above is not None:
             self._logs_above.__exit__(None, None, None)
             self._logs_above = None
         self.bar.close()
+
+
+@contextlib.contextmanager
+def told_while(
+    report: Callable[[float], None], first_seconds: float = 5.0, every_seconds: float = 10.0
+) -> Iterator[None]:
+    """Call ``report(seconds_so_far)`` from a thread after ``first_seconds`` of the block and then
+    every ``every_seconds``, until the block ends: a wait inside one blocking call is told as it goes,
+    and a short one not at all."""
+    done = threading.Event()
+    started = time.monotonic()
+
+    def tell() -> None:
+        delay = first_seconds
+        while not done.wait(delay):
+            report(time.monotonic() - started)
+            delay = every_seconds
+
+    thread = threading.Thread(target=tell, name="alma-told-while", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()

@@ -1,10 +1,11 @@
 """``alma report``: plots and a markdown table over every run found under a folder.
 
-- ``error_vs_time.png``: test error (or perplexity) vs mega-batches received (the paper's Fig. 3);
+- ``error_vs_time.png``: test error (or perplexity) vs mega-batches received (the paper's Fig. 3),
+  beside the prequential error (each chunk's, before it trains);
 - ``cer_vs_flops.png`` and ``cer_vs_parameters.png``: one line per (method, size) joining its
-  waiting times (the paper's Fig. 2);
+  waiting times (the paper's Fig. 2); left out where there is a single point (one run);
 - ``replay.png``, when runs differ in ``stream.replay``: arrows from without to with (Fig. 4);
-- ``report.md``: one row per run with the summary figures;
+- ``report.md``: one row per run with the summary figures and the chunks it processed of B;
 - ``report.html`` (``html=True``): the table and the plots in one self-contained page.
 
 A stream without a test set (a production daemon) has no CER: its plots use the prequential error
@@ -17,7 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from alma_daemon.core.records import StepRecord, read_rows
-from alma_daemon.observability.figures import plot_cer_lines, plot_error_curves, plot_replay_arrows
+from alma_daemon.observability.figures import (
+    plot_cer_lines,
+    plot_error_curves,
+    plot_replay_arrows,
+    processed,
+    stream_length,
+)
 from alma_daemon.observability.report_html import html_page
 from alma_daemon.observability.results import read_results
 
@@ -66,18 +73,27 @@ def find_runs(root: str | Path) -> list[Run]:
     ]
 
 
-def _measure(runs: list[Run]) -> tuple[str, str]:
-    """What the error-vs-time plot shows, as (measure, set measured on)."""
+_PANELS = {
+    "test": "test {measure}: the model after chunk t, on the test set",
+    "prequential": "prequential {measure}: the model before chunk t, on chunk t",
+}
+
+
+def _measure(runs: list[Run]) -> tuple[str, list[str]]:
+    """What the error-vs-time plot shows, as (measure, the sets measured on: test and prequential,
+    or prequential alone for a stream without a test set)."""
     records = [r for run in runs for r in run.records]
     for measure in ("error", "perplexity"):
         if any(r.measured(measure) is not None for r in records):
-            return measure, "test"
-    return "error", "prequential"
+            return measure, ["test", "prequential"]
+    measure = "perplexity" if any(r.measure == "perplexity" for r in records) else "error"
+    return measure, ["prequential"]
 
 
 def plot_error_vs_time(runs: list[Run], path: Path) -> None:
-    measure, on = _measure(runs)
-    plot_error_curves(runs, f"{on}_{measure}", f"{on} {measure}", path, log=measure == "perplexity")
+    measure, sets = _measure(runs)
+    panels = [(f"{on}_{measure}", _PANELS[on].format(measure=measure)) for on in sets]
+    plot_error_curves(runs, panels, measure, path, log=measure == "perplexity")
 
 
 _CER_TARGETS = (
@@ -96,9 +112,10 @@ def cer_target(runs: list[Run]) -> tuple[str, str]:
     return _CER_TARGETS[0]
 
 
-def plot_cer_vs(runs: list[Run], key: str, label: str, path: Path) -> None:
+def plot_cer_vs(runs: list[Run], key: str, label: str, path: Path) -> bool:
+    """False, and nothing drawn, where the runs give a single point (see :func:`plot_cer_lines`)."""
     target, target_label = cer_target(runs)
-    plot_cer_lines(runs, key, label, target, target_label, path)
+    return plot_cer_lines(runs, key, label, target, target_label, path)
 
 
 def plot_replay(runs: list[Run], path: Path) -> bool:
@@ -108,12 +125,53 @@ def plot_replay(runs: list[Run], path: Path) -> bool:
     return plot_replay_arrows(runs, "cumulative_train_flops", "cumulative training FLOPs", target, target_label, path)
 
 
+#: The costs the CER plots are drawn against: (summary key, axis label), in :data:`PLOTS` order.
+_CER_COSTS = (
+    ("cumulative_train_flops", "cumulative training FLOPs"),
+    ("cumulative_parameters", "cumulative parameters"),
+)
+
+
+def draw_plots(runs: list[Run], folder: Path, prefix: str = "") -> list[tuple[str, str]]:
+    """Draw the report's plots into ``folder`` (each file name after ``prefix``); return the
+    (file name, caption) of those drawn: the CER plots are left out for a single point, the
+    replay plot where no configuration ran both ways."""
+    plot_error_vs_time(runs, folder / f"{prefix}{PLOTS[0][0]}")
+    drawn = [(f"{prefix}{PLOTS[0][0]}", PLOTS[0][1])]
+    for (name, caption), (key, label) in zip(PLOTS[1:], _CER_COSTS, strict=True):
+        if plot_cer_vs(runs, key, label, folder / f"{prefix}{name}"):
+            drawn.append((f"{prefix}{name}", caption))
+    if plot_replay(runs, folder / f"{prefix}{REPLAY_PLOT[0]}"):
+        drawn.append((f"{prefix}{REPLAY_PLOT[0]}", REPLAY_PLOT[1]))
+    return drawn
+
+
+def left_out(drawn: list[tuple[str, str]], prefix: str = "") -> list[str]:
+    """What the report says of the CER plots it left out (none or one sentence)."""
+    names = {name for name, _ in drawn}
+    missing = [caption for name, caption in PLOTS[1:] if f"{prefix}{name}" not in names]
+    if not missing:
+        return []
+    return [
+        f"{' and '.join(missing)}: left out, the runs give a single point (one configuration, one "
+        "waiting time); its CER, FLOPs and parameters are in the table."
+    ]
+
+
 def _fmt(value, spec: str) -> str:
     return "" if value is None else format(value, spec)
 
 
+def chunks_cell(run: Run) -> str:
+    """The chunks a run processed of its stream's B (``5 of 10``); the count alone for an event
+    stream, whose chunks are cut from events and have no B, or a live stream gone past B."""
+    done, total = processed(run), stream_length(run)
+    return f"{done} of {total}" if total is not None and done <= total else str(done)
+
+
 TABLE_HEADER = [
     "run",
+    "chunks",
     "learner",
     "width",
     "wait",
@@ -138,6 +196,7 @@ def table_rows(runs: list[Run]) -> list[list[str]]:
         rows.append(
             [
                 run.name,
+                chunks_cell(run),
                 str(c.get("learner", {}).get("name", "")),
                 str(c.get("learner", {}).get("width", "")),
                 str(c.get("policy", {}).get("wait", "")),
@@ -171,18 +230,18 @@ def write_report(root: str | Path, out: str | Path | None = None, *, html: bool 
     runs = find_runs(root)
     out = Path(out or root)
     out.mkdir(parents=True, exist_ok=True)
-    plot_error_vs_time(runs, out / PLOTS[0][0])
-    plot_cer_vs(runs, "cumulative_train_flops", "cumulative training FLOPs", out / PLOTS[1][0])
-    plot_cer_vs(runs, "cumulative_parameters", "cumulative parameters", out / PLOTS[2][0])
-    plots = list(PLOTS)
-    if plot_replay(runs, out / REPLAY_PLOT[0]):
-        plots.append(REPLAY_PLOT)
+    drawn = draw_plots(runs, out)
+    names = {name for name, _ in drawn}
+    for name, _ in (*PLOTS, REPLAY_PLOT):  # a figure an earlier report of this folder drew, now untrue
+        if name not in names:
+            (out / name).unlink(missing_ok=True)
+    notes = left_out(drawn)
     title = f"ALMA report: {Path(root).resolve().name}"
-    body = [f"# {title}", "", markdown_table(runs)]
-    body += [f"![{caption}]({name})\n" for name, caption in plots]
+    body = [f"# {title}", "", markdown_table(runs), *(f"{note}\n" for note in notes)]
+    body += [f"![{caption}]({name})\n" for name, caption in drawn]
     (out / "report.md").write_text("\n".join(body))
     if not html:
         return out / "report.md"
-    images = [(caption, (out / name).read_bytes()) for name, caption in plots]
-    (out / "report.html").write_text(html_page(title, TABLE_HEADER, table_rows(runs), images))
+    images = [(caption, (out / name).read_bytes()) for name, caption in drawn]
+    (out / "report.html").write_text(html_page(title, TABLE_HEADER, table_rows(runs), images, notes))
     return out / "report.html"

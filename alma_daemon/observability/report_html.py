@@ -15,7 +15,7 @@ _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 72em; color: #222; }
 table { border-collapse: collapse; font-size: 0.9em; }
 th, td { border: 1px solid #ccc; padding: 0.3em 0.6em; text-align: right; }
-th:first-child, td:first-child { text-align: left; }
+th:first-child, td:first-child { text-align: left; white-space: nowrap; }
 th { background: #f3f3f3; }
 figure { margin: 1.5em 0; }
 figcaption { color: #555; font-size: 0.9em; }
@@ -23,11 +23,19 @@ img { max-width: 100%; }
 """
 
 
-def html_page(title: str, header: list[str], rows: list[list[str]], images: list[tuple[str, bytes]]) -> str:
-    """The report page: a title, the summary table (one row per run), then each captioned PNG."""
+def html_page(
+    title: str,
+    header: list[str],
+    rows: list[list[str]],
+    images: list[tuple[str, bytes]],
+    notes: list[str] | None = None,
+) -> str:
+    """The report page: a title, the summary table (one row per run), ``notes`` (a paragraph each),
+    then each captioned PNG."""
     when = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime())
     head_cells = "".join(f"<th>{html.escape(cell)}</th>" for cell in header)
     body_rows = "\n".join("<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in row) + "</tr>" for row in rows)
+    paragraphs = "".join(f"<p>{html.escape(note)}</p>\n" for note in notes or [])
     figures = "\n".join(
         f'<figure><img alt="{html.escape(caption)}" src="data:image/png;base64,'
         f'{base64.b64encode(png).decode("ascii")}"><figcaption>{html.escape(caption)}</figcaption></figure>'
@@ -49,7 +57,7 @@ def html_page(title: str, header: list[str], rows: list[list[str]], images: list
 {body_rows}
 </tbody>
 </table>
-{figures}
+{paragraphs}{figures}
 </body>
 </html>
 """

@@ -9,16 +9,7 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
-from alma_daemon.observability.report import (
-    PLOTS,
-    REPLAY_PLOT,
-    Run,
-    find_runs,
-    markdown_table,
-    plot_cer_vs,
-    plot_error_vs_time,
-    plot_replay,
-)
+from alma_daemon.observability.report import PLOTS, Run, draw_plots, find_runs, left_out, markdown_table
 from alma_daemon.observability.report_html import html_page
 
 
@@ -34,16 +25,8 @@ def _key_numbers(finding: dict) -> str:
 def _figures(runs: list[Run], folder: Path, prefix: str) -> list[tuple[str, str]]:
     """Draw one experiment's figures; return (file name under ``folder``, caption)."""
     folder.mkdir(parents=True, exist_ok=True)
-    drawn = []
-    plot_error_vs_time(runs, folder / f"{prefix}-{PLOTS[0][0]}")
-    drawn.append((f"{prefix}-{PLOTS[0][0]}", f"{prefix}: {PLOTS[0][1]} (mean over seeds)"))
-    plot_cer_vs(runs, "cumulative_train_flops", "cumulative training FLOPs", folder / f"{prefix}-{PLOTS[1][0]}")
-    drawn.append((f"{prefix}-{PLOTS[1][0]}", f"{prefix}: {PLOTS[1][1]}"))
-    plot_cer_vs(runs, "cumulative_parameters", "cumulative parameters", folder / f"{prefix}-{PLOTS[2][0]}")
-    drawn.append((f"{prefix}-{PLOTS[2][0]}", f"{prefix}: {PLOTS[2][1]}"))
-    if plot_replay(runs, folder / f"{prefix}-{REPLAY_PLOT[0]}"):
-        drawn.append((f"{prefix}-{REPLAY_PLOT[0]}", f"{prefix}: {REPLAY_PLOT[1]}"))
-    return drawn
+    captions = {PLOTS[0][1]: f"{PLOTS[0][1]} (mean over seeds)"}
+    return [(name, f"{prefix}: {captions.get(c, c)}") for name, c in draw_plots(runs, folder, f"{prefix}-")]
 
 
 def write_study_report(
@@ -75,6 +58,7 @@ def write_study_report(
             continue
         md += ["", f"## {experiment.name}", "", experiment.what, "", markdown_table(runs)]
         drawn = _figures(runs, out / "figures", experiment.name)
+        md += [f"{note}\n" for note in left_out(drawn, f"{experiment.name}-")]
         md += [f"![{caption}](figures/{name})\n" for name, caption in drawn]
         images += [(caption, (out / "figures" / name).read_bytes()) for name, caption in drawn]
     (out / "report.md").write_text("\n".join(md) + "\n")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 from alma_daemon.config import Config, ConfigError, to_dict
 from alma_daemon.core.assembly import assemble_engine
@@ -43,7 +44,7 @@ def stream_schema(task: TaskInfo, config: Config) -> StreamSchema:
             f"stream.features: {len(features)} names, but one example of {config.dataset.name} has shape "
             f"{tuple(task.input_shape)}; name one field per input value"
         )
-    return StreamSchema("labeled", task.input_shape, num_classes=task.num_classes)
+    return StreamSchema("labeled", task.input_shape, num_classes=task.num_classes, pixel_range=task.pixels)
 
 
 def event_stream(config: Config) -> EventStream | None:
@@ -63,6 +64,20 @@ def redis_name(config: Config) -> str:
     from alma_daemon.service.embedded_redis import embedded_db_path
 
     return f"the embedded server ({embedded_db_path(config)})"
+
+
+def redis_location(config: Config) -> str:
+    """Which Redis database, as the model store records it (service/stream_identity.py): scheme, host,
+    port and database of ``redis.url`` (never its credentials), or ``embedded:<database file>``."""
+    if not config.redis.url:
+        from alma_daemon.service.embedded_redis import embedded_db_path
+
+        return f"embedded:{embedded_db_path(config)}"
+    parts = urlsplit(config.redis.url)
+    if parts.scheme == "unix":
+        db = parse_qs(parts.query).get("db", ["0"])[0]
+        return f"unix://{parts.path}?db={db}"
+    return f"{parts.scheme}://{parts.hostname}:{parts.port or 6379}/{parts.path.strip('/') or '0'}"
 
 
 def daemon_observers(config: Config) -> list[EngineObserver]:

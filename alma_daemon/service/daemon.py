@@ -33,7 +33,7 @@ from alma_daemon.infra.outages import REDIS_UNREACHABLE, OutageBoard, one_line
 from alma_daemon.infra.redis_keys import StreamKeys
 from alma_daemon.observability import telemetry
 from alma_daemon.observability.exporter import Exporter, MetricsObserver, start_exporter
-from alma_daemon.service.bootstrap import event_stream, redis_name, restore_engine, stream_schema
+from alma_daemon.service.bootstrap import event_stream, redis_location, redis_name, restore_engine, stream_schema
 from alma_daemon.service.engine_store import EngineStateStore
 from alma_daemon.service.gauges import update_buffer_gauge
 from alma_daemon.service.health import Health
@@ -58,6 +58,14 @@ class IngestFailed(RuntimeError):
     """The ingest thread stopped with an error; the daemon stops with it."""
 
 
+def server_addresses(config: Config) -> dict[str, str]:
+    """Where the servers the daemon depends on are, for messages naming them (infra/unreachable.py)."""
+    addresses = {"redis": redis_name(config)}
+    if config.kafka.transport == "kafka":
+        addresses["kafka"] = config.kafka.bootstrap_servers
+    return addresses
+
+
 class Daemon:
     """Ingest beside the engine, periodic jobs, clean stop, exact resume."""
 
@@ -69,7 +77,10 @@ class Daemon:
         until_chunks: int | None = None,
         observers: list[EngineObserver] | tuple[EngineObserver, ...] = (),
         followers: RankLeader | None = None,
+        on_waiting: Callable[[str], None] = lambda waiting_for: None,
     ):
+        """``on_waiting`` is told what the daemon waits for whenever that changes (empty: it works),
+        for the progress bar."""
         self.config = config
         self.client = client
         self.keys = StreamKeys(config.daemon.stream)
@@ -90,7 +101,9 @@ class Daemon:
         self.metrics = MetricsObserver()
         self.exporter: Exporter | None = None
         self.handoff = PublishHandoff(build_publisher(config))
-        self.outages = OutageBoard(config.daemon.outage_limit_seconds)
+        self.outages = OutageBoard(config.daemon.outage_limit_seconds, server_addresses(config))
+        self.on_waiting = on_waiting
+        self._shown_wait = ""
         self.health = Health(client, self.outages)
         self.heartbeat = Heartbeat(client, self.keys, Path(config.daemon.state_dir) / STATUS_FILE, self.outages)
         self.signals = StopSignals(self.stop_requested, self.request_stop, lambda: self._in_step)
@@ -118,7 +131,9 @@ class Daemon:
             self.ready = ReadyChunks(self.client, self.keys, seq_len=task.input_shape[0])
         store = CheckpointStore(self.config.daemon.checkpoint_dir, self.config.serving.model_name)
         if self.identity is None:
-            self.identity = StreamIdentity(self.client, self.keys, store, redis_name(self.config))
+            self.identity = StreamIdentity(
+                self.client, self.keys, store, redis_name(self.config), redis_location(self.config)
+            )
             self.identity.establish()
             self.steps = StepCommit(self.client, self.keys, self.state_store, self.identity)
         observers = [self.metrics, self.handoff.clock, self.followers, *self.extra_observers]
@@ -161,7 +176,7 @@ class Daemon:
             scheduler.start()
             if self.exporter is not None:
                 self.exporter.set_ready(True)
-            self.heartbeat.set_phase("waiting")
+            self._set_phase("waiting")
             while not self.stop_requested.is_set() and not self._target_reached():
                 try:
                     self._serve_once()
@@ -176,7 +191,7 @@ class Daemon:
             if not self.stop_requested.is_set():
                 # A scripted run (--until-chunks) ends with its last version published; a stop on a
                 # signal does not wait: the next start catches up on unpublished versions.
-                self.handoff.drain()
+                self.handoff.drain(on_wait=lambda what: self._set_phase("waiting", what, shown=True))
         finally:
             self._shut_down(scheduler)
 
@@ -194,6 +209,11 @@ class Daemon:
             self.ready.ids(), self.engine.state.last_chunk, self.ready.lowest_assembling(), time.monotonic()
         )
         self._report_gap(choice)
+        if choice.missing is not None:
+            self._set_phase("waiting", f"missing chunk {choice.missing}", shown=True)
+        elif choice.take is None and not self.policy_check_due.is_set():
+            waiting_for, shown = self._waiting_for()
+            self._set_phase("waiting", waiting_for, shown=shown)
         if choice.take is not None:
             chunk_id = choice.take
             self._step(lambda: self._process_chunk(chunk_id))
@@ -206,19 +226,36 @@ class Daemon:
 
     def _report_gap(self, choice: NextChunk) -> None:
         telemetry.CHUNKS_WAITING_ON_GAP.set(choice.waiting)
-        if choice.missing is None:
+        if choice.missing is None or self.heartbeat.waiting_for == f"missing chunk {choice.missing}":
             return
-        phase = f"waiting for chunk {choice.missing} ({choice.waiting} ready behind it)"
-        if self.heartbeat.phase != phase:
-            log.info(
-                "waiting for a missing chunk",
-                extra={
-                    "missing": choice.missing,
-                    "ready": choice.waiting,
-                    "seconds_left": round(choice.wait_left or 0),
-                },
-            )
-            self.heartbeat.set_phase(phase)
+        log.info(
+            "waiting for a missing chunk",
+            extra={"missing": choice.missing, "ready": choice.waiting, "seconds_left": round(choice.wait_left or 0)},
+        )
+
+    def _waiting_for(self) -> tuple[str, bool]:
+        """What the idle main loop waits for, and whether the progress bar shows it: a server that is
+        down (shown), or the next chunk."""
+        outages = self.outages.outages()
+        if outages:
+            return outages[0].describe(), True
+        assert self.engine is not None
+        last = self.engine.state.last_chunk
+        return (f"chunk {last + 1}" if last else "the first chunk"), False
+
+    def _set_phase(self, phase: str, waiting_for: str = "", *, shown: bool = False, redis_down: bool = False) -> None:
+        """The phase for ``alma status`` (heartbeat).
+
+        A wait ``shown`` goes to :attr:`on_waiting` too (a server down, a missing chunk, the last
+        swap; not the next chunk, which the bar's stillness says) and stays there until another wait
+        or a chunk replaces it: a policy check in between does not."""
+        show = self._shown_wait
+        if waiting_for or phase.startswith("processing"):
+            show = waiting_for if shown else ""
+        if show != self._shown_wait:
+            self._shown_wait = show
+            self.on_waiting(show)
+        self.heartbeat.set_phase(phase, waiting_for, redis_down=redis_down)
 
     def _shut_down(self, scheduler: Any) -> None:
         """Stop and join every thread, each step on its own, so that one failing (Redis being down,
@@ -227,12 +264,12 @@ class Daemon:
         ("terminate called without an active exception")."""
         steps: list[tuple[str, Callable[[], Any]]] = [
             ("exporter", lambda: self.exporter.stop() if self.exporter is not None else None),
-            ("phase", lambda: self.heartbeat.set_phase("stopping")),
+            ("phase", lambda: self._set_phase("stopping")),
             ("scheduler", lambda: scheduler.shutdown(wait=True) if scheduler.running else None),
             ("ingest", lambda: self.ingest.stop() if self.ingest is not None else None),
             ("publisher", self.handoff.close),
             ("signals", self.signals.restore),
-            ("phase", lambda: self.heartbeat.set_phase("stopped")),
+            ("phase", lambda: self._set_phase("stopped")),
             ("status", self.write_status),
             ("followers", self.followers.stop),
         ]
@@ -247,11 +284,13 @@ class Daemon:
         daemon would (the interrupted step is redone)."""
         self._in_step = False
         self.health.riding_out.set()
+        self._set_phase("waiting", self.outages.down("redis", error).describe(), shown=True, redis_down=True)
         try:
             assert self.identity is not None
             self.redis_outage.wait_for_redis(error, self.identity)
         finally:
             self.health.riding_out.clear()
+        self._set_phase("waiting")
         self._report_health()
 
     def _reload_committed(self) -> Engine:
@@ -286,7 +325,7 @@ class Daemon:
             work()
         finally:
             self._in_step = False
-            self.heartbeat.set_phase("waiting")
+            self._set_phase("waiting")
 
     def _process_chunk(self, chunk_id: int) -> None:
         engine, steps, buffer = self.engine, self.steps, self.buffer
@@ -300,7 +339,7 @@ class Daemon:
         except RejectedRecord as rejection:
             steps.discard(self.ready, chunk_id, rejection)
             return
-        self.heartbeat.set_phase(f"processing chunk {chunk_id}")
+        self._set_phase(f"processing chunk {chunk_id}")
         with self.followers.step(engine, chunk):
             engine.on_chunk(chunk)
         self._commit(consumed=chunk_id)
@@ -309,7 +348,7 @@ class Daemon:
         engine = self.engine
         assert engine is not None
         before = json.dumps(engine.policy.state_dict(), sort_keys=True)
-        self.heartbeat.set_phase("policy check")
+        self._set_phase("policy check")
         stage = engine.on_tick()
         if stage is not None or json.dumps(engine.policy.state_dict(), sort_keys=True) != before:
             self._commit(consumed=None)

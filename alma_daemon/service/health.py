@@ -41,9 +41,16 @@ class Health:
     def report(self, ingest: IngestWorker | None, quiet: bool = False) -> None:
         """Update :attr:`healthy` and ``/readyz``; a change is logged unless ``quiet`` (the daemon stopping)."""
         ingest_ok = ingest is not None and ingest.alive
-        healthy = ingest_ok and not self.outages.degraded
+        down = [outage.server for outage in self.outages.outages()]
+        healthy = ingest_ok and not down
         if self.healthy != healthy and not quiet:
-            log.warning("health changed", extra={"healthy": healthy, "ingest": ingest_ok, **self.outages.as_status()})
+            # An outage was warned of where it was met, with what the daemon waits for: here it is
+            # only the cause of /readyz's answer.
+            log.log(
+                logging.WARNING if not ingest_ok else logging.INFO,
+                "health changed: " + ("healthy" if healthy else "unhealthy (/readyz answers 503)"),
+                extra={"healthy": healthy, "ingest": "running" if ingest_ok else "stopped", "down": down},
+            )
         self.healthy = healthy
         if self.exporter is not None:
             self.exporter.set_ready(healthy)

@@ -30,17 +30,37 @@ class Heartbeat:
         self.path = path
         self.outages = outages
         self.phase = "starting"
+        #: While the phase is ``waiting``: what for (``chunk 13``, ``the swap of version 12``), and since when.
+        self.waiting_for = ""
+        self.since = time.time()
+        self._last_wait = ("", self.since)
 
     def started(self) -> None:
         self.client.hset(self.keys.daemon, mapping={"pid": os.getpid(), "started_at": f"{time.time():.3f}"})
 
-    def set_phase(self, phase: str) -> None:
-        self.phase = phase
+    def set_phase(self, phase: str, waiting_for: str = "", *, redis_down: bool = False) -> None:
+        """Enter ``phase`` (``waiting_for`` says what a ``waiting`` phase waits for); staying in the
+        same phase keeps its start, which ``alma status`` counts from, and so does going back to the
+        last wait (the same ``waiting_for``) after another phase. ``redis_down``: the phase goes
+        to the status file only (the next beat), rather than to a Redis that does not answer."""
+        if (phase, waiting_for) == (self.phase, self.waiting_for):
+            return
+        # A wait that a short phase interrupted (a policy check) goes on: it keeps its start.
+        resumed = waiting_for and waiting_for == self._last_wait[0]
+        self.since = self._last_wait[1] if resumed else time.time()
+        self.phase, self.waiting_for = phase, waiting_for
+        if waiting_for or phase.startswith("processing"):  # work in between ends the wait
+            self._last_wait = (waiting_for, self.since)
+        if redis_down:
+            return
         try:
-            self.client.hset(self.keys.daemon, mapping={"phase": phase, "phase_since": f"{time.time():.3f}"})
+            self.client.hset(self.keys.daemon, mapping=self._phase_fields())
         except REDIS_UNREACHABLE as exc:
             # Status only: the main loop notices the outage at its next Redis call.
             self.outages.down("redis", exc)
+
+    def _phase_fields(self) -> dict:
+        return {"phase": self.phase, "waiting_for": self.waiting_for, "phase_since": f"{self.since:.3f}"}
 
     @property
     def stopping(self) -> bool:
@@ -56,7 +76,7 @@ class Heartbeat:
     def status(self, healthy: bool, ingest: IngestWorker | None) -> dict:
         return {
             "pid": os.getpid(),
-            "phase": self.phase,
+            **self._phase_fields(),
             "heartbeat": f"{time.time():.3f}",
             "rss_bytes": psutil.Process().memory_info().rss,
             "healthy": int(healthy),

@@ -9,14 +9,20 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 from alma_daemon.core.engine import Engine, EngineObserver
+from alma_daemon.logs import NOTICE
 from serving.background import BackgroundPublisher
 
 log = logging.getLogger(__name__)
 
 #: How long a run that reached its --until-chunks target waits for the last version to be published.
 PUBLISH_DRAIN_SECONDS = 120.0
+#: A wait for the last version longer than this is told (``alma status``, and a notice line every
+#: :data:`DRAIN_NOTICE_INTERVAL` seconds).
+DRAIN_NOTICE_SECONDS = 3.0
+DRAIN_NOTICE_INTERVAL = 10.0
 
 
 class CheckpointClock(EngineObserver):
@@ -65,11 +71,27 @@ class PublishHandoff:
         if self.publisher is not None and version:
             self.publisher.submit(version)
 
-    def drain(self) -> None:
-        """Wait for the last version to be published (a scripted run's end); says so if it was not."""
+    def drain(self, on_wait: Callable[[str], None] = lambda what: None) -> None:
+        """Wait for the last version to be published (a scripted run's end); says so if it was not.
+
+        A wait of more than :data:`DRAIN_NOTICE_SECONDS` is told as it goes: ``on_wait`` gets what
+        is waited for (``the swap of version 12``: the daemon's phase, for ``alma status``), and a
+        notice line repeats it every :data:`DRAIN_NOTICE_INTERVAL` seconds.
+        """
         if self.publisher is None:
             return
-        idle = self.publisher.wait_idle(PUBLISH_DRAIN_SECONDS)
+        started = time.monotonic()
+        idle = self.publisher.wait_idle(DRAIN_NOTICE_SECONDS)
+        while not idle and (waited := time.monotonic() - started) < PUBLISH_DRAIN_SECONDS:
+            behind = self.publisher.not_live()
+            what = f"the swap of version {behind[0]}" if behind is not None else "the publisher"
+            on_wait(what)
+            log.log(
+                NOTICE,
+                f"the run is done; waiting for {what} before exiting: {waited:.0f} s so far, up to {PUBLISH_DRAIN_SECONDS:g} s",
+                extra={"version": behind[0] if behind is not None else None, "waited_seconds": round(waited)},
+            )
+            idle = self.publisher.wait_idle(min(DRAIN_NOTICE_INTERVAL, PUBLISH_DRAIN_SECONDS - waited))
         behind = self.publisher.not_live()
         # A version the guard refused is a decision, not a failure: the publisher logged it.
         if behind is not None and (not idle or self.publisher.last_error is not None):

@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 from alma_daemon.core.engine import Engine
 from alma_daemon.infra.outages import REDIS_UNREACHABLE, OutageBoard, one_line, retry_delays
+from alma_daemon.infra.unreachable import outage_line
 from alma_daemon.service.stream_identity import StreamIdentity
 
 log = logging.getLogger(__name__)
@@ -44,7 +45,7 @@ class RedisOutage:
         """Stay degraded until Redis answers again (or a stop is asked for), then reload."""
         outage = self.outages.down("redis", error)
         log.warning(
-            "Redis unreachable: the daemon is degraded and waits for it",
+            outage_line("redis", self.redis_name, error, self.limit_seconds),
             extra={"redis": self.redis_name, "error": outage.reason, "limit_seconds": self.limit_seconds},
         )
         self.report_health()

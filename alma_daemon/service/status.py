@@ -19,6 +19,8 @@ from serving.live_pointer import LivePointer, ServingState
 
 #: A daemon whose heartbeat is older than this many poll intervals is reported as not running.
 STALE_HEARTBEATS = 5
+#: ``alma status`` says how long the daemon has been in its phase once it is at least this long.
+PHASE_SECONDS_SHOWN = 3.0
 
 
 def serving_state(config: Config) -> ServingState | None:
@@ -30,17 +32,33 @@ def serving_state(config: Config) -> ServingState | None:
 
 def daemon_liveness(daemon: dict, poll_seconds: float) -> dict:
     """Whether the daemon runs (a heartbeat fresher than :data:`STALE_HEARTBEATS` polls, and not
-    stopped), its pid, phase and heartbeat age, from its heartbeat fields (Redis hash or status file)."""
+    stopped), its pid, phase (what it waits for, and for how long) and heartbeat age, from its
+    heartbeat fields (Redis hash or status file)."""
     heartbeat = float(daemon["heartbeat"]) if "heartbeat" in daemon else None
     age = time.time() - heartbeat if heartbeat is not None else None
+    since = float(daemon["phase_since"]) if daemon.get("phase_since") else None
     return {
         "running": age is not None
         and daemon.get("phase") != "stopped"
         and age < STALE_HEARTBEATS * max(poll_seconds, 1.0),
         "pid": int(daemon["pid"]) if daemon.get("pid") is not None else None,
         "phase": daemon.get("phase"),
+        "waiting_for": daemon.get("waiting_for") or None,
+        "phase_seconds": round(time.time() - since, 3) if since is not None else None,
         "heartbeat_age_seconds": round(age, 3) if age is not None else None,
     }
+
+
+def phase_words(daemon: dict) -> str:
+    """``waiting for the swap of version 12, 40 s``: the phase, what it waits for and for how long."""
+    phase = daemon["phase"]
+    if phase == "waiting" and daemon.get("waiting_for"):
+        phase = f"waiting for {daemon['waiting_for']}"
+    seconds = daemon.get("phase_seconds")
+    # A phase of a few seconds is a step among others; longer, it is a wait a person asks about.
+    if seconds is not None and seconds >= PHASE_SECONDS_SHOWN and phase not in ("stopped", "stopping"):
+        phase += f", {seconds:.0f} s"
+    return phase
 
 
 def engine_counters(client: Any, keys: StreamKeys) -> dict:
@@ -190,7 +208,7 @@ def format_local_status(status: dict) -> str:
         rows.append(
             (
                 "daemon",
-                f"{state} ({daemon['phase']}, pid {daemon['pid']}, heartbeat "
+                f"{state} ({phase_words(daemon)}, pid {daemon['pid']}, heartbeat "
                 f"{daemon['heartbeat_age_seconds']:.0f} s ago, from {status['status_file']})",
             )
         )
@@ -210,10 +228,15 @@ def degraded_row(daemon: dict) -> tuple[str, str]:
     if not daemon.get("degraded"):
         return "degraded", "no"
     since = daemon["degraded_since"]
-    why = "; ".join(f"{o['server']}: {o['reason']}" for o in daemon["outages"])
+    why = "; ".join(f"{_server_words(o)}: {o['reason']}" for o in daemon["outages"])
     return "degraded", (
         f"since {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(since))} ({time.time() - since:.0f} s): {why}"
     )
+
+
+def _server_words(outage: dict) -> str:
+    """``kafka at 127.0.0.1:9092`` (a status file written before addresses were kept: ``kafka``)."""
+    return f"{outage['server']} at {outage['address']}" if outage.get("address") else outage["server"]
 
 
 def format_status(status: dict) -> str:
@@ -221,7 +244,7 @@ def format_status(status: dict) -> str:
     daemon = status["daemon"]
     state = "running" if daemon["running"] else "not running"
     if daemon["phase"]:
-        state += f" ({daemon['phase']}, pid {daemon['pid']})"
+        state += f" ({phase_words(daemon)}, pid {daemon['pid']})"
     decision = status["last_decision"] or {}
     cer = status["cer"]
     rejected = ", ".join(f"{k} {v}" for k, v in sorted(status["rejected_by_reason"].items())) or "none"

@@ -33,6 +33,7 @@ from kafka.errors import (
 
 from alma_daemon.data.wire import WireRecord
 from alma_daemon.infra.connections import kafka_client
+from alma_daemon.infra.unreachable import ServerUnreachable
 from alma_daemon.observability import telemetry
 from alma_daemon.transports.source import SourceRecord
 
@@ -318,7 +319,8 @@ class KafkaPublisher:
     """Publishes to a Kafka topic (created with ``partitions`` partitions if it does not exist);
     ``security`` holds the TLS and SASL keywords of ``connections.kafka_security``.
 
-    With no broker to publish to, construction fails at once with one line saying what to do.
+    With no broker to publish to, construction fails at once with one line saying what to do
+    (:class:`~alma_daemon.infra.unreachable.ServerUnreachable`).
     """
 
     def __init__(
@@ -330,10 +332,7 @@ class KafkaPublisher:
         try:
             ensure_topic(bootstrap_servers, topic, partitions, security)
         except KafkaConnectionError as exc:
-            raise KafkaConnectionError(
-                f"no Kafka broker answered at {bootstrap_servers} (kafka.bootstrap_servers); start one, "
-                f"or use --embedded / kafka.transport: redis"
-            ) from exc
+            raise ServerUnreachable("kafka", bootstrap_servers, exc) from exc
         self.producer = kafka_client(
             KafkaProducer, bootstrap_servers, security or {}, acks="all", linger_ms=5, client_id="alma-replay"
         )

@@ -26,6 +26,8 @@ from typing import Any
 from alma_daemon.data.wire import DEFAULT_MAX_CHUNKS_AHEAD, RejectedRecord, StreamSchema, decode_record
 from alma_daemon.infra.outages import REDIS_UNREACHABLE, OutageBoard, one_line, retry_delays
 from alma_daemon.infra.redis_keys import StreamKeys
+from alma_daemon.infra.unreachable import outage_line
+from alma_daemon.logs import NOTICE
 from alma_daemon.observability import telemetry
 from alma_daemon.runtime import run_beside_training
 from alma_daemon.service.ingest.cutter import EventCollector, EventStream
@@ -214,18 +216,25 @@ class IngestWorker:
         self._next_lag = now + LAG_REFRESH_SECONDS
         # The lag query is also the transport's health probe: a Kafka consumer's poll returns nothing,
         # without an error, while the broker is down (kafka-python reconnects on its own).
+        server = self.source.server
         try:
             lag = self.source.lag()
         except self.source.unreachable as exc:
-            if not self.outages.is_down(self.source.server):
+            if not self.outages.is_down(server):
+                address = self.outages.addresses.get(server, "")
                 log.warning(
-                    "ingest: transport unreachable, waiting for it",
-                    extra={"server": self.source.server, "error": one_line(exc)},
+                    outage_line(server, address, exc, self.outages.limit_seconds),
+                    extra={"server": server, "error": one_line(exc)},
                 )
-            self.outages.down(self.source.server, exc)
+            self.outages.down(server, exc)
             return
-        if self.outages.up(self.source.server) is not None:
-            log.warning("ingest: transport back", extra={"server": self.source.server})
+        ended = self.outages.up(server)
+        if ended is not None:
+            log.log(
+                NOTICE,
+                f"{ended.describe()} answers again: ingest goes on",
+                extra={"server": server, "outage_seconds": round(time.time() - ended.since, 1)},
+            )
         if lag is not None:
             telemetry.INGEST_LAG.set(lag)
 
@@ -267,7 +276,8 @@ class IngestWorker:
                 self.step()
             except REDIS_UNREACHABLE as exc:
                 if not failures:
-                    log.warning("ingest: Redis unreachable, retrying", extra={"error": one_line(exc)})
+                    # The main loop, which meets the outage too, warns of it with what it waits for.
+                    log.info("ingest: Redis unreachable, retrying", extra={"error": one_line(exc)})
                 self.outages.down("redis", exc)
                 self._stop.wait(self._delays.compute(failures))
                 failures += 1

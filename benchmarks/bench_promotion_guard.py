@@ -1,0 +1,295 @@
+"""The promotion guard on ``examples/service.yaml``'s stream: how often it refuses on noise, and a truly worse version.
+
+The stream is the one ``alma run --config examples/service.yaml`` trains on: MNIST in 500 chunks of
+120 examples, 12 of each held out for validation, SM of width 64, one stage per chunk (``policy``
+fixed, wait 1), so one version per chunk whose own validation sample is 12 examples. The engine runs
+in process over an in-memory buffer (the simulator's path; the daemon runs the same engine) and
+writes each version to a model store, as the daemon does. Each guard setting then decides on every
+version with the publisher's own guard (``Publisher.guard``), keeping its own live version:
+
+- **stationary**: the version the engine wrote. The stream does not change, so a refusal is the
+  guard crying wolf, unless the version is truly worse by more than the margin;
+- **truly worse**: a twin of the same version, trained from the same previous version on the same
+  chunk, but with the chunk's labels permuted (the seeded derangement of ``stream.drift.kind:
+  permute_labels``), and guarded with the same honest validation sample. Every twin should be refused;
+- **drift** (``--drift-chunks``): a second stream whose labels are permuted from chunk
+  ``--drift-at`` on (``stream.drift``), where the newest data are right and the older examples of a
+  pooled sample out of date: versions after the change should be promoted.
+
+The settings: the guard before this benchmark (``promotion_margin`` 0.01 on the version's own
+sample: ``promotion_alpha`` 1, ``promotion_min_examples`` 1), the default, and variations of
+``promotion_min_examples``; for the drift stream also the default without the exception for the
+newest examples (serving/guard.py).
+
+    python benchmarks/bench_promotion_guard.py [--seeds 0 1 2] [--chunks 500] [--drift-at 101 --drift-chunks 40]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import tempfile
+import time
+from collections.abc import Iterator
+
+import torch
+from figures_file import write_figures  # this script's folder is on sys.path when it runs
+
+from alma_daemon.config import Config, load_config
+from alma_daemon.core.assembly import assemble_engine
+from alma_daemon.core.checkpoints import CheckpointStore
+from alma_daemon.core.chunk_buffer import MemoryBuffer
+from alma_daemon.data.streams import Chunk, label_permutation, split_chunk
+from alma_daemon.data.tensors import LabeledData
+from alma_daemon.learners import Learner
+from alma_daemon.research.simulate import SimulatedStream, labeled_stream
+from alma_daemon.seeding import derive_seed
+from alma_daemon.training.loop import Trainer
+from alma_daemon.training.optim import resolve_optimizer_name
+from serving.guard import PromotionGuard, Verdict
+from serving.local_publisher import LocalPublisher
+from serving.publisher import Candidate
+
+SERVICE_CONFIG = "examples/service.yaml"
+DEFAULT = PromotionGuard()
+
+
+@dataclasses.dataclass(frozen=True)
+class WithoutNewestException(PromotionGuard):
+    """The default guard without its exception for a candidate its own (newest) examples prefer."""
+
+    def judge(self, candidate_wrong: torch.Tensor, live_wrong: torch.Tensor, own_examples: int) -> Verdict:
+        verdict = super().judge(candidate_wrong, live_wrong, own_examples)
+        return dataclasses.replace(verdict, promoted=verdict.promoted and not verdict.newest_prefer_candidate)
+
+
+def settings(drift: bool) -> dict[str, PromotionGuard]:
+    """The guard settings compared, by name: the default, the guard before, and variations of each key."""
+    margin, alpha, least = DEFAULT.margin, DEFAULT.alpha, DEFAULT.min_examples
+    chosen = {
+        "before: margin on the own 12 examples": PromotionGuard(margin, alpha=1.0, min_examples=1),
+        "paired test on the own 12 examples": PromotionGuard(margin, alpha, min_examples=1),
+        "default": DEFAULT,
+        "min_examples 120": PromotionGuard(margin, alpha, min_examples=120),
+        "min_examples 600": PromotionGuard(margin, alpha, min_examples=600),
+        "alpha 0.001": PromotionGuard(margin, alpha=0.001, min_examples=least),
+        "alpha 0.05": PromotionGuard(margin, alpha=0.05, min_examples=least),
+        "margin 0": PromotionGuard(0.0, alpha, least),
+        "margin 0.02": PromotionGuard(0.02, alpha, least),
+    }
+    if drift:
+        chosen["default without the newest-examples exception"] = WithoutNewestException()
+    return chosen
+
+
+class CachedStore(CheckpointStore):
+    """The model store, keeping the versions it loaded: every setting asks for the same few live
+    versions at every step (the learners are only evaluated, never changed)."""
+
+    def __init__(self, root: str, model_name: str):
+        super().__init__(root, model_name)
+        self._loaded: dict[int, Learner] = {}
+
+    def load(self, version: int, device: str = "cpu") -> Learner:
+        if version not in self._loaded:
+            if len(self._loaded) > 32:
+                self._loaded.pop(min(self._loaded))
+            self._loaded[version] = super().load(version, device)
+        return self._loaded[version]
+
+
+class Tally:
+    """One guard setting's live version and counts."""
+
+    def __init__(self, store: CheckpointStore, guard: PromotionGuard, test: LabeledData | None):
+        self.publisher = LocalPublisher(store, guard.margin)
+        self.publisher.promotion = guard
+        self.test = test
+        self.live: int | None = None
+        self.counts = {"versions": 0, "refused": 0, "twins": 0, "twins_refused": 0}
+        self.refused_versions: list[int] = []
+        #: Each refusal with the two versions' errors on the 10,000 test examples: was it truly worse?
+        self.refusals: list[dict] = []
+        self.promoted_versions: list[int] = []
+        self.twin_promoted_versions: list[int] = []
+        self.twin_errors: list[tuple[float, float]] = []
+
+    def decide(self, candidate: Candidate) -> None:
+        outcome = self.publisher.guard(candidate, self.live)
+        if outcome.live_before is None:
+            self.live = candidate.version
+            return
+        self.counts["versions"] += 1
+        if outcome.action == "promoted":
+            self.live = candidate.version
+            self.promoted_versions.append(candidate.version)
+        else:
+            self.counts["refused"] += 1
+            self.refused_versions.append(candidate.version)
+            refusal = {
+                "version": candidate.version,
+                "live": outcome.live_before,
+                "examples": outcome.examples,
+                "error": outcome.candidate_value,
+                "live_error": outcome.live_value,
+                "p_value": outcome.p_value,
+            }
+            if self.test is not None:
+                store = self.publisher.store
+                refusal["test_error"] = store.load(candidate.version).evaluate(self.test)["error"]
+                refusal["live_test_error"] = store.load(outcome.live_before).evaluate(self.test)["error"]
+            self.refusals.append(refusal)
+
+    def decide_twin(self, twin: Candidate) -> None:
+        outcome = self.publisher.guard(twin, self.live)
+        self.counts["twins"] += 1
+        self.twin_errors.append((outcome.candidate_value or 0.0, outcome.live_value or 0.0))
+        if outcome.action == "refused":
+            self.counts["twins_refused"] += 1
+        else:
+            self.twin_promoted_versions.append(twin.version)
+
+
+def stream_config(seed: int, drift_at: int | None) -> Config:
+    overrides = [f"seed={seed}", f"stream.seed={seed}", "device=cpu"]
+    if drift_at is not None:
+        overrides += ["stream.drift.kind=permute_labels", f"stream.drift.at={drift_at}"]
+    return load_config(SERVICE_CONFIG, overrides)
+
+
+def permuted_twin(config: Config, store: CheckpointStore, chunk: Chunk, version: int, sample: LabeledData) -> Candidate:
+    """Version ``version`` as it would be had its chunk's labels been permuted: trained from the same
+    previous version on the same split, guarded with the honest validation sample."""
+    split = split_chunk(chunk, config.stream.val_fraction, config.stream.seed)
+    permutation = label_permutation(store.load(version).task.num_classes, derive_seed(config.seed, "twin"))
+    learner = CheckpointStore.load(store, version - 1)  # a copy to train, not the cached one
+    trainer = Trainer(
+        config.train,
+        resolve_optimizer_name(config.train, config.dataset.name),
+        torch.device("cpu"),
+        seed=derive_seed(config.seed, "twin", version),
+        augment=learner.task.augment,
+    )
+    learner.fit(
+        LabeledData(split.train.x, permutation[split.train.y]),
+        LabeledData(split.val.x, permutation[split.val.y]),
+        trainer,
+    )
+    return Candidate(version, learner, sample)
+
+
+def versions_of(
+    config: Config, stream: SimulatedStream, store: CheckpointStore, chunks: int
+) -> Iterator[tuple[Chunk, int]]:
+    """Run the engine over the first ``chunks`` chunks; yield each chunk with the version it wrote."""
+    engine = assemble_engine(config, stream.task, MemoryBuffer(), checkpoints=store)
+    for i, chunk in enumerate(stream.chunks):
+        if i == chunks:
+            break
+        engine.on_chunk(chunk)
+        yield chunk, engine.state.model_version
+
+
+def run_stream(seed: int, chunks: int, twins_every: int, drift_at: int | None) -> dict:
+    config = stream_config(seed, drift_at)
+    started = time.time()
+    with tempfile.TemporaryDirectory() as folder:
+        store = CachedStore(folder, config.serving.model_name)
+        stream = labeled_stream(config)
+        # A drifted stream's test set changes at the drift: its refusals are not checked against it.
+        test = stream.test if drift_at is None else None
+        tallies = {name: Tally(store, guard, test) for name, guard in settings(drift_at is not None).items()}
+        for chunk, version in versions_of(config, stream, store, chunks):
+            first = next(iter(tallies.values())).publisher
+            candidate = first.load_candidate(version)
+            if drift_at is None and version > 1 and version % twins_every == 0:
+                twin = permuted_twin(config, store, chunk, version, candidate.sample)
+                for tally in tallies.values():
+                    tally.decide_twin(twin)
+            for tally in tallies.values():
+                tally.decide(candidate)
+    result: dict = {"seed": seed, "chunks": chunks, "seconds": round(time.time() - started, 1), "settings": {}}
+    for name, tally in tallies.items():
+        row: dict = dict(tally.counts)
+        if drift_at is not None:
+            after = [v for v in range(drift_at, chunks + 1)]
+            row["after_drift"] = len(after)
+            row["refused_after_drift"] = sum(v in tally.refused_versions for v in after)
+            promoted_after = [v for v in tally.promoted_versions if v >= drift_at]
+            row["first_promoted_after_drift"] = promoted_after[0] if promoted_after else None
+        else:
+            row["refusals"] = tally.refusals
+            row["twins_promoted"] = tally.twin_promoted_versions
+            if tally.twin_errors:
+                twins = len(tally.twin_errors)
+                row["twin_error_mean"] = sum(c for c, _ in tally.twin_errors) / twins
+                row["live_error_mean_beside_twins"] = sum(live for _, live in tally.twin_errors) / twins
+        result["settings"][name] = row
+    return result
+
+
+def summary(runs: list[dict]) -> dict:
+    totals: dict = {}
+    for run in runs:
+        for name, row in run["settings"].items():
+            total = totals.setdefault(name, {"versions": 0, "refused": 0, "twins": 0, "twins_refused": 0})
+            for key in total:
+                total[key] += row[key]
+    for total in totals.values():
+        total["refused_share"] = total["refused"] / max(1, total["versions"])
+        total["twins_refused_share"] = total["twins_refused"] / max(1, total["twins"])
+    return totals
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2])
+    parser.add_argument("--chunks", type=int, default=500, help="chunks of each stationary stream (500: all)")
+    parser.add_argument("--twins-every", type=int, default=1, help="train a permuted-label twin of every k-th version")
+    parser.add_argument("--drift-at", type=int, default=101)
+    parser.add_argument("--drift-chunks", type=int, default=40, help="chunks after the drift (0: no drift stream)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    parser.add_argument("--out", default="benchmarks/results/promotion_guard.json")
+    args = parser.parse_args()
+    # The figures are decisions, not timings: one thread, so that a machine shared with other jobs does not
+    # leave every small op waiting at a barrier of two (15 ms for an MLP layer under a load of 10).
+    torch.set_num_threads(args.threads)
+    load_before = os.getloadavg()
+    runs = []
+    for seed in args.seeds:
+        run = run_stream(seed, args.chunks, args.twins_every, None)
+        runs.append(run)
+        print(f"seed {seed} ({run['seconds']} s):")
+        for name, row in run["settings"].items():
+            print(
+                f"  {name}: refused {row['refused']} of {row['versions']} versions, "
+                f"{row['twins_refused']} of {row['twins']} permuted-label twins"
+            )
+    drift = None
+    if args.drift_chunks:
+        drift = run_stream(args.seeds[0], args.drift_at + args.drift_chunks - 1, args.twins_every, args.drift_at)
+        print(f"drift at chunk {args.drift_at}, seed {args.seeds[0]} ({drift['seconds']} s):")
+        for name, row in drift["settings"].items():
+            print(
+                f"  {name}: refused {row['refused_after_drift']} of the {row['after_drift']} versions from the "
+                f"drift on (first promoted: {row['first_promoted_after_drift']})"
+            )
+    totals = summary(runs)
+    print("all seeds:")
+    for name, total in totals.items():
+        print(
+            f"  {name}: refused {total['refused']} of {total['versions']} versions ({total['refused_share']:.2%}), "
+            f"{total['twins_refused']} of {total['twins']} permuted-label twins ({total['twins_refused_share']:.2%})"
+        )
+    guard = {"promotion_margin": DEFAULT.margin, "promotion_alpha": DEFAULT.alpha}
+    guard["promotion_min_examples"] = DEFAULT.min_examples
+    write_figures(
+        args.out,
+        {"config": SERVICE_CONFIG, "default_guard": guard, "totals": totals, "runs": runs, "drift": drift},
+        load_before,
+    )
+
+
+if __name__ == "__main__":
+    main()
