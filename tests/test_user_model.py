@@ -143,3 +143,18 @@ def test_a_stream_started_from_the_deployed_model_measures_that_model_first(tmp_
     assert record.trained and record.test is not None
     engine.on_chunk(Chunk(2, feature_data(120, seed=5)))
     assert engine.learner.spec()["task"]["mean"] == list(FEATURES.with_statistics(first.x).mean)
+
+
+def test_init_weights_also_takes_a_model_store_versions_weights(tmp_path):
+    from alma_daemon.config import build_config
+    from alma_daemon.core.assembly import assemble_engine
+    from alma_daemon.core.checkpoints import WEIGHTS, CheckpointStore
+    from alma_daemon.core.chunk_buffer import MemoryBuffer
+
+    task = FEATURES.with_statistics(feature_data(50, seed=0).x)
+    live = build_learner("sm", task, learner_config({"model": MLP}, name="sm"), 3)
+    folder = CheckpointStore(tmp_path, "alma").save(live, 4, {"val_error": 0.1})
+    config = build_config({"learner": {"name": "sm", "model": MLP, "init_weights": str(folder / WEIGHTS)}})
+    engine = assemble_engine(config, task, MemoryBuffer())
+    x = feature_data(20, seed=1).x
+    torch.testing.assert_close(engine.learner.predict_proba(x), live.predict_proba(x), rtol=0, atol=0)
