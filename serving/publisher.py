@@ -261,29 +261,27 @@ class Publisher(ABC):
         versions before it, newest first, each example once (with ``stream.replay`` the samples
         overlap). Versions after the candidate are never read, so the decision does not depend on
         how far training ran ahead of publishing."""
+        own = candidate.sample
         wanted = self.promotion.min_examples
-        parts, held = [candidate.sample], len(candidate.sample)
-        if held >= wanted:
-            return candidate.sample
-        seen = {_example_key(candidate.sample, i) for i in range(len(candidate.sample))}
-        for version in reversed(self.store.versions()):
-            if held >= wanted:
-                break
-            if version >= candidate.version:
-                continue
+        if len(own) >= wanted:
+            return own
+        parts, held = [own], len(own)
+        seen = {_example_key(own, i) for i in range(len(own))}
+        for version in reversed([v for v in self.store.versions() if v < candidate.version]):
             sample = self.store.validation(version)
-            if sample is None:
+            if sample is None or sample.x.shape[1:] != own.x.shape[1:] or sample.x.dtype != own.x.dtype:
                 continue
-            new = []
+            new: list[int] = []
             for i in range(len(sample)):
                 key = _example_key(sample, i)
-                if key not in seen:
+                if key not in seen and held + len(new) < wanted:
                     seen.add(key)
                     new.append(i)
-            new = new[: wanted - held]
             if new:
                 parts.append(sample.subset(torch.tensor(new)))
                 held += len(new)
+            if held >= wanted:
+                break
         return LabeledData.concat(parts)
 
     def _promote(self, version: int, state: ServingState) -> None:

@@ -69,9 +69,10 @@ def test_equally_good_versions_are_refused_at_most_alpha_of_the_time(n, own):
     assert share <= 0.01
 
 
-def test_equally_good_versions_are_refused_at_most_alpha_of_the_time_without_a_margin():
-    share = refused_share(PromotionGuard(margin=0.0, alpha=0.05), 2000, 300, 12, live_error=0.08, candidate_error=0.08)
-    assert share <= 0.05
+@pytest.mark.parametrize("alpha", [0.05, 0.001])
+def test_equally_good_versions_are_refused_at_most_alpha_of_the_time_without_a_margin(alpha):
+    share = refused_share(PromotionGuard(margin=0.0, alpha=alpha), 2000, 300, 12, live_error=0.08, candidate_error=0.08)
+    assert share <= alpha
 
 
 def test_a_version_worse_by_no_more_than_the_margin_is_always_promoted():
@@ -84,17 +85,17 @@ def test_a_version_worse_by_no_more_than_the_margin_is_always_promoted():
     assert not PromotionGuard(margin=0.01, alpha=1.0).judge(candidate, live, 12).promoted
 
 
-@pytest.mark.parametrize(("candidate_error", "n"), [(0.9, 300), (0.3, 300), (0.2, 300)])
-def test_a_clearly_worse_version_is_always_refused(candidate_error, n):
-    share = refused_share(PromotionGuard(), 500, n, 12, live_error=0.05, candidate_error=candidate_error)
+@pytest.mark.parametrize("candidate_error", [0.9, 0.5, 0.3])
+def test_a_clearly_worse_version_is_always_refused(candidate_error):
+    share = refused_share(PromotionGuard(), 500, 300, 12, live_error=0.05, candidate_error=candidate_error)
     assert share == 1.0
 
 
 def test_a_small_sample_alone_lets_a_moderately_worse_version_through_where_a_pooled_one_does_not():
-    """Why the guard tops its sample up: 12 examples cannot tell 0.05 from 0.2 error."""
-    own_only = refused_share(PromotionGuard(min_examples=1), 500, 12, 12, live_error=0.05, candidate_error=0.2)
-    pooled = refused_share(PromotionGuard(), 500, 300, 12, live_error=0.05, candidate_error=0.2)
-    assert own_only < 0.2 and pooled == 1.0
+    """Why the guard tops its sample up: 12 examples cannot tell 0.05 from 0.3 error at promotion_alpha."""
+    own_only = refused_share(PromotionGuard(min_examples=1), 500, 12, 12, live_error=0.05, candidate_error=0.3)
+    pooled = refused_share(PromotionGuard(), 500, 300, 12, live_error=0.05, candidate_error=0.3)
+    assert own_only < 0.05 and pooled == 1.0
 
 
 def test_a_candidate_its_newest_examples_prefer_is_promoted_whatever_the_older_ones_say():
@@ -151,5 +152,5 @@ def test_a_refusal_is_one_line_naming_the_sample_size_and_the_test(tmp_path, goo
     message = record.getMessage()
     assert "\n" not in message
     assert message.startswith("version 2 not promoted, version 1 stays live: a paired test on 200 validation examples")
-    assert "promotion_margin 0.01" in message and "promotion_alpha 0.01" in message
+    assert "promotion_margin 0.01" in message and "promotion_alpha 0.001" in message
     assert (record.worse_on, record.better_on, record.examples) == (outcome.worse_on, outcome.better_on, 200)
