@@ -9,7 +9,9 @@ explains the reasoning and shows the benchmark):
    at a detected drift, because the data before it no longer describes the stream.
 2. **Drift trains at once.** A new chunk whose error is at least 0.1 above the live model's (and 4
    standard errors) means the stream changed: train now on what is pending, and start the growing
-   wait again from that chunk, so that the first stages after it come quickly.
+   wait again from that chunk, so that the first stages after it come quickly. That is the default
+   ``policy.drift_detector: threshold``; ``page_hinkley`` and ``adwin`` (River's sequential tests,
+   policies/drift_detectors.py) add up smaller rises over chunks to see drifts of a few points.
 3. **Growth where it pays.** A learner whose growth step keeps the function it computes (gMoE's
    split, Firefly's small steps, the Switch LM's copied experts) grows at every stage: the step costs
    no error and the next stages fill the new capacity. A learner whose growth adds an untrained part
@@ -33,12 +35,14 @@ from __future__ import annotations
 import math
 from typing import Literal
 
+from pydantic import Field
 from pydantic.dataclasses import dataclass
 
 from alma_daemon.config import PolicyConfig
 from alma_daemon.config.base import PLUGIN_SECTION
 from policies import register_policy
 from policies.base import Decision, Policy, PolicyState
+from policies.drift_detectors import Rise, build_detector
 from policies.geometric import DEFAULT_RATIO, geometric_threshold
 
 #: The growing wait: train once the pending chunks reach RATIO x the chunks trained on since the last drift.
@@ -46,10 +50,6 @@ RATIO = DEFAULT_RATIO
 #: A stage had a measurable effect, as the reasons say, when the live model's error is this many standard
 #: errors away from the previous model's (below: it paid off; above: it made the model worse).
 GAIN_SIGNIFICANCE = 1.0
-#: A new chunk signals a drift when its error is this many standard errors above the live model's ...
-DRIFT_SIGNIFICANCE = 4.0
-#: ... and at least this much higher (an error rate, or the log of a perplexity).
-DRIFT_JUMP = 0.1
 #: A learner whose growth adds an untrained part grows once the chunks trained on reach this many
 #: times those trained on when its newest part was added.
 GROWTH_FACTOR = 4
@@ -110,10 +110,16 @@ def _fall(delta: float, kind: str) -> str:
 
 @dataclass(config=PLUGIN_SECTION)
 class AdaptiveConfig(PolicyConfig):
-    """adaptive: no keys of its own, one configuration for every stream (policy.grow_every: 0 still
-    turns growth off)."""
+    """adaptive: one configuration for every stream (policy.grow_every: 0 still turns growth off); the
+    drift detector is its one choice."""
 
     name: Literal["adaptive"] = "adaptive"
+    drift_detector: Literal["threshold", "page_hinkley", "adwin"] = Field(
+        default="threshold",
+        description='adaptive: what tells a drift from the new chunks\' errors (policies/drift_detectors.py): "threshold" '
+        '(one chunk 0.1 and 4 standard errors above the live model), "page_hinkley" or "adwin" (River\'s sequential '
+        "tests, which see rises of a few points over chunks; pip install alma-daemon[river]).",
+    )
 
 
 @register_policy
@@ -140,6 +146,11 @@ class Adaptive(Policy):
         self.last_stage_drifted: bool | None = None
         #: Chunks trained on (counted as ``trained``) when the newest part of a growing learner was added.
         self.grown_from = 0
+        self.detector = build_detector(config.drift_detector)
+
+    @classmethod
+    def contract_configs(cls) -> list[dict]:
+        return [{}, {"drift_detector": "page_hinkley"}, {"drift_detector": "adwin"}]
 
     # -- persistence ------------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -151,6 +162,7 @@ class Adaptive(Policy):
             "previous": self.previous.to_dict() if self.previous else None,
             "last_stage_drifted": self.last_stage_drifted,
             "grown_from": self.grown_from,
+            "drift_detector": self.detector.state_dict(),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -167,6 +179,7 @@ class Adaptive(Policy):
         # A state saved before 2026-11-24 grew on other terms: count its newest part from here, so that a
         # restart does not grow at once.
         self.grown_from = int(state.get("grown_from", self.trained))
+        self.detector.load_state_dict(state.get("drift_detector") or {})
 
     # -- the decision -----------------------------------------------------------------------------
     def decide(self, state: PolicyState) -> Decision:
@@ -226,7 +239,9 @@ class Adaptive(Policy):
         spread = math.sqrt(_variance(value, examples, kind) + _variance(reference.mean, reference.examples, kind))
         score = jump / spread
         estimates["drift_score"] = score
-        if score < DRIFT_SIGNIFICANCE or jump < DRIFT_JUMP:
+        if reference is not self.live and not self.detector.reads_stage_changes:
+            return None
+        if not self.detector.update(Rise(jump, score)):
             return None
         whose = "live model's" if reference is self.live else "model before the last stage's"
         reason = (
@@ -237,7 +252,8 @@ class Adaptive(Policy):
             # The first chunk after a stage is the live model's first measure: a stage that made the
             # model worse and a changed stream look alike on it, and both call for training again.
             reason += " (or the last stage made the model worse: on the first chunk after a stage the two look alike)"
-        return reason
+        why = self.detector.why()
+        return f"{reason}; {why}" if why else reason
 
     def _stage_gain(self, kind: str, estimates: dict) -> str:
         """The last stage's measured gain, as text for the reason."""
@@ -269,6 +285,7 @@ class Adaptive(Policy):
         if drift:
             newest = state.newest_chunk if state.newest_chunk is not None else state.chunks_seen
             self.regime_start = newest
+            self.detector.reset()
             # Only the newest chunk comes from the new distribution; the old model's error on it is
             # what the next stage must improve on.
             self.trained = 1

@@ -11,7 +11,15 @@ from alma_daemon.config import ConfigError, DriftConfig, build_config
 from alma_daemon.core.chunk_buffer import MemoryBuffer
 from alma_daemon.core.engine import Engine
 from alma_daemon.data.datasets import MNIST_TASK, TaskInfo, resolve_data_root
-from alma_daemon.data.streams import Chunk, build_drift, drifted, label_permutation, partition, rotate_images
+from alma_daemon.data.streams import (
+    Chunk,
+    build_drift,
+    drifted,
+    label_permutation,
+    partition,
+    rotate_images,
+    shifted_classes,
+)
 from alma_daemon.learners import build_learner
 from policies import build_policy
 from tests.helpers.data import separable_data
@@ -65,7 +73,7 @@ def test_only_chunks_from_at_on_are_drifted():
 def test_rotation_drift_turns_the_images_and_keeps_the_labels():
     data = separable_data(MNIST_TASK, 20, seed=0)
     drift = build_drift(DriftConfig(kind="rotate", degrees=90.0, at=1), MNIST_TASK, seed=0)
-    turned = drift.transform(data)
+    turned = drift.test_set(data, 1)
     assert torch.equal(turned.y, data.y) and torch.equal(turned.x, torch.rot90(data.x, 1, dims=(1, 2)))
 
 
@@ -87,7 +95,7 @@ def test_the_engine_measures_on_the_drifted_test_set_from_the_first_drifted_chun
     for i, part in enumerate(partition(data, 5, seed=0), start=1):
         engine.on_chunk(drift.chunk(Chunk(i, part)))
     before = learner.evaluate(test)["error"]
-    after = learner.evaluate(drift.transform(test))["error"]
+    after = learner.evaluate(drift.test_set(test, 3))["error"]
     assert before != after
     assert [r["test_error"] for r in engine.state.series] == [before, before, after, after, after]
 
@@ -151,3 +159,82 @@ def test_a_replay_refuses_a_drift_its_data_cannot_take_before_it_publishes_anyth
     rotated = build_config({"stream": {"megabatches": 3, "drift": {"kind": "rotate", "at": 2}}})
     with pytest.raises(ConfigError, match="stream.drift.kind: rotate needs images"):
         labeled_chunks(vectors, rotated, TaskInfo("classification", (16,), 3))
+
+
+def test_a_prior_shift_makes_a_seeded_half_of_the_classes_rarer_and_keeps_chunk_sizes():
+    data = separable_data(MNIST_TASK, 4000, seed=0)
+    drift = build_drift(DriftConfig(kind="prior_shift", strength=0.9, at=2), MNIST_TASK, seed=0)
+    rarer = shifted_classes(10, seed=0)
+    assert len(rarer) == 5 and torch.equal(rarer, shifted_classes(10, seed=0))
+    assert drift.chunk(Chunk(1, data)).data is data  # before at: untouched
+    shifted = drift.chunk(Chunk(2, data)).data
+    assert shifted.x.shape == data.x.shape and shifted.y.shape == data.y.shape
+    share = torch.isin(shifted.y, rarer).float().mean().item()
+    # Half the classes at a tenth of their weight: about 0.1 / 1.1 of the examples.
+    assert abs(share - 0.1 / 1.1) < 0.03 and abs(torch.isin(data.y, rarer).float().mean().item() - 0.5) < 0.03
+    again = drift.chunk(Chunk(2, data)).data
+    assert torch.equal(again.x, shifted.x) and torch.equal(again.y, shifted.y)  # seeded by the chunk's id
+    other = drift.chunk(Chunk(3, data)).data
+    assert not torch.equal(other.y, shifted.y)
+    for x, y in zip(shifted.x[:50], shifted.y[:50], strict=True):  # resampled examples, unchanged
+        assert any(torch.equal(x, original) and y == label for original, label in zip(data.x, data.y, strict=True))
+
+
+def test_a_gradual_rotation_ramps_its_angle_linearly_over_its_chunks():
+    data = separable_data(MNIST_TASK, 8, seed=0)
+    drift = build_drift(DriftConfig(kind="rotate", degrees=10.0, at=5, over=4), MNIST_TASK, seed=0)
+    assert [drift.amount(i) for i in (4, 5, 6, 7, 8, 20)] == [0.0, 0.25, 0.5, 0.75, 1.0, 1.0]
+    assert "to chunk 8" in drift.description
+    for index, degrees in [(5, 2.5), (6, 5.0), (8, 10.0), (30, 10.0)]:
+        assert torch.equal(drift.chunk(Chunk(index, data)).data.x, rotate_images(data.x, degrees))
+        assert torch.equal(drift.test_set(data, index).x, rotate_images(data.x, degrees))
+    assert torch.equal(drift.chunk(Chunk(4, data)).data.x, data.x)
+    abrupt = build_drift(DriftConfig(kind="rotate", degrees=10.0, at=5), MNIST_TASK, seed=0)
+    assert torch.equal(abrupt.chunk(Chunk(5, data)).data.x, rotate_images(data.x, 10.0))
+
+
+def test_a_gradual_prior_shift_ramps_its_strength():
+    data = separable_data(MNIST_TASK, 4000, seed=0)
+    drift = build_drift(DriftConfig(kind="prior_shift", strength=1.0, at=1, over=2), MNIST_TASK, seed=0)
+    rarer = shifted_classes(10, seed=0)
+    halfway = torch.isin(drift.chunk(Chunk(1, data)).data.y, rarer).float().mean().item()
+    assert abs(halfway - 0.5 / 1.5) < 0.03
+    assert not torch.isin(drift.chunk(Chunk(2, data)).data.y, rarer).any()
+
+
+@pytest.mark.parametrize(
+    "drift_config",
+    [
+        {"kind": "rotate", "degrees": 10.0, "at": 2, "over": 3},
+        {"kind": "prior_shift", "strength": 0.9, "at": 3},
+        {"kind": "prior_shift", "strength": 0.9, "at": 2, "over": 3},
+    ],
+)
+def test_the_engine_measures_on_a_test_set_drifted_as_the_chunk_is(drift_config):
+    config = build_config(
+        {"train": {"epochs": 1}, "learner": {"width": 8}, "stream": {"drift": drift_config}, "policy": {"wait": 9}}
+    )
+    test = separable_data(MNIST_TASK, 200, seed=2)
+    learner = build_learner("sm", MNIST_TASK, config.learner, config.seed)
+    engine = Engine(learner, build_policy(config.policy), MemoryBuffer(), config, torch.device("cpu"), test_set=test)
+    drift = build_drift(config.stream.drift, MNIST_TASK, config.stream.seed)
+    for index in range(1, 7):
+        expected = drift.test_set(test, index)
+        got = engine.test_set_at(index)
+        assert torch.equal(got.x, expected.x) and torch.equal(got.y, expected.y)
+        assert (got is test) == (index < drift.at)
+
+
+def test_drift_ramps_and_strengths_are_checked_in_one_line():
+    cases = [
+        ({"kind": "prior_shift", "at": 2, "strength": 1.5}, "stream.drift.strength: must be <= 1"),
+        ({"kind": "prior_shift", "at": 2, "strength": 0.0}, "stream.drift.strength: must be > 0"),
+        ({"kind": "rotate", "at": 2, "over": 0}, "stream.drift.over: must be > 0"),
+    ]
+    for drift_config, message in cases:
+        with pytest.raises(ConfigError, match=message) as error:
+            build_config({"stream": {"drift": drift_config}})
+        assert "\n" not in str(error.value)
+    with pytest.raises(ConfigError, match="stream.drift.over: permute_labels is abrupt only") as error:
+        build_drift(DriftConfig(kind="permute_labels", at=2, over=5), MNIST_TASK, seed=0)
+    assert "\n" not in str(error.value)

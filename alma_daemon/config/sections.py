@@ -91,11 +91,23 @@ class DatasetConfig:
 class DriftConfig:
     """A change of distribution partway through a simulated or replayed stream (stream.drift)."""
 
-    kind: Literal["none", "permute_labels", "rotate"] = Field(
+    kind: Literal["none", "permute_labels", "rotate", "prior_shift"] = Field(
         default="none",
-        description='"none", "permute_labels" (a seeded permutation of the classes) or "rotate" (the images, by degrees).',
+        description='"none", "permute_labels" (a seeded permutation of the classes), "rotate" (the images, by '
+        'degrees) or "prior_shift" (a seeded half of the classes made rarer by strength, each chunk resampled to its size).',
     )
     degrees: Float = Field(default=90.0, description="rotate: angle in degrees, counter-clockwise.")
+    strength: Float = Field(
+        default=0.9,
+        gt=0,
+        le=1,
+        description="prior_shift: the share by which the shifted classes' prior falls (1: they vanish).",
+    )
+    over: Int = Field(
+        default=1,
+        gt=0,
+        description="Chunks the drift ramps over, linearly from drift.at (1 = abrupt); rotate and prior_shift only.",
+    )
     at: Int | None = Field(
         default=None,
         gt=0,
@@ -354,7 +366,7 @@ class ServingConfig:
         description="A new version whose validation error is at most the live version's + this is always promoted; one worse by more is refused only if the paired test finds it worse at promotion_alpha (docs/serving.md). Language models: a perplexity margin, no test.",
     )
     promotion_alpha: Float = Field(
-        default=0.01,
+        default=0.001,
         gt=0,
         le=1,
         description="Significance level of the guard's one-sided paired test: a version is refused only where a difference as large between equally good versions would have a chance below this.",

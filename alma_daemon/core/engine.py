@@ -113,7 +113,8 @@ class Engine:
         # A drifting stream (stream.drift) changes the test set from the first drifted chunk on, as the
         # source changes the chunks, so that CER measures the distribution the chunks come from.
         self.drift = build_drift(config.stream.drift, learner.task, config.stream.seed)
-        self._drifted_test_set: LabeledData | None = None
+        #: (drift amount, the test set drifted by it): a gradual drift changes it on each chunk of its ramp.
+        self._drifted_test_set: tuple[float, LabeledData] | None = None
         #: (model version, test set, measure) of the last test-set measurement: see :meth:`test_measure`.
         self._last_test: tuple[int, LabeledData, float] | None = None
 
@@ -278,9 +279,10 @@ class Engine:
         """The test set the model is measured on after chunk ``chunk_index``: drifted from ``stream.drift.at`` on."""
         if self.test_set is None or self.drift is None or not self.drift.applies_to(chunk_index):
             return self.test_set
-        if self._drifted_test_set is None:
-            self._drifted_test_set = self.drift.transform(self.test_set)
-        return self._drifted_test_set
+        amount = self.drift.amount(chunk_index)
+        if self._drifted_test_set is None or self._drifted_test_set[0] != amount:
+            self._drifted_test_set = (amount, self.drift.test_set(self.test_set, chunk_index))
+        return self._drifted_test_set[1]
 
     def test_measure(self, test_set: LabeledData | None) -> float | None:
         """The model's measure on ``test_set``, taken again only when the model or the test set changed.

@@ -5,8 +5,8 @@ mega-batch arrives as a :class:`Chunk`. The engine later holds out ``val_fractio
 as that chunk's validation set (:func:`split_chunk`), so a chunk from Kafka and a chunk from this
 simulator go through the same code.
 
-A stream may drift (``stream.drift``, :class:`Drift`): from chunk ``at`` on, every chunk and the
-test set are transformed alike, so the test error keeps measuring the distribution the chunks now
+A stream may drift (``stream.drift``, :class:`Drift`): from chunk ``at`` on (ramping over ``over``
+chunks when gradual), every chunk and the test set are transformed alike, so the test error keeps measuring the distribution the chunks now
 come from. The data sources (``alma simulate``, ``alma replay``) drift the chunks; the engine drifts
 the test set it evaluates on after each chunk.
 """
@@ -97,23 +97,53 @@ def prequential_sample(chunk: Chunk, limit: int | None, seed: int) -> LabeledDat
 
 
 # -- drift ----------------------------------------------------------------------------------------
-Transform = Callable[[LabeledData], LabeledData]
+#: A drift kind's change: (examples, amount in (0, 1] of the full drift, key of this draw) -> changed examples.
+#: The key seeds what is drawn at random (a chunk's id; 0 for the test set), so a replay draws alike.
+Apply = Callable[[LabeledData, float, int], LabeledData]
+#: The key the test set's random draws are seeded with (chunk ids start at 1).
+TEST_SET_KEY = 0
 
 
 @dataclass(frozen=True)
 class Drift:
-    """A change of distribution: from chunk ``at`` on, chunks and test set go through ``transform``."""
+    """A change of distribution: from chunk ``at`` on, chunks and test set go through ``apply``, at an
+    amount that ramps linearly from 1/``over`` at chunk ``at`` to the full drift at chunk ``at + over - 1``
+    (``over`` = 1: abrupt)."""
 
     at: int
-    transform: Transform
+    apply: Apply
     description: str
+    over: int = 1
 
     def applies_to(self, chunk_index: int) -> bool:
         return chunk_index >= self.at
 
+    def amount(self, chunk_index: int) -> float:
+        """The share of the full drift at chunk ``chunk_index``: 0 before ``at``, 1 from ``at + over - 1`` on."""
+        if not self.applies_to(chunk_index):
+            return 0.0
+        return min(1.0, (chunk_index - self.at + 1) / self.over)
+
     def chunk(self, chunk: Chunk) -> Chunk:
         """``chunk`` as the drifted stream delivers it."""
-        return Chunk(chunk.index, self.transform(chunk.data)) if self.applies_to(chunk.index) else chunk
+        if not self.applies_to(chunk.index):
+            return chunk
+        return Chunk(chunk.index, self.apply(chunk.data, self.amount(chunk.index), chunk.index))
+
+    def test_set(self, data: LabeledData, chunk_index: int) -> LabeledData:
+        """The test set as drifted as chunk ``chunk_index`` is (unchanged before ``at``)."""
+        if not self.applies_to(chunk_index):
+            return data
+        return self.apply(data, self.amount(chunk_index), TEST_SET_KEY)
+
+
+@dataclass(frozen=True)
+class DriftKind:
+    """A ``stream.drift.kind``: a factory of (apply, description) from the drift config, the task and the
+    stream seed, and whether it can ramp over several chunks (``stream.drift.over``)."""
+
+    build: Callable[[DriftConfig, TaskInfo, int], tuple[Apply, str]]
+    gradual: bool
 
 
 def build_drift(config: DriftConfig, task: TaskInfo, seed: int) -> Drift | None:
@@ -123,8 +153,12 @@ def build_drift(config: DriftConfig, task: TaskInfo, seed: int) -> Drift | None:
     if task.kind != "classification":
         raise ConfigError(f"stream.drift.kind: {config.kind} needs labeled examples; this stream is a {task.kind}")
     assert config.at is not None  # DriftConfig requires it for every kind but none
-    transform, description = DRIFT_KINDS[config.kind](config, task, seed)
-    return Drift(config.at, transform, f"{description} from chunk {config.at}")
+    kind = DRIFT_KINDS[config.kind]
+    if config.over > 1 and not kind.gradual:
+        raise ConfigError(f"stream.drift.over: {config.kind} is abrupt only; set over: 1 or a gradual kind")
+    apply, description = kind.build(config, task, seed)
+    ramp = f" to chunk {config.at + config.over - 1}, linearly" if config.over > 1 else ""
+    return Drift(config.at, apply, f"{description} from chunk {config.at}{ramp}", config.over)
 
 
 def drifted(chunks: Iterable[Chunk], drift: Drift | None) -> Iterator[Chunk]:
@@ -142,16 +176,16 @@ def label_permutation(num_classes: int, seed: int) -> torch.Tensor:
             return permutation
 
 
-def _permute_labels(config: DriftConfig, task: TaskInfo, seed: int) -> tuple[Transform, str]:
+def _permute_labels(config: DriftConfig, task: TaskInfo, seed: int) -> tuple[Apply, str]:
     permutation = label_permutation(task.num_classes, seed)
 
-    def transform(data: LabeledData) -> LabeledData:
+    def apply(data: LabeledData, amount: float, key: int) -> LabeledData:
         return LabeledData(data.x, permutation[data.y])
 
-    return transform, f"labels permuted {permutation.tolist()}"
+    return apply, f"labels permuted {permutation.tolist()}"
 
 
-def _rotate(config: DriftConfig, task: TaskInfo, seed: int) -> tuple[Transform, str]:
+def _rotate(config: DriftConfig, task: TaskInfo, seed: int) -> tuple[Apply, str]:
     shape = task.input_shape
     if len(shape) not in (2, 3):
         raise ConfigError(
@@ -159,10 +193,34 @@ def _rotate(config: DriftConfig, task: TaskInfo, seed: int) -> tuple[Transform, 
         )
     degrees = config.degrees
 
-    def transform(data: LabeledData) -> LabeledData:
-        return LabeledData(rotate_images(data.x, degrees, task.channels_last), data.y)
+    def apply(data: LabeledData, amount: float, key: int) -> LabeledData:
+        return LabeledData(rotate_images(data.x, degrees * amount, task.channels_last), data.y)
 
-    return transform, f"images rotated by {degrees:g} degrees"
+    return apply, f"images rotated by {degrees:g} degrees"
+
+
+def shifted_classes(num_classes: int, seed: int) -> torch.Tensor:
+    """The seeded half of the classes (at least one) that a prior shift makes rarer, sorted."""
+    order = torch.randperm(num_classes, generator=generator(seed, "drift", "prior_shift"))
+    return order[: max(1, num_classes // 2)].sort().values
+
+
+def _prior_shift(config: DriftConfig, task: TaskInfo, seed: int) -> tuple[Apply, str]:
+    rarer = shifted_classes(task.num_classes, seed)
+    strength = config.strength
+
+    def apply(data: LabeledData, amount: float, key: int) -> LabeledData:
+        # Resampled with replacement, each example weighted by its class's new prior over its old,
+        # so the examples keep their number and the classes their look.
+        weights = torch.ones(task.num_classes)
+        weights[rarer] = 1 - strength * amount
+        draw = torch.multinomial(
+            weights[data.y.long()], len(data), replacement=True, generator=generator(seed, "drift", "prior_shift", key)
+        )
+        return data.subset(draw)
+
+    classes = rarer.tolist()
+    return apply, f"classes {classes} {100 * strength:g} % rarer"
 
 
 def rotate_images(x: torch.Tensor, degrees: float, channels_last: bool = False) -> torch.Tensor:
@@ -190,8 +248,9 @@ def rotate_images(x: torch.Tensor, degrees: float, channels_last: bool = False) 
     return rotated.permute(0, 2, 3, 1).contiguous() if channels_last else rotated
 
 
-#: ``stream.drift.kind`` -> a factory of (transform, description) from the drift config, the task and the stream seed.
-DRIFT_KINDS: dict[str, Callable[[DriftConfig, TaskInfo, int], tuple[Transform, str]]] = {
-    "permute_labels": _permute_labels,
-    "rotate": _rotate,
+#: ``stream.drift.kind`` -> how it changes the examples.
+DRIFT_KINDS: dict[str, DriftKind] = {
+    "permute_labels": DriftKind(_permute_labels, gradual=False),
+    "rotate": DriftKind(_rotate, gradual=True),
+    "prior_shift": DriftKind(_prior_shift, gradual=True),
 }
