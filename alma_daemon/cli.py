@@ -15,6 +15,7 @@ from typing import Any
 
 from alma_daemon.config import Config, ConfigError
 from alma_daemon.logs import configure_logging, error_text, print_error
+from alma_daemon.service.embedded_redis import EMBEDDED_OVERRIDES
 from alma_daemon.training.ranks import launched_ranks, launched_with_ranks
 from policies import build_policy
 
@@ -74,6 +75,21 @@ def add_config_arguments(parser: argparse.ArgumentParser, required: bool = False
         metavar="KEY=VALUE",
         help="override a config key, e.g. --set learner.width=16 (repeatable)",
     )
+
+
+def add_embedded_argument(parser: argparse.ArgumentParser) -> None:
+    """``--embedded``: the command reads the state of a daemon run with ``alma run --embedded``."""
+    parser.add_argument(
+        "--embedded",
+        action="store_true",
+        help="the daemon run with `alma run --embedded` (its folders: runs/<config>-embedded, runs/embedded)",
+    )
+
+
+def config_overrides(args: argparse.Namespace) -> list[str]:
+    """The ``--set`` overrides, and with ``--embedded`` those of ``alma run --embedded``, so a command
+    finds the folders that run derived from the config."""
+    return [*args.overrides, *(EMBEDDED_OVERRIDES if getattr(args, "embedded", False) else ())]
 
 
 #: Commands whose every rank has a part under torchrun (training/distributed.py,

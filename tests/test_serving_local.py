@@ -533,3 +533,22 @@ def test_a_json_body_is_read_as_json_even_with_leading_whitespace():
     instance = torch.zeros(MNIST_TASK.input_shape).tolist()
     body = ("\n  " + json.dumps({"instances": [instance]})).encode()
     assert codec_for(MNIST_TASK).inputs(body).shape == (1, *MNIST_TASK.input_shape)
+
+
+def test_versions_with_embedded_reads_the_store_of_the_daemon_run_with_embedded(
+    tmp_path, monkeypatch, good_and_bad, capsys
+):
+    from alma_daemon.config import load_config
+    from alma_daemon.service.embedded_redis import EMBEDDED_OVERRIDES
+
+    good, _, sample = good_and_bad
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "svc.yaml").write_text("redis: {url: 'redis://127.0.0.1:6399/0'}\nserving: {kind: local}\n")
+    embedded = load_config("svc.yaml", list(EMBEDDED_OVERRIDES))  # the folders `alma run --embedded` derives
+    assert "svc-embedded" in str(embedded.daemon.checkpoint_dir)
+    save_version(CheckpointStore(embedded.daemon.checkpoint_dir, embedded.serving.model_name), 1, good, sample)
+
+    assert main(["versions", "--config", "svc.yaml", "--embedded", "--json"]) == 0
+    assert [row["version"] for row in json.loads(capsys.readouterr().out)] == [1]
+    assert main(["versions", "--config", "svc.yaml", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from alma_daemon.cli import add_config_arguments
+from alma_daemon.cli import add_config_arguments, add_embedded_argument, config_overrides
 from alma_daemon.config import load_config
 from serving import make_publisher
 
@@ -12,12 +12,13 @@ from serving import make_publisher
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser("rollback", help="serve an earlier model version by default again")
     add_config_arguments(parser)
+    add_embedded_argument(parser)
     parser.add_argument("--to", type=int, required=True, metavar="VERSION", help="the version to make live")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    config = load_config(args.config, args.overrides)
+    config = load_config(args.config, config_overrides(args))
     publisher = make_publisher(config)
     if publisher is None:
         raise ValueError("serving.kind is none: nothing is published, so nothing can be rolled back")

@@ -10,7 +10,7 @@ import argparse
 import signal
 import sys
 
-from alma_daemon.cli import add_config_arguments
+from alma_daemon.cli import add_config_arguments, add_embedded_argument, config_overrides
 from alma_daemon.config import load_config
 from serving.torchserve_process import TorchServeProcess
 
@@ -18,6 +18,7 @@ from serving.torchserve_process import TorchServeProcess
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser("serve", help="start a TorchServe for the daemon in the background (or --stop it)")
     add_config_arguments(parser)
+    add_embedded_argument(parser)
     parser.add_argument("--stop", action="store_true", help="stop the TorchServe started by `alma serve`")
     parser.add_argument(
         "--foreground",
@@ -28,7 +29,7 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    config = load_config(args.config, args.overrides)
+    config = load_config(args.config, config_overrides(args))
     process = TorchServeProcess(config)
     if args.stop:
         print("TorchServe stopped" if process.stop() else f"no TorchServe running from {process.folder}")

@@ -8,13 +8,13 @@ import json
 import sys
 from pathlib import Path
 
-from alma_daemon.cli import add_config_arguments
+from alma_daemon.cli import add_config_arguments, add_embedded_argument, config_overrides
 from alma_daemon.config import load_config
 from alma_daemon.infra.outages import REDIS_UNREACHABLE, one_line
 from alma_daemon.infra.redis_keys import StreamKeys
 from alma_daemon.infra.unreachable import ServerUnreachable
 from alma_daemon.service.daemon import STATUS_FILE
-from alma_daemon.service.embedded_redis import EMBEDDED_OVERRIDES, close_redis, connect_redis, embedded_db_path
+from alma_daemon.service.embedded_redis import close_redis, connect_redis, embedded_db_path
 from alma_daemon.service.status import format_local_status, format_status, local_status, read_status, serving_state
 
 #: A Redis that does not answer: at the connection (one line naming redis.url) or at a later command.
@@ -26,13 +26,13 @@ def add_parser(subparsers) -> None:
         "status", help="chunks received/buffered/trained, last decision, model and live versions, CER"
     )
     add_config_arguments(parser)
-    parser.add_argument("--embedded", action="store_true", help="read the embedded Redis under daemon.state_dir")
+    add_embedded_argument(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    config = load_config(args.config, [*args.overrides, *(EMBEDDED_OVERRIDES if args.embedded else ())])
+    config = load_config(args.config, config_overrides(args))
     if not config.redis.url and not embedded_db_path(config).parent.is_dir():
         print(
             f"alma status: no daemon state under {config.daemon.state_dir}: no daemon has run with this config "

@@ -10,7 +10,7 @@ import argparse
 import json
 import sys
 
-from alma_daemon.cli import add_config_arguments
+from alma_daemon.cli import add_config_arguments, add_embedded_argument, config_overrides
 from alma_daemon.config import load_config
 from serving import make_publisher
 from serving.publisher import PublishError
@@ -22,6 +22,7 @@ DEFAULT_LAST = 20
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser("versions", help="list model versions with their metrics and the live one")
     add_config_arguments(parser)
+    add_embedded_argument(parser)
     parser.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
     parser.add_argument(
         "--last",
@@ -99,7 +100,7 @@ def _cell(value) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    config = load_config(args.config, args.overrides)
+    config = load_config(args.config, config_overrides(args))
     publisher = make_publisher(config)
     if publisher is None:
         raise ValueError("serving.kind is none: nothing is published")
