@@ -24,6 +24,7 @@ from alma_daemon.observability.exporter import MetricsObserver, start_exporter
 from policies import build_policy
 from policies.base import PolicyState
 from tests.helpers.data import separable_data
+from tests.helpers.policies import drive_adaptive
 
 EXAMPLES = 1000  # per chunk: a standard error of about 0.01 at an error of 0.1
 
@@ -39,41 +40,19 @@ def drive(
     restart_every_chunk: bool = False,
     first_id: int = 1,
 ):
-    """Feed ``chunks`` chunks whose prequential measure is ``error_of(chunk, stages done)``; with
-    ``restart_every_chunk`` the policy goes on after every decision as a new one loaded from its saved
-    state. Chunk n (1-based) has the id ``first_id + n - 1``."""
-    policy = build_policy(policy_config(name="adaptive", grow_every=grow_every))
-    trained_at, decisions, pending, stages = [], [], 0, 0
-    for chunk in range(1, chunks + 1):
-        pending += 1
-        decision = policy.decide(
-            PolicyState(
-                chunks_seen=chunk,
-                chunks_pending=pending,
-                examples_pending=pending * EXAMPLES,
-                stages_done=stages,
-                now=0.0,
-                started_at=0.0,
-                train_flops_total=0.0,
-                train_seconds_total=0.0,
-                learner_grows=grows,
-                growth_keeps_function=keeps_function,
-                prequential=error_of(chunk, stages),
-                prequential_examples=EXAMPLES,
-                measure=measure,
-                newest_chunk=first_id + chunk - 1,
-            )
-        )
-        decisions.append(decision)
-        if restart_every_chunk:
-            saved = json.loads(json.dumps(policy.state_dict()))
-            policy = build_policy(policy_config(name="adaptive", grow_every=grow_every))
-            policy.load_state_dict(saved)
-        if decision.trains:
-            trained_at.append(chunk)
-            stages += 1
-            pending = 0
-    return trained_at, decisions
+    """The chunks at which the policy trained, and its decisions (see :func:`drive_adaptive`)."""
+    decisions = drive_adaptive(
+        error_of,
+        chunks,
+        examples=EXAMPLES,
+        policy_keys={"grow_every": grow_every},
+        restart_every_chunk=restart_every_chunk,
+        first_id=first_id,
+        learner_grows=grows,
+        growth_keeps_function=keeps_function,
+        measure=measure,
+    )
+    return [chunk for chunk, decision in enumerate(decisions, start=1) if decision.trains], decisions
 
 
 def learning(chunk: int, stages: int) -> float:

@@ -16,7 +16,7 @@ from alma_daemon.data.events import EVENT_JSON, EVENT_ROWS, encode_events
 from alma_daemon.data.wire import WireRecord, encode_chunk
 from alma_daemon.infra.redis_keys import StreamKeys
 from alma_daemon.service.redis_buffer import RedisBuffer
-from alma_daemon.transports.replay import dataset_chunks
+from alma_daemon.transports.replay import CHUNK_SOURCES, dataset_chunks
 from tests.helpers.daemon import engine_state, finish, service_config, sigkill, start_daemon, wait_until, write_config
 
 PARTITIONS = 4
@@ -64,9 +64,12 @@ def buffered_rows(client, keys: StreamKeys) -> tuple[list[int], Counter]:
     return buffer.kept_chunks(), found
 
 
-def run_killed_mid_stream(tmp_path, kafka_broker, redis_server, redis_db, name: str, records, **sections) -> dict:
+def run_killed_mid_stream(
+    tmp_path, kafka_broker, redis_server, redis_db, name: str, records, dead: int = 0, **sections
+) -> dict:
     """Produce ``records`` into a new 4-partition topic while the daemon runs; kill -9 it once two chunks
-    are in, restart it until it has taken every chunk; return its engine state."""
+    are in, restart it until it has taken every chunk; return its engine state. ``dead``: the records
+    that must end in the dead letters; ``sections``: config sections besides the test's own."""
     data = service_config(
         tmp_path,
         redis_server.url,
@@ -74,6 +77,7 @@ def run_killed_mid_stream(tmp_path, kafka_broker, redis_server, redis_db, name: 
         stream={"megabatches": CHUNKS, "train_examples": EXAMPLES, "replay": True, **sections.pop("stream", {})},
         kafka={"transport": "kafka", "bootstrap_servers": kafka_broker.bootstrap_servers, "topic": f"alma.{name}"},
         daemon={"reorder_wait_seconds": 5.0},
+        **sections,
     )
     config_path = write_config(tmp_path, data)
     kafka_broker.create_topic(f"alma.{name}", PARTITIONS)
@@ -90,7 +94,7 @@ def run_killed_mid_stream(tmp_path, kafka_broker, redis_server, redis_db, name: 
     producer.join()
     assert len(partitions) > 1, "every record went to one partition: nothing to reorder"
     finish(start_daemon(config_path, "--until-chunks", str(CHUNKS)))
-    assert redis_db.xlen(keys.dead) == 0, redis_db.xrange(keys.dead)
+    assert redis_db.xlen(keys.dead) == dead, redis_db.xrange(keys.dead)
     return engine_state(redis_db, name)
 
 
@@ -144,3 +148,41 @@ def test_labeled_events_from_four_partitions_are_cut_into_chunks_and_each_traine
     kept, found = buffered_rows(redis_db, StreamKeys(stream))
     assert kept == list(range(1, CHUNKS + 1)) and found == rows(x, y)
     assert int(redis_db.hget(StreamKeys(stream).ingest, "examples_received")) == EXAMPLES
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_a_teams_features_as_events_from_four_partitions_train_its_model_once_and_bad_events_are_counted(
+    tmp_path, kafka_broker, redis_server, redis_db
+) -> None:
+    pytest.importorskip("river", reason="River is not installed: pip install -e '.[river]' (CI installs it)")
+    river = {"name": "river", "river_stream": "agrawal", "river_examples": 1000, "test_examples": 100}
+    config = build_config(
+        service_config(tmp_path, None, "x", dataset=river, stream={"megabatches": CHUNKS, "train_examples": EXAMPLES})
+    )
+    chunks = list(CHUNK_SOURCES["river"](config))
+    x, y = torch.cat([c.tensors["x"] for c in chunks]), torch.cat([c.tensors["y"] for c in chunks])
+    assert float(x.max()) > 255  # salaries: features no pixel stream would take
+    bad = [
+        *encode_events(x[:1, :-1].contiguous(), y[:1], EVENT_JSON),  # one feature short: "shape"
+        *encode_events(x[:1], torch.tensor([7]), EVENT_JSON),  # a class Agrawal lacks: "label_range"
+    ]
+    records = encode_events(x, y, EVENT_JSON)
+    records[len(records) // 3 : len(records) // 3] = bad
+    state = run_killed_mid_stream(
+        tmp_path,
+        kafka_broker,
+        redis_server,
+        redis_db,
+        "features",
+        records,
+        dead=len(bad),
+        dataset=river,
+        stream={"chunk_examples": EXAMPLES // CHUNKS},
+        learner={"name": "sm", "model": "tests.helpers.user_models:tabular_mlp"},
+    )
+    assert state["chunks_seen"] == CHUNKS and state["late_chunks"] == 0
+    kept, found = buffered_rows(redis_db, StreamKeys("features"))
+    assert kept == list(range(1, CHUNKS + 1)) and found == rows(x, y)
+    reasons = {fields[b"reason"] for _, fields in redis_db.xrange(StreamKeys("features").dead)}
+    assert reasons == {b"shape", b"label_range"}

@@ -3,13 +3,11 @@ found again by the pids its stack file records, and stopped by them."""
 
 from __future__ import annotations
 
-import http.server
 import json
 import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 import urllib.parse
 from pathlib import Path
@@ -20,6 +18,7 @@ from alma_daemon.cli import main
 from alma_daemon.commands.dev import STACK_FILE, alive
 from alma_daemon.config import load_config
 from alma_daemon.infra.local_servers import group_members, http_request, process_started
+from tests.helpers.servers import metrics_page
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -36,21 +35,6 @@ def gone(pid: int, timeout: float = 10.0) -> bool:
     while group_members(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     return not group_members(pid)
-
-
-class Metrics(http.server.BaseHTTPRequestHandler):
-    """What a daemon's exporter answers at /metrics, enough for Prometheus to scrape."""
-
-    def do_GET(self) -> None:
-        body = b"alma_cumulative_error 0.25\n"
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain; version=0.0.4")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
 
 
 def query(prometheus: str, promql: str) -> list:
@@ -91,9 +75,7 @@ def test_dev_up_starts_the_stack_detached_status_sees_it_and_down_stops_it_by_pi
         admin.close()
 
         # Prometheus scrapes the daemon's metrics port: here a stand-in for the daemon's exporter.
-        exporter = http.server.ThreadingHTTPServer(("127.0.0.1", config.metrics.port), Metrics)
-        threading.Thread(target=exporter.serve_forever, daemon=True).start()
-        try:
+        with metrics_page(b"alma_cumulative_error 0.25\n", config.metrics.port):
             assert main(["dev", "status", "--dir", str(folder)]) == 0
             out = capsys.readouterr().out
             assert [line.split()[:2] for line in out.splitlines()[:4]] == [
@@ -107,9 +89,6 @@ def test_dev_up_starts_the_stack_detached_status_sees_it_and_down_stops_it_by_pi
                 assert time.monotonic() < deadline, "Prometheus did not scrape the daemon's metrics port"
                 time.sleep(0.25)
             assert scraped[0]["value"][1] == "0.25" and scraped[0]["metric"]["job"] == "alma"
-        finally:
-            exporter.shutdown()
-            exporter.server_close()
 
         # `up` again while it runs is refused, and starts nothing.
         assert main(["dev", "up", "--dir", str(folder)]) == 1

@@ -10,10 +10,9 @@ import sys
 import pytest
 import torch
 
-from alma_daemon.config import ConfigError, build_config, policy_config
-from policies import build_policy
-from policies.base import PolicyState
+from alma_daemon.config import ConfigError, build_config
 from policies.drift_detectors import DETECTORS, HISTORY, Rise, build_detector
+from tests.helpers.policies import drive_adaptive
 
 EXAMPLES = 1000  # per chunk
 ERROR = 0.05
@@ -33,35 +32,15 @@ def errors(chunks: int, seed: int, step_at: int | None = None) -> list[float]:
 
 def alarms(detector: str, series: list[float], restart_every_chunk: bool = False) -> tuple[list[int], list[str]]:
     """The chunks at which the adaptive policy with ``detector`` trains for a drift, and every reason."""
-    policy = build_policy(policy_config(name="adaptive", drift_detector=detector))
-    drifts, reasons, pending, stages = [], [], 0, 0
-    for chunk, error in enumerate(series, start=1):
-        pending += 1
-        decision = policy.decide(
-            PolicyState(
-                chunks_seen=chunk,
-                chunks_pending=pending,
-                examples_pending=pending * EXAMPLES,
-                stages_done=stages,
-                now=0.0,
-                started_at=0.0,
-                train_flops_total=0.0,
-                train_seconds_total=0.0,
-                prequential=error,
-                prequential_examples=EXAMPLES,
-                newest_chunk=chunk,
-            )
-        )
-        reasons.append(decision.reason)
-        if decision.trains:
-            pending, stages = 0, stages + 1
-            if decision.reason.startswith("drift"):
-                drifts.append(chunk)
-        if restart_every_chunk:
-            saved = json.loads(json.dumps(policy.state_dict()))
-            policy = build_policy(policy_config(name="adaptive", drift_detector=detector))
-            policy.load_state_dict(saved)
-    return drifts, reasons
+    decisions = drive_adaptive(
+        lambda chunk, stages: series[chunk - 1],
+        len(series),
+        examples=EXAMPLES,
+        policy_keys={"drift_detector": detector},
+        restart_every_chunk=restart_every_chunk,
+    )
+    drifts = [chunk for chunk, d in enumerate(decisions, start=1) if d.trains and d.reason.startswith("drift")]
+    return drifts, [d.reason for d in decisions]
 
 
 @pytest.mark.parametrize("detector", SEQUENTIAL)

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import http.server
 import json
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +20,7 @@ from tests.helpers.servers import (
     free_ports,
     group_members,
     http_request,
+    metrics_page,
     port_open,
 )
 
@@ -190,24 +189,8 @@ def test_kafka_restart_on_same_port_recreates_topics(kafka_broker: KafkaBroker) 
 def metrics_endpoint() -> Iterator[str]:
     """A minimal /metrics page in Prometheus text format, served from a thread."""
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = b"# TYPE alma_probe gauge\nalma_probe 42\n"
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    with metrics_page(b"# TYPE alma_probe gauge\nalma_probe 42\n") as address:
+        yield address
 
 
 @pytest.mark.integration

@@ -12,11 +12,14 @@ outcome. See ``docs/test-servers.md``.
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import os
 import secrets
 import shutil
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -322,6 +325,31 @@ def java_available() -> bool:
     if java_home:
         return os.access(Path(java_home) / "bin" / "java", os.X_OK)
     return shutil.which("java") is not None
+
+
+@contextlib.contextmanager
+def metrics_page(body: bytes, port: int = 0) -> Iterator[str]:
+    """A stand-in for a daemon's exporter: ``body`` (Prometheus text format) at /metrics on
+    127.0.0.1:``port`` (0: a free one), served from a thread; yields ``host:port``."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 # ------------------------------------------------------------------------------------ fixtures

@@ -1,0 +1,60 @@
+"""Driving the adaptive policy chunk by chunk on scripted prequential errors, as the engine would."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from alma_daemon.config import policy_config
+from policies import build_policy
+from policies.base import Decision, PolicyState
+
+
+def drive_adaptive(
+    error_of: Callable[[int, int], float],
+    chunks: int,
+    *,
+    examples: int,
+    policy_keys: dict[str, Any] | None = None,
+    restart_every_chunk: bool = False,
+    first_id: int = 1,
+    **state: Any,
+) -> list[Decision]:
+    """The adaptive policy's decision on each of ``chunks`` chunks of ``examples`` examples, whose
+    prequential measure is ``error_of(chunk, stages done)``. Chunk n (1-based) has the id
+    ``first_id + n - 1``; ``state`` adds PolicyState fields. With ``restart_every_chunk`` the policy
+    goes on after every decision as a new one loaded from its saved state."""
+
+    def new_policy():
+        return build_policy(policy_config(name="adaptive", **(policy_keys or {})))
+
+    policy = new_policy()
+    decisions: list[Decision] = []
+    pending, stages = 0, 0
+    for chunk in range(1, chunks + 1):
+        pending += 1
+        decision = policy.decide(
+            PolicyState(
+                chunks_seen=chunk,
+                chunks_pending=pending,
+                examples_pending=pending * examples,
+                stages_done=stages,
+                now=0.0,
+                started_at=0.0,
+                train_flops_total=0.0,
+                train_seconds_total=0.0,
+                prequential=error_of(chunk, stages),
+                prequential_examples=examples,
+                newest_chunk=first_id + chunk - 1,
+                **state,
+            )
+        )
+        decisions.append(decision)
+        if restart_every_chunk:
+            saved = json.loads(json.dumps(policy.state_dict()))
+            policy = new_policy()
+            policy.load_state_dict(saved)
+        if decision.trains:
+            pending, stages = 0, stages + 1
+    return decisions
