@@ -7,7 +7,7 @@ from alma_daemon.config.registry import PluginRegistry
 from policies.base import Decision, Policy, PolicyState
 
 #: Modules whose import registers the built-in policies; add a line here for a new policy.
-BUILTIN_MODULES: list[str] = ["fixed", "schedule", "budget", "geometric", "adaptive"]
+BUILTIN_MODULES: list[str] = ["fixed", "schedule", "budget", "geometric", "adaptive", "forecast"]
 
 _REGISTRY: PluginRegistry[Policy] = PluginRegistry("policy", __name__, BUILTIN_MODULES)
 POLICIES = _REGISTRY.classes

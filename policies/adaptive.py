@@ -203,7 +203,7 @@ class Adaptive(Policy):
 
         threshold = self._threshold()
         since = "the stream's start" if self.regime_start is None else f"chunk {self.regime_start}"
-        rule = f"max(1, {RATIO:g} x {self.trained} chunk(s) trained on since {since}) = {threshold}"
+        rule = f"max(1, {self._ratio():.3g} x {self.trained} chunk(s) trained on since {since}) = {threshold}"
         gain = self._stage_gain(kind, estimates)
         self._export_means(kind, estimates)
         estimates["wait_chunks"] = float(threshold)
@@ -216,12 +216,31 @@ class Adaptive(Policy):
             facts += f"; the newest chunk's {kind} ({state.prequential}) is not finite and was left out"
         if pending >= threshold:
             reason = f"{pending} chunk(s) pending >= {rule}; {facts}"
+            pays, priced = self._pricing(state, estimates)
+            reason = f"{reason}; {priced}" if priced else reason
+            if not pays:
+                return Decision.wait(reason, estimates)
             return self._train(state, reason, estimates, value, drift=False)
         return Decision.wait(f"{pending} chunk(s) pending < {rule}; {facts}", estimates)
 
+    def _ratio(self) -> float:
+        """The growing wait's ratio: pending chunks per chunk trained on."""
+        return RATIO
+
     def _threshold(self) -> int:
         """Pending chunks the next stage waits for."""
-        return geometric_threshold(RATIO, self.trained)
+        return geometric_threshold(self._ratio(), self.trained)
+
+    def _pricing(self, state: PolicyState, estimates: dict) -> tuple[bool, str]:
+        """Whether a stage that the growing wait allows is worth its compute, and why (text for the reason)."""
+        return True, ""
+
+    def _stage_closed(self, trained: int, live: _Errors) -> None:
+        """A stage (not for a drift) replaces the live model, trained on ``trained`` chunks since the regime
+        started, whose measures were ``live``."""
+
+    def _regime_started(self) -> None:
+        """A drift: what was learned about the stream before it no longer holds."""
 
     def _export_means(self, kind: str, estimates: dict) -> None:
         """The live and previous models' mean errors, as estimates (error rates only; NaN where none)."""
@@ -286,6 +305,7 @@ class Adaptive(Policy):
             newest = state.newest_chunk if state.newest_chunk is not None else state.chunks_seen
             self.regime_start = newest
             self.detector.reset()
+            self._regime_started()
             # Only the newest chunk comes from the new distribution; the old model's error on it is
             # what the next stage must improve on.
             self.trained = 1
@@ -295,6 +315,7 @@ class Adaptive(Policy):
             self.previous.add(value, state.prequential_examples)
             reason += f"; training now on {pending} pending chunk(s) and waiting again from chunk {newest}"
         else:
+            self._stage_closed(self.trained, self.live)
             self.trained += pending
             # A live model with no finite measure tells nothing: the one before it stays the reference.
             if self.live.chunks or self.previous is None:

@@ -35,12 +35,13 @@ DASHBOARDS = sorted((GRAFANA / "dashboards").glob("*.json"))
 #: Grafana 9.4 (36) to 11.x (41) read these JSON models without migrating them.
 SCHEMA_VERSIONS = range(36, 42)
 #: Panels allowed to hold only NaN on an image-classification stream in process: perplexity is for
-#: LMs, server reachability for the daemon, the policy's estimates for the adaptive policy.
+#: LMs, server reachability for the daemon, the policy's estimates for the adaptive and forecast policies.
 NAN_PANELS = {
     "Perplexity (language models)",
     "Servers reachable (Redis, Kafka)",
     "Policy: live and previous model's error",
     "Policy: stage gain, drift score, wait",
+    "Policy (forecast): learning curve, wait ratio, forecast gain",
 }
 #: Label values each labelled family must show in full (from telemetry's fixed vocabularies).
 KNOWN_VALUES = {

@@ -5,6 +5,9 @@
 - ``cer_vs_flops.png`` and ``cer_vs_parameters.png``: one line per (method, size) joining its
   waiting times (the paper's Fig. 2); left out where there is a single point (one run);
 - ``replay.png``, when runs differ in ``stream.replay``: arrows from without to with (Fig. 4);
+- ``policies.png``, when runs of schedules and of policies share a configuration and seeds: CER
+  against FLOPs with the schedules' Pareto front, and each policy's regret against the best
+  schedule in hindsight (observability/report_policies.py);
 - ``report.md``: one row per run with the summary figures and the chunks it processed of B;
 - ``report.html`` (``html=True``): the table and the plots in one self-contained page.
 
@@ -26,6 +29,7 @@ from alma_daemon.observability.figures import (
     stream_length,
 )
 from alma_daemon.observability.report_html import html_page
+from alma_daemon.observability.report_policies import policy_section, stale_figures
 from alma_daemon.observability.results import read_results
 
 #: The plots of a report: file name, caption.
@@ -235,13 +239,20 @@ def write_report(root: str | Path, out: str | Path | None = None, *, html: bool 
     for name, _ in (*PLOTS, REPLAY_PLOT):  # a figure an earlier report of this folder drew, now untrue
         if name not in names:
             (out / name).unlink(missing_ok=True)
+    judged, policy_plots = policy_section(runs, out)
+    for path in stale_figures(out, policy_plots):
+        path.unlink()
     notes = left_out(drawn)
     title = f"ALMA report: {Path(root).resolve().name}"
     body = [f"# {title}", "", markdown_table(runs), *(f"{note}\n" for note in notes)]
     body += [f"![{caption}]({name})\n" for name, caption in drawn]
+    body += [*judged, *(f"![{caption}]({name})\n" for name, caption in policy_plots)]
+    drawn += policy_plots
     (out / "report.md").write_text("\n".join(body))
     if not html:
         return out / "report.md"
     images = [(caption, (out / name).read_bytes()) for name, caption in drawn]
-    (out / "report.html").write_text(html_page(title, TABLE_HEADER, table_rows(runs), images, notes))
+    (out / "report.html").write_text(
+        html_page(title, TABLE_HEADER, table_rows(runs), images, [*notes, *(line.lstrip("-# ") for line in judged if line)])
+    )
     return out / "report.html"

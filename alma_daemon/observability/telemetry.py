@@ -93,7 +93,7 @@ TRAIN_DURATION = Histogram(
     registry=REGISTRY,
 )
 
-# -- the waiting-time policy's estimates (Decision.estimates; the adaptive policy's) -------------
+# -- the waiting-time policy's estimates (Decision.estimates; the adaptive and forecast policies') ---
 #: Estimate name -> its gauge, set from each decision that carries it.
 POLICY_ESTIMATES: dict[str, Gauge] = {
     "live_error": Gauge(
@@ -118,6 +118,27 @@ POLICY_ESTIMATES: dict[str, Gauge] = {
     ),
     "wait_chunks": Gauge(
         "alma_policy_wait_chunks", "Policy estimate: pending chunks the next stage waits for", registry=REGISTRY
+    ),
+    "wait_ratio": Gauge(
+        "alma_policy_wait_ratio",
+        "Policy estimate: the wait, in chunks pending per chunk trained on, with the lowest forecast anytime error",
+        registry=REGISTRY,
+    ),
+    "forecast_slope": Gauge(
+        "alma_policy_forecast_slope",
+        "Policy estimate: the learning curve's slope c (error ~ chunks trained on ^ -c), fit on the recent stages",
+        registry=REGISTRY,
+    ),
+    "forecast_slope_sd": Gauge(
+        "alma_policy_forecast_slope_sd", "Policy estimate: the slope's standard deviation", registry=REGISTRY
+    ),
+    "forecast_gain": Gauge(
+        "alma_policy_forecast_gain",
+        "Policy estimate: the error a stage on the pending chunks would remove (forecast, priced policies)",
+        registry=REGISTRY,
+    ),
+    "forecast_gain_sd": Gauge(
+        "alma_policy_forecast_gain_sd", "Policy estimate: the forecast gain's standard deviation", registry=REGISTRY
     ),
 }
 

@@ -32,6 +32,11 @@ class GridRun:
     overrides: dict
 
 
+def _short(value: Any) -> str:
+    """A value as a folder name reads it: a section's values joined (``{name: fixed, wait: 10}``: ``fixed_10``)."""
+    return "_".join(map(str, value.values())) if isinstance(value, dict) else str(value)
+
+
 def expand_grid(spec: dict) -> list[GridRun]:
     grid = spec.get("grid") or {}
     if not isinstance(grid, dict) or not all(isinstance(v, list) and v for v in grid.values()):
@@ -40,7 +45,7 @@ def expand_grid(spec: dict) -> list[GridRun]:
     runs = []
     for values in itertools.product(*(grid[k] for k in keys)):
         overrides = dict(zip(keys, values))
-        name = ",".join(f"{k.split('.')[-1]}={v}" for k, v in overrides.items()) or "base"
+        name = ",".join(f"{k.split('.')[-1]}={_short(v)}" for k, v in overrides.items()) or "base"
         runs.append(GridRun(name.replace("/", "_"), overrides))
     return runs
 

@@ -1,4 +1,4 @@
-"""Driving the adaptive policy chunk by chunk on scripted prequential errors, as the engine would."""
+"""Driving the adaptive and forecast policies chunk by chunk on scripted prequential errors, as the engine would."""
 
 from __future__ import annotations
 
@@ -19,15 +19,16 @@ def drive_adaptive(
     policy_keys: dict[str, Any] | None = None,
     restart_every_chunk: bool = False,
     first_id: int = 1,
+    policy_name: str = "adaptive",
     **state: Any,
 ) -> list[Decision]:
-    """The adaptive policy's decision on each of ``chunks`` chunks of ``examples`` examples, whose
+    """The adaptive (or ``policy_name``) policy's decision on each of ``chunks`` chunks of ``examples`` examples, whose
     prequential measure is ``error_of(chunk, stages done)``. Chunk n (1-based) has the id
     ``first_id + n - 1``; ``state`` adds PolicyState fields. With ``restart_every_chunk`` the policy
     goes on after every decision as a new one loaded from its saved state."""
 
     def new_policy():
-        return build_policy(policy_config(name="adaptive", **(policy_keys or {})))
+        return build_policy(policy_config(name=policy_name, **(policy_keys or {})))
 
     policy = new_policy()
     decisions: list[Decision] = []

@@ -1,0 +1,89 @@
+"""The part of ``alma report`` that judges waiting-time policies against schedules chosen in hindsight.
+
+Where a folder holds, for one configuration, runs of schedules (``fixed``, ``geometric``) and of
+policies that decide from the stream (``adaptive``, ``forecast``) on the same seeds, the report adds
+``policies.png`` (CER against training FLOPs: the schedules, their Pareto front, each policy) and
+one line per policy with its regret against the best schedule (alma_daemon/research/policy_regret.py).
+``alma grid`` with a list of ``policy`` values and of seeds makes such a folder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+
+from alma_daemon.observability.figures import POLICY_PREFIX, SEED_KEYS, RunLike, configurations, describe, flat
+from alma_daemon.research.policy_regret import SCHEDULES, Outcome, plot_policies, regrets
+from policies import policy_config_models
+
+#: The figure's file name; ``policies-2.png`` and on where a folder holds several configurations.
+FIGURE = "policies.png"
+
+
+def policy_label(policy: dict) -> str:
+    """``policy=geometric ratio=1.0``, ``policy=forecast compute_price=1e-10``: a schedule's keys, and a
+    policy's name with the keys it sets to other than their defaults."""
+    name = policy.get("policy.name")
+    model = policy_config_models().get(name)
+    defaults = {} if name in SCHEDULES or model is None else flat({"policy": dataclasses.asdict(model())})
+    shown = {k: v for k, v in policy.items() if v is not None and (k == "policy.name" or defaults.get(k) != v)}
+    return describe(shown)
+
+
+def policy_outcomes(runs: Sequence[RunLike]) -> dict[str, list[Outcome]]:
+    """Per configuration (its policy keys aside) with both schedules and policies: each policy's CER
+    and FLOPs on the seeds that every policy of the configuration ran."""
+    lines: dict[str, dict[str, tuple[dict, dict]]] = defaultdict(dict)
+    for config, group in configurations(runs).items():
+        params = dict(config)
+        line = describe({k: v for k, v in params.items() if not k.startswith(POLICY_PREFIX)})
+        policy = {k: v for k, v in params.items() if k.startswith(POLICY_PREFIX)}
+        by_seed = {
+            tuple(flat(run.config).get(key) for key in sorted(SEED_KEYS)): run
+            for run in group
+            if run.summary.get("cer") is not None and run.summary.get("cumulative_train_flops")
+        }
+        if by_seed:
+            lines[line][policy_label(policy)] = (policy, by_seed)
+    found = {}
+    for line, policies in lines.items():
+        seeds = sorted(set.intersection(*(set(by_seed) for _, by_seed in policies.values())), key=str)
+        if not seeds:
+            continue
+        outcomes = [
+            Outcome(
+                name,
+                tuple(float(by_seed[s].summary["cer"]) for s in seeds),
+                tuple(float(by_seed[s].summary["cumulative_train_flops"]) for s in seeds),
+                schedule=policy.get("policy.name", by_seed[seeds[0]].config.get("policy", {}).get("name")) in SCHEDULES,
+                price=float(by_seed[seeds[0]].config.get("policy", {}).get("compute_price") or 0.0),
+            )
+            for name, (policy, by_seed) in policies.items()
+        ]
+        if any(o.schedule for o in outcomes) and any(not o.schedule for o in outcomes):
+            found[line] = outcomes
+    return found
+
+
+def policy_section(runs: Sequence[RunLike], folder: Path) -> tuple[list[str], list[tuple[str, str]]]:
+    """Draw each configuration's policy figure into ``folder``; return the report's lines about them
+    and the (file name, caption) of each figure drawn."""
+    lines: list[str] = []
+    drawn: list[tuple[str, str]] = []
+    for index, (line, outcomes) in enumerate(policy_outcomes(runs).items(), start=1):
+        name = FIGURE if index == 1 else FIGURE.replace(".png", f"-{index}.png")
+        seeds = len(outcomes[0].cer)
+        plot_policies(outcomes, f"{line}: mean of {seeds} seed(s)", folder / name)
+        drawn.append((name, f"policies against schedules: {line}"))
+        lines += [f"## Policies against the best schedule in hindsight: {line} ({seeds} seed(s))", ""]
+        lines += [f"- {regret.line()}" for regret in regrets(outcomes)]
+        lines.append("")
+    return lines, drawn
+
+
+def stale_figures(folder: Path, drawn: list[tuple[str, str]]) -> list[Path]:
+    """Policy figures an earlier report of this folder drew that this one did not."""
+    names = {name for name, _ in drawn}
+    return [path for path in folder.glob("policies*.png") if path.name not in names]
