@@ -2,11 +2,12 @@
 
 ``adaptive`` with two parts learned from the stream instead of fixed (docs/policies.md has the figures):
 
-1. **The learning curve, with its uncertainty.** After each stage the live model's mean prequential
-   error is one point of the stream's learning curve: the error of a model trained on N chunks. A
-   power law ``error ~ N^-c`` is fit to the recent points (Bayesian least squares on log error against
-   log N, each point weighted by its binomial variance, the slope's prior c ~ 0.3 +- 0.3), so the
-   forecast carries the slope's standard deviation: wide after two stages, narrow after ten.
+1. **The learning curve, with its uncertainty.** Each model's mean prequential error over the chunks
+   it served (the live model's so far) is one point of the stream's learning curve: the error of a
+   model trained on N chunks. A power law ``error ~ N^-c`` is fit to the recent points (Bayesian least
+   squares on log error against log N, each point weighted by its binomial variance, the slope's
+   prior c ~ 0.3 +- 0.3), so the forecast carries the slope's standard deviation: wide after two
+   stages, narrow after ten.
 2. **The wait that minimizes the forecast anytime error.** Waiting longer leaves a stale model in
    use for longer (the steeper the curve, the dearer); training on fewer chunks at a time fits the
    stream worse (a stage of P chunks after N trains as if on ``N * r / (r + k)``, r = P / N, with
@@ -96,9 +97,11 @@ class LearningCurve:
         if trained > 0 and errors.chunks and errors.mean > 0:
             self.points.append((trained, errors.mean, errors.examples))
 
-    def slope(self, kind: str) -> Slope:
-        """Bayesian least squares of log measure = a - c log N over the recent points, with c's prior."""
-        recent = [p for p in self.points if p[0] * CURVE_SPAN >= self.points[-1][0]] if self.points else []
+    def slope(self, kind: str, live: tuple[int, float, int] | None = None) -> Slope:
+        """Bayesian least squares of log measure = a - c log N over the recent points and the ``live``
+        model's (chunks trained on, mean measure so far, examples), with c's prior."""
+        points = [*self.points, live] if live else self.points
+        recent = [p for p in points if p[0] * CURVE_SPAN >= points[-1][0]] if points else []
         # Normal equations for (a, c), row (1, -log N); a's prior is flat, c's is PRIOR_SLOPE +- PRIOR_SLOPE_SD.
         prior = 1 / PRIOR_SLOPE_SD**2
         saa, sac, scc = 1e-6, 0.0, prior
@@ -163,7 +166,10 @@ class Forecast(Adaptive):
         return super().decide(state)
 
     def _slope(self) -> Slope:
-        return self.curve.slope(self.kind)
+        # The live model is measured on every chunk it serves: its mean so far is the curve's newest point.
+        measured = self.trained > 0 and self.live.chunks and self.live.mean > 0
+        live = (self.trained, self.live.mean, self.live.examples) if measured else None
+        return self.curve.slope(self.kind, live)
 
     def _ratio(self) -> float:
         return best_ratio(self._slope(), self.config.stage_penalty)

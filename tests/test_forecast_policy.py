@@ -176,3 +176,11 @@ def test_bad_values_fail_naming_the_key(key, value):
 def test_adaptive_does_not_read_the_forecast_keys():
     with pytest.raises(ConfigError, match="compute_price"):
         policy_config(name="adaptive", compute_price=1e-9)
+
+
+def test_the_live_model_is_the_newest_point_of_the_curve():
+    """A stage that halved the error shows in the slope before the next stage closes it."""
+    flat_start = curve_of([(1, 0.4), (2, 0.4), (4, 0.4)])
+    without = flat_start.slope("error")
+    with_live = flat_start.slope("error", (8, 0.1, 4000))
+    assert without.mean < 0.1 < 0.4 < with_live.mean

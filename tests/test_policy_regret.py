@@ -1,5 +1,5 @@
 """Policies against schedules chosen in hindsight: the regret, the Pareto front and the cost at a
-price (research/policy_regret.py), and the report's section on them from real simulated runs."""
+price (observability/policy_regret.py), and the report's section on them from real simulated runs."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from alma_daemon.config import Config, build_config
 from alma_daemon.observability.report import find_runs, write_report
 from alma_daemon.observability.report_policies import policy_outcomes
 from alma_daemon.research.grid import load_grid
-from alma_daemon.research.policy_regret import Outcome, pareto_front, regrets
+from alma_daemon.observability.policy_regret import Outcome, pareto_front, regrets
 from alma_daemon.research.simulate import run_simulation
 from tests.helpers.data import TINY_MNIST
 

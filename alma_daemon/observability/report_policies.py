@@ -3,7 +3,7 @@
 Where a folder holds, for one configuration, runs of schedules (``fixed``, ``geometric``) and of
 policies that decide from the stream (``adaptive``, ``forecast``) on the same seeds, the report adds
 ``policies.png`` (CER against training FLOPs: the schedules, their Pareto front, each policy) and
-one line per policy with its regret against the best schedule (alma_daemon/research/policy_regret.py).
+one line per policy with its regret against the best schedule (alma_daemon.observability.policy_regret.py).
 ``alma grid`` with a list of ``policy`` values and of seeds makes such a folder.
 """
 
@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from alma_daemon.observability.figures import POLICY_PREFIX, SEED_KEYS, RunLike, configurations, describe, flat
-from alma_daemon.research.policy_regret import SCHEDULES, Outcome, plot_policies, regrets
+from alma_daemon.observability.policy_regret import SCHEDULES, Outcome, plot_policies, regrets
 from policies import policy_config_models
 
 #: The figure's file name; ``policies-2.png`` and on where a folder holds several configurations.

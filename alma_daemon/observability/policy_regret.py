@@ -59,6 +59,8 @@ class Regret:
     #: With a compute price: its cost (CER + price x FLOPs) above the cheapest schedule's at that price.
     price: float
     cost_regret: float | None
+    #: Whether it trained with fewer FLOPs than every schedule, where no schedule can beat it on both.
+    cheaper_than_every_schedule: bool = False
 
     def line(self) -> str:
         se = "" if self.standard_error is None else f" +- {self.standard_error:.2f}"
@@ -68,7 +70,12 @@ class Regret:
         )
         if self.price:
             text += f"; at price {self.price:g}/FLOP, cost regret {self.cost_regret:+.2f}"
-        front = f"beaten on CER and FLOPs by {self.beaten_by}" if self.beaten_by else "on or below the schedules' front"
+        if self.beaten_by:
+            front = f"beaten on CER and FLOPs by {self.beaten_by}"
+        elif self.cheaper_than_every_schedule:
+            front = "fewer FLOPs than every schedule (left of their front: judge it by the cost regret)"
+        else:
+            front = "on or below the schedules' front"
         return f"{text}; {front}"
 
 
@@ -111,6 +118,7 @@ def regrets(outcomes: list[Outcome]) -> list[Regret]:
                 beaten_by=beaten_by,
                 price=policy.price,
                 cost_regret=cost_regret,
+                cheaper_than_every_schedule=policy.mean_flops < min(s.mean_flops for s in schedules),
             )
         )
     return verdicts
@@ -139,9 +147,13 @@ def plot_policies(outcomes: list[Outcome], title: str, path: Path) -> None:
         ls="--",
         label="schedules' Pareto front",
     )
-    markers = iter(("o", "s", "^", "D", "v", "P", "X", "*") * 4)
-    for o in (o for o in outcomes if not o.schedule):
-        ax.scatter([o.mean_flops], [o.mean_cer], marker=next(markers), s=60, zorder=3, label=o.name)
+    markers = ("o", "s", "^", "D", "v", "P", "X", "*")
+    # tab10 without its grey, which marks the schedules
+    colors = [c for i, c in enumerate(plt.get_cmap("tab10").colors) if i != 7]
+    for i, o in enumerate(o for o in outcomes if not o.schedule):
+        ax.scatter(
+            [o.mean_flops], [o.mean_cer], marker=markers[i % 8], color=colors[i % 9], s=60, zorder=3, label=o.name
+        )
     ax.set_xscale("log")
     ax.set_xlabel("cumulative training FLOPs (log)")
     ax.set_ylabel("CER")
