@@ -166,14 +166,28 @@ def schedules(setting: str, variants: list[dict] | None = None) -> list[dict]:
     else:
         grid = [{"policy.name": "fixed", "policy.wait": w} for w in SETTINGS[setting][1]]
         grid += [{"policy.name": "geometric", "policy.ratio": r} for r in RATIOS]
-    return [*grid, *POLICIES, *(variants or [])]
-
-
-def forecast_variants(penalties: list[float], prices: list[float]) -> list[dict]:
-    """forecast with each stage penalty, and with each compute price."""
-    return [{"policy.name": "forecast", "policy.stage_penalty": k} for k in penalties] + [
-        {"policy.name": "forecast", "policy.compute_price": p} for p in prices
+    megabatches = SETTINGS[setting][0]["stream.megabatches"]
+    told = [
+        {**v, "policy.expected_chunks": megabatches} if v.get("policy.expected_chunks") == STREAM_LENGTH else v
+        for v in variants or []
     ]
+    return [*grid, *POLICIES, *told]
+
+
+#: Stands for the setting's stream.megabatches in a variant's policy.expected_chunks.
+STREAM_LENGTH = "B"
+
+
+def forecast_variants(penalties: list[float], prices: list[float], told_length: bool = False) -> list[dict]:
+    """forecast with each stage penalty, and with each compute price (also told the stream's length)."""
+    variants = [{"policy.name": "forecast", "policy.stage_penalty": k} for k in penalties]
+    variants += [{"policy.name": "forecast", "policy.compute_price": p} for p in prices]
+    if told_length:
+        variants += [
+            {"policy.name": "forecast", "policy.compute_price": p, "policy.expected_chunks": STREAM_LENGTH}
+            for p in prices
+        ]
+    return variants
 
 
 def policy_label(policy: dict) -> str:
@@ -185,6 +199,7 @@ def policy_label(policy: dict) -> str:
         return f"geometric {policy['policy.ratio']:g}"
     extras = [f"k={policy['policy.stage_penalty']:g}"] if "policy.stage_penalty" in policy else []
     extras += [f"price={policy['policy.compute_price']:g}"] if "policy.compute_price" in policy else []
+    extras += [f"told B={policy['policy.expected_chunks']}"] if "policy.expected_chunks" in policy else []
     return " ".join([policy["policy.name"], *extras])
 
 
@@ -299,9 +314,11 @@ def outcomes(rows: dict) -> list[Outcome]:
 
 
 def targets(setting: str, rows: dict) -> dict | None:
-    """Each policy's verdicts against the schedules (None until every run of the setting is done)."""
-    if any(row is None for row in rows.values()):
+    """Each policy's verdicts against the schedules (None until every schedule's runs are done; a policy
+    not run on every seed is left out)."""
+    if any(rows.get(policy_label(p)) is None for p in schedules(setting)):
         return None
+    rows = {name: row for name, row in rows.items() if row is not None}
     verdicts = {}
     greedy, geometric = rows.get("fixed w=1"), rows.get("geometric 0.5")
     drifting = SETTINGS[setting][0].get("stream.drift.kind", "none") != "none"
@@ -435,6 +452,11 @@ def main() -> None:
         "--prices", nargs="*", type=float, default=[], help="also run forecast with each policy.compute_price"
     )
     parser.add_argument(
+        "--told-length",
+        action="store_true",
+        help="also run each --prices variant told the stream's length (policy.expected_chunks = B)",
+    )
+    parser.add_argument(
         "--pareto-figures",
         type=Path,
         help="folder for one CER-vs-FLOPs figure per setting (schedules, their front, the policies); none if unset",
@@ -445,7 +467,7 @@ def main() -> None:
 
     common = {"train.epochs": args.epochs, "dataset.test_examples": args.test_examples, "device": args.device}
     runs = load_runs(args.runs)
-    variants = forecast_variants(args.stage_penalties, args.prices)
+    variants = forecast_variants(args.stage_penalties, args.prices, args.told_length)
     if not args.report_only:
         tasks = {
             run_key(setting, policy, seed, common): (
@@ -470,6 +492,7 @@ def main() -> None:
                 f"--test-examples {args.test_examples}",
                 *([f"--stage-penalties {' '.join(map(str, args.stage_penalties))}"] if args.stage_penalties else []),
                 *([f"--prices {' '.join(map(str, args.prices))}"] if args.prices else []),
+                *(["--told-length"] if args.told_length else []),
                 *([f"--device {args.device}"] if args.device != "cpu" else []),
                 f"--runs {args.runs}",
             ]
@@ -488,7 +511,8 @@ def main() -> None:
     for setting, entry in report.items():
         if args.pareto_figures and entry["targets"] is not None:
             path = args.pareto_figures / f"{setting}.png"
-            plot_policies(outcomes(entry["policies"]), f"{entry['what']}; seeds {args.seeds}", path)
+            done = {name: row for name, row in entry["policies"].items() if row is not None}
+            plot_policies(outcomes(done), f"{entry['what']}; seeds {args.seeds}", path)
             print(f"figure: {path}")
 
 

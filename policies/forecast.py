@@ -17,8 +17,9 @@
    and settings and judged on others (benchmarks/bench_policy.py).
 3. **A price on compute.** With ``policy.compute_price`` p > 0 (CER units per FLOP), a stage runs
    only when its forecast gain, summed over the chunks it will serve, is worth its FLOPs:
-   ``(gain + 1 sd) x H >= p x FLOPs``. The stream's length is unknown, so H is the chunks seen so
-   far: a stream is expected to go on as long again as it has run. Optimism by one standard deviation
+   ``(gain + 1 sd) x H >= p x FLOPs``. H is the chunks still to come: ``policy.expected_chunks`` less
+   those seen, or where the length is unknown, the chunks seen so far (a stream is expected to go on
+   as long again as it has run). Optimism by one standard deviation
    keeps a flat start (CIFAR-10's first stages) from stopping training before the curve is known.
    As the stream ages H grows, so a held stage runs once it pays.
 
@@ -34,7 +35,7 @@ from typing import Literal
 from pydantic import Field
 from pydantic.dataclasses import dataclass
 
-from alma_daemon.config.base import PLUGIN_SECTION, Float
+from alma_daemon.config.base import PLUGIN_SECTION, Float, Int
 from policies import register_policy
 from policies.adaptive import Adaptive, AdaptiveConfig, _Errors, _variance
 from policies.base import PolicyState
@@ -128,6 +129,13 @@ class ForecastConfig(AdaptiveConfig):
         description="forecast: CER units one training FLOP is worth (0 = anytime error alone). A stage runs only when "
         "its forecast gain over the chunks it will serve (as many as the stream has had) outweighs price x its FLOPs.",
     )
+    expected_chunks: Int | None = Field(
+        default=None,
+        gt=0,
+        description="forecast: the chunks the stream is expected to bring in all, for the price test's horizon (a "
+        "model replaced in three months, a replay of known length); None = unknown: the stream is expected to go on "
+        "as long again as it has run.",
+    )
     stage_penalty: Float = Field(
         default=DEFAULT_STAGE_PENALTY,
         gt=0,
@@ -194,13 +202,17 @@ class Forecast(Adaptive):
             return True, text
         gain, spread = slope.gain(level, self.trained, state.chunks_pending)
         estimates.update(forecast_gain=gain, forecast_gain_sd=spread)
-        horizon = state.chunks_seen
+        expected = self.config.expected_chunks
+        if expected is None:
+            horizon, whence = state.chunks_seen, "as many as so far"
+        else:
+            horizon, whence = max(0, expected - state.chunks_seen), f"of the {expected} expected"
         worth = (gain + OPTIMISM * spread) * horizon
         flops = state.flops_per_example * (state.next_stage_examples or state.examples_pending)
         cost = price * flops
         pays = worth >= cost
         text += (
-            f"; forecast gain {gain:.4f} +- {spread:.4f} over {horizon} chunk(s) to come (as many as so far) is "
+            f"; forecast gain {gain:.4f} +- {spread:.4f} over {horizon} chunk(s) to come ({whence}) is "
             f"worth {worth:.3g} CER {'>=' if pays else '<'} price x {flops:.3g} FLOPs = {cost:.3g}"
             + ("" if pays else ": waiting until the stage pays")
         )

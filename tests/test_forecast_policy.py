@@ -184,3 +184,12 @@ def test_the_live_model_is_the_newest_point_of_the_curve():
     without = flat_start.slope("error")
     with_live = flat_start.slope("error", (8, 0.1, 4000))
     assert without.mean < 0.1 < 0.4 < with_live.mean
+
+
+def test_told_the_streams_length_the_price_stops_training_as_the_end_nears():
+    unknown = stages(run(200, compute_price=3e-11))
+    told_decisions = run(200, compute_price=3e-11, expected_chunks=200)
+    told = stages(told_decisions)
+    assert told[-1] < unknown[-1]
+    last_reason = told_decisions[-1][1].reason
+    assert "chunk(s) to come (of the 200 expected)" in last_reason and "waiting until the stage pays" in last_reason

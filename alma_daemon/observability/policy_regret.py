@@ -11,6 +11,7 @@ whether some schedule beats it on both CER and FLOPs (it lies above their Pareto
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -147,13 +148,32 @@ def plot_policies(outcomes: list[Outcome], title: str, path: Path) -> None:
         ls="--",
         label="schedules' Pareto front",
     )
+    # A policy at several prices is one line through its points, each labelled with its price.
+    families: dict[str, list[Outcome]] = {}
+    for o in outcomes:
+        if not o.schedule:
+            families.setdefault(re.sub(r" ?price=\S+", "", o.name) or o.name, []).append(o)
     markers = ("o", "s", "^", "D", "v", "P", "X", "*")
     # tab10 without its grey, which marks the schedules
     colors = [c for i, c in enumerate(plt.get_cmap("tab10").colors) if i != 7]
-    for i, o in enumerate(o for o in outcomes if not o.schedule):
-        ax.scatter(
-            [o.mean_flops], [o.mean_cer], marker=markers[i % 8], color=colors[i % 9], s=60, zorder=3, label=o.name
+    for i, (family, members) in enumerate(families.items()):
+        members = sorted(members, key=lambda o: o.price)
+        label = f"{family} at {len(members)} prices" if len(members) > 1 else members[0].name
+        ax.plot(
+            [o.mean_flops for o in members],
+            [o.mean_cer for o in members],
+            marker=markers[i % 8],
+            color=colors[i % 9],
+            markersize=7,
+            lw=1,
+            zorder=3,
+            label=label,
         )
+        if len(members) > 1:
+            for o in members:
+                text = f"{o.price:g}" if o.price else "0"
+                ax.annotate(text, (o.mean_flops, o.mean_cer), fontsize=7, color=colors[i % 9], xytext=(4, -9),
+                            textcoords="offset points")
     ax.set_xscale("log")
     ax.set_xlabel("cumulative training FLOPs (log)")
     ax.set_ylabel("CER")
