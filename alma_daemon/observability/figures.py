@@ -21,6 +21,7 @@ its results.json), as :class:`alma_daemon.observability.report.Run` has.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import statistics
@@ -35,6 +36,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter, ScalarFormatter
 
+from policies import policy_config_models
+
 #: Config keys that only reseed a run: runs differing in these alone are averaged.
 SEED_KEYS = frozenset({"seed", "stream.seed"})
 #: The config sections that say what a run learns: only their keys name and split configurations.
@@ -43,6 +46,8 @@ LEARNING_SECTIONS = ("learner", "policy", "stream", "train", "dataset")
 WHERE_KEYS = frozenset({"dataset.root"})
 #: The prefix of the keys a line joins (the waiting times and other policy settings).
 POLICY_PREFIX = "policy."
+#: Policies whose keys are their waits, fixed before the stream starts: every key of theirs is shown.
+SCHEDULE_POLICIES = frozenset({"fixed", "geometric"})
 REPLAY_KEY = "stream.replay"
 #: A pseudo key: the chunks a run processed, a configuration's key where runs stopped at different chunks.
 CHUNKS_KEY = "chunks"
@@ -161,11 +166,31 @@ def headline(run: RunLike) -> str:
     return describe({k: f.get(k) for k in (*HEADLINE_KEYS, CHUNKS_KEY)})
 
 
+def policy_defaults(name: Any) -> dict[str, Any]:
+    """The dotted ``policy.*`` keys a decision-making policy (not a schedule: ``fixed``, ``geometric``, whose
+    waits name them) leaves at their defaults; a legend leaves them out (``policy=forecast``, not every
+    key of forecast's section)."""
+    model = None if name in SCHEDULE_POLICIES else policy_config_models().get(name)
+    return flat({"policy": dataclasses.asdict(model())}) if model else {}
+
+
 def _params(run: RunLike, keys: list[str]) -> dict:
     f = flat(run.config)
     f[CHUNKS_KEY] = cut_short(run)
-    # Lists (dataset.files, dataset.input_shape) as tuples: the values group runs as dict keys.
-    return {k: tuple(v) if isinstance(v, list) else v for k, v in ((k, f.get(k)) for k in keys)}
+    defaults = policy_defaults(f.get("policy.name"))
+    # The policy's name before its keys, so a legend reads "policy=forecast compute_price=1e-11".
+    ordered = [k for k in keys if k != "policy.name"]
+    if "policy.name" in keys:
+        first = next((i for i, k in enumerate(ordered) if k.startswith(POLICY_PREFIX)), len(ordered))
+        ordered.insert(first, "policy.name")
+    params = {}
+    for key in ordered:
+        value = f.get(key)
+        if key != "policy.name" and key in defaults and defaults[key] == value:
+            value = None
+        # Lists (dataset.files, dataset.input_shape) as tuples: the values group runs as dict keys.
+        params[key] = tuple(value) if isinstance(value, list) else value
+    return params
 
 
 def _order_key(params: dict) -> tuple:

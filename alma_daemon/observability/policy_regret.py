@@ -16,8 +16,10 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+from alma_daemon.observability.figures import SCHEDULE_POLICIES
+
 #: Policies whose waits are fixed before the stream starts.
-SCHEDULES = frozenset({"fixed", "geometric"})
+SCHEDULES = SCHEDULE_POLICIES
 
 
 @dataclass(frozen=True)

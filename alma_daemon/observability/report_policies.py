@@ -9,27 +9,15 @@ one line per policy with its regret against the best schedule (alma_daemon.obser
 
 from __future__ import annotations
 
-import dataclasses
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
 from alma_daemon.observability.figures import POLICY_PREFIX, SEED_KEYS, RunLike, configurations, describe, flat
 from alma_daemon.observability.policy_regret import SCHEDULES, Outcome, plot_policies, regrets
-from policies import policy_config_models
 
 #: The figure's file name; ``policies-2.png`` and on where a folder holds several configurations.
 FIGURE = "policies.png"
-
-
-def policy_label(policy: dict) -> str:
-    """``policy=geometric ratio=1.0``, ``policy=forecast compute_price=1e-10``: a schedule's keys, and a
-    policy's name with the keys it sets to other than their defaults."""
-    name = policy.get("policy.name")
-    model = policy_config_models().get(name)
-    defaults = {} if name in SCHEDULES or model is None else flat({"policy": dataclasses.asdict(model())})
-    shown = {k: v for k, v in policy.items() if v is not None and (k == "policy.name" or defaults.get(k) != v)}
-    return describe(shown)
 
 
 def policy_outcomes(runs: Sequence[RunLike]) -> dict[str, list[Outcome]]:
@@ -46,7 +34,7 @@ def policy_outcomes(runs: Sequence[RunLike]) -> dict[str, list[Outcome]]:
             if run.summary.get("cer") is not None and run.summary.get("cumulative_train_flops")
         }
         if by_seed:
-            lines[line][policy_label(policy)] = (policy, by_seed)
+            lines[line][describe(policy)] = (policy, by_seed)
     found = {}
     for line, policies in lines.items():
         seeds = sorted(set.intersection(*(set(by_seed) for _, by_seed in policies.values())), key=str)
