@@ -33,7 +33,7 @@ length decide alike. Its counts and error sums are its persisted state.
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 from pydantic.dataclasses import dataclass
@@ -129,7 +129,7 @@ class Adaptive(Policy):
     time the data trained on grows 4-fold."""
 
     name = "adaptive"
-    config_model = AdaptiveConfig
+    config_model: ClassVar[type[PolicyConfig]] = AdaptiveConfig
     decides_growth = True
 
     def __init__(self, config: AdaptiveConfig):

@@ -127,7 +127,8 @@ class ForecastConfig(AdaptiveConfig):
         default=0.0,
         ge=0,
         description="forecast: CER units one training FLOP is worth (0 = anytime error alone). A stage runs only when "
-        "its forecast gain over the chunks it will serve (as many as the stream has had) outweighs price x its FLOPs.",
+        "its forecast gain over the chunks it will serve (expected_chunks less those seen; unset, as many as the stream has "
+        "had) outweighs price x its FLOPs.",
     )
     expected_chunks: Int | None = Field(
         default=None,
@@ -154,6 +155,9 @@ class Forecast(Adaptive):
 
     def __init__(self, config: ForecastConfig):
         super().__init__(config)
+        self.compute_price = config.compute_price
+        self.expected_chunks = config.expected_chunks
+        self.stage_penalty = config.stage_penalty
         self.curve = LearningCurve()
         self.kind = "error"
 
@@ -180,7 +184,7 @@ class Forecast(Adaptive):
         return self.curve.slope(self.kind, live)
 
     def _ratio(self) -> float:
-        return best_ratio(self._slope(), self.config.stage_penalty)
+        return best_ratio(self._slope(), self.stage_penalty)
 
     def _stage_closed(self, trained: int, live: _Errors) -> None:
         self.curve.add(trained, live)
@@ -190,19 +194,19 @@ class Forecast(Adaptive):
 
     def _pricing(self, state: PolicyState, estimates: dict) -> tuple[bool, str]:
         slope = self._slope()
-        ratio = best_ratio(slope, self.config.stage_penalty)
+        ratio = best_ratio(slope, self.stage_penalty)
         estimates.update(forecast_slope=slope.mean, forecast_slope_sd=slope.sd, wait_ratio=ratio)
         text = (
             f"learning curve N^-{slope.mean:.2f} +- {slope.sd:.2f} ({slope.points} stage(s)): "
             f"a wait of {ratio:.2f} x the chunks trained on has the lowest forecast anytime error"
         )
-        price = self.config.compute_price
+        price = self.compute_price
         level = self.live.mean if self.live.chunks else (self.curve.points[-1][1] if self.curve.points else None)
         if price == 0 or self.trained == 0 or level is None or state.flops_per_example is None:
             return True, text
         gain, spread = slope.gain(level, self.trained, state.chunks_pending)
         estimates.update(forecast_gain=gain, forecast_gain_sd=spread)
-        expected = self.config.expected_chunks
+        expected = self.expected_chunks
         if expected is None:
             horizon, whence = state.chunks_seen, "as many as so far"
         else:

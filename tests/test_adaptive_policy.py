@@ -42,7 +42,7 @@ def drive(
 ):
     """The chunks at which the policy trained, and its decisions (see :func:`drive_adaptive`)."""
     decisions = drive_adaptive(
-        error_of,
+        lambda chunk, stages, trained: error_of(chunk, stages),
         chunks,
         examples=EXAMPLES,
         policy_keys={"grow_every": grow_every},

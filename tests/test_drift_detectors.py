@@ -33,7 +33,7 @@ def errors(chunks: int, seed: int, step_at: int | None = None) -> list[float]:
 def alarms(detector: str, series: list[float], restart_every_chunk: bool = False) -> tuple[list[int], list[str]]:
     """The chunks at which the adaptive policy with ``detector`` trains for a drift, and every reason."""
     decisions = drive_adaptive(
-        lambda chunk, stages: series[chunk - 1],
+        lambda chunk, stages, trained: series[chunk - 1],
         len(series),
         examples=EXAMPLES,
         policy_keys={"drift_detector": detector},

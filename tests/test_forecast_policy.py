@@ -3,18 +3,17 @@ its state across a restart, on scripted streams whose error follows a known powe
 
 from __future__ import annotations
 
-import json
 import math
 import random
 
 import pytest
 
 from alma_daemon.config import ConfigError, policy_config
-from policies import build_policy
 from policies.adaptive import _Errors
-from policies.base import Decision, PolicyState
+from policies.base import Decision
 from policies.forecast import DEFAULT_STAGE_PENALTY, LearningCurve, Slope, best_ratio
 from policies.geometric import geometric_threshold
+from tests.helpers.policies import drive_adaptive
 
 EXAMPLES = 1000
 FLOPS_PER_EXAMPLE = 1e6
@@ -36,41 +35,22 @@ def run(
     ``error_of(chunks trained on)`` (sampled binomially with ``noise_seed``); stages cost FLOPS_PER_EXAMPLE."""
     rng = random.Random(noise_seed)
 
-    def fresh():
-        return build_policy(policy_config(name="forecast", **keys))
-
-    policy = fresh()
-    trained, pending, stages, decisions = 0, 0, 0, []
-    for chunk in range(1, chunks + 1):
-        pending += 1
+    def measured(chunk: int, stages: int, trained: int) -> float:
         error = error_of(trained)
-        if noise_seed is not None:
-            error = sum(rng.random() < error for _ in range(EXAMPLES)) / EXAMPLES
-        decision = policy.decide(
-            PolicyState(
-                chunks_seen=chunk,
-                chunks_pending=pending,
-                examples_pending=pending * EXAMPLES,
-                stages_done=stages,
-                now=0.0,
-                started_at=0.0,
-                train_flops_total=0.0,
-                train_seconds_total=0.0,
-                flops_per_example=FLOPS_PER_EXAMPLE if stages else None,
-                next_stage_examples=pending * EXAMPLES,
-                prequential=error,
-                prequential_examples=EXAMPLES,
-                newest_chunk=chunk,
-            )
-        )
-        decisions.append((chunk, decision))
-        if restart_every_chunk:
-            saved = json.loads(json.dumps(policy.state_dict()))
-            policy = fresh()
-            policy.load_state_dict(saved)
-        if decision.trains:
-            trained, pending, stages = trained + pending, 0, stages + 1
-    return decisions
+        if noise_seed is None:
+            return error
+        return sum(rng.random() < error for _ in range(EXAMPLES)) / EXAMPLES
+
+    decisions = drive_adaptive(
+        measured,
+        chunks,
+        examples=EXAMPLES,
+        policy_keys=keys,
+        restart_every_chunk=restart_every_chunk,
+        policy_name="forecast",
+        flops_per_example=FLOPS_PER_EXAMPLE,
+    )
+    return list(enumerate(decisions, start=1))
 
 
 def stages(decisions: list[tuple[int, Decision]]) -> list[int]:

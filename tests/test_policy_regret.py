@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from alma_daemon.config import Config, build_config
+from alma_daemon.observability.policy_regret import Outcome, pareto_front, regrets
 from alma_daemon.observability.report import find_runs, write_report
 from alma_daemon.observability.report_policies import policy_outcomes
 from alma_daemon.research.grid import load_grid
-from alma_daemon.observability.policy_regret import Outcome, pareto_front, regrets
 from alma_daemon.research.simulate import run_simulation
 from tests.helpers.data import TINY_MNIST
 
@@ -76,7 +76,9 @@ def test_the_report_of_a_folder_of_schedules_and_policies_judges_each_policy(tmp
     report = write_report(tmp_path).read_text()
     assert "## Policies against the best schedule in hindsight: sm (2 seed(s))" in report
     assert "- policy=forecast: CER x" in report and "regret" in report
-    assert (tmp_path / "policies.png").stat().st_size > 0 and "![policies against schedules: sm](policies.png)" in report
+    assert (
+        tmp_path / "policies.png"
+    ).stat().st_size > 0 and "![policies against schedules: sm](policies.png)" in report
 
 
 def test_a_folder_without_policies_has_no_policy_section_and_loses_an_earlier_figure(tmp_path):

@@ -139,7 +139,9 @@ def plot_policies(outcomes: list[Outcome], title: str, path: Path) -> None:
     schedules = [o for o in outcomes if o.schedule]
     ax.scatter([o.mean_flops for o in schedules], [o.mean_cer for o in schedules], color="grey", s=18, zorder=2)
     for o in schedules:
-        ax.annotate(o.name, (o.mean_flops, o.mean_cer), fontsize=7, color="grey", xytext=(3, 3), textcoords="offset points")
+        ax.annotate(
+            o.name, (o.mean_flops, o.mean_cer), fontsize=7, color="grey", xytext=(3, 3), textcoords="offset points"
+        )
     front = pareto_front(outcomes)
     ax.step(
         [o.mean_flops for o in front],
@@ -157,7 +159,7 @@ def plot_policies(outcomes: list[Outcome], title: str, path: Path) -> None:
             families.setdefault(re.sub(r" ?price=\S+", "", o.name) or o.name, []).append(o)
     markers = ("o", "s", "^", "D", "v", "P", "X", "*")
     # tab10 without its grey, which marks the schedules
-    colors = [c for i, c in enumerate(plt.get_cmap("tab10").colors) if i != 7]
+    colors = [plt.get_cmap("tab10")(i) for i in range(10) if i != 7]
     for i, (family, members) in enumerate(families.items()):
         members = sorted(members, key=lambda o: o.price)
         label = f"{family} at {len(members)} prices" if len(members) > 1 else members[0].name
@@ -174,8 +176,14 @@ def plot_policies(outcomes: list[Outcome], title: str, path: Path) -> None:
         if len(members) > 1:
             for o in members:
                 text = f"{o.price:g}" if o.price else "0"
-                ax.annotate(text, (o.mean_flops, o.mean_cer), fontsize=7, color=colors[i % 9], xytext=(4, -9),
-                            textcoords="offset points")
+                ax.annotate(
+                    text,
+                    (o.mean_flops, o.mean_cer),
+                    fontsize=7,
+                    color=colors[i % 9],
+                    xytext=(4, -9),
+                    textcoords="offset points",
+                )
     ax.set_xscale("log")
     ax.set_xlabel("cumulative training FLOPs (log)")
     ax.set_ylabel("CER")

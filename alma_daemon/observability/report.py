@@ -253,6 +253,8 @@ def write_report(root: str | Path, out: str | Path | None = None, *, html: bool 
         return out / "report.md"
     images = [(caption, (out / name).read_bytes()) for name, caption in drawn]
     (out / "report.html").write_text(
-        html_page(title, TABLE_HEADER, table_rows(runs), images, [*notes, *(line.lstrip("-# ") for line in judged if line)])
+        html_page(
+            title, TABLE_HEADER, table_rows(runs), images, [*notes, *(line.lstrip("-# ") for line in judged if line)]
+        )
     )
     return out / "report.html"

@@ -12,7 +12,7 @@ from policies.base import Decision, PolicyState
 
 
 def drive_adaptive(
-    error_of: Callable[[int, int], float],
+    error_of: Callable[[int, int, int], float],
     chunks: int,
     *,
     examples: int,
@@ -20,19 +20,21 @@ def drive_adaptive(
     restart_every_chunk: bool = False,
     first_id: int = 1,
     policy_name: str = "adaptive",
+    flops_per_example: float | None = None,
     **state: Any,
 ) -> list[Decision]:
     """The adaptive (or ``policy_name``) policy's decision on each of ``chunks`` chunks of ``examples`` examples, whose
-    prequential measure is ``error_of(chunk, stages done)``. Chunk n (1-based) has the id
-    ``first_id + n - 1``; ``state`` adds PolicyState fields. With ``restart_every_chunk`` the policy
-    goes on after every decision as a new one loaded from its saved state."""
+    prequential measure is ``error_of(chunk, stages done, chunks trained on)``. Chunk n (1-based) has the
+    id ``first_id + n - 1``; stages cost ``flops_per_example`` (known from the first stage on); ``state``
+    adds PolicyState fields. With ``restart_every_chunk`` the policy goes on after every decision as a
+    new one loaded from its saved state."""
 
     def new_policy():
         return build_policy(policy_config(name=policy_name, **(policy_keys or {})))
 
     policy = new_policy()
     decisions: list[Decision] = []
-    pending, stages = 0, 0
+    pending, stages, trained = 0, 0, 0
     for chunk in range(1, chunks + 1):
         pending += 1
         decision = policy.decide(
@@ -45,7 +47,9 @@ def drive_adaptive(
                 started_at=0.0,
                 train_flops_total=0.0,
                 train_seconds_total=0.0,
-                prequential=error_of(chunk, stages),
+                flops_per_example=flops_per_example if stages else None,
+                next_stage_examples=pending * examples,
+                prequential=error_of(chunk, stages, trained),
                 prequential_examples=examples,
                 newest_chunk=first_id + chunk - 1,
                 **state,
@@ -57,5 +61,5 @@ def drive_adaptive(
             policy = new_policy()
             policy.load_state_dict(saved)
         if decision.trains:
-            pending, stages = 0, stages + 1
+            pending, stages, trained = 0, stages + 1, trained + pending
     return decisions
