@@ -197,7 +197,7 @@ class Forecast(Adaptive):
         ratio = best_ratio(slope, self.stage_penalty)
         estimates.update(forecast_slope=slope.mean, forecast_slope_sd=slope.sd, wait_ratio=ratio)
         text = (
-            f"learning curve N^-{slope.mean:.2f} +- {slope.sd:.2f} ({slope.points} stage(s)): "
+            f"learning curve N^-{slope.mean:.2f} +- {slope.sd:.2f} (fit on {slope.points} model(s)): "
             f"a wait of {ratio:.2f} x the chunks trained on has the lowest forecast anytime error"
         )
         price = self.compute_price
