@@ -301,9 +301,13 @@ def test_the_policy_estimates_are_exported_as_metrics():
 # -- in the daemon ----------------------------------------------------------------------------------
 @pytest.mark.integration
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    "policy", [{"name": "adaptive"}, {"name": "forecast", "compute_price": 1e-12}], ids=["adaptive", "forecast"]
+)
 def test_a_crashed_daemon_resumes_the_adaptive_policy_and_equals_the_simulator_on_a_drifting_stream(
-    tmp_path, redis_db
+    tmp_path, redis_db, policy
 ) -> None:
+    """Also forecast, adaptive's extension: its learning curve is part of the state a restart loads."""
     from alma_daemon.research.simulate import run_simulation
     from alma_daemon.transports.redis_stream import RedisStreamPublisher
     from alma_daemon.transports.replay import dataset_chunks, replay
@@ -317,7 +321,7 @@ def test_a_crashed_daemon_resumes_the_adaptive_policy_and_equals_the_simulator_o
             None,
             "adaptive",
             stream=drifting,
-            policy={"name": "adaptive"},
+            policy=policy,
             train={"epochs": 5, "patience": 5},
             learner={"width": 16},
         )
