@@ -4,7 +4,7 @@ For each setting (a stream and a learner) and seed, every schedule of the grid r
 waits w in W and geometric ratios in {0.25, 0.5, 1, 2}, then the policies that decide from the
 stream: ``adaptive`` and ``forecast`` (plus ``--stage-penalties`` and ``--prices`` variants of
 forecast). A setting's best schedule is the one with the lowest CER averaged over the seeds. The
-targets of issue 37, per setting and policy (alma_daemon.observability.policy_regret.py computes them):
+targets of issue 37, per setting and policy (alma_daemon/observability/policy_regret.py computes them):
 
 - CER within 3 % of the best schedule's, with cumulative training FLOPs at most 1.2 x its;
 - CER not above geometric 0.5's beyond the noise (per-seed difference under 2 standard errors);

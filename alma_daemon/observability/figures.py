@@ -22,6 +22,7 @@ its results.json), as :class:`alma_daemon.observability.report.Run` has.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 import statistics
@@ -166,6 +167,7 @@ def headline(run: RunLike) -> str:
     return describe({k: f.get(k) for k in (*HEADLINE_KEYS, CHUNKS_KEY)})
 
 
+@functools.cache
 def policy_defaults(name: Any) -> dict[str, Any]:
     """The dotted ``policy.*`` keys a decision-making policy (not a schedule: ``fixed``, ``geometric``, whose
     waits name them) leaves at their defaults; a legend leaves them out (``policy=forecast``, not every

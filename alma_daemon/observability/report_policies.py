@@ -3,7 +3,7 @@
 Where a folder holds, for one configuration, runs of schedules (``fixed``, ``geometric``) and of
 policies that decide from the stream (``adaptive``, ``forecast``) on the same seeds, the report adds
 ``policies.png`` (CER against training FLOPs: the schedules, their Pareto front, each policy) and
-one line per policy with its regret against the best schedule (alma_daemon.observability.policy_regret.py).
+one line per policy with its regret against the best schedule (observability/policy_regret.py).
 ``alma grid`` with a list of ``policy`` values and of seeds makes such a folder.
 """
 
@@ -23,7 +23,7 @@ FIGURE = "policies.png"
 def policy_outcomes(runs: Sequence[RunLike]) -> dict[str, list[Outcome]]:
     """Per configuration (its policy keys aside) with both schedules and policies: each policy's CER
     and FLOPs on the seeds that every policy of the configuration ran."""
-    lines: dict[str, dict[str, tuple[dict, dict]]] = defaultdict(dict)
+    lines: dict[str, dict[str, dict]] = defaultdict(dict)
     for config, group in configurations(runs).items():
         params = dict(config)
         line = describe({k: v for k, v in params.items() if not k.startswith(POLICY_PREFIX)})
@@ -34,22 +34,24 @@ def policy_outcomes(runs: Sequence[RunLike]) -> dict[str, list[Outcome]]:
             if run.summary.get("cer") is not None and run.summary.get("cumulative_train_flops")
         }
         if by_seed:
-            lines[line][describe(policy)] = (policy, by_seed)
+            lines[line][describe(policy)] = by_seed
     found = {}
     for line, policies in lines.items():
-        seeds = sorted(set.intersection(*(set(by_seed) for _, by_seed in policies.values())), key=str)
+        seeds = sorted(set.intersection(*(set(by_seed) for by_seed in policies.values())), key=str)
         if not seeds:
             continue
-        outcomes = [
-            Outcome(
-                name,
-                tuple(float(by_seed[s].summary["cer"]) for s in seeds),
-                tuple(float(by_seed[s].summary["cumulative_train_flops"]) for s in seeds),
-                schedule=policy.get("policy.name", by_seed[seeds[0]].config.get("policy", {}).get("name")) in SCHEDULES,
-                price=float(by_seed[seeds[0]].config.get("policy", {}).get("compute_price") or 0.0),
+        outcomes = []
+        for name, by_seed in policies.items():
+            section = by_seed[seeds[0]].config.get("policy", {})
+            outcomes.append(
+                Outcome(
+                    name,
+                    tuple(float(by_seed[s].summary["cer"]) for s in seeds),
+                    tuple(float(by_seed[s].summary["cumulative_train_flops"]) for s in seeds),
+                    schedule=section.get("name") in SCHEDULES,
+                    price=float(section.get("compute_price") or 0.0),
+                )
             )
-            for name, (policy, by_seed) in policies.items()
-        ]
         if any(o.schedule for o in outcomes) and any(not o.schedule for o in outcomes):
             found[line] = outcomes
     return found
