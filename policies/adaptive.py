@@ -24,6 +24,9 @@ explains the reasoning and shows the benchmark):
 (docs/policies.md also tells of two rules that were tried and dropped: doubling the wait after a stage
 with no measurable effect, and growing gEns after two such stages in a row.)
 
+The rules run on the task's measure (``task.measure``) as a loss (policies/measure_scale.py): an error
+rate, log-loss or squared error as it is, a recall or PR-AUC as its shortfall from 1, with a binomial
+standard error for rates and the measured spread for mean losses.
 For language models the same rules run on the log of the perplexity (a rise of 0.1 is about 10 %),
 with a standard error of 1 % of the perplexity, since a chunk's tokens are not independent draws.
 The policy never reads the clock or the stream's length, so a replay and a live stream of unknown
@@ -44,6 +47,7 @@ from policies import register_policy
 from policies.base import Decision, Policy, PolicyState
 from policies.drift_detectors import Rise, build_detector
 from policies.geometric import DEFAULT_RATIO, geometric_threshold
+from policies.measure_scale import ChunkMeasures, MeasureScale
 
 #: The growing wait: train once the pending chunks reach RATIO x the chunks trained on since the last drift.
 RATIO = DEFAULT_RATIO
@@ -53,59 +57,6 @@ GAIN_SIGNIFICANCE = 1.0
 #: A learner whose growth adds an untrained part grows once the chunks trained on reach this many
 #: times those trained on when its newest part was added.
 GROWTH_FACTOR = 4
-#: Standard error of a log-perplexity measured on one chunk.
-LOG_PERPLEXITY_ERROR = 0.01
-
-
-def _value(measure: float, kind: str) -> float:
-    """The scale the rules run on: error rates as they are, perplexities as their log."""
-    return math.log(measure) if kind == "perplexity" else measure
-
-
-def _variance(mean: float, examples: int, kind: str) -> float:
-    """Variance of a mean measure taken on ``examples`` examples."""
-    if kind == "perplexity":
-        return LOG_PERPLEXITY_ERROR**2
-    # Binomial, floored as if at least one of the examples were misclassified (a zero error is not certain).
-    examples = max(1, examples)
-    return max(mean * (1 - mean), 1 / examples) / examples
-
-
-class _Errors:
-    """A model's measures on the chunks it met before training on them: their example-weighted mean."""
-
-    def __init__(self, data: dict | None = None):
-        data = data or {}
-        self.total = float(data.get("total", 0.0))
-        self.examples = int(data.get("examples", 0))
-        self.chunks = int(data.get("chunks", 0))
-
-    def add(self, value: float, examples: int) -> None:
-        examples = max(1, examples)
-        self.total += value * examples
-        self.examples += examples
-        self.chunks += 1
-
-    @property
-    def mean(self) -> float:
-        return self.total / self.examples
-
-    def to_dict(self) -> dict:
-        return {"total": self.total, "examples": self.examples, "chunks": self.chunks}
-
-
-def _shown(value: float, kind: str) -> str:
-    return f"perplexity {math.exp(value):.2f}" if kind == "perplexity" else f"error {value:.3f}"
-
-
-def _rise(delta: float, kind: str) -> str:
-    """A rise on the rules' scale as a person reads it: error points, or percent of the perplexity."""
-    return f"{100 * math.expm1(delta):.1f} %" if kind == "perplexity" else f"{delta:.3g}"
-
-
-def _fall(delta: float, kind: str) -> str:
-    """A fall on the rules' scale as a person reads it: error points, or percent of the perplexity."""
-    return f"{-100 * math.expm1(-delta):.1f} % of the perplexity" if kind == "perplexity" else f"{delta:.3g}"
 
 
 @dataclass(config=PLUGIN_SECTION)
@@ -140,8 +91,8 @@ class Adaptive(Policy):
         self.trained = 0
         #: The id of the chunk the current regime started at: None from the stream's start, else the drifted chunk.
         self.regime_start: int | None = None
-        self.live = _Errors()
-        self.previous: _Errors | None = None
+        self.live = ChunkMeasures()
+        self.previous: ChunkMeasures | None = None
         #: Whether a drift triggered the last stage (None before the first stage).
         self.last_stage_drifted: bool | None = None
         #: Chunks trained on (counted as ``trained``) when the newest part of a growing learner was added.
@@ -170,8 +121,8 @@ class Adaptive(Policy):
         self.trained = int(state.get("trained", 0))
         start = state.get("regime_start")
         self.regime_start = None if start is None else int(start)
-        self.live = _Errors(state.get("live"))
-        self.previous = _Errors(state["previous"]) if state.get("previous") else None
+        self.live = ChunkMeasures(state.get("live"))
+        self.previous = ChunkMeasures(state["previous"]) if state.get("previous") else None
         drifted = state.get("last_stage_drifted")
         if drifted is None and state.get("last_stage") is not None:
             drifted = state["last_stage"]["drift"]  # saved before 2026-11-23 as {"chunks": ..., "drift": ...}
@@ -190,26 +141,30 @@ class Adaptive(Policy):
             )
         self.seen = state.chunks_seen
         kind = state.measure
+        scale = MeasureScale(kind)
         estimates: dict[str, float] = {}
         # A NaN or infinite measure (a diverged language model, a chunk with no tokens) says nothing
         # about the stream: it is left out of the means and of the drift test, and the wait goes on.
         usable = math.isfinite(state.prequential)
-        value = _value(state.prequential, kind) if usable else math.nan
-        drift_reason = self._drift(value, state.prequential_examples, kind, estimates) if usable else None
+        value = scale.value(state.prequential) if usable else math.nan
+        unit_variance = scale.unit_variance(state.prequential_unit_variance)
+        drift_reason = (
+            self._drift(value, state.prequential_examples, unit_variance, scale, estimates) if usable else None
+        )
         if usable:
-            self.live.add(value, state.prequential_examples)
+            self.live.add(value, state.prequential_examples, unit_variance)
         if drift_reason is not None:
             return self._train(state, drift_reason, estimates, value, drift=True)
 
         threshold = self._threshold()
         since = "the stream's start" if self.regime_start is None else f"chunk {self.regime_start}"
         rule = f"max(1, {self._ratio():.3g} x {self.trained} chunk(s) trained on since {since}) = {threshold}"
-        gain = self._stage_gain(kind, estimates)
+        gain = self._stage_gain(scale, estimates)
         self._export_means(kind, estimates)
         estimates["wait_chunks"] = float(threshold)
         pending = state.chunks_pending
         if self.live.chunks:
-            facts = f"live model {_shown(self.live.mean, kind)} on {self.live.chunks} chunk(s){gain}"
+            facts = f"live model {scale.shown(self.live.mean)} on {self.live.chunks} chunk(s){gain}"
         else:
             facts = "no finite measure of the live model yet"
         if not usable:
@@ -235,7 +190,7 @@ class Adaptive(Policy):
         """Whether a stage that the growing wait allows is worth its compute, and why (text for the reason)."""
         return True, ""
 
-    def _stage_closed(self, trained: int, live: _Errors) -> None:
+    def _stage_closed(self, trained: int, live: ChunkMeasures) -> None:
         """A stage (not for a drift) replaces the live model, trained on ``trained`` chunks since the regime
         started, whose measures were ``live``."""
 
@@ -248,14 +203,16 @@ class Adaptive(Policy):
             estimates["live_error"] = self.live.mean if self.live.chunks else math.nan
             estimates["previous_error"] = self.previous.mean if self.previous and self.previous.chunks else math.nan
 
-    def _drift(self, value: float, examples: int, kind: str, estimates: dict) -> str | None:
+    def _drift(
+        self, value: float, examples: int, unit_variance: float | None, scale: MeasureScale, estimates: dict
+    ) -> str | None:
         """Why the newest chunk signals a drift, or None. It is compared with the live model's errors
         so far, or right after a stage (none yet) with the previous model's."""
         reference = self.live if self.live.chunks else self.previous
         if reference is None or not reference.chunks:
             return None
         jump = value - reference.mean
-        spread = math.sqrt(_variance(value, examples, kind) + _variance(reference.mean, reference.examples, kind))
+        spread = math.sqrt(scale.variance(value, examples, unit_variance) + reference.variance(scale))
         score = jump / spread
         estimates["drift_score"] = score
         if reference is not self.live and not self.detector.reads_stage_changes:
@@ -264,8 +221,8 @@ class Adaptive(Policy):
             return None
         whose = "live model's" if reference is self.live else "model before the last stage's"
         reason = (
-            f"drift: the newest chunk's {_shown(value, kind)} is {_rise(jump, kind)} above the {whose} "
-            f"{_shown(reference.mean, kind)} ({score:.1f} standard errors)"
+            f"drift: the newest chunk's {scale.shown(value)} is {scale.worse_by(jump)} the {whose} "
+            f"{scale.shown(reference.mean)} ({score:.1f} standard errors)"
         )
         if reference is not self.live:
             # The first chunk after a stage is the live model's first measure: a stage that made the
@@ -274,26 +231,23 @@ class Adaptive(Policy):
         why = self.detector.why()
         return f"{reason}; {why}" if why else reason
 
-    def _stage_gain(self, kind: str, estimates: dict) -> str:
+    def _stage_gain(self, scale: MeasureScale, estimates: dict) -> str:
         """The last stage's measured gain, as text for the reason."""
         if self.previous is None or self.last_stage_drifted is not False:
             return ""
         if not (self.previous.chunks and self.live.chunks):
             return ""
         gain = self.previous.mean - self.live.mean
-        spread = math.sqrt(
-            _variance(self.previous.mean, self.previous.examples, kind)
-            + _variance(self.live.mean, self.live.examples, kind)
-        )
+        spread = math.sqrt(self.previous.variance(scale) + self.live.variance(scale))
         score = gain / spread
         estimates["stage_gain_score"] = score
         if abs(score) < GAIN_SIGNIFICANCE:
             verdict = "no measurable effect"
         else:
             verdict = "paid off" if score > 0 else "made it worse"
-        gained = _fall(gain, kind) if gain >= 0 else f"-{_rise(-gain, kind)}"
+        gained = scale.gained(gain)
         text = (
-            f", previous model {_shown(self.previous.mean, kind)}: the last stage gained {gained} "
+            f", previous model {scale.shown(self.previous.mean)}: the last stage gained {gained} "
             f"({score:.1f} standard errors: {verdict})"
         )
         return text
@@ -311,8 +265,12 @@ class Adaptive(Policy):
             self.trained = 1
             self.grown_from = 0
             trained_before = 0
-            self.previous = _Errors()
-            self.previous.add(value, state.prequential_examples)
+            self.previous = ChunkMeasures()
+            self.previous.add(
+                value,
+                state.prequential_examples,
+                MeasureScale(state.measure).unit_variance(state.prequential_unit_variance),
+            )
             reason += f"; training now on {pending} pending chunk(s) and waiting again from chunk {newest}"
         else:
             self._stage_closed(self.trained, self.live)
@@ -333,7 +291,7 @@ class Adaptive(Policy):
                     f"time the data grows {GROWTH_FACTOR}-fold"
                 )
                 self.grown_from = trained_before
-        self.live = _Errors()
+        self.live = ChunkMeasures()
         self.last_stage_drifted = drift
         # The estimates describe the state after the decision, which the gauges show until the next
         # chunk: a new live model with nothing measured yet, the replaced one as the previous, the

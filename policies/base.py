@@ -34,11 +34,14 @@ class PolicyState:
     #: Whether the learner's growth step leaves the function it computes unchanged (gMoE, Firefly, the
     #: Switch LM's gMoE) rather than adding an untrained part (gEns).
     growth_keeps_function: bool = False
-    #: The live model's measure on the newest chunk before training on it (its prequential error, or
-    #: perplexity), the examples it was taken on, and which measure it is. None on a check between
-    #: chunks, where no chunk is new.
+    #: The live model's measure on the newest chunk before training on it (its prequential error, recall,
+    #: perplexity...: the task's measure), the examples its standard error counts (a recall's: the
+    #: positives), their per-example variance (None: the measure's own rule), and which measure it is
+    #: (:func:`alma_daemon.measures.build_measure` by name; :func:`scale_of` reads it). None on a check
+    #: between chunks, where no chunk is new.
     prequential: float | None = None
     prequential_examples: int = 0
+    prequential_unit_variance: float | None = None
     measure: str = "error"
     #: The id of the newest chunk received (ids increase but need not start at 1 or be consecutive:
     #: a replay from a later chunk, dead-lettered chunks); None before the first.

@@ -37,8 +37,9 @@ from pydantic.dataclasses import dataclass
 
 from alma_daemon.config.base import PLUGIN_SECTION, Float, Int
 from policies import register_policy
-from policies.adaptive import Adaptive, AdaptiveConfig, _Errors, _variance
+from policies.adaptive import Adaptive, AdaptiveConfig
 from policies.base import PolicyState
+from policies.measure_scale import ChunkMeasures, MeasureScale
 
 #: The slope's prior: learning curves of the paper's settings fall as N^-0.1 (CIFAR-10) to N^-0.5 (MNIST).
 PRIOR_SLOPE = 0.3
@@ -94,7 +95,7 @@ class LearningCurve:
         #: (chunks trained on, mean measure, examples measured on), one per closed stage.
         self.points: list[tuple[int, float, int]] = [(int(n), float(v), int(e)) for n, v, e in points or []]
 
-    def add(self, trained: int, errors: _Errors) -> None:
+    def add(self, trained: int, errors: ChunkMeasures) -> None:
         if trained > 0 and errors.chunks and errors.mean > 0:
             self.points.append((trained, errors.mean, errors.examples))
 
@@ -108,7 +109,8 @@ class LearningCurve:
         saa, sac, scc = 1e-6, 0.0, prior
         ya, yc = 0.0, prior * PRIOR_SLOPE
         for trained, value, examples in recent:
-            weight = 1 / (_variance(value, examples, kind) / value**2 + MISFIT_SD**2)
+            # A mean loss's spread is not kept per point: its coefficient of variation is taken as 1.
+            weight = 1 / (MeasureScale(kind).variance(value, examples) / value**2 + MISFIT_SD**2)
             x, y = -math.log(trained), math.log(value)
             saa, sac, scc = saa + weight, sac + weight * x, scc + weight * x * x
             ya, yc = ya + weight * y, yc + weight * x * y
@@ -186,7 +188,7 @@ class Forecast(Adaptive):
     def _ratio(self) -> float:
         return best_ratio(self._slope(), self.stage_penalty)
 
-    def _stage_closed(self, trained: int, live: _Errors) -> None:
+    def _stage_closed(self, trained: int, live: ChunkMeasures) -> None:
         self.curve.add(trained, live)
 
     def _regime_started(self) -> None:

@@ -240,7 +240,9 @@ class Publisher(ABC):
                 return self._guard_by_margin(candidate, live)
             sample = self.guard_sample(candidate)
             verdict = self.promotion.judge(
-                candidate.learner.mistakes(sample), self.store.load(live).mistakes(sample), len(candidate.sample)
+                candidate.learner.outputs(sample).argmax(1) != sample.y,
+                self.store.load(live).outputs(sample).argmax(1) != sample.y,
+                len(candidate.sample),
             )
         return _outcome(candidate.version, live, verdict)
 

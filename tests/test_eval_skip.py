@@ -22,7 +22,10 @@ class MeasureEveryChunk(Engine):
     """The engine before the skip: a test-set pass after every chunk."""
 
     def test_measure(self, test_set):
-        return None if test_set is None else self.learner.evaluate(test_set)[self.learner.measure]
+        if test_set is None:
+            return None
+        measurement, details = self.learner.assess(test_set)
+        return measurement.value, details
 
 
 def run(engine_class: type[Engine], overrides: list[str]) -> tuple[list[dict], int]:
@@ -31,8 +34,8 @@ def run(engine_class: type[Engine], overrides: list[str]) -> tuple[list[dict], i
     test = separable_data(MNIST_TASK, 100, seed=2)
     learner = build_learner("sm", MNIST_TASK, config.learner, config.seed)
     passes = []
-    evaluate = learner.evaluate
-    learner.evaluate = lambda data: (passes.append(len(data)), evaluate(data))[1]
+    assess = learner.assess
+    learner.assess = lambda data: (passes.append(len(data)), assess(data))[1]
     engine = engine_class(
         learner,
         build_policy(config.policy),

@@ -9,7 +9,7 @@ import random
 import pytest
 
 from alma_daemon.config import ConfigError, policy_config
-from policies.adaptive import _Errors
+from policies.measure_scale import ChunkMeasures as _Errors
 from policies.base import Decision
 from policies.forecast import DEFAULT_STAGE_PENALTY, LearningCurve, Slope, best_ratio
 from policies.geometric import geometric_threshold

@@ -44,7 +44,7 @@ def language_model_step(**changes) -> StepRecord:
         test=200.25,
         prequential=900.0,
         cumulative_prequential=900.0,
-        cumulative_error=None,
+        cumulative=None,
         train_flops=1000,
         cumulative_train_flops=1000,
         parameters=400,
@@ -64,7 +64,7 @@ def test_rows_written_before_typed_records_read_back_to_the_same_rows_and_summar
     records = read_rows(written["series"])
     assert [list(r.as_row().items()) for r in records] == [list(row.items()) for row in written["series"]]
     assert all(r.measure == "error" and r.trained for r in records)
-    assert records[-1].cumulative_error == written["summary"]["cer"]
+    assert records[-1].cumulative == written["summary"]["cer"]
     assert summarize(written["series"], written["summary"]["wall_seconds"]) == written["summary"]
 
 

@@ -27,6 +27,7 @@ from alma_daemon.config.sections import (
     RedisConfig,
     ServingConfig,
     StreamConfig,
+    TaskConfig,
     TrainConfig,
 )
 
@@ -43,6 +44,7 @@ __all__ = [
     "RedisConfig",
     "ServingConfig",
     "StreamConfig",
+    "TaskConfig",
     "TrainConfig",
     "build_config",
     "validate",

@@ -87,6 +87,96 @@ class DatasetConfig:
     )
 
 
+#: The task measures (alma_daemon/measures/, one class each; a test keeps the two lists equal).
+MEASURE_NAMES = (
+    "error",
+    "log_loss",
+    "balanced_error",
+    "recall",
+    "precision",
+    "pr_auc",
+    "cost",
+    "mse",
+    "mae",
+    "perplexity",
+)
+
+
+@dataclass(config=SECTION)
+class TaskConfig:
+    """The team's task: what the model predicts, the measure it is judged by, its labels and its training weights."""
+
+    kind: Literal["classification", "regression"] | None = Field(
+        default=None,
+        description="classification (integer labels, or names from task.classes) or regression (a float target); "
+        "None = the dataset's (arrays and table: classification unless task.measure is mse or mae).",
+    )
+    measure: Literal[MEASURE_NAMES] | None = Field(  # type: ignore[valid-type]
+        default=None,
+        description="The measure that drives the policy, the promotion guard, the CER (its sum over chunks), the "
+        "report and the metrics (docs/measures.md): error, log_loss, balanced_error (1 - mean per-class recall); "
+        "binary tasks also recall, precision, pr_auc (of task.positive_class) and cost (task.false_negative_cost "
+        "per missed positive, task.false_positive_cost per false alarm); regression mse or mae. None = error "
+        "(classification), mse (regression), perplexity (language models).",
+    )
+    classes: list[Str] = Field(
+        default_factory=list,
+        description="Names of the classes in label-index order (e.g. [ok, fraud]): accepted as labels on the wire, "
+        "returned by serving, shown in reports. Empty = the indexes.",
+    )
+    positive_class: Str | None = Field(
+        default=None,
+        description="Binary tasks: the class recall, precision, PR-AUC and cost are of, by name (or index). None = "
+        "the second class (index 1).",
+    )
+    false_negative_cost: Float = Field(
+        default=1.0, gt=0, description="measure cost: the cost of a missed positive (e.g. a fraud let through)."
+    )
+    false_positive_cost: Float = Field(
+        default=1.0, gt=0, description="measure cost: the cost of a false alarm (a good example flagged positive)."
+    )
+    class_weights: list[Float] = Field(
+        default_factory=list,
+        description="Classification: a weight per class of the training loss (and of early stopping's validation "
+        "loss), in class-index order, e.g. [1, 20] for 5 % positives. Empty = unweighted.",
+    )
+    feature_mean: list[Float] = Field(
+        default_factory=list,
+        description="Standardized features (dataset.normalization standardize): the per-feature means the model "
+        "subtracts, as the team's training used them; with feature_std. Empty = from statistics_file, else the "
+        "stream's first chunk.",
+    )
+    feature_std: list[Float] = Field(
+        default_factory=list, description="The per-feature standard deviations that go with task.feature_mean."
+    )
+    statistics_file: Str | None = Field(
+        default=None,
+        description='A JSON file {"mean": [...], "std": [...]} of the per-feature statistics (instead of '
+        "task.feature_mean and feature_std).",
+    )
+
+    def __post_init__(self) -> None:
+        if bool(self.feature_mean) != bool(self.feature_std):
+            missing = "feature_std" if self.feature_mean else "feature_mean"
+            raise ConfigError(f"task.{missing}: task.feature_mean and task.feature_std go together")
+        if self.feature_mean and len(self.feature_mean) != len(self.feature_std):
+            raise ConfigError(f"task.feature_std: {len(self.feature_std)} values for {len(self.feature_mean)} means")
+        if self.feature_mean and self.statistics_file:
+            raise ConfigError("task.statistics_file: the statistics are given twice (task.feature_mean too); keep one")
+        if any(s <= 0 for s in self.feature_std):
+            raise ConfigError("task.feature_std: every standard deviation must be > 0")
+        if any(w < 0 for w in self.class_weights) or (self.class_weights and not any(self.class_weights)):
+            raise ConfigError("task.class_weights: weights must be >= 0, and not all 0")
+        if len(set(self.classes)) != len(self.classes):
+            raise ConfigError(f"task.classes: names must differ; got {self.classes}")
+        if self.kind == "regression":
+            for key in ("classes", "class_weights"):
+                if getattr(self, key):
+                    raise ConfigError(f"task.{key}: a regression task has no classes")
+            if self.positive_class is not None:
+                raise ConfigError("task.positive_class: a regression task has no classes")
+
+
 @dataclass(config=SECTION)
 class DriftConfig:
     """A change of distribution partway through a simulated or replayed stream (stream.drift)."""
@@ -413,6 +503,10 @@ class Config:
     """The whole configuration of a simulation or a daemon; every key is described in docs/config.md."""
 
     dataset: DatasetConfig = Field(default_factory=DatasetConfig, description="The data the stream is cut from.")
+    task: TaskConfig = Field(
+        default_factory=TaskConfig,
+        description="The team's task: its measure, class names, costs, loss weights, feature statistics (docs/measures.md).",
+    )
     stream: StreamConfig = Field(
         default_factory=StreamConfig,
         description="How the data arrives: chunks (mega-batches), their validation split, drift, event streams.",

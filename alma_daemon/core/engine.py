@@ -25,11 +25,12 @@ import torch
 from alma_daemon.config import Config
 from alma_daemon.core.checkpoints import CheckpointStore
 from alma_daemon.core.chunk_buffer import ChunkBuffer
-from alma_daemon.core.records import StageRecord, StepRecord
+from alma_daemon.core.records import CUMULATIVE_MEASURES, StageRecord, StepRecord
 from alma_daemon.data.streams import Chunk, build_drift, prequential_sample, split_chunk
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import Learner
 from alma_daemon.learners.growth_report import GrowthReport
+from alma_daemon.measures import Measure, Measurement
 from alma_daemon.seeding import derive_seed
 from alma_daemon.training.loop import FitReport, Trainer
 from alma_daemon.training.optim import resolve_optimizer_name
@@ -68,6 +69,7 @@ class EngineState:
     examples_seen: int = 0
     stages_done: int = 0
     model_version: int = 0
+    #: The cumulative measure: the sum of the test measures (the CER with the error rate).
     cumulative_error: float = 0.0
     cumulative_prequential: float = 0.0
     cumulative_train_flops: int = 0
@@ -115,8 +117,10 @@ class Engine:
         self.drift = build_drift(config.stream.drift, learner.task, config.stream.seed)
         #: (drift amount, the test set drifted by it): a gradual drift changes it on each chunk of its ramp.
         self._drifted_test_set: tuple[float, LabeledData] | None = None
-        #: (model version, test set, measure) of the last test-set measurement: see :meth:`test_measure`.
-        self._last_test: tuple[int, LabeledData, float] | None = None
+        #: (model version, test set, (measure, other measures)) of the last test-set measurement: see :meth:`test_measure`.
+        self._last_test: tuple[int, LabeledData, tuple[float, dict[str, float]]] | None = None
+        #: (test set, the input-blind model's measure on it), recorded when :attr:`records_baseline`.
+        self._test_baseline: tuple[LabeledData, float] | None = None
 
     # -- the step ---------------------------------------------------------------------------------
     def on_chunk(self, chunk: Chunk) -> StepRecord:
@@ -126,22 +130,35 @@ class Engine:
         late = chunk.index < self.state.last_chunk
         if self.learner.task.awaits_statistics:
             self.learner.take_input_statistics(chunk.data.x)
-        measure = self.learner.measure
         stream = self.config.stream
         sample = prequential_sample(chunk, stream.prequential_examples, stream.seed)
-        prequential = self.learner.evaluate(sample)[measure]
+        prequential, details = self.learner.assess(sample)
         self.buffer.add(split_chunk(chunk, stream.val_fraction, stream.seed))
         self.state.chunks_seen += 1
         self.state.last_chunk = max(chunk.index, self.state.last_chunk)
         self.state.late_chunks += late
         self.state.examples_seen += len(chunk)
 
-        decision = self.decide(prequential, len(sample))
+        decision = self.decide(prequential)
         stage = self.train_stage(decision) if decision.trains else None
-        return self.record_step(chunk, prequential, decision, stage, late=late)
+        baseline = self.task_measure.baseline(sample.y) if self.records_baseline else None
+        return self.record_step(
+            chunk, prequential.value, decision, stage, late=late, details=details, baseline=baseline
+        )
 
-    def policy_state(self, prequential: float | None = None, prequential_examples: int = 0) -> PolicyState:
-        """What the policy sees; ``prequential`` is the newest chunk's measure (None between chunks)."""
+    @property
+    def task_measure(self) -> Measure:
+        return self.learner.task_measure
+
+    @property
+    def records_baseline(self) -> bool:
+        """Whether steps record an input-blind model's measure: for a team's task (its own measure, two
+        classes, a regression), not for the paper's balanced classes, whose series stay as they were."""
+        task = self.learner.task
+        return bool(task.measure) or task.target_kind in ("binary", "regression")
+
+    def policy_state(self, prequential: Measurement | None = None) -> PolicyState:
+        """What the policy sees; ``prequential`` is the newest chunk's measurement (None between chunks)."""
         pending = self.buffer.pending_examples()
         kept = self.state.examples_seen if self.config.stream.replay else pending
         return PolicyState(
@@ -159,14 +176,15 @@ class Engine:
             next_stage_examples=round(kept * (1 - self.config.stream.val_fraction)),
             learner_grows=self.learner.grows,
             growth_keeps_function=self.learner.growth_keeps_function,
-            prequential=prequential,
-            prequential_examples=prequential_examples,
+            prequential=prequential.value if prequential is not None else None,
+            prequential_examples=prequential.examples if prequential is not None else 0,
+            prequential_unit_variance=prequential.unit_variance if prequential is not None else None,
             measure=self.learner.measure,
             newest_chunk=self.state.last_chunk or None,
         )
 
-    def decide(self, prequential: float | None = None, prequential_examples: int = 0) -> Decision:
-        decision = self.policy.decide(self.policy_state(prequential, prequential_examples))
+    def decide(self, prequential: Measurement | None = None) -> Decision:
+        decision = self.policy.decide(self.policy_state(prequential))
         self.state.last_decision = {
             "action": decision.action,
             "reason": decision.reason,
@@ -218,7 +236,7 @@ class Engine:
         # The passes that chose how to grow (validation losses, candidate scoring) are training compute.
         report = replace(report, flops=report.flops + int(growth.flops or 0 if growth else 0))
         self.buffer.mark_trained(self.config.stream.replay)
-        val_measure = self.learner.evaluate(val)[self.learner.measure]
+        val_measure = self.learner.measure_on(val).value
         self.state.stages_done = stage
         self.state.model_version += 1
         self.state.last_stage_flops_per_example = report.flops / max(1, len(train))
@@ -284,8 +302,9 @@ class Engine:
             self._drifted_test_set = (amount, self.drift.test_set(self.test_set, chunk_index))
         return self._drifted_test_set[1]
 
-    def test_measure(self, test_set: LabeledData | None) -> float | None:
-        """The model's measure on ``test_set``, taken again only when the model or the test set changed.
+    def test_measure(self, test_set: LabeledData | None) -> tuple[float, dict[str, float]] | None:
+        """The model's measure on ``test_set`` and its other measures, taken again only when the model or
+        the test set changed.
 
         Only a training stage changes the model, and each one bumps ``model_version``: with a waiting
         time w, w - 1 of every w chunks would otherwise measure the same model on the same examples.
@@ -295,15 +314,29 @@ class Engine:
         last = self._last_test
         if last is not None and last[0] == self.state.model_version and last[1] is test_set:
             return last[2]
-        value = self.learner.evaluate(test_set)[self.learner.measure]
-        self._last_test = (self.state.model_version, test_set, value)
-        return value
+        measurement, details = self.learner.assess(test_set)
+        self._last_test = (self.state.model_version, test_set, (measurement.value, details))
+        return measurement.value, details
 
     def record_step(
-        self, chunk: Chunk, prequential: float, decision: Decision, stage: StageRecord | None, *, late: bool = False
+        self,
+        chunk: Chunk,
+        prequential: float,
+        decision: Decision,
+        stage: StageRecord | None,
+        *,
+        late: bool = False,
+        details: dict[str, float] | None = None,
+        baseline: float | None = None,
     ) -> StepRecord:
+        """The step's record, with the test-set measures and the running totals; ``details`` are the
+        chunk's other measures, ``baseline`` the input-blind model's on the chunk (used without a test set)."""
         measure = self.learner.measure
-        test = self.test_measure(self.test_set_at(chunk.index))
+        test_set = self.test_set_at(chunk.index)
+        tested = self.test_measure(test_set)
+        test, test_details = tested if tested is not None else (None, None)
+        if test_set is not None and baseline is not None:
+            baseline = self.test_baseline(test_set)
         s = self.state
         params = self.learner.num_parameters()
         train_flops = stage.train_flops if stage else 0
@@ -312,7 +345,9 @@ class Engine:
         s.cumulative_train_flops += train_flops
         s.cumulative_parameters += params
         s.cumulative_train_seconds += train_seconds
-        if measure == "error" and test is not None:
+        # The cumulative measure (the CER with the error rate) sums the test measure; a perplexity has none.
+        cumulates = measure in CUMULATIVE_MEASURES and test is not None
+        if cumulates:
             s.cumulative_error += test
         record = StepRecord(
             t=s.chunks_seen,
@@ -324,8 +359,10 @@ class Engine:
             test=test,
             prequential=prequential,
             cumulative_prequential=s.cumulative_prequential,
-            # The CER is a classifier's; a stream without a test set has none.
-            cumulative_error=s.cumulative_error if measure == "error" and test is not None else None,
+            cumulative=s.cumulative_error if cumulates else None,
+            test_measures=test_details or None,
+            prequential_measures=details or None,
+            baseline=baseline,
             train_flops=train_flops,
             cumulative_train_flops=s.cumulative_train_flops,
             parameters=params,
@@ -342,3 +379,9 @@ class Engine:
         for observer in self.observers:
             observer.on_step(record, self)
         return record
+
+    def test_baseline(self, test_set: LabeledData) -> float:
+        """The input-blind model's measure on ``test_set`` (taken once per test set)."""
+        if self._test_baseline is None or self._test_baseline[0] is not test_set:
+            self._test_baseline = (test_set, self.task_measure.baseline(test_set.y))
+        return self._test_baseline[1]

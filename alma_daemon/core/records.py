@@ -2,9 +2,9 @@
 per chunk, and their rows in the results files.
 
 A record's row is what ``results.json``, ``series.csv`` and the daemon's series in Redis hold: flat
-keys, the measured ones named after the learner's measure (``test_error``, ``val_error`` and the
-CER ``cumulative_error`` for a classifier; ``test_perplexity``, ``val_perplexity`` for a language
-model). Each field declares its place in the row with :func:`column` (or :func:`no_column`), so the
+keys, the measured ones named after the task's measure (``test_error``, ``val_error`` and the
+CER ``cumulative_error`` for the paper's classifiers; ``test_recall`` and ``cumulative_recall`` for a
+task judged by recall; ``test_perplexity``, ``val_perplexity`` for a language model). Each field declares its place in the row with :func:`column` (or :func:`no_column`), so the
 rows, their reading back and the CSV columns all follow the dataclasses' fields, in field order.
 Only this module builds row keys from the measure's name. Observers read the records' typed fields;
 :meth:`StepRecord.as_row` gives the row.
@@ -17,9 +17,12 @@ from dataclasses import MISSING, Field, dataclass, field, fields, replace
 from typing import Any
 
 from alma_daemon.learners.growth_report import GrowthReport
+from alma_daemon.measures import MEASURES as ALL_MEASURES
 
-#: The learners' measures, in the order series.csv gives their columns.
+#: The measures whose columns every series.csv has, in this order; a run of another measure adds its own.
 MEASURES = ("error", "perplexity")
+#: The measures with a cumulative sum over the stream (the CER and its kin): all but a perplexity.
+CUMULATIVE_MEASURES = tuple(name for name in ALL_MEASURES if name != "perplexity")
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,8 @@ class Column:
     measures: tuple[str, ...] | None = None
     #: The row carries the key only when the field is true (a flag kept out of ordinary rows).
     only_if_true: bool = False
+    #: The row carries the key only when the field is not None.
+    only_if_set: bool = False
     #: A column of series.csv.
     csv: bool = False
     #: A stage field that a trained step's row repeats (None values left out).
@@ -104,7 +109,7 @@ class StageRecord:
     train_seconds: float = column()
     model_version: int = column()
     parameters: int = column()
-    #: The learner's measure ("error" or "perplexity").
+    #: The task's measure (alma_daemon/measures).
     measure: str = no_column()
 
     def as_row(self) -> dict[str, Any]:
@@ -167,14 +172,23 @@ class StepRecord:
     cumulative_train_seconds: float = column()
     model_version: int = column(csv=True)
     wall_seconds: float = column(csv=True)
-    #: The CER so far (sum of the test errors, paper Eq. 1): classifiers only, None without a test set.
-    cumulative_error: float | None = column(measures=("error",), csv=True)
+    #: The cumulative measure so far: the sum of the test measures (with the error rate, the CER of the
+    #: paper's Eq. 1); not for perplexities, None without a test set.
+    cumulative: float | None = column("cumulative_{measure}", measures=CUMULATIVE_MEASURES, csv=True)
+    #: The task's other measures (:meth:`alma_daemon.measures.Measure.details`) on the test set and on
+    #: the chunk; rows of a task that has none (the paper's) have no such keys.
+    test_measures: dict[str, float] | None = column(default=None, only_if_true=True)
+    prequential_measures: dict[str, float] | None = column(default=None, only_if_true=True)
+    #: The measure of an input-blind model (the majority class, the mean target) on the test set, else
+    #: on the chunk: what the model must beat. Recorded for the tasks of a team (a measure, a binary or
+    #: a regression task), not for the paper's.
+    baseline: float | None = column("baseline_{measure}", default=None, only_if_set=True)
     #: The chunk completed after a later chunk was taken (service/reorder.py): it trained as this step.
     #: Only such a step's row has the key, so in-order rows, every simulated one, have no ``late``.
     late: bool = column(default=False, only_if_true=True)
     #: The stage trained, whose :meth:`StageRecord.step_columns` end the row.
     stage: StageRecord | None = no_column(default=None)
-    #: The learner's measure ("error" or "perplexity"), the unit of the measured fields.
+    #: The task's measure (alma_daemon/measures), the unit of the measured fields.
     measure: str = no_column()
 
     def __post_init__(self) -> None:
@@ -192,6 +206,8 @@ class StepRecord:
         row: dict[str, Any] = {}
         for f, how in columns_of(StepRecord):
             value = getattr(self, f.name)
+            if how.only_if_set and value is None:
+                continue
             if how.applies_to(self.measure) and (value or not how.only_if_true):
                 row[how.key_for(self.measure)] = value
         if self.stage is not None:
@@ -219,9 +235,9 @@ class StepRecord:
             raise ValueError(f"step record without key {missing}: {_describe(row)}") from None
 
 
-def csv_columns() -> list[str]:
+def csv_columns(measure: str = "error") -> list[str]:
     """The columns of series.csv: the step's CSV fields in field order, the measured ones as one block
-    (each measure's columns in turn, :data:`MEASURES` order) where the first of them stands."""
+    (each of :data:`MEASURES` in turn, then ``measure``'s where it is another) where the first of them stands."""
     columns: list[str | None] = []
     measured: list[Column] = []
     for _, how in columns_of(StepRecord):
@@ -233,7 +249,8 @@ def csv_columns() -> list[str]:
             measured.append(how)
         else:
             columns.append(how.key)
-    block = [how.key_for(m) for m in MEASURES for how in measured if how.applies_to(m)]
+    shown = MEASURES if measure in MEASURES else (*MEASURES, measure)
+    block = [how.key_for(m) for m in shown for how in measured if how.applies_to(m)]
     at = columns.index(None)
     return [c for c in columns[:at] if c] + block + [c for c in columns[at + 1 :] if c]
 

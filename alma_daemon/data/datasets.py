@@ -35,8 +35,9 @@ NORMALIZATIONS = ("pixels", "standardize", "none")
 class TaskInfo:
     """What a model needs to know about its inputs and outputs; saved in every checkpoint's spec."""
 
-    kind: str  # "classification" or "language_model"
+    kind: str  # "classification", "regression" or "language_model"
     input_shape: tuple[int, ...]
+    #: Classes of a classifier, tokens of a language model; 1 for a regression (one number out).
     num_classes: int
     #: What the model does to raw inputs first (:data:`NORMALIZATIONS`).
     normalization: str = "pixels"
@@ -49,10 +50,35 @@ class TaskInfo:
     channels_last: bool = False
     augment: bool = False
     extra: dict = field(default_factory=dict)
+    #: The measure the task is judged by (``task.measure``); "" = the kind's default (alma_daemon/measures).
+    measure: str = ""
+    #: The classes' names in label-index order (``task.classes``); empty = their indexes.
+    classes: tuple[str, ...] = ()
+    #: A binary task's positive class (``task.positive_class``), by index.
+    positive: int = 1
+    false_negative_cost: float = 1.0
+    false_positive_cost: float = 1.0
+    #: A weight per class of the training loss (``task.class_weights``); empty = unweighted.
+    class_weights: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if self.normalization not in NORMALIZATIONS:
             raise ValueError(f"normalization must be one of {NORMALIZATIONS}; got {self.normalization!r}")
+
+    @property
+    def regression(self) -> bool:
+        return self.kind == "regression"
+
+    @property
+    def target_kind(self) -> str:
+        """What the measures call the task: binary, multiclass, regression or language_model."""
+        if self.kind == "classification":
+            return "binary" if self.num_classes == 2 else "multiclass"
+        return self.kind
+
+    def class_name(self, index: int) -> str:
+        """A class's name (``task.classes``), else its index as text."""
+        return self.classes[index] if self.classes else str(index)
 
     def with_statistics(self, x: torch.Tensor) -> TaskInfo:
         """This standardizing task with per-feature statistics of ``x`` (N x input_shape): a feature
@@ -83,6 +109,18 @@ class TaskInfo:
             "channels_last": self.channels_last,
             "augment": self.augment,
             "extra": self.extra,
+            # The task's own terms, written only where set, so a paper task's spec reads as before.
+            **{key: value for key, value in self._target_terms().items() if value != _TARGET_DEFAULTS[key]},
+        }
+
+    def _target_terms(self) -> dict:
+        return {
+            "measure": self.measure,
+            "classes": list(self.classes),
+            "positive": self.positive,
+            "false_negative_cost": self.false_negative_cost,
+            "false_positive_cost": self.false_positive_cost,
+            "class_weights": list(self.class_weights),
         }
 
     @classmethod
@@ -97,7 +135,24 @@ class TaskInfo:
             channels_last=bool(data.get("channels_last", False)),
             augment=bool(data.get("augment", False)),
             extra=dict(data.get("extra", {})),
+            measure=str(data.get("measure", "")),
+            classes=tuple(data.get("classes", ())),
+            positive=int(data.get("positive", 1)),
+            false_negative_cost=float(data.get("false_negative_cost", 1.0)),
+            false_positive_cost=float(data.get("false_positive_cost", 1.0)),
+            class_weights=tuple(float(w) for w in data.get("class_weights", ())),
         )
+
+
+#: The target terms of a task that sets none (a paper task): what its spec.json leaves out.
+_TARGET_DEFAULTS = {
+    "measure": "",
+    "classes": [],
+    "positive": 1,
+    "false_negative_cost": 1.0,
+    "false_positive_cost": 1.0,
+    "class_weights": [],
+}
 
 
 @dataclass(frozen=True)

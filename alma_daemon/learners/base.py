@@ -25,6 +25,7 @@ from alma_daemon.config.base import PLUGIN_SECTION, Int, Str
 from alma_daemon.data.datasets import TaskInfo
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners.growth_report import GrowthReport
+from alma_daemon.measures import Measure, Measurement, task_measure
 from alma_daemon.models.backbones import Backbone, Normalize, backbone_layers, inputs_standardized_outside
 from alma_daemon.models.user_model import load_user_weights, user_layers
 from alma_daemon.seeding import derive_seed
@@ -97,8 +98,6 @@ class Learner(ABC):
     #: Switch LM's copied expert) or moves it by a small scored step (Firefly), False where it adds an
     #: untrained part (gEns); the adaptive policy grows the former at every stage.
     growth_keeps_function: ClassVar[bool] = False
-    #: The measure :meth:`evaluate` reports: "error" (classification) or "perplexity" (LM).
-    measure: ClassVar[str] = "error"
     #: True where one network trains data-parallel under torchrun (every batch split over the ranks);
     #: False where independent members train one per rank.
     splits_batches_over_ranks: ClassVar[bool] = False
@@ -200,33 +199,41 @@ class Learner(ABC):
                 out.append(self.forward_proba(x[i : i + EVAL_BATCH].to(self.device)).cpu())
         return torch.cat(out) if out else torch.empty(0, self.task.num_classes)
 
-    def evaluate(self, data: LabeledData) -> dict[str, float]:
-        """``{"error": share of wrong predictions}`` on ``data``.
+    @property
+    def task_measure(self) -> Measure:
+        """The measure the task is judged by (``task.measure``: alma_daemon/measures)."""
+        return task_measure(self.task)
 
-        The inputs are standardized once per tensor (the test set: once per stream, see
-        :meth:`_standardized`) and wrong predictions are counted on the model's device.
-        """
-        if len(data) == 0:
-            return {"error": float("nan")}
-        return {"error": int(self._mistakes(data).sum()) / len(data)}
+    @property
+    def measure(self) -> str:
+        """The name of :attr:`task_measure`: the unit of every measured field of the records."""
+        return self.task_measure.name
 
-    def mistakes(self, data: LabeledData) -> torch.Tensor:
-        """Which examples of ``data`` the model gets wrong: a bool tensor on the CPU, one per example.
-
-        The promotion guard pairs two versions' mistakes on the same examples (serving/guard.py);
-        ``evaluate``'s error is their mean.
-        """
-        return self._mistakes(data).cpu()
-
-    def _mistakes(self, data: LabeledData) -> torch.Tensor:
+    def outputs(self, data: LabeledData) -> torch.Tensor:
+        """What the model answers for ``data``'s inputs, on the CPU: class probabilities (N x C) for a
+        classifier. The inputs are standardized once per tensor (the test set: once per stream, see
+        :meth:`_standardized`)."""
         self.model.eval()
-        wrong = []
+        out = []
         with inputs_standardized_outside(self.model) as normalize, torch.inference_mode():
             x = data.x if normalize is None else self._standardized(data.x, normalize)
             for i in range(0, len(data), EVAL_BATCH):
-                proba = self.forward_proba(x[i : i + EVAL_BATCH].to(self.device))
-                wrong.append(proba.argmax(1) != data.y[i : i + EVAL_BATCH].to(self.device))
-        return torch.cat(wrong) if wrong else torch.zeros(0, dtype=torch.bool, device=self.device)
+                out.append(self.forward_proba(x[i : i + EVAL_BATCH].to(self.device)).cpu())
+        return torch.cat(out) if out else torch.empty(0, self.task.num_classes)
+
+    def measure_on(self, data: LabeledData) -> Measurement:
+        """The task's measure of the model on ``data``."""
+        return self.task_measure.measure(self.outputs(data), data.y)
+
+    def evaluate(self, data: LabeledData) -> dict[str, float]:
+        """``{measure name: value}`` on ``data`` (NaN on no examples)."""
+        return {self.measure: self.measure_on(data).value}
+
+    def assess(self, data: LabeledData) -> tuple[Measurement, dict[str, float]]:
+        """The task's measure on ``data`` and its other measures (:meth:`Measure.details`), from one pass."""
+        outputs = self.outputs(data)
+        measure = self.task_measure
+        return measure.measure(outputs, data.y), measure.details(outputs, data.y)
 
     def _standardized(self, x: torch.Tensor, normalize: Normalize) -> torch.Tensor:
         """``x`` as the model's layers take it, kept while ``x`` lives: the engine measures one test set

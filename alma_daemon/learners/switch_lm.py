@@ -24,6 +24,7 @@ from alma_daemon.config.base import PLUGIN_SECTION, Float, Int
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import register_learner
 from alma_daemon.learners.base import Learner
+from alma_daemon.measures import Measurement
 from alma_daemon.models.switch import SwitchLM, SwitchLMConfig
 from alma_daemon.training.flops import FlopMeter
 from alma_daemon.training.loop import FitReport, Trainer
@@ -77,7 +78,6 @@ class SwitchLanguageModelConfig(LanguageModelConfig):
 class LanguageModel(Learner):
     """Base of the Switch LM learners: token inputs, perplexity, one step-budget stage per network."""
 
-    measure = "perplexity"
     config: LanguageModelConfig
 
     @classmethod
@@ -133,11 +133,15 @@ class LanguageModel(Learner):
     def forward_proba(self, x: torch.Tensor) -> torch.Tensor:
         return self.log_proba(x).exp()
 
-    def evaluate(self, data: LabeledData) -> dict[str, float]:
-        """``{"perplexity": exp(mean next-token NLL)}`` over every token of ``data``."""
+    def measure_on(self, data: LabeledData) -> Measurement:
+        """The perplexity, exp(mean next-token NLL), over every token of ``data``; its uncertainty is the
+        perplexity measure's fixed one (a chunk's tokens are not independent draws)."""
         self.model.eval()
         with torch.inference_mode():
-            return {"perplexity": math.exp(token_nll(self.log_proba, data, self.device))}
+            return Measurement(math.exp(token_nll(self.log_proba, data, self.device)), data.y.numel(), math.nan)
+
+    def assess(self, data: LabeledData) -> tuple[Measurement, dict[str, float]]:
+        return self.measure_on(data), {}
 
     def example_input(self) -> torch.Tensor:
         return torch.zeros((1, *self.task.input_shape), dtype=torch.long, device=self.device)

@@ -207,7 +207,7 @@ class MetricsObserver(EngineObserver):
         for name in telemetry.ERROR_SETS:
             telemetry.ERROR_RATIO.labels(name).set(_or_nan(record.measured("error", on=name)))
             telemetry.PERPLEXITY.labels(name).set(_or_nan(record.measured("perplexity", on=name)))
-        telemetry.CUMULATIVE_ERROR.set(_or_nan(record.cumulative_error))
+        telemetry.CUMULATIVE_ERROR.set(_or_nan(record.cumulative))
         cumulative_prequential_error = record.cumulative_prequential if record.measure == "error" else None
         telemetry.CUMULATIVE_PREQUENTIAL_ERROR.set(_or_nan(cumulative_prequential_error))
         telemetry.PARAMETERS.set(record.parameters)

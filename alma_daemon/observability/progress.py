@@ -33,8 +33,8 @@ class ProgressBar(EngineObserver):
         shown = {}
         if record.test is not None:
             shown[f"test_{record.measure}"] = f"{record.test:.4g}"
-        if record.cumulative_error is not None:
-            shown["cer"] = f"{record.cumulative_error:.4g}"
+        if record.cumulative is not None:
+            shown["cer"] = f"{record.cumulative:.4g}"
         shown["flops"] = f"{record.cumulative_train_flops:.3g}"
         self.bar.set_postfix(shown, refresh=False)
         # The engine's count rather than one per call: a daemon's step redone after a Redis outage

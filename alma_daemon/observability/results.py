@@ -48,7 +48,7 @@ def summarize_records(records: Sequence[StepRecord], wall_seconds: float, state:
         "wall_seconds": wall_seconds,
     }
     if last is not None and last.measure == "error":
-        summary["cer"] = last.cumulative_error
+        summary["cer"] = last.cumulative
         summary["final_test_error"] = last.test
         summary["cumulative_prequential_error"] = last.cumulative_prequential
     perplexities = [r.test for r in records if r.measure == "perplexity" and r.test is not None]

@@ -13,7 +13,7 @@ from alma_daemon.core.chunk_buffer import MemoryBuffer
 from alma_daemon.core.engine import Engine, EngineObserver
 from alma_daemon.data.datasets import TaskInfo, load_dataset
 from alma_daemon.data.river_streams import read_configured_river
-from alma_daemon.data.stream_task import normalized_task, select_test_examples
+from alma_daemon.data.stream_task import configured_task, select_test_examples
 from alma_daemon.data.streams import Chunk, build_drift, drifted, megabatch_stream, ordered_stream
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.data.text import text_stream
@@ -34,7 +34,7 @@ class SimulatedStream:
 def simulated_stream(config: Config) -> SimulatedStream:
     """The paper's stream for ``config.dataset``, built by the stream kind of that dataset."""
     stream = STREAM_KINDS.get(config.dataset.name, labeled_stream)(config)
-    stream.task = normalized_task(stream.task, config)
+    stream.task = configured_task(stream.task, config)
     return stream
 
 

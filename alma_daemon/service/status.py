@@ -119,7 +119,7 @@ def read_status(client: Any, keys: StreamKeys, poll_seconds: float = 1.0, servin
         "live_version": serving.live if serving is not None else None,
         "live_state": live_state(model_version, serving),
         "last_decision": engine.get("last_decision") or None,
-        "cer": last.cumulative_error if last else None,
+        "cer": last.cumulative if last else None,
         "last_test_error": last.measured("error") if last else None,
         "last_test_perplexity": last.measured("perplexity") if last else None,
         "cumulative_train_flops": int(engine.get("cumulative_train_flops", 0)),

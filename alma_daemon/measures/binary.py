@@ -1,0 +1,135 @@
+"""A binary classifier's measures of its positive class (``task.positive_class``): recall, precision,
+PR-AUC, and the error weighted by what each kind of mistake costs.
+
+Predictions are each example's most probable class (a threshold of 1/2 on the positive class's
+probability), as served answers are."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from alma_daemon.measures.base import Measure, Measurement, mean_measurement, on_cpu, proportion, register_measure
+from alma_daemon.measures.classification import ErrorRate, binary_details, predictions
+
+
+class PositiveClassMeasure(Measure):
+    """A measure of a binary task's positive class."""
+
+    kinds = ("binary",)
+
+    def flagged(self, outputs: torch.Tensor) -> torch.Tensor:
+        return predictions(outputs) == self.target.positive
+
+    def positives(self, y: torch.Tensor) -> torch.Tensor:
+        return y == self.target.positive
+
+    def details(self, outputs: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+        return binary_details(self, outputs, y, skip=self.name)
+
+
+@register_measure
+class Recall(PositiveClassMeasure):
+    """The share of positives the model flags (fraud caught among all fraud)."""
+
+    name = "recall"
+    higher_is_better = True
+    rate = True
+    description = "binary: share of the positive class's examples predicted positive"
+
+    @on_cpu
+    def measure(self, outputs: torch.Tensor, y: torch.Tensor) -> Measurement:
+        positives = self.positives(y)
+        return proportion(int((self.flagged(outputs) & positives).sum()), int(positives.sum()))
+
+    def per_example(self, outputs: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        positives = self.positives(y.cpu())
+        return (~self.flagged(outputs.cpu()) & positives).double(), positives
+
+
+@register_measure
+class Precision(PositiveClassMeasure):
+    """The share of flagged examples that are positive (fraud among the alerts)."""
+
+    name = "precision"
+    higher_is_better = True
+    rate = True
+    description = "binary: share of the examples predicted positive that are positive"
+
+    @on_cpu
+    def measure(self, outputs: torch.Tensor, y: torch.Tensor) -> Measurement:
+        flagged = self.flagged(outputs)
+        return proportion(int((flagged & self.positives(y)).sum()), int(flagged.sum()))
+
+
+def average_precision(scores: torch.Tensor, positives: torch.Tensor) -> float:
+    """The area under the precision-recall curve as average precision: over the thresholds from the highest
+    score down, the precision at each one weighted by the recall it adds (examples of equal score share a
+    threshold, so an input-blind model scores the positives' share). NaN without a positive."""
+    n_pos = int(positives.sum())
+    if n_pos == 0:
+        return math.nan
+    order = torch.argsort(scores.double(), descending=True, stable=True)
+    ranked, hits = scores.double()[order], positives[order].double()
+    _, group_sizes = torch.unique_consecutive(ranked, return_counts=True)
+    ends = group_sizes.cumsum(0) - 1
+    true_positives = hits.cumsum(0)[ends]
+    precision = true_positives / (ends + 1).double()
+    added_recall = torch.diff(true_positives, prepend=torch.zeros(1, dtype=torch.float64)) / n_pos
+    return float((precision * added_recall).sum())
+
+
+@register_measure
+class PrAuc(PositiveClassMeasure):
+    """The area under the precision-recall curve of the positive class's probability (average precision):
+    how well the model ranks positives first, at every threshold."""
+
+    name = "pr_auc"
+    higher_is_better = True
+    rate = True
+    description = (
+        "binary: area under the precision-recall curve (average precision) of the positive class's probability"
+    )
+
+    @on_cpu
+    def measure(self, outputs: torch.Tensor, y: torch.Tensor) -> Measurement:
+        positives = self.positives(y)
+        value = average_precision(outputs[:, self.target.positive], positives)
+        # Its uncertainty comes from the few positives, as a recall's does.
+        n = int(positives.sum())
+        return Measurement(value, n, value * (1 - value) if n else math.nan)
+
+    def constant_outputs(self, y: torch.Tensor) -> torch.Tensor:
+        # Every example equally likely positive: the curve's area is the positives' share.
+        return torch.full((len(y), self.target.num_classes), 1.0 / self.target.num_classes, dtype=torch.float64)
+
+
+@register_measure
+class Cost(PositiveClassMeasure):
+    """The mean cost of the mistakes: ``task.false_negative_cost`` per positive missed,
+    ``task.false_positive_cost`` per false alarm, over all examples."""
+
+    name = "cost"
+    description = "binary: mean cost per example, task.false_negative_cost per positive missed and task.false_positive_cost per false alarm"
+
+    @on_cpu
+    def measure(self, outputs: torch.Tensor, y: torch.Tensor) -> Measurement:
+        losses, _ = self.per_example(outputs, y)
+        return mean_measurement(losses, rate=False)
+
+    def per_example(self, outputs: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        flagged, positives = self.flagged(outputs.cpu()), self.positives(y.cpu())
+        losses = (positives & ~flagged).double() * self.target.false_negative_cost + (
+            ~positives & flagged
+        ).double() * self.target.false_positive_cost
+        return losses, torch.ones_like(losses, dtype=torch.bool)
+
+
+#: The measures a binary task's details show, in order.
+BINARY_DETAILS: dict[str, type[Measure]] = {
+    "error": ErrorRate,
+    "recall": Recall,
+    "precision": Precision,
+    "pr_auc": PrAuc,
+}
