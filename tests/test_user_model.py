@@ -24,6 +24,21 @@ def test_the_shipped_contract_passes_on_a_model_defined_outside_the_package():
     check_model(MLP, FEATURES, feature_data(160, seed=0))
 
 
+def test_check_model_takes_numpy_arrays_and_vets_the_deployed_weights_file(tmp_path):
+    data = feature_data(160, seed=0)
+    deployed = tabular_mlp(FEATURES)
+    with torch.no_grad():
+        for p in deployed.parameters():
+            p.add_(0.5)  # trained weights, unlike a fresh factory module's
+    path = tmp_path / "deployed.safetensors"
+    save_file({k: v.contiguous() for k, v in deployed.state_dict().items()}, path)
+    check_model(MLP, FEATURES, (data.x.numpy(), data.y.numpy()), learners=("sm",), init_weights=str(path))
+    other = tmp_path / "other.safetensors"
+    save_file({"layer.weight": torch.zeros(2, 2)}, other)
+    with pytest.raises(AssertionError, match="its keys are not those of"):
+        check_model(MLP, FEATURES, (data.x.numpy(), data.y.numpy()), learners=("sm",), init_weights=str(other))
+
+
 def test_a_module_that_is_not_a_sequential_trains_in_sm_and_ens_on_images():
     data = separable_data(CIFAR_LIKE, 48, seed=1)
     for name in ("sm", "ens"):

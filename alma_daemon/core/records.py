@@ -217,7 +217,7 @@ class StepRecord:
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> StepRecord:
         """The record of a row from a results file or the daemon's series (this version's or older)."""
-        measures = [key.removeprefix("prequential_") for key in row if key.startswith("prequential_")]
+        measures = [m for key in row if (m := key.removeprefix("prequential_")) != key and m in ALL_MEASURES]
         if len(measures) != 1:
             raise ValueError(f"not a step record (needs one prequential_<measure> key): {_describe(row)}")
         m = measures[0]

@@ -6,7 +6,9 @@ import json
 import tempfile
 from collections.abc import Iterable
 
+import numpy as np
 import torch
+from numpy.typing import ArrayLike
 from safetensors.torch import load_file, save_file
 
 from alma_daemon.config import TrainConfig, learner_config
@@ -112,29 +114,61 @@ def check_learner(
 def check_model(
     model: str,
     task: TaskInfo,
-    data: LabeledData,
+    data: LabeledData | tuple[ArrayLike, ArrayLike],
     learners: Iterable[str] = MODEL_LEARNERS,
     optimizer: str = "adam",
+    init_weights: str | None = None,
 ) -> None:
     """Run the contract of every learner in ``learners`` on ``learner.model = model`` and ``data`` (a few
-    hundred labeled examples of the team's), then start each from the weights of the factory's module.
+    hundred labeled examples of the team's: a LabeledData, or (x, y) as numpy arrays or tensors), then
+    start each from the deployed weights: the file ``init_weights`` (the one ``learner.init_weights``
+    will name), else the factory's module's own.
 
     Raises :class:`ModelCheckError` (or the one-line ``ConfigError`` the daemon would stop with).
     """
+    data = as_labeled(data, task)
     cut = max(1, len(data) * 3 // 4)
     train, val = data.subset(torch.arange(cut)), data.subset(torch.arange(cut, len(data)))
     for name in learners:
         shared = {"model": model, "members": 2} if name in ("ens", "umix") else {"model": model}
         check_learner(name, task, train, val, shared, optimizer)
-    check_deployed_weights(model, task, train, [n for n in learners if n != "gmoe"])
+    check_deployed_weights(model, task, train, [n for n in learners if n != "gmoe"], init_weights)
 
 
-def check_deployed_weights(model: str, task: TaskInfo, data: LabeledData, learners: Iterable[str]) -> None:
-    """Every learner in ``learners`` started from a factory module's saved weights answers as that module."""
+def as_labeled(data: LabeledData | tuple[ArrayLike, ArrayLike], task: TaskInfo) -> LabeledData:
+    """``data`` as tensors: features as float32 (uint8 pixels kept), labels as int64 (a regression's as float32)."""
+    if isinstance(data, LabeledData):
+        x, y = data.x, data.y
+    else:
+        x, y = data
+    x, y = (
+        torch.as_tensor(np.asarray(x) if not torch.is_tensor(x) else x),
+        torch.as_tensor(np.asarray(y) if not torch.is_tensor(y) else y),
+    )
+    if x.dtype != torch.uint8 or not task.pixels:
+        x = x.float()
+    y = y.float() if task.regression else y.long()
+    return LabeledData(x, y)
+
+
+def check_deployed_weights(
+    model: str, task: TaskInfo, data: LabeledData, learners: Iterable[str], init_weights: str | None = None
+) -> None:
+    """Every learner in ``learners`` started from the deployed weights (the file ``init_weights``, else a
+    factory module's saved weights) answers as the factory's module holding those weights."""
     deployed = import_factory(model)(task).eval()
     with tempfile.TemporaryDirectory() as folder:
-        path = f"{folder}/deployed.safetensors"
-        save_file({k: v.contiguous() for k, v in deployed.state_dict().items()}, path)
+        path = init_weights or f"{folder}/deployed.safetensors"
+        if init_weights is None:
+            save_file({k: v.contiguous() for k, v in deployed.state_dict().items()}, path)
+        else:
+            weights = load_file(init_weights)
+            _expect(
+                weights.keys() == deployed.state_dict().keys(),
+                f"{init_weights}: its keys are not those of {model}'s module "
+                f"({sorted(weights.keys() ^ deployed.state_dict().keys())[:4]} differ)",
+            )
+            deployed.load_state_dict(weights)
         for name in learners:
             learner = build_learner(name, task, learner_config({"model": model, "init_weights": path}, name=name), 0)
             if task.awaits_statistics:
