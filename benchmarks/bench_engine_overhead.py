@@ -34,7 +34,10 @@ class MeasureEveryChunk(Engine):
         MeasureEveryChunk.built += 1
 
     def test_measure(self, test_set):
-        return None if test_set is None else self.learner.evaluate(test_set)[self.learner.measure]
+        if test_set is None:
+            return None
+        measurement, details = self.learner.assess(test_set)
+        return measurement.value, details
 
 
 def run(megabatches: int, wait: int, epochs: int, engine_class: type[Engine]) -> dict:

@@ -360,3 +360,27 @@ def test_a_state_saved_before_the_growth_count_does_not_grow_at_the_next_stage()
     )
     decision = policy.decide(state)
     assert decision.action == "train" and policy.state_dict()["grown_from"] == 27
+
+
+def test_a_recall_on_a_few_positives_must_fall_beyond_its_binomial_noise_to_be_a_drift():
+    # Recall 0.7 on chunks with 10 positives: a chunk at 0.4 is 2 standard errors down, noise; at 0.0, a drift.
+    def recall(dip: float):
+        return lambda chunk, stages, trained: dip if chunk == 8 else 0.7
+
+    noisy = drive_adaptive(recall(0.4), 8, examples=10, measure="recall")
+    assert not noisy[-1].reason.startswith("drift"), noisy[-1].reason
+    lost = drive_adaptive(recall(0.0), 8, examples=10, measure="recall")
+    assert lost[-1].reason.startswith(
+        "drift: the newest chunk's recall 0.000 is 0.7 below the live model's recall 0.700"
+    )
+
+
+def test_a_mean_costs_standard_error_is_its_measured_spread():
+    # The same rise of the mean cost is noise where single mistakes cost a lot, a drift where costs vary little.
+    def cost(chunk, stages, trained):
+        return 2.0 if chunk == 8 else 1.0
+
+    spread_out = drive_adaptive(cost, 8, examples=100, measure="cost", prequential_unit_variance=40.0)
+    assert not spread_out[-1].reason.startswith("drift"), spread_out[-1].reason
+    steady = drive_adaptive(cost, 8, examples=100, measure="cost", prequential_unit_variance=0.5)
+    assert steady[-1].reason.startswith("drift: the newest chunk's cost 2 is 1 above"), steady[-1].reason

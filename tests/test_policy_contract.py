@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import math
 import time
 import typing
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 import pytest
 
 from alma_daemon.config import ConfigError, policy_config
+from alma_daemon.measures import MEASURES
 from policies import POLICIES, Decision, Policy, PolicyState, build_policy, policy_config_models, policy_names
 
 T0 = 1_704_067_200.0  # 2024-01-01 00:00 UTC, a Monday
@@ -41,6 +43,8 @@ class Stream:
     """What the engine tracks around a policy; trains (instantly) whenever told to."""
 
     learner_grows: bool = True
+    #: The task's measure the prequential values are in (alma_daemon/measures).
+    measure: str = "error"
     now: float = T0
     chunks_seen: int = 0
     chunks_pending: int = 0
@@ -64,9 +68,17 @@ class Stream:
             train_seconds_per_example=SECONDS_PER_EXAMPLE if measured else None,
             next_stage_examples=self.chunks_pending * EXAMPLES_PER_CHUNK,
             learner_grows=self.learner_grows,
-            prequential=0.1 + 0.8 / (1 + trained) if new_chunk else None,
+            prequential=self.measured(0.1 + 0.8 / (1 + trained)) if new_chunk else None,
             prequential_examples=EXAMPLES_PER_CHUNK if new_chunk else 0,
+            prequential_unit_variance=0.25 if new_chunk else None,
+            measure=self.measure,
         )
+
+    def measured(self, loss: float) -> float:
+        """A falling loss in the units of :attr:`measure`."""
+        if self.measure == "perplexity":
+            return math.exp(5 * loss)
+        return 1 - loss if MEASURES[self.measure].higher_is_better else loss
 
     def run(self, policy: Policy, steps: int) -> list[tuple[PolicyState, dict, Decision]]:
         """``steps`` checks 20 minutes apart, a chunk arriving before every other one."""
@@ -106,6 +118,20 @@ def test_decisions_are_well_formed_and_some_train(name, kwargs):
         assert isinstance(decision, Decision)
         assert isinstance(decision.reason, str) and decision.reason.strip()
     assert sum(decision.trains for _, _, decision in trace) >= 2, "the stream never exercises training"
+
+
+@pytest.mark.parametrize("name,kwargs", CASES)
+@pytest.mark.parametrize("measure", ["recall", "cost", "mse", "perplexity"])
+def test_every_policy_decides_on_any_task_measure_and_keeps_its_state(name, kwargs, measure):
+    policy = build(name, kwargs)
+    stream = Stream(measure=measure)
+    trace = stream.run(policy, STEPS // 2)
+    assert sum(decision.trains for _, _, decision in trace) >= 2, "the stream never exercises training"
+    saved = json.loads(json.dumps(policy.state_dict()))
+    clone = build(name, kwargs)
+    clone.load_state_dict(saved)
+    original = [d for _, _, d in copy.deepcopy(stream).run(policy, STEPS // 4)]
+    assert [d for _, _, d in stream.run(clone, STEPS // 4)] == original
 
 
 @pytest.mark.parametrize("name,kwargs", CASES)

@@ -52,7 +52,9 @@ def run_stream(task_section: dict, chunks: int = 6, policy: str = "adaptive"):
 def test_a_stream_judged_by_recall_records_recall_its_sum_its_baseline_and_the_other_measures():
     engine = run_stream({"classes": ["ok", "fraud"], "measure": "recall"})
     rows = engine.state.series
-    assert {"test_recall", "prequential_recall", "cumulative_recall", "baseline_recall", "test_measures"} <= set(rows[-1])
+    assert {"test_recall", "prequential_recall", "cumulative_recall", "baseline_recall", "test_measures"} <= set(
+        rows[-1]
+    )
     assert not {"test_error", "cumulative_error"} & set(rows[-1])
     assert set(rows[-1]["test_measures"]) == {"error", "recall", "precision", "pr_auc"} - {"recall"}
     assert rows[-1]["baseline_recall"] == 0.0  # the majority class flags no fraud
@@ -74,7 +76,9 @@ def test_the_cost_measure_drives_the_stages_and_its_standard_error_comes_from_th
 def test_feature_statistics_from_a_file_are_the_models_before_any_chunk(tmp_path):
     stats = tmp_path / "stats.json"
     stats.write_text(json.dumps({"mean": [10.0] * 6, "std": [2.0] * 6}))
-    task = configured_task(FRAUD_TASK, build_config({"dataset": {"normalization": "standardize"}, "task": {"statistics_file": str(stats)}}))
+    task = configured_task(
+        FRAUD_TASK, build_config({"dataset": {"normalization": "standardize"}, "task": {"statistics_file": str(stats)}})
+    )
     assert task.mean == (10.0,) * 6 and not task.awaits_statistics
     engine = run_stream({"statistics_file": str(stats)}, chunks=2)
     assert engine.learner.task.mean == (10.0,) * 6, "the first chunk did not replace the team's statistics"
@@ -86,7 +90,18 @@ def test_the_paper_tasks_rows_have_no_keys_of_a_teams_task():
     # FRAUD_TASK is binary: it records its baseline and details; a 10-class task with the default measure would not.
     assert "baseline_error" in rows[-1] and "test_measures" in rows[-1]
     multiclass = replace(FRAUD_TASK, num_classes=3)
-    config = build_config({"dataset": {"normalization": "standardize"}, "learner": {"width": 8}, "train": {"epochs": 1}})
+    config = build_config(
+        {"dataset": {"normalization": "standardize"}, "learner": {"width": 8}, "train": {"epochs": 1}}
+    )
     engine = assemble_engine(config, multiclass, MemoryBuffer(), test_set=fraud_data(50, seed=3))
     row = engine.state.series if engine.on_chunk(Chunk(1, fraud_data(60, seed=4))) else []
     assert not {"baseline_error", "test_measures", "prequential_measures"} & set(row[-1])
+
+
+def test_a_measure_of_another_kind_of_task_is_refused_at_start_up_in_one_line():
+    from alma_daemon.config import ConfigError
+    from alma_daemon.data.datasets import MNIST_TASK
+
+    config = build_config({"task": {"measure": "recall"}})
+    with pytest.raises(ConfigError, match=r"^task.measure: measure 'recall' does not fit a multiclass task; it takes "):
+        assemble_engine(config, configured_task(MNIST_TASK, config), MemoryBuffer())

@@ -20,6 +20,7 @@ from alma_daemon.core.engine import Engine, EngineObserver, EngineState
 from alma_daemon.data.datasets import TaskInfo
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import Learner, build_learner
+from alma_daemon.measures import task_measure
 from alma_daemon.runtime import resolve_device
 from policies import build_policy
 
@@ -40,6 +41,7 @@ def assemble_engine(
     A resumed state past model version 0 continues with that version's checkpoint from
     ``checkpoints``; otherwise the learner is built from ``config.learner`` and ``config.seed``.
     """
+    check_measure(task)
     device = resolve_device(config.device)
     version = state.model_version if state is not None else 0
     if version:
@@ -65,6 +67,14 @@ def assemble_engine(
         observers=observers,
         state=state,
     )
+
+
+def check_measure(task: TaskInfo) -> None:
+    """Refuse at start-up, in one line, a ``task.measure`` that does not fit the task."""
+    try:
+        task_measure(task)
+    except ValueError as err:
+        raise ConfigError(f"task.measure: {err}") from None
 
 
 def start_from_deployed(learner: Learner, init_weights: str) -> None:

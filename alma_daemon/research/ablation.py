@@ -18,7 +18,7 @@ import itertools
 
 from alma_daemon.config import Config, policy_config, to_dict
 from alma_daemon.core.records import read_rows
-from alma_daemon.learners import learner_class
+from alma_daemon.measures import task_measure
 from alma_daemon.observability.progress import ProgressBar
 from alma_daemon.research.simulate import SimulatedStream, build_engine, simulated_stream
 
@@ -31,7 +31,7 @@ def ablate_iid(config: Config, chunks: int, progress: bool = True) -> dict:
         raise ValueError(f"the stream has {len(first)} chunks, fewer than the {chunks} asked for")
     steps = config.train.steps_per_chunk
     settings = {"sequential": (1, steps), "iid": (chunks, chunks * steps)}
-    measure = learner_class(config.learner.name).measure
+    measure = task_measure(stream.task).name
     results: dict = {"chunks": chunks, "measure": measure, "config": to_dict(config)}
     for mode, (wait, mode_steps) in settings.items():
         mode_config = dataclasses.replace(
