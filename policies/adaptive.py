@@ -77,7 +77,19 @@ class AdaptiveConfig(PolicyConfig):
 class Adaptive(Policy):
     """Waits a number of chunks that grows with the data trained on; trains at once when the newest
     chunk's error jumps (a drift); grows at every stage where growth keeps the function, else each
-    time the data trained on grows 4-fold."""
+    time the data trained on grows 4-fold.
+
+    A policy built on these rules (``forecast`` is one) subclasses it and overrides only these public
+    methods, each given what it needs, never the rules' own state:
+
+    - :meth:`wait_ratio`: the growing wait's ratio;
+    - :meth:`stage_pays`: whether a stage the wait allows is worth its compute;
+    - :meth:`stage_closed`: a stage replaced the live model (its chunks trained on and measures);
+    - :meth:`regime_started`: a drift restarted the count.
+
+    ``scale`` (:class:`~policies.measure_scale.MeasureScale`) is the task's measure as the rules read
+    it; ``self.live``, ``self.trained`` and ``self.curve``-like state of its own are the subclass's to read.
+    """
 
     name = "adaptive"
     config_model: ClassVar[type[PolicyConfig]] = AdaptiveConfig
@@ -156,9 +168,9 @@ class Adaptive(Policy):
         if drift_reason is not None:
             return self._train(state, drift_reason, estimates, value, drift=True)
 
-        threshold = self._threshold()
+        threshold = self._threshold(scale)
         since = "the stream's start" if self.regime_start is None else f"chunk {self.regime_start}"
-        rule = f"max(1, {self._ratio():.3g} x {self.trained} chunk(s) trained on since {since}) = {threshold}"
+        rule = f"max(1, {self.wait_ratio(scale):.3g} x {self.trained} chunk(s) trained on since {since}) = {threshold}"
         gain = self._stage_gain(scale, estimates)
         self._export_means(kind, estimates)
         estimates["wait_chunks"] = float(threshold)
@@ -171,31 +183,33 @@ class Adaptive(Policy):
             facts += f"; the newest chunk's {kind} ({state.prequential}) is not finite and was left out"
         if pending >= threshold:
             reason = f"{pending} chunk(s) pending >= {rule}; {facts}"
-            pays, priced = self._pricing(state, estimates)
+            pays, priced = self.stage_pays(state, scale, estimates)
             reason = f"{reason}; {priced}" if priced else reason
             if not pays:
                 return Decision.wait(reason, estimates)
             return self._train(state, reason, estimates, value, drift=False)
         return Decision.wait(f"{pending} chunk(s) pending < {rule}; {facts}", estimates)
 
-    def _ratio(self) -> float:
-        """The growing wait's ratio: pending chunks per chunk trained on."""
+    # -- what a policy built on these rules may change (forecast does): see the class docstring -----
+    def wait_ratio(self, scale: MeasureScale) -> float:
+        """The growing wait's ratio: pending chunks per chunk trained on since the regime started."""
         return RATIO
 
-    def _threshold(self) -> int:
-        """Pending chunks the next stage waits for."""
-        return geometric_threshold(self._ratio(), self.trained)
-
-    def _pricing(self, state: PolicyState, estimates: dict) -> tuple[bool, str]:
-        """Whether a stage that the growing wait allows is worth its compute, and why (text for the reason)."""
+    def stage_pays(self, state: PolicyState, scale: MeasureScale, estimates: dict) -> tuple[bool, str]:
+        """Whether a stage that the growing wait allows is worth its compute, and why (text for the
+        reason; empty: nothing to add). ``estimates`` takes the numbers it decided from."""
         return True, ""
 
-    def _stage_closed(self, trained: int, live: ChunkMeasures) -> None:
-        """A stage (not for a drift) replaces the live model, trained on ``trained`` chunks since the regime
-        started, whose measures were ``live``."""
+    def stage_closed(self, trained: int, live: ChunkMeasures, scale: MeasureScale) -> None:
+        """A stage (not for a drift) replaces the live model, which was trained on ``trained`` chunks since
+        the regime started and measured ``live`` on the chunks it met."""
 
-    def _regime_started(self) -> None:
+    def regime_started(self) -> None:
         """A drift: what was learned about the stream before it no longer holds."""
+
+    def _threshold(self, scale: MeasureScale) -> int:
+        """Pending chunks the next stage waits for."""
+        return geometric_threshold(self.wait_ratio(scale), self.trained)
 
     def _export_means(self, kind: str, estimates: dict) -> None:
         """The live and previous models' mean errors, as estimates (error rates only; NaN where none)."""
@@ -253,27 +267,24 @@ class Adaptive(Policy):
         return text
 
     def _train(self, state: PolicyState, reason: str, estimates: dict, value: float, *, drift: bool) -> Decision:
+        scale = MeasureScale(state.measure)
         pending = state.chunks_pending
         trained_before = self.trained
         if drift:
             newest = state.newest_chunk if state.newest_chunk is not None else state.chunks_seen
             self.regime_start = newest
             self.detector.reset()
-            self._regime_started()
+            self.regime_started()
             # Only the newest chunk comes from the new distribution; the old model's error on it is
             # what the next stage must improve on.
             self.trained = 1
             self.grown_from = 0
             trained_before = 0
             self.previous = ChunkMeasures()
-            self.previous.add(
-                value,
-                state.prequential_examples,
-                MeasureScale(state.measure).unit_variance(state.prequential_unit_variance),
-            )
+            self.previous.add(value, state.prequential_examples, scale.unit_variance(state.prequential_unit_variance))
             reason += f"; training now on {pending} pending chunk(s) and waiting again from chunk {newest}"
         else:
-            self._stage_closed(self.trained, self.live)
+            self.stage_closed(self.trained, self.live, scale)
             self.trained += pending
             # A live model with no finite measure tells nothing: the one before it stays the reference.
             if self.live.chunks or self.previous is None:
@@ -298,5 +309,5 @@ class Adaptive(Policy):
         # next wait. The drift score stays: it is the newest chunk's.
         after = {"drift_score": estimates["drift_score"]} if "drift_score" in estimates else {}
         self._export_means(state.measure, after)
-        after["wait_chunks"] = float(self._threshold())
+        after["wait_chunks"] = float(self._threshold(scale))
         return (Decision.grow if grow else Decision.train)(reason, after)

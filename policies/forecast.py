@@ -99,7 +99,7 @@ class LearningCurve:
         if trained > 0 and errors.chunks and errors.mean > 0:
             self.points.append((trained, errors.mean, errors.examples))
 
-    def slope(self, kind: str, live: tuple[int, float, int] | None = None) -> Slope:
+    def slope(self, scale: MeasureScale, live: tuple[int, float, int] | None = None) -> Slope:
         """Bayesian least squares of log measure = a - c log N over the recent points and the ``live``
         model's (chunks trained on, mean measure so far, examples), with c's prior."""
         points = [*self.points, live] if live else self.points
@@ -110,7 +110,7 @@ class LearningCurve:
         ya, yc = 0.0, prior * PRIOR_SLOPE
         for trained, value, examples in recent:
             # A mean loss's spread is not kept per point: its coefficient of variation is taken as 1.
-            weight = 1 / (MeasureScale(kind).variance(value, examples) / value**2 + MISFIT_SD**2)
+            weight = 1 / (scale.variance(value, examples) / value**2 + MISFIT_SD**2)
             x, y = -math.log(trained), math.log(value)
             saa, sac, scc = saa + weight, sac + weight * x, scc + weight * x * x
             ya, yc = ya + weight * y, yc + weight * x * y
@@ -161,41 +161,35 @@ class Forecast(Adaptive):
         self.expected_chunks = config.expected_chunks
         self.stage_penalty = config.stage_penalty
         self.curve = LearningCurve()
-        self.kind = "error"
 
     @classmethod
     def contract_configs(cls) -> list[dict]:
         return [{}, {"compute_price": 1e-12}, {"drift_detector": "page_hinkley", "stage_penalty": 2.0}]
 
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "curve": [list(p) for p in self.curve.points], "kind": self.kind}
+        return {**super().state_dict(), "curve": [list(p) for p in self.curve.points]}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         self.curve = LearningCurve(state.get("curve"))
-        self.kind = str(state.get("kind", "error"))
 
-    def decide(self, state: PolicyState):
-        self.kind = state.measure
-        return super().decide(state)
-
-    def _slope(self) -> Slope:
+    def _slope(self, scale: MeasureScale) -> Slope:
         # The live model is measured on every chunk it serves: its mean so far is the curve's newest point.
         measured = self.trained > 0 and self.live.chunks and self.live.mean > 0
         live = (self.trained, self.live.mean, self.live.examples) if measured else None
-        return self.curve.slope(self.kind, live)
+        return self.curve.slope(scale, live)
 
-    def _ratio(self) -> float:
-        return best_ratio(self._slope(), self.stage_penalty)
+    def wait_ratio(self, scale: MeasureScale) -> float:
+        return best_ratio(self._slope(scale), self.stage_penalty)
 
-    def _stage_closed(self, trained: int, live: ChunkMeasures) -> None:
+    def stage_closed(self, trained: int, live: ChunkMeasures, scale: MeasureScale) -> None:
         self.curve.add(trained, live)
 
-    def _regime_started(self) -> None:
+    def regime_started(self) -> None:
         self.curve = LearningCurve()
 
-    def _pricing(self, state: PolicyState, estimates: dict) -> tuple[bool, str]:
-        slope = self._slope()
+    def stage_pays(self, state: PolicyState, scale: MeasureScale, estimates: dict) -> tuple[bool, str]:
+        slope = self._slope(scale)
         ratio = best_ratio(slope, self.stage_penalty)
         estimates.update(forecast_slope=slope.mean, forecast_slope_sd=slope.sd, wait_ratio=ratio)
         text = (

@@ -384,3 +384,36 @@ def test_a_mean_costs_standard_error_is_its_measured_spread():
     assert not spread_out[-1].reason.startswith("drift"), spread_out[-1].reason
     steady = drive_adaptive(cost, 8, examples=100, measure="cost", prequential_unit_variance=0.5)
     assert steady[-1].reason.startswith("drift: the newest chunk's cost 2 is 1 above"), steady[-1].reason
+
+
+def test_a_policy_built_on_adaptives_rules_changes_them_through_the_public_methods_alone():
+    from policies.adaptive import Adaptive, AdaptiveConfig
+    from policies.base import PolicyState
+
+    class HalfPrice(Adaptive):
+        """Waits twice adaptive's ratio and records what its hooks were given."""
+
+        closed: list = []
+
+        def wait_ratio(self, scale):
+            return 2 * super().wait_ratio(scale)
+
+        def stage_closed(self, trained, live, scale):
+            self.closed.append((trained, live.chunks, scale.name))
+
+    policy = HalfPrice(AdaptiveConfig())
+    pending, trained_at = 0, []
+    for chunk in range(1, 30):
+        pending += 1
+        decision = policy.decide(
+            PolicyState(
+                chunks_seen=chunk, chunks_pending=pending, examples_pending=100 * pending, stages_done=len(trained_at),
+                now=0.0, started_at=0.0, train_flops_total=0.0, train_seconds_total=0.0,
+                prequential=0.2, prequential_examples=100, measure="recall",
+            )
+        )  # fmt: skip
+        if decision.trains:
+            trained_at.append(chunk)
+            pending = 0
+    assert trained_at[:4] == [1, 2, 4, 8], "the wait is twice adaptive's 0.5 x chunks trained on"
+    assert [name for *_, name in HalfPrice.closed] == ["recall"] * len(trained_at)

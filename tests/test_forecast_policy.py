@@ -9,10 +9,10 @@ import random
 import pytest
 
 from alma_daemon.config import ConfigError, policy_config
-from policies.measure_scale import ChunkMeasures as _Errors
 from policies.base import Decision
 from policies.forecast import DEFAULT_STAGE_PENALTY, LearningCurve, Slope, best_ratio
 from policies.geometric import geometric_threshold
+from policies.measure_scale import ChunkMeasures, MeasureScale
 from tests.helpers.policies import drive_adaptive
 
 EXAMPLES = 1000
@@ -60,22 +60,22 @@ def stages(decisions: list[tuple[int, Decision]]) -> list[int]:
 def curve_of(points: list[tuple[int, float]], examples: int = 100_000) -> LearningCurve:
     curve = LearningCurve()
     for trained, error in points:
-        errors = _Errors()
+        errors = ChunkMeasures()
         errors.add(error, examples)
         curve.add(trained, errors)
     return curve
 
 
 def test_the_slope_of_a_power_law_is_recovered_and_grows_certain_with_the_stages():
-    few = curve_of([(n, power_law(n, 0.45)) for n in (1, 2)]).slope("error")
-    many = curve_of([(n, power_law(n, 0.45)) for n in (1, 2, 3, 5, 8, 12, 18)]).slope("error")
+    few = curve_of([(n, power_law(n, 0.45)) for n in (1, 2)]).slope(MeasureScale("error"))
+    many = curve_of([(n, power_law(n, 0.45)) for n in (1, 2, 3, 5, 8, 12, 18)]).slope(MeasureScale("error"))
     assert many.mean == pytest.approx(0.45, abs=0.02)
     assert many.sd < few.sd < 0.3
     assert many.points == 6  # the stages trained on at least 18 / 16 chunks: the local slope
 
 
 def test_without_points_the_slope_is_the_prior():
-    slope = LearningCurve().slope("error")
+    slope = LearningCurve().slope(MeasureScale("error"))
     assert (slope.mean, slope.sd, slope.points) == (pytest.approx(0.3), pytest.approx(0.3), 0)
 
 
@@ -161,8 +161,8 @@ def test_adaptive_does_not_read_the_forecast_keys():
 def test_the_live_model_is_the_newest_point_of_the_curve():
     """A stage that halved the error shows in the slope before the next stage closes it."""
     flat_start = curve_of([(1, 0.4), (2, 0.4), (4, 0.4)])
-    without = flat_start.slope("error")
-    with_live = flat_start.slope("error", (8, 0.1, 4000))
+    without = flat_start.slope(MeasureScale("error"))
+    with_live = flat_start.slope(MeasureScale("error"), (8, 0.1, 4000))
     assert without.mean < 0.1 < 0.4 < with_live.mean
 
 
