@@ -24,6 +24,15 @@ key; for the drift stream also the default without the exception for the newest 
 one core; the figures are decisions, not timings.
 
     python benchmarks/bench_promotion_guard.py [--seeds 0 1 2] [--chunks 500] [--drift-at 101] [--drift-chunks 40]
+
+``--imbalanced`` runs a stationary stream with 2 % positives instead (a fraud stream: 10 Gaussian
+features, chunks of 500 examples, 50 of each held out, SM of width 32, one version per chunk), and
+judges every version with guard settings on the task's measure (error, cost, recall), with and without
+the positives' recall test and the top-up to ``promotion_min_positives``. Its bad versions: a twin of
+every version that never flags a fraud (its positive output lowered: the same ranking, no alert), and
+a twin trained on the chunk with its labels swapped. One to two minutes a seed on one core:
+
+    python benchmarks/bench_promotion_guard.py --imbalanced [--seeds 0 1 2] [--chunks 200]
 """
 
 from __future__ import annotations
@@ -38,13 +47,17 @@ from collections.abc import Iterator
 import torch
 from figures_file import write_figures  # this script's folder is on sys.path when it runs
 
-from alma_daemon.config import Config, load_config
+from alma_daemon.config import Config, build_config, load_config
 from alma_daemon.core.assembly import assemble_engine
 from alma_daemon.core.checkpoints import CheckpointStore
 from alma_daemon.core.chunk_buffer import MemoryBuffer
-from alma_daemon.data.streams import Chunk, label_permutation, split_chunk
+from alma_daemon.data.datasets import TaskInfo
+from alma_daemon.data.stream_task import configured_task
+from alma_daemon.data.streams import Chunk, label_permutation, megabatch_stream, split_chunk
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import Learner
+from alma_daemon.measures import Measure, Target, build_measure, target_of
+from alma_daemon.measures.binary import Recall
 from alma_daemon.research.simulate import SimulatedStream, labeled_stream
 from alma_daemon.seeding import derive_seed
 from alma_daemon.training.loop import Trainer
@@ -61,9 +74,10 @@ DEFAULT = PromotionGuard()
 class WithoutNewestException(PromotionGuard):
     """The default guard without its exception for a candidate its own (newest) examples prefer."""
 
-    def judge(self, candidate_wrong: torch.Tensor, live_wrong: torch.Tensor, own_examples: int) -> Verdict:
-        verdict = super().judge(candidate_wrong, live_wrong, own_examples)
-        return dataclasses.replace(verdict, promoted=verdict.promoted and not verdict.newest_prefer_candidate)
+    def judge(self, *args, **kwargs) -> Verdict:
+        verdict = super().judge(*args, **kwargs)
+        worse = verdict.headline.worse or (verdict.positive_recall is not None and verdict.positive_recall.worse)
+        return dataclasses.replace(verdict, promoted=not worse)
 
 
 def settings(drift: bool) -> dict[str, PromotionGuard]:
@@ -164,8 +178,16 @@ def stream_config(seed: int, drift_at: int | None) -> Config:
 def permuted_twin(config: Config, store: CheckpointStore, chunk: Chunk, version: int, sample: LabeledData) -> Candidate:
     """Version ``version`` as it would be had its chunk's labels been permuted: trained from the same
     previous version on the same split, guarded with the honest validation sample."""
-    split = split_chunk(chunk, config.stream.val_fraction, config.stream.seed)
     permutation = label_permutation(store.load(version).task.num_classes, derive_seed(config.seed, "twin"))
+    return relabeled_twin(config, store, chunk, version, sample, permutation)
+
+
+def relabeled_twin(
+    config: Config, store: CheckpointStore, chunk: Chunk, version: int, sample: LabeledData, relabel: torch.Tensor
+) -> Candidate:
+    """Version ``version`` as it would be had its chunk's label ``c`` read ``relabel[c]``: trained from the
+    same previous version on the same split, guarded with the honest validation sample."""
+    split = split_chunk(chunk, config.stream.val_fraction, config.stream.seed)
     learner = CheckpointStore.load(store, version - 1)  # a copy to train, not the cached one
     trainer = Trainer(
         config.train,
@@ -175,8 +197,8 @@ def permuted_twin(config: Config, store: CheckpointStore, chunk: Chunk, version:
         augment=learner.task.augment,
     )
     learner.fit(
-        LabeledData(split.train.x, permutation[split.train.y]),
-        LabeledData(split.val.x, permutation[split.val.y]),
+        LabeledData(split.train.x, relabel[split.train.y]),
+        LabeledData(split.val.x, relabel[split.val.y]),
         trainer,
     )
     return Candidate(version, learner, sample)
@@ -261,19 +283,269 @@ def summary(runs: list[dict], drift: bool) -> dict:
     return totals
 
 
+# -- the imbalanced stream (--imbalanced) ---------------------------------------------------------------
+#: The fraud stream: 10 Gaussian features, 2 % positives whose mean is moved along 4 of them so that
+#: the classes' means lie FRAUD_SEPARATION apart. A model thresholding at 1/2, as served answers do,
+#: then finds about 0.74 of the frauds at best (Bayes), with about 0.2 % false alarms.
+FRAUD_SHARE = 0.02
+FRAUD_FEATURES = 10
+FRAUD_SEPARATION = 3.5
+FRAUD_TEST_EXAMPLES = 20_000
+#: A missed fraud's cost against a false alarm's, for the cost setting.
+MISSED_FRAUD_COST = 10.0
+
+#: The guard settings of the imbalanced stream: the task's measure the guard judges on, and the guard.
+IMBALANCED_SETTINGS: dict[str, tuple[str, PromotionGuard]] = {
+    "before: error alone, 300 examples": ("error", PromotionGuard(min_positives=0, positive_recall=False)),
+    "default: error and the positives' recall, 30 positives": ("error", DEFAULT),
+    "the positives' recall on 300 examples (no top-up)": ("error", PromotionGuard(min_positives=0)),
+    "60 positives": ("error", PromotionGuard(min_positives=60)),
+    "cost (a missed fraud 10, a false alarm 1)": ("cost", DEFAULT),
+    "recall": ("recall", DEFAULT),
+}
+
+
+def fraud_examples(n: int, seed: int) -> LabeledData:
+    g = torch.Generator().manual_seed(seed)
+    y = (torch.rand(n, generator=g) < FRAUD_SHARE).long()
+    x = torch.randn(n, FRAUD_FEATURES, generator=g)
+    x[:, :4] += FRAUD_SEPARATION / 2 * y.view(-1, 1).float()  # 4 moves of s/2: the means lie s apart
+    return LabeledData(x, y)
+
+
+def fraud_config(seed: int, chunks: int) -> Config:
+    return build_config(
+        {
+            "seed": seed,
+            "device": "cpu",
+            "dataset": {"normalization": "standardize"},
+            "task": {"classes": ["ok", "fraud"]},
+            "stream": {"megabatches": chunks, "seed": seed},
+            "learner": {"name": "sm", "width": 32},
+            "policy": {"name": "fixed", "wait": 1},
+        }
+    )
+
+
+def fraud_stream(config: Config, chunk_examples: int) -> SimulatedStream:
+    """The stationary fraud stream: ``stream.megabatches`` chunks of ``chunk_examples`` examples."""
+    task = configured_task(TaskInfo("classification", (FRAUD_FEATURES,), 2, normalization="standardize"), config)
+    chunks = config.stream.megabatches
+    data = fraud_examples(chunks * chunk_examples, derive_seed(config.seed, "fraud", "stream"))
+    test = fraud_examples(FRAUD_TEST_EXAMPLES, derive_seed(config.seed, "fraud", "test"))
+    return SimulatedStream(task, megabatch_stream(data, chunks, config.stream.seed), test, chunks)
+
+
+class ImbalancedTally:
+    """One guard setting's live version and counts on the fraud stream. It decides as
+    ``Publisher.guard`` does (the publisher's guard sample, :meth:`PromotionGuard.judge`), on the
+    setting's measure instead of the task's."""
+
+    def __init__(self, store: CachedStore, measure: Measure, guard: PromotionGuard, test: LabeledData):
+        self.publisher = LocalPublisher(store, guard.margin)
+        self.publisher.promotion = guard
+        self.store, self.measure, self.guard, self.test = store, measure, guard, test
+        self.live: int | None = None
+        self.counts = dict.fromkeys(
+            (
+                "versions",
+                "refused",
+                "short_of_positives",
+                "never_flag",
+                "never_flag_refused",
+                "never_flag_short_of_positives",
+                "never_flag_short_of_positives_refused",
+                "permuted",
+                "permuted_refused",
+            ),
+            0,
+        )
+        self.refusals: list[dict] = []
+        #: The first few bad twins promoted although the guard sample held the positives it wants.
+        self.twins_promoted: list[dict] = []
+        self.positives: list[int] = []
+
+    def verdict(self, candidate: Candidate) -> Verdict:
+        sample = self.publisher.guard_sample(candidate)
+        assert self.live is not None
+        live = self.store.load(self.live)
+        return self.guard.judge(
+            self.measure, candidate.learner.outputs(sample), live.outputs(sample), sample.y, len(candidate.sample)
+        )
+
+    def decide(self, candidate: Candidate) -> None:
+        if self.live is None:
+            self.live = candidate.version
+            return
+        verdict = self.verdict(candidate)
+        self.counts["versions"] += 1
+        self.positives.append(verdict.positives or 0)
+        self.counts["short_of_positives"] += (verdict.positives or 0) < self.guard.min_positives
+        if verdict.promoted:
+            self.live = candidate.version
+            return
+        self.counts["refused"] += 1
+        self.refusals.append(
+            {
+                "version": candidate.version,
+                "live": self.live,
+                "reason": verdict.reason,
+                "test": self.on_test(candidate.learner),
+                "live_test": self.on_test(self.store.load(self.live)),
+            }
+        )
+
+    def decide_twin(self, twin: Candidate, kind: str) -> None:
+        verdict = self.verdict(twin)
+        short = kind == "never_flag" and (verdict.positives or 0) < self.guard.min_positives
+        for count in (kind, f"{kind}_short_of_positives") if short else (kind,):
+            self.counts[count] += 1
+            self.counts[f"{count}_refused"] += not verdict.promoted
+        if verdict.promoted and not short and len(self.twins_promoted) < 5:
+            self.twins_promoted.append({"kind": kind, "version": twin.version, "reason": verdict.reason})
+
+    def on_test(self, learner: Learner) -> dict[str, float]:
+        """The learner's setting measure and recall of the frauds on the 20,000 test examples."""
+        outputs = learner.outputs(self.test)
+        recall = Recall(self.measure.target).measure(outputs, self.test.y).value
+        return {self.measure.name: self.measure.measure(outputs, self.test.y).value, "recall": recall}
+
+
+def never_flagging_twin(store: CheckpointStore, version: int, sample: LabeledData) -> Candidate:
+    """Version ``version`` with its positive class's output lowered so far that it flags no example: the
+    same ranking (its PR-AUC unchanged), no fraud ever reported (its error only the frauds' 2 % worse)."""
+    learner = CheckpointStore.load(store, version)  # a copy to change, not the cached one
+    output = [m for m in learner.model.modules() if isinstance(m, torch.nn.Linear)][-1]
+    with torch.no_grad():
+        output.bias[learner.task.positive] -= 1e4
+    return Candidate(version, learner, sample)
+
+
+def run_fraud_stream(seed: int, chunks: int, chunk_examples: int, twins_every: int) -> dict:
+    config = fraud_config(seed, chunks)
+    started = time.time()
+    with tempfile.TemporaryDirectory() as folder:
+        store = CachedStore(folder, config.serving.model_name)
+        stream = fraud_stream(config, chunk_examples)
+        assert stream.test is not None
+        target = dataclasses.replace(target_of(stream.task), false_negative_cost=MISSED_FRAUD_COST)
+        tallies = {
+            name: ImbalancedTally(store, build_measure(measure, target), guard, stream.test)
+            for name, (measure, guard) in IMBALANCED_SETTINGS.items()
+        }
+        swapped = label_permutation(2, derive_seed(config.seed, "twin"))
+        live_recalls = []
+        for chunk, version in versions_of(config, stream, store, chunks):
+            first = next(iter(tallies.values())).publisher
+            candidate = first.load_candidate(version)
+            if version > 1 and version % twins_every == 0:
+                twins = {
+                    "never_flag": never_flagging_twin(store, version, candidate.sample),
+                    "permuted": relabeled_twin(config, store, chunk, version, candidate.sample, swapped),
+                }
+                for kind, twin in twins.items():
+                    for tally in tallies.values():
+                        tally.decide_twin(twin, kind)
+            for tally in tallies.values():
+                tally.decide(candidate)
+            if version % 10 == 0:
+                live_recalls.append(tallies["recall"].on_test(candidate.learner)["recall"])
+    result: dict = {
+        "seed": seed,
+        "chunks": chunks,
+        "seconds": round(time.time() - started, 1),
+        "test_recall_every_10th_version": live_recalls,
+        "settings": {},
+    }
+    for name, tally in tallies.items():
+        result["settings"][name] = {
+            **tally.counts,
+            "positives_mean": sum(tally.positives) / max(1, len(tally.positives)),
+            "refusals": tally.refusals,
+            "twins_promoted": tally.twins_promoted,
+        }
+    return result
+
+
+def imbalanced_summary(runs: list[dict]) -> dict:
+    """Each setting's counts over ``runs``, its refusals checked against the test set: ``not_worse_on_test``
+    where the refused version's measure and recall on the 20,000 test examples are no worse than the live
+    version's (crying wolf)."""
+    totals: dict = {}
+    for run in runs:
+        for name, row in run["settings"].items():
+            total = totals.setdefault(name, {"measure": IMBALANCED_SETTINGS[name][0], "refused_not_worse_on_test": 0})
+            for key, value in row.items():
+                if isinstance(value, int):
+                    total[key] = total.get(key, 0) + value
+            measure = build_measure(total["measure"], Target("binary", 2))
+            total["refused_not_worse_on_test"] += sum(
+                measure.loss(r["test"][total["measure"]]) <= measure.loss(r["live_test"][total["measure"]])
+                and r["test"]["recall"] >= r["live_test"]["recall"]
+                for r in row["refusals"]
+            )
+    for total in totals.values():
+        total["refused_share"] = total["refused"] / max(1, total["versions"])
+    return totals
+
+
+def run_imbalanced(args: argparse.Namespace) -> None:
+    load_before = os.getloadavg()
+    runs = []
+    for seed in args.seeds:
+        run = run_fraud_stream(seed, args.chunks, args.chunk_examples, args.twins_every)
+        runs.append(run)
+        print(f"fraud stream, seed {seed} ({run['seconds']} s):")
+        for name, row in run["settings"].items():
+            print(
+                f"  {name}: refused {row['refused']} of {row['versions']} versions; never-flag twins refused "
+                f"{row['never_flag_refused']} of {row['never_flag']}, permuted {row['permuted_refused']} of {row['permuted']}"
+            )
+    totals = imbalanced_summary(runs)
+    results = {
+        "stream": {
+            "features": FRAUD_FEATURES,
+            "positive_share": FRAUD_SHARE,
+            "separation": FRAUD_SEPARATION,
+            "chunk_examples": args.chunk_examples,
+            "val_fraction": fraud_config(0, args.chunks).stream.val_fraction,
+            "learner": "sm width 32, policy fixed wait 1",
+            "test_examples": FRAUD_TEST_EXAMPLES,
+            "missed_fraud_cost": MISSED_FRAUD_COST,
+        },
+        "default_guard": dataclasses.asdict(DEFAULT),
+        "totals": totals,
+        "runs": runs,
+    }
+    write_figures(args.out or "benchmarks/results/promotion_guard_imbalanced.json", results, load_before)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2])
-    parser.add_argument("--chunks", type=int, default=500, help="chunks of each stationary stream (500: all)")
+    parser.add_argument(
+        "--imbalanced", action="store_true", help="the stationary fraud stream (2 %% positives) instead of MNIST's"
+    )
+    parser.add_argument(
+        "--chunks", type=int, default=None, help="chunks of each stationary stream (MNIST: 500, all; fraud stream: 200)"
+    )
+    parser.add_argument("--chunk-examples", type=int, default=500, help="fraud stream: examples per chunk")
     parser.add_argument("--twins-every", type=int, default=1, help="train a permuted-label twin of every k-th version")
     parser.add_argument("--drift-at", type=int, default=101)
     parser.add_argument("--drift-chunks", type=int, default=40, help="chunks after the drift (0: no drift stream)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
-    parser.add_argument("--out", default="benchmarks/results/promotion_guard.json")
+    parser.add_argument(
+        "--out", default=None, help="the figures file (default: benchmarks/results/promotion_guard*.json)"
+    )
     args = parser.parse_args()
     # The figures are decisions, not timings: one thread, so that a machine shared with other jobs does not
     # leave every small op waiting at a barrier of two (15 ms for an MLP layer under a load of 10).
     torch.set_num_threads(args.threads)
+    if args.imbalanced:
+        args.chunks = args.chunks or 200
+        run_imbalanced(args)
+        return
+    args.chunks = args.chunks or 500
     load_before = os.getloadavg()
     runs = []
     for seed in args.seeds:
@@ -320,7 +592,7 @@ def main() -> None:
         "runs": runs,
         "drift_runs": drift_runs,
     }
-    write_figures(args.out, results, load_before)
+    write_figures(args.out or "benchmarks/results/promotion_guard.json", results, load_before)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,8 @@ def make_publisher(config: Config) -> Publisher | None:
             config.serving.promotion_margin,
             promotion_alpha=config.serving.promotion_alpha,
             promotion_min_examples=config.serving.promotion_min_examples,
+            promotion_min_positives=config.serving.promotion_min_positives,
+            guard_positive_recall=config.serving.guard_positive_recall,
         )
     if config.serving.kind == "torchserve":
         from serving.torchserve_process import key_file_path

@@ -7,8 +7,11 @@ validation sample, and :meth:`Codec.decode_response` turns a response into numbe
 answer can be compared with the same answer computed in process.
 
 Requests carry examples in the dataset's natural shape and raw units (MNIST 28x28 pixels 0-255,
-CIFAR 32x32x3 HWC 0-255, text as a string); the model normalizes them itself. To serve a new kind
-of task, subclass :class:`Codec` and decorate it with ``@register_codec("<kind>")``.
+CIFAR 32x32x3 HWC 0-255, text as a string), or, where the stream names its features
+(``stream.features``, kept in the spec as ``task.extra["features"]``), as the named-feature JSON
+objects its events carry; the model normalizes them itself. Answers are in the task's terms: class
+names where ``task.classes`` names them, a regression's numbers. To serve a new kind of task,
+subclass :class:`Codec` and decorate it with ``@register_codec("<kind>")``.
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ import safetensors.torch
 import torch
 
 from alma_daemon.data.datasets import TaskInfo
+from alma_daemon.data.events import named_features
 from alma_daemon.data.text import tokenizer_from_task
+from alma_daemon.data.wire import RejectedRecord
 from alma_daemon.learners import Learner
 
 #: Content type of a safetensors request body (the same as the wire format's records).
@@ -99,40 +104,37 @@ def instances_of(body: Any) -> list:
     return instances
 
 
-@register_codec("classification")
-class ClassificationCodec(Codec):
-    """Images or other fixed-shape inputs in raw units -> class probabilities.
+class ExamplesCodec(Codec):
+    """Fixed-shape inputs in raw units (images, features): how a classifier and a regression are asked.
 
     Values must be finite; a task normalized as ``pixels`` also takes only values in [0, 255].
 
     Request: ``{"instances": [example, ...]}``, each example a nested list of shape
     ``task.input_shape``, or a safetensors body holding ``x`` (uint8 or float32, N x input_shape).
-    Response: ``{"predictions": [[p_0, ..., p_{C-1}], ...]}``, one row of probabilities per example.
+    Where the task names its features (``task.extra["features"]``), an example may also be a JSON
+    object of them, as an event on the wire carries them (``{"age": 31, "income": 2.5}``; each
+    field a list for a few examples; a ``y`` field is ignored, so an event can be posted as sent):
+    alone as the body, in a list, or as the instances.
     """
 
-    def answer(self, learner: Learner, body: Any) -> dict:
-        return {"predictions": learner.predict_proba(self.inputs(body)).tolist()}
+    def __init__(self, task: TaskInfo):
+        super().__init__(task)
+        self.features = tuple(task.extra.get("features", ()))
 
     def encode_request(self, x: torch.Tensor) -> dict:
         return {"instances": x.tolist()}
 
-    def decode_response(self, payload: dict) -> torch.Tensor:
-        return torch.tensor(payload["predictions"], dtype=torch.float32)
-
     def inputs(self, body: Any) -> torch.Tensor:
         """The validated batch of raw examples a request carries."""
-        if isinstance(body, (bytes, bytearray)) and bytes(body).lstrip()[:1] != b"{":
+        if isinstance(body, (bytes, bytearray)) and bytes(body).lstrip()[:1] not in (b"{", b"["):
             x = self._from_safetensors(bytes(body))
         else:
-            try:
-                x = torch.tensor(instances_of(parse_json(body)), dtype=torch.float32)
-            except (TypeError, ValueError) as err:
-                raise RequestError(f"instances must be nested lists of numbers of one shape: {err}") from None
+            x = self._from_json(parse_json(body))
         shape = tuple(self.task.input_shape)
         if x.dim() != len(shape) + 1 or tuple(x.shape[1:]) != shape:
             raise RequestError(f"each example must have shape {list(shape)}; got a batch of shape {list(x.shape)}")
-        if len(x) > MAX_INSTANCES:
-            raise RequestError(f"at most {MAX_INSTANCES} examples per request; got {len(x)}")
+        if not 1 <= len(x) <= MAX_INSTANCES:
+            raise RequestError(f"a request holds 1 to {MAX_INSTANCES} examples; got {len(x)}")
         if x.dtype.is_floating_point:
             if not bool(torch.isfinite(x).all()):
                 raise RequestError("examples contain NaN or infinite values")
@@ -141,6 +143,42 @@ class ClassificationCodec(Codec):
             if self.task.pixels and (low < 0 or high > 255):
                 raise RequestError(f"values must be raw units in [0, 255]; got min {low:g}, max {high:g}")
         return x
+
+    def _from_json(self, doc: Any) -> torch.Tensor:
+        if isinstance(doc, dict) and ("instances" not in doc or "instances" in self.features):
+            return self._named([doc])
+        instances = instances_of({"instances": doc} if isinstance(doc, list) else doc)
+        if any(isinstance(example, dict) for example in instances):
+            return self._named(instances)
+        try:
+            return torch.tensor(instances, dtype=torch.float32)
+        except (TypeError, ValueError) as err:
+            raise RequestError(f"instances must be nested lists of numbers of one shape: {err}") from None
+
+    def _named(self, objects: list) -> torch.Tensor:
+        """The examples of named-feature objects, with the rules of an event's fields (data/events.py)."""
+        if not self.features:
+            raise RequestError(
+                'this model names no features (stream.features): send {"instances": [example, ...]}, '
+                "each example a nested list of numbers"
+            )
+        expected = set(self.features)
+        rows, count = [], 0
+        for doc in objects:
+            if not isinstance(doc, dict):
+                raise RequestError("instances must be all named-feature objects or all lists of numbers")
+            missing, extra = sorted(expected - doc.keys()), sorted(doc.keys() - expected - {"y"})
+            if missing or extra:
+                raise RequestError(f"fields missing {missing[:8]}, unexpected {[str(k)[:64] for k in extra[:8]]}")
+            first = doc[self.features[0]]
+            try:
+                rows.append(named_features(doc, self.features, len(first) if type(first) is list else None))
+            except RejectedRecord as rejection:
+                raise RequestError(rejection.detail) from None
+            count += len(rows[-1])
+            if count > MAX_INSTANCES:
+                raise RequestError(f"at most {MAX_INSTANCES} examples per request")
+        return torch.cat(rows)
 
     @staticmethod
     def _from_safetensors(body: bytes) -> torch.Tensor:
@@ -154,6 +192,49 @@ class ClassificationCodec(Codec):
         if x.dtype not in (torch.uint8, torch.float32):
             raise RequestError(f"tensor {SAFETENSORS_INPUT!r} must be uint8 or float32; got {x.dtype}")
         return x
+
+
+@register_codec("classification")
+class ClassificationCodec(ExamplesCodec):
+    """Examples (:class:`ExamplesCodec`) -> class probabilities.
+
+    Response: ``{"predictions": [[p_0, ..., p_{C-1}], ...]}``, one row of probabilities per example;
+    where the task names its classes (``task.classes``), ``{"predictions": [{"class": name,
+    "probabilities": {name: p, ...}}, ...]}``, the most probable class and every class's probability.
+    """
+
+    def answer(self, learner: Learner, body: Any) -> dict:
+        probabilities = learner.predict_proba(self.inputs(body))
+        names = self.task.classes
+        if not names:
+            return {"predictions": probabilities.tolist()}
+        best = probabilities.argmax(1).tolist()
+        return {
+            "predictions": [
+                {"class": names[i], "probabilities": dict(zip(names, row))}
+                for i, row in zip(best, probabilities.tolist())
+            ]
+        }
+
+    def decode_response(self, payload: dict) -> torch.Tensor:
+        rows = payload["predictions"]
+        if self.task.classes:
+            rows = [[row["probabilities"][name] for name in self.task.classes] for row in rows]
+        return torch.tensor(rows, dtype=torch.float32)
+
+
+@register_codec("regression")
+class RegressionCodec(ExamplesCodec):
+    """Examples (:class:`ExamplesCodec`) -> the predicted number of each.
+
+    Response: ``{"predictions": [v, ...]}``, one number per example.
+    """
+
+    def answer(self, learner: Learner, body: Any) -> dict:
+        return {"predictions": learner.predict_outputs(self.inputs(body)).tolist()}
+
+    def decode_response(self, payload: dict) -> torch.Tensor:
+        return torch.tensor(payload["predictions"], dtype=torch.float32)
 
 
 @register_codec("language_model")

@@ -8,9 +8,11 @@ one checkpoint version, holding the serving lock (:mod:`serving.live_pointer`) s
 1. re-serve the live version if the server lost it (a restarted TorchServe forgets its models);
 2. guard: evaluate the candidate and the live version in process on the SAME validation examples
    (the candidate's ``validation.safetensors``, topped up from earlier versions' samples to
-   ``serving.promotion_min_examples``) and refuse the candidate only if it is worse by more than
-   ``serving.promotion_margin`` and a paired test finds the difference beyond the sample's noise
-   (:mod:`serving.guard`); the first version is always promoted;
+   ``serving.promotion_min_examples``, and for a binary task to ``serving.promotion_min_positives``
+   positives) and refuse the candidate only if its loss on the task's measure is larger by more than
+   ``serving.promotion_margin`` and a paired test finds the difference beyond the sample's noise, or
+   it finds fewer of a binary task's positives beyond that noise (:mod:`serving.guard`); the first
+   version is always promoted;
 3. stage: load the candidate on the server and probe it (backend);
 4. make it the default (backend), then record it in the live pointer ``<model>/live.json``;
 5. retire old versions (backend; best effort, the new version is already live).
@@ -46,6 +48,10 @@ log = logging.getLogger(__name__)
 
 #: Validation examples a staged version is asked about before it may become the default.
 PROBE_EXAMPLES = 8
+#: The guard sample grows for positives to at most this many times ``serving.promotion_min_examples``
+#: examples (6,000 by default: 30 positives at a share of 0.5 %), so that a stream with hardly any
+#: positive does not read every saved sample at every publish.
+POSITIVES_TOP_UP_FACTOR = 20
 
 
 class PublishError(RuntimeError):
@@ -96,19 +102,26 @@ class Outcome:
     #: or one no longer ``wanted``).
     action: str
     live_before: int | None
-    #: The learner's measure ("error", or "perplexity" for language models).
+    #: The task's measure (``task.measure``: "error", "recall", "mse", "perplexity", ...), the unit of
+    #: the two values.
     measure: str | None = None
     candidate_value: float | None = None
     live_value: float | None = None
     #: ``time.monotonic()`` when the version became the default (promoted versions only).
     promoted_at: float | None = None
-    #: The guard's sample size (classifiers: with the examples topped up from earlier versions).
+    #: The guard's sample size (with the examples topped up from earlier versions; language models:
+    #: the candidate's own sequences).
     examples: int | None = None
-    #: Classifiers against a live version: examples the candidate gets wrong and the live version
-    #: right, the reverse, and the paired test's p-value (:class:`serving.guard.Verdict`).
+    #: Against a live version, on the task's measure (:class:`serving.guard.Verdict`): examples whose loss
+    #: is larger in the candidate's answers, and smaller (None for a bootstrapped measure), and the
+    #: paired test's p-value.
     worse_on: int | None = None
     better_on: int | None = None
     p_value: float | None = None
+    #: Binary tasks: the positives in the guard sample.
+    positives: int | None = None
+    #: The guard's one line: the measure's values, its tests, and why the version is refused or promoted.
+    reason: str | None = None
 
 
 class Publisher(ABC):
@@ -128,9 +141,13 @@ class Publisher(ABC):
         *,
         promotion_alpha: float = PromotionGuard.alpha,
         promotion_min_examples: int = PromotionGuard.min_examples,
+        promotion_min_positives: int = PromotionGuard.min_positives,
+        guard_positive_recall: bool = PromotionGuard.positive_recall,
     ):
         self.store = store
-        self.promotion = PromotionGuard(promotion_margin, promotion_alpha, promotion_min_examples)
+        self.promotion = PromotionGuard(
+            promotion_margin, promotion_alpha, promotion_min_examples, promotion_min_positives, guard_positive_recall
+        )
         self.pointer = LivePointer(store.folder)
         #: The missing live version last warned about, so that a resync every 30 s warns once.
         self._missing_live: int | None = None
@@ -178,7 +195,7 @@ class Publisher(ABC):
             outcome = self.guard(candidate, live)
             if outcome.action == "refused":
                 telemetry.PROMOTIONS_REFUSED.inc()
-                log.warning(refusal_message(outcome, self.promotion), extra=_fields(outcome))
+                log.warning(refusal_message(outcome, self.promotion), extra=_fields(outcome, "reason"))
                 self.pointer.write(ServingState(live=live, decided=version, previous=state.previous))
                 return outcome
             self.stage(candidate)
@@ -230,18 +247,21 @@ class Publisher(ABC):
             return Candidate(version, self.store.load(version), sample)
 
     def guard(self, candidate: Candidate, live: int | None) -> Outcome:
-        """Promote unless the candidate is worse than ``live`` beyond the margin and the sample's noise."""
-        measure = candidate.learner.measure
+        """Promote unless the candidate is worse than ``live`` on the task's measure beyond the margin and
+        the sample's noise, or finds fewer of a binary task's positives beyond that noise."""
+        measure = candidate.learner.task_measure
         with failing_as("guard"):
             if live is None:
-                value = candidate.learner.evaluate(candidate.sample)[measure]
-                return Outcome(candidate.version, "promoted", None, measure, value, examples=len(candidate.sample))
-            if measure != "error":
+                value = candidate.learner.evaluate(candidate.sample)[measure.name]
+                return Outcome(candidate.version, "promoted", None, measure.name, value, examples=len(candidate.sample))
+            if measure.target.kind == "language_model":
                 return self._guard_by_margin(candidate, live)
             sample = self.guard_sample(candidate)
             verdict = self.promotion.judge(
-                candidate.learner.outputs(sample).argmax(1) != sample.y,
-                self.store.load(live).outputs(sample).argmax(1) != sample.y,
+                measure,
+                candidate.learner.outputs(sample),
+                self.store.load(live).outputs(sample),
+                sample.y,
                 len(candidate.sample),
             )
         return _outcome(candidate.version, live, verdict)
@@ -259,15 +279,27 @@ class Publisher(ABC):
 
     def guard_sample(self, candidate: Candidate) -> LabeledData:
         """The examples the guard asks both versions about: the candidate's validation sample, then,
-        while they number fewer than ``serving.promotion_min_examples``, the samples saved with the
-        versions before it, newest first, each example once (with ``stream.replay`` the samples
-        overlap). Versions after the candidate are never read, so the decision does not depend on
-        how far training ran ahead of publishing."""
+        while they number fewer than ``serving.promotion_min_examples`` or, for a binary task, hold
+        fewer than ``serving.promotion_min_positives`` positives, the samples saved with the versions
+        before it, newest first, each example once (with ``stream.replay`` the samples overlap). The
+        sample grows by whole examples, positive or not, so that it keeps the stream's class mix for
+        the task's measure, and for positives to at most :data:`POSITIVES_TOP_UP_FACTOR` times
+        ``promotion_min_examples`` examples. Versions after the candidate are never read, so the decision does not
+        depend on how far training ran ahead of publishing."""
         own = candidate.sample
+        task = candidate.learner.task
         wanted = self.promotion.min_examples
-        if len(own) >= wanted:
+        wanted_positives = self.promotion.min_positives if task.target_kind == "binary" else 0
+
+        def enough(examples: int, positives: int) -> bool:
+            if examples >= wanted * POSITIVES_TOP_UP_FACTOR:
+                return True
+            return examples >= wanted and positives >= wanted_positives
+
+        held, positives = len(own), int((own.y == task.positive).sum()) if wanted_positives else 0
+        if enough(held, positives):
             return own
-        parts, held = [own], len(own)
+        parts = [own]
         seen = {_example_key(own, i) for i in range(len(own))}
         for version in reversed([v for v in self.store.versions() if v < candidate.version]):
             sample = self.store.validation(version)
@@ -275,14 +307,17 @@ class Publisher(ABC):
                 continue
             new: list[int] = []
             for i in range(len(sample)):
+                if enough(held, positives):
+                    break
                 key = _example_key(sample, i)
-                if key not in seen and held + len(new) < wanted:
+                if key not in seen:
                     seen.add(key)
                     new.append(i)
+                    held += 1
+                    positives += bool(wanted_positives and int(sample.y[i]) == task.positive)
             if new:
                 parts.append(sample.subset(torch.tensor(new)))
-                held += len(new)
-            if held >= wanted:
+            if enough(held, positives):
                 break
         return LabeledData.concat(parts)
 
@@ -325,38 +360,40 @@ class Publisher(ABC):
 
 
 def _outcome(version: int, live: int, verdict: Verdict) -> Outcome:
+    headline = verdict.headline
     return Outcome(
         version,
         "promoted" if verdict.promoted else "refused",
         live,
-        "error",
-        verdict.candidate_error,
-        verdict.live_error,
+        headline.measure,
+        headline.candidate_value,
+        headline.live_value,
         examples=verdict.examples,
-        worse_on=verdict.worse_on,
-        better_on=verdict.better_on,
-        p_value=verdict.p_value,
+        worse_on=headline.test.worse_on,
+        better_on=headline.test.better_on,
+        p_value=headline.test.p_value,
+        positives=verdict.positives,
+        reason=verdict.reason,
     )
 
 
 def refusal_message(outcome: Outcome, promotion: PromotionGuard) -> str:
-    """The one line that says why ``outcome``'s version is not published (its numbers follow as fields)."""
+    """The one line that says why ``outcome``'s version is not published (its numbers follow as fields,
+    the reason's too)."""
     head = f"version {outcome.version} not promoted, version {outcome.live_before} stays live"
-    if outcome.p_value is None:
+    if outcome.reason is None:
         return (
             f"{head}: its {outcome.measure} on {outcome.examples} validation sequences exceeds the live one's by "
             f"more than promotion_margin {promotion.margin:g}"
         )
-    return (
-        f"{head}: a paired test on {outcome.examples} validation examples finds it worse by more than "
-        f"promotion_margin {promotion.margin:g} (p={outcome.p_value:.2g} < promotion_alpha {promotion.alpha:g})"
-    )
+    return f"{head}: {outcome.reason}"
 
 
-def _fields(outcome: Outcome) -> dict:
-    """The outcome's fields for a log line: not the empty ones, the action (the message says it) or the
-    monotonic clock reading."""
-    return {k: v for k, v in asdict(outcome).items() if v is not None and k not in ("action", "promoted_at")}
+def _fields(outcome: Outcome, *said: str) -> dict:
+    """The outcome's fields for a log line: not the empty ones, the action or those the message ``said``
+    already, or the monotonic clock reading."""
+    left_out = ("action", "promoted_at", *said)
+    return {k: v for k, v in asdict(outcome).items() if v is not None and k not in left_out}
 
 
 def _example_key(data: LabeledData, i: int) -> bytes:

@@ -201,6 +201,8 @@ class TorchServePublisher(Publisher):
             serving.promotion_margin,
             promotion_alpha=serving.promotion_alpha,
             promotion_min_examples=serving.promotion_min_examples,
+            promotion_min_positives=serving.promotion_min_positives,
+            guard_positive_recall=serving.guard_positive_recall,
         )
         self.client = client
         self.model = serving.model_name

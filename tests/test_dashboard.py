@@ -3,7 +3,8 @@
 Grafana is not installable here, so the dashboard is checked in two ways: its JSON model is
 checked for structure (datasource uids, ids, layout, metric names), and every query of every panel,
 annotation and variable is run against a real Prometheus scraping a real exporter while a real
-engine replays a small stream.
+engine replays a small stream: the paper's (MNIST, the error rate), and for the panels of the task's
+measure a team's (a binary River stream judged by recall, with its baseline and other measures).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from alma_daemon.observability.exporter import MetricsObserver, start_exporter
 from alma_daemon.research.simulate import run_simulation
 from tests.helpers.data import TINY_MNIST as TINY
 from tests.helpers.servers import PrometheusServer, http_request
+from tests.helpers.team_records import forget_measures, metrics_of_a_team
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 GRAFANA = DEPLOY / "grafana"
@@ -43,6 +45,10 @@ NAN_PANELS = {
     "Policy: stage gain, drift score, wait",
     "Policy (forecast): learning curve, wait ratio, forecast gain",
 }
+#: The row of the task's measure (task.measure): its panels show any measure, the error rate's too.
+MEASURE_ROW = "The task's measure (task.measure)"
+#: Queries (panel, refId) allowed to hold only NaN on the paper's stream: its task records no baseline.
+PAPER_NAN_QUERIES = {("The task's measure and its baseline", "C")}
 #: Label values each labelled family must show in full (from telemetry's fixed vocabularies).
 KNOWN_VALUES = {
     "set": telemetry.ERROR_SETS,
@@ -67,6 +73,21 @@ def datasource_uids() -> set[str]:
 
 def query_panels(dashboard: dict) -> list[dict]:
     return [panel for panel in dashboard["panels"] if panel["type"] != "row"]
+
+
+def row_panels(dashboard: dict, row: str) -> list[dict]:
+    """The panels under the row titled ``row``, up to the next row."""
+    panels = sorted(dashboard["panels"], key=lambda p: (p["gridPos"]["y"], p["gridPos"]["x"]))
+    start = next(i for i, p in enumerate(panels) if p["type"] == "row" and p["title"] == row)
+    end = next((i for i, p in enumerate(panels[start + 1 :], start + 1) if p["type"] == "row"), len(panels))
+    return panels[start + 1 : end]
+
+
+def run_measures(results: dict) -> set[str]:
+    """The measure a run was judged by and its other measures: what ``{{measure}}`` legends may show."""
+    series = results["series"]
+    details = {name for row in series for on in ("test", "prequential") for name in row.get(f"{on}_measures", {})}
+    return {results["summary"]["measure"], *details}
 
 
 def queries(dashboard: dict) -> list[tuple[str, dict]]:
@@ -119,11 +140,12 @@ def test_panels_tile_the_24_column_grid_without_overlap(dashboard):
 
 @pytest.mark.parametrize("dashboard", load_dashboards(), ids=[p.name for p in DASHBOARDS])
 def test_every_metric_the_dashboard_names_is_exported(dashboard):
-    exported = {
-        sample.name
-        for family in text_string_to_metric_families(generate_latest(telemetry.REGISTRY).decode())
-        for sample in family.samples
-    }
+    with metrics_of_a_team():
+        exported = {
+            sample.name
+            for family in text_string_to_metric_families(generate_latest(telemetry.REGISTRY).decode())
+            for sample in family.samples
+        }
     used = {name for _, target in queries(dashboard) for name in re.findall(r"\balma_[a-z_]+", target["expr"])}
     assert used and used <= exported, used - exported
     # Every metric of the catalogue is shown somewhere (histograms through their series).
@@ -226,13 +248,10 @@ def finite_values(series: list[dict]) -> list[float]:
     return [float(v) for v in values if math.isfinite(float(v))]
 
 
-@pytest.fixture(scope="module")
-def scraped_stream(tmp_path_factory):
-    """A real engine replaying 4 chunks into an exporter that a real Prometheus scrapes every second.
-
-    Module-scoped (one Prometheus for both live tests), hence PrometheusServer rather than the
-    function-scoped ``prometheus_server`` factory; the exporter stays up until the tests are done.
-    """
+def scrape_a_stream(tmp_path_factory, config):
+    """A real engine replaying ``config``'s stream into an exporter that a real Prometheus scrapes every
+    second; yields (prometheus, its target, results, start, end, the FLOPs counter before)."""
+    forget_measures()  # an earlier test's measure is not this stream's
     with start_exporter(0) as exporter:
         target = f"127.0.0.1:{exporter.port}"
         prometheus = PrometheusServer(tmp_path_factory.mktemp("prometheus"), [target])
@@ -244,7 +263,7 @@ def scraped_stream(tmp_path_factory):
             before = prometheus.query("alma_train_flops_total")
             run = tmp_path_factory.mktemp("run")
             results = run_simulation(
-                build_config({}, TINY),
+                config,
                 run / "results",
                 progress=False,
                 checkpoint_dir=run / "model_store",
@@ -255,11 +274,37 @@ def scraped_stream(tmp_path_factory):
             prometheus.stop()
 
 
+@pytest.fixture(scope="module")
+def scraped_stream(tmp_path_factory):
+    """The paper's stream (4 MNIST chunks), scraped by a real Prometheus.
+
+    Module-scoped (one Prometheus for both live tests), hence PrometheusServer rather than the
+    function-scoped ``prometheus_server`` factory; the exporter stays up until the tests are done.
+    """
+    yield from scrape_a_stream(tmp_path_factory, build_config({}, TINY))
+
+
+@pytest.fixture(scope="module")
+def scraped_team_stream(tmp_path_factory):
+    """A team's stream: River's binary Agrawal stream judged by the recall of its second class, scraped
+    by a real Prometheus (after the paper's stream's tests, which its measure would confuse)."""
+    pytest.importorskip("river", reason="River is not installed: pip install -e '.[river]' (CI installs it)")
+    config = build_config(
+        {
+            "dataset": {"name": "river", "river_stream": "agrawal", "river_examples": 1200},
+            "stream": {"megabatches": 4, "seed": 0},
+            "task": {"measure": "recall", "classes": ["ok", "fraud"]},
+            "train": {"epochs": 2},
+            "device": "cpu",
+        }
+    )
+    yield from scrape_a_stream(tmp_path_factory, config)
+
+
 @pytest.mark.integration
 def test_every_dashboard_query_returns_data_from_a_live_engine(scraped_stream):
     prometheus, target, results, start, end, flops_before = scraped_stream
     (dashboard,) = load_dashboards()
-    span = math.ceil(end - start) + 2
 
     (variable,) = dashboard["templating"]["list"]
     metric, label = re.fullmatch(r"label_values\((\w+), (\w+)\)", variable["definition"]).groups()
@@ -267,21 +312,31 @@ def test_every_dashboard_query_returns_data_from_a_live_engine(scraped_stream):
     assert status == 200 and json.loads(body)["data"] == [target]
 
     for where, query in queries(dashboard):
-        expr = grafana_substitute(query["expr"], target, span)
-        if query.get("instant"):
-            series = prometheus.query(expr)
+        series = run_query(prometheus, query, target, start, end, results)
+        if where not in NAN_PANELS and (where, query.get("refId")) not in PAPER_NAN_QUERIES:
+            assert finite_values(series), f"{where}: {query['expr']} holds no number"
+
+
+def run_query(prometheus: PrometheusServer, query: dict, target: str, start: float, end: float, results: dict):
+    """The series a dashboard query gives over the stream, checked for shape: some series, each legend
+    label showing its whole vocabulary (the measure's: the run's measures), one series if none."""
+    span = math.ceil(end - start) + 2
+    expr = grafana_substitute(query["expr"], target, span)
+    if query.get("instant"):
+        series = prometheus.query(expr)
+    else:
+        series = query_range(prometheus, expr, start - 1, end + 1)
+    assert series, f"{expr} returned nothing"
+    legend_labels = re.findall(r"{{\s*(\w+)\s*}}", query.get("legendFormat", ""))
+    for name in legend_labels:
+        shown = {s["metric"].get(name) for s in series}
+        if name == "measure":
+            assert shown and shown <= run_measures(results), f"{expr}: {name} = {shown}"
         else:
-            series = query_range(prometheus, expr, start - 1, end + 1)
-        assert series, f"{where}: {expr} returned nothing"
-        legend_labels = re.findall(r"{{\s*(\w+)\s*}}", query.get("legendFormat", ""))
-        if legend_labels:
-            for name in legend_labels:
-                shown = {s["metric"].get(name) for s in series}
-                assert shown == set(KNOWN_VALUES[name]), f"{where}: {name} = {shown}"
-        else:
-            assert len(series) == 1, f"{where}: {expr} gave {len(series)} series for one daemon"
-        if where not in NAN_PANELS:
-            assert finite_values(series), f"{where}: {expr} holds no number"
+            assert shown == set(KNOWN_VALUES[name]), f"{expr}: {name} = {shown}"
+    if not legend_labels:
+        assert len(series) == 1, f"{expr} gave {len(series)} series for one daemon"
+    return series
 
 
 @pytest.mark.integration
@@ -301,3 +356,39 @@ def test_prometheus_holds_the_engine_numbers(scraped_stream):
     assert history("alma_cumulative_parameters")[-1] == summary["cumulative_parameters"]
     assert history("alma_model_version")[-1] == summary["stages"] == 4
     assert history("alma_live_model_version")[-1] == 4
+
+
+@pytest.mark.integration
+def test_the_panels_of_the_task_measure_show_a_teams_measure_baseline_and_details(scraped_team_stream):
+    prometheus, target, results, start, end, _ = scraped_team_stream
+    (dashboard,) = load_dashboards()
+    panels = row_panels(dashboard, MEASURE_ROW)
+    assert {p["title"] for p in panels} == {
+        "The task's measure and its baseline",
+        "Cumulative measure",
+        "Every measure of the task (binary: recall, precision, PR-AUC)",
+    }
+    shown: set[str] = set()
+    for panel in panels:
+        for query in panel["targets"]:
+            series = run_query(prometheus, query, target, start, end, results)
+            assert finite_values(series), f"{panel['title']}: {query['expr']} holds no number"
+            shown |= {s["metric"]["measure"] for s in series}
+    assert shown == {"recall", "error", "precision", "pr_auc"}
+
+    series, summary = results["series"], results["summary"]
+
+    def history(expr: str) -> list[float]:
+        (result,) = query_range(prometheus, expr, start - 1, end + 1)
+        return [float(v) for _, v in result["values"]]
+
+    assert {r["test_recall"] for r in series} <= set(history('alma_task_measure{measure="recall", set="test"}'))
+    assert history('alma_cumulative_measure{measure="recall", set="test"}')[-1] == pytest.approx(
+        summary["cumulative_recall"]
+    )
+    assert history('alma_baseline_measure{measure="recall"}')[-1] == summary["baseline_recall"]
+    precision = history('alma_measure_detail{measure="precision", set="test"}')
+    assert precision[-1] == pytest.approx(summary["final_test_measures"]["precision"], nan_ok=True)
+    # The paper's families hold the error rate only: a recall is not a CER.
+    assert math.isnan(history("alma_cumulative_error")[-1])
+    assert math.isnan(history('alma_error_ratio{set="test"}')[-1])

@@ -29,6 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from alma_daemon.cli import build_parser
 from alma_daemon.config import Config, load_config
 from alma_daemon.observability import telemetry
+from tests.helpers.team_records import metrics_of_a_team
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY_GUIDE = ROOT / "docs" / "deploy.md"
@@ -188,9 +189,15 @@ def test_every_compose_command_of_the_deploy_guide_names_the_stack_and_each_file
 
 
 # -- metric names and types -----------------------------------------------------------------------
+def exposition() -> str:
+    """/metrics as a team's stream has it: every family with its series (tests/helpers/team_records.py)."""
+    with metrics_of_a_team():
+        return generate_latest(telemetry.REGISTRY).decode()
+
+
 def exposed_families() -> dict[str, object]:
     """Sample name -> its family, as /metrics exposes them (counters with _total, histogram series)."""
-    text = generate_latest(telemetry.REGISTRY).decode()
+    text = exposition()
     return {sample.name: family for family in text_string_to_metric_families(text) for sample in family.samples}
 
 
@@ -256,7 +263,7 @@ def metric_table() -> dict[str, tuple[str, dict[str, list[str]]]]:
 
 def test_the_observability_guides_metric_table_is_the_registry():
     table = metric_table()
-    text = generate_latest(telemetry.REGISTRY).decode()
+    text = exposition()
     catalogue = {}
     for family in text_string_to_metric_families(text):
         exposed = family.name + "_total" if family.type == "counter" else family.name

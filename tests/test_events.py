@@ -26,6 +26,9 @@ from alma_daemon.transports.replay import EventFormat, ReplayChunk, replay
 MNIST = StreamSchema("labeled", (28, 28), num_classes=10)
 FEATURES = ("age", "income")
 TABULAR = StreamSchema("labeled", (2,), num_classes=3)
+#: A team's streams: two named classes, and a regression's float targets, on unbounded features.
+FRAUD = StreamSchema("labeled", (2,), num_classes=2, pixel_range=False, classes=("ok", "fraud"))
+AMOUNT = StreamSchema("labeled", (2,), pixel_range=False, regression=True)
 JSON_HEADERS = [("content-type", EVENT_JSON.encode())]
 ROWS_HEADERS = [("content-type", EVENT_ROWS.encode())]
 
@@ -206,6 +209,21 @@ CASES: dict[str, Case] = {
     "dtype-string-in-x": Case(pixels_with('"7"'), "dtype"),
     "dtype-null-in-x": Case(pixels_with("null"), "dtype"),
     "dtype-bool-feature": Case(tabular(age=True, income=2.5, y=1), "dtype", schema=TABULAR, features=FEATURES),
+    "dtype-string-feature": Case(tabular(age="31", income=2.5, y=1), "dtype", schema=TABULAR, features=FEATURES),
+    "dtype-string-among-features": Case(
+        tabular(age=[31, "40"], income=[2.5, 4.0], y=[1, 2]), "dtype", schema=TABULAR, features=FEATURES
+    ),
+    "dtype-class-name-on-a-stream-without-names": Case(
+        tabular(age=31, income=2.5, y="fraud"), "dtype", schema=TABULAR, features=FEATURES
+    ),
+    "dtype-string-target": Case(tabular(age=31, income=2.5, y="12.5"), "dtype", schema=AMOUNT, features=FEATURES),
+    "dtype-bool-target": Case(tabular(age=31, income=2.5, y=True), "dtype", schema=AMOUNT, features=FEATURES),
+    "dtype-rows-int-targets": Case(
+        lambda: rows(torch.zeros(2, 2), torch.tensor([1, 2])), "dtype", headers=ROWS_HEADERS, schema=AMOUNT
+    ),
+    "dtype-rows-float-labels": Case(
+        lambda: rows(torch.zeros(2, 2), torch.tensor([0.0, 1.0])), "dtype", headers=ROWS_HEADERS, schema=FRAUD
+    ),
     "dtype-rows-x-float64": Case(
         lambda: rows(torch.zeros(2, 28, 28, dtype=torch.float64), torch.tensor([1, 2])), "dtype", headers=ROWS_HEADERS
     ),
@@ -244,6 +262,12 @@ CASES: dict[str, Case] = {
     "label_range-negative": Case(lambda: mnist_json(x=[[0] * 784] * 2, y=[1, -1]), "label_range"),
     "label_range-beyond-int64": Case(lambda: mnist_json(y=2**70), "label_range"),
     "label_range-rows": Case(lambda: rows(digits(2)[0], torch.tensor([1, 10])), "label_range", headers=ROWS_HEADERS),
+    "label_range-unknown-class-name": Case(
+        tabular(age=31, income=2.5, y="frod"), "label_range", schema=FRAUD, features=FEATURES
+    ),
+    "label_range-index-beside-names": Case(
+        tabular(age=[31, 40], income=[2.5, 4.0], y=["fraud", 2]), "label_range", schema=FRAUD, features=FEATURES
+    ),
     # non-finite
     "non_finite-nan-literal": Case(pixels_with("NaN"), "non_finite"),
     "non_finite-infinity-literal": Case(pixels_with("Infinity"), "non_finite"),
@@ -252,6 +276,15 @@ CASES: dict[str, Case] = {
     "non_finite-overflowing-float": Case(pixels_with("1e999"), "non_finite"),
     "non_finite-beyond-float32": Case(pixels_with("1e300"), "non_finite"),
     "non_finite-overflowing-integer": Case(pixels_with("9" * 400), "non_finite"),
+    "non_finite-nan-target": Case(
+        lambda: b'{"age": 31, "income": 2.5, "y": NaN}', "non_finite", schema=AMOUNT, features=FEATURES
+    ),
+    "non_finite-target-beyond-float32": Case(
+        tabular(age=31, income=2.5, y=1e39), "non_finite", schema=AMOUNT, features=FEATURES
+    ),
+    "non_finite-rows-inf-target": Case(
+        lambda: rows(torch.zeros(1, 2), torch.tensor([float("inf")])), "non_finite", headers=ROWS_HEADERS, schema=AMOUNT
+    ),
     "non_finite-rows": Case(
         lambda: rows(torch.full((1, 28, 28), float("inf")), torch.tensor([1])), "non_finite", headers=ROWS_HEADERS
     ),
@@ -302,6 +335,55 @@ def test_a_caller_passing_features_that_cannot_match_the_schema_gets_a_value_err
         decode_event(mnist_json(), JSON_HEADERS, MNIST, FEATURES)
     with pytest.raises(ValueError):
         decode_event(b"{}", JSON_HEADERS, StreamSchema("text", vocab_size=10))
+
+
+# -- a team's labels: class names and a regression's targets ---------------------------------------------------------
+def test_a_label_may_be_its_class_name_or_its_index() -> None:
+    x, y = decode_event(as_json({"age": 31, "income": -2.5, "y": "fraud"}), JSON_HEADERS, FRAUD, FEATURES)
+    assert torch.equal(x, torch.tensor([[31.0, -2.5]])) and torch.equal(y, torch.tensor([1]))
+    few = as_json({"age": [31, 40, 52], "income": [2.5, 4.0, 1.0], "y": ["ok", 1, "fraud"]})
+    assert torch.equal(decode_event(few, JSON_HEADERS, FRAUD, FEATURES)[1], torch.tensor([0, 1, 1]))
+    x_only = as_json({"x": [1.0, 2.0], "y": "ok"})
+    assert torch.equal(decode_event(x_only, JSON_HEADERS, FRAUD)[1], torch.tensor([0]))
+
+
+def test_an_unknown_class_name_is_refused_naming_it_and_the_classes() -> None:
+    with pytest.raises(RejectedRecord, match=r"label_range: label 'frod' is not a class; the classes are ok, fraud"):
+        decode_event(as_json({"age": 31, "income": 2.5, "y": "frod"}), JSON_HEADERS, FRAUD, FEATURES)
+
+
+def test_a_string_feature_is_refused_naming_its_field() -> None:
+    few = as_json({"age": [31, 40], "income": [2.5, "4.0"], "y": [1, 0]})
+    with pytest.raises(RejectedRecord, match=r"dtype: field 'income' is \[2.5, \"4.0\"\]"):
+        decode_event(few, JSON_HEADERS, FRAUD, FEATURES)
+    with pytest.raises(RejectedRecord, match=r"shape: field 'income' is \[2.5\], not a list of 2 numbers"):
+        decode_event(as_json({"age": [31, 40], "income": [2.5], "y": [1, 0]}), JSON_HEADERS, FRAUD, FEATURES)
+
+
+@pytest.mark.parametrize("target,expected", [(12.75, [12.75]), (-3, [-3.0]), ([0.5, 1e30], [0.5, 1e30])])
+def test_a_regression_target_is_any_finite_number_read_as_float32(target: object, expected: list[float]) -> None:
+    n = len(expected)
+    doc = {"age": [31] * n, "income": [2.5] * n, "y": target} if n > 1 else {"age": 31, "income": 2.5, "y": target}
+    _, y = decode_event(as_json(doc), JSON_HEADERS, AMOUNT, FEATURES)
+    assert y.dtype == torch.float32 and torch.equal(y, torch.tensor(expected, dtype=torch.float32))
+
+
+@pytest.mark.parametrize("content_type", [EVENT_JSON, EVENT_ROWS])
+def test_regression_targets_round_trip_exactly(content_type: str) -> None:
+    x, y = torch.rand(5, 2) * 100 - 50, torch.randn(5) * 1e3
+    features = FEATURES if content_type == EVENT_JSON else ()
+    records = encode_events(x, y, content_type, features, per_record=2)
+    got_x, got_y = decode_all(records, AMOUNT, features)
+    assert got_y.dtype == torch.float32 and torch.equal(got_y, y) and torch.equal(got_x, x)
+
+
+def test_a_schema_refuses_class_names_that_do_not_fit() -> None:
+    with pytest.raises(ValueError, match="classes name 3 classes, but num_classes is 2"):
+        StreamSchema("labeled", (2,), num_classes=2, classes=("a", "b", "c"))
+    with pytest.raises(ValueError, match="distinct strings"):
+        StreamSchema("labeled", (2,), num_classes=2, classes=("a", "a"))
+    with pytest.raises(ValueError, match="a regression stream has none"):
+        StreamSchema("labeled", (2,), num_classes=2, classes=("a", "b"), regression=True)
 
 
 # -- transports and replay -------------------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from alma_daemon.observability.exporter import MetricsObserver, start_exporter
 from alma_daemon.research.simulate import run_simulation
 from tests.helpers.data import TINY_MNIST as TINY
 from tests.helpers.servers import free_ports, http_request, port_open
+from tests.helpers.team_records import team_record
 
 #: docs/observability.md, as exposed (prometheus_client adds ``_total`` to counters).
 DESIGN_METRICS = {
@@ -42,7 +43,7 @@ DESIGN_METRICS = {
     "alma_ingest_lag_records": "gauge",
 }
 #: The only label names allowed: small fixed vocabularies (and ``le`` of histogram buckets).
-ALLOWED_LABELS = {"set", "kind", "action", "reason", "stage", "server", "le"}
+ALLOWED_LABELS = {"set", "kind", "action", "reason", "stage", "server", "le", "measure"}
 
 
 def scrape(url: str) -> dict[tuple[str, tuple], float]:
@@ -168,6 +169,12 @@ def test_observer_reports_what_the_engine_recorded(exporter):
     assert value(after, "alma_cumulative_error") == pytest.approx(summary["cer"])
     assert value(after, "alma_cumulative_prequential_error") == pytest.approx(summary["cumulative_prequential_error"])
     assert math.isnan(value(after, "alma_perplexity", set="test"))  # a classifier has no perplexity
+    # The task's measure's families show the paper's error rate too; its task records no baseline.
+    assert value(after, "alma_task_measure", measure="error", set="test") == last["test_error"]
+    assert value(after, "alma_task_measure", measure="error", set="prequential") == last["prequential_error"]
+    assert value(after, "alma_cumulative_measure", measure="error", set="test") == pytest.approx(summary["cer"])
+    assert math.isnan(value(after, "alma_baseline_measure", measure="error"))
+    assert not any(name == "alma_measure_detail" for name, _ in after)
     assert value(after, "alma_parameters") == summary["final_parameters"]
     assert value(after, "alma_cumulative_parameters") == summary["cumulative_parameters"]
     assert value(after, "alma_model_version") == catcher.engine.state.model_version == summary["stages"]
@@ -179,6 +186,36 @@ def test_observer_reports_what_the_engine_recorded(exporter):
     assert delta("alma_chunks_received_total") == len(series)
     assert delta("alma_examples_received_total") == last["examples_seen"] == 1200
     assert value(after, "alma_buffer_chunks") == 0  # greedy policy: every chunk trained on
+
+
+def test_a_teams_measure_its_baseline_and_details_are_exported_labelled_by_name(exporter):
+    MetricsObserver.show(team_record(test=0.7, prequential=0.6, cumulative=1.3, baseline=0.0))
+    samples = scrape(exporter.url)
+    assert value(samples, "alma_task_measure", measure="recall", set="test") == 0.7
+    assert value(samples, "alma_task_measure", measure="recall", set="prequential") == 0.6
+    assert value(samples, "alma_cumulative_measure", measure="recall", set="test") == 1.3
+    assert value(samples, "alma_cumulative_measure", measure="recall", set="prequential") == 0.6
+    assert value(samples, "alma_baseline_measure", measure="recall") == 0.0
+    assert value(samples, "alma_measure_detail", measure="precision", set="test") == 0.5
+    assert value(samples, "alma_measure_detail", measure="pr_auc", set="prequential") == 0.35
+    assert value(samples, "alma_measure_detail", measure="error", set="test") == 0.02
+    # The paper's families hold the error rate only: a sum of recalls is no CER.
+    assert math.isnan(value(samples, "alma_cumulative_error"))
+    assert math.isnan(value(samples, "alma_error_ratio", set="test"))
+
+    # Another stream's measure (a regression without a test set) replaces the recall's series.
+    MetricsObserver.show(
+        team_record(
+            measure="mse", test=None, prequential=2.5, cumulative=None, test_measures={}, prequential_measures={}
+        )
+    )
+    samples = scrape(exporter.url)
+    measures = {dict(labels).get("measure") for name, labels in samples if name.startswith("alma_") and labels}
+    assert measures - {None} == {"mse"}
+    assert math.isnan(value(samples, "alma_task_measure", measure="mse", set="test"))
+    assert value(samples, "alma_task_measure", measure="mse", set="prequential") == 2.5
+    assert math.isnan(value(samples, "alma_cumulative_measure", measure="mse", set="test"))
+    assert not any(name == "alma_measure_detail" for name, _ in samples)
 
 
 def test_sync_shows_a_resumed_engine_at_once(exporter):
@@ -294,7 +331,7 @@ def test_daemon_serves_metrics_while_running_and_resumes_from_its_state(tmp_path
     for _, samples, record in seen:
         assert value(samples, "alma_model_version") == record.model_version
         assert value(samples, "alma_error_ratio", set="prequential") == record.prequential
-        assert value(samples, "alma_cumulative_error") == pytest.approx(record.cumulative_error)
+        assert value(samples, "alma_cumulative_error") == pytest.approx(record.cumulative)
 
     # A restart: before its first chunk the metrics already show the saved state.
     restarted = Daemon(config, redis_db, until_chunks=4, observers=[Probe()])

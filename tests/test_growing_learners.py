@@ -199,7 +199,7 @@ def test_firefly_width_and_depth_growth_rebuilds_from_spec():
     learner, train, val = make("firefly", n=64)
     stage(learner, train, val, 1)
     net = learner.model
-    traces, _ = trace(net, val.x, val.y)
+    traces, _ = trace(net, val.x, val.y, learner.training_loss)
     directions, candidates = propose(net, traces, budget=1000, g=torch.Generator().manual_seed(0))
     pick = {(c.kind, c.layer): c for c in candidates}
     chosen = [pick["split", 0], pick["new", 0], pick["new", 1], pick["layer", 1]]

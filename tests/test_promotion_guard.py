@@ -1,7 +1,9 @@
-"""The promotion guard's decision (serving/guard.py): right about noise, never fooled by a truly worse version.
+"""The promotion guard's decision (serving/guard.py, serving/paired_tests.py): judged on the task's measure,
+right about noise, never fooled by a truly worse version, and protective of a binary task's minority.
 
-The versions here are mistake vectors drawn with seeded generators, so the rates are exact and
-the tests deterministic; tests/test_serving_local.py guards real checkpoints through the publisher.
+The versions here are outputs drawn with seeded generators, so the rates are exact and the tests
+deterministic; the publisher's tests at the end guard real checkpoints (tests/test_serving_local.py
+has more).
 """
 
 from __future__ import annotations
@@ -14,10 +16,31 @@ import torch
 
 from alma_daemon.config import ConfigError, ServingConfig, build_config
 from alma_daemon.core.checkpoints import CheckpointStore
-from serving import make_publisher
-from serving.guard import PromotionGuard, binomial_tail
+from alma_daemon.data.datasets import TaskInfo
+from alma_daemon.data.tensors import LabeledData
+from alma_daemon.learners import Learner
+from alma_daemon.measures import Target, build_measure
+from serving import make_publisher, paired_tests
+from serving.guard import PromotionGuard, Verdict
 from serving.local_publisher import LocalPublisher
-from tests.helpers.serving import save_version
+from serving.paired_tests import binomial_tail, sign_flip_test
+from tests.helpers.data import separable_data
+from tests.helpers.serving import new_learner, quick_trainer, save_version
+
+TEN_CLASSES = Target("multiclass", 10)
+FRAUD = Target("binary", 2, classes=("ok", "fraud"), positive=1)
+
+
+def answers(predicted: torch.Tensor, classes: int = 2) -> torch.Tensor:
+    """Probabilities (N x C) whose most probable class is ``predicted``."""
+    return torch.nn.functional.one_hot(predicted.long(), classes).double()
+
+
+def judge_mistakes(guard: PromotionGuard, candidate_wrong: torch.Tensor, live_wrong: torch.Tensor, own: int) -> Verdict:
+    """The guard on the error rate of a ten-class task, from the two versions' mistakes (class 0 is right)."""
+    y = torch.zeros(len(candidate_wrong), dtype=torch.long)
+    error = build_measure("error", TEN_CLASSES)
+    return guard.judge(error, answers(candidate_wrong, 10), answers(live_wrong, 10), y, own)
 
 
 def paired_mistakes(
@@ -38,10 +61,17 @@ def refused_share(guard: PromotionGuard, trials: int, n: int, own: int, live_err
     refused = 0
     for _ in range(trials):
         candidate, live = paired_mistakes(n, live_error, candidate_error, gen)
-        refused += not guard.judge(candidate, live, own).promoted
+        refused += not judge_mistakes(guard, candidate, live, own).promoted
     return refused / trials
 
 
+def fraud_sample(n: int, frauds: int) -> torch.Tensor:
+    y = torch.zeros(n, dtype=torch.long)
+    y[:frauds] = 1
+    return y
+
+
+# -- the error rate: the verdicts and numbers of the guard before it judged on the task's measure -------
 def test_the_binomial_tail_is_exact():
     for n in range(0, 13):
         for k in range(-1, n + 2):
@@ -55,12 +85,19 @@ def test_the_issues_noise_is_promoted_where_the_margin_alone_refused_it():
     """A 12-example sample: the candidate wrong on 5, the live version on 4 (0.4167 against 0.3333)."""
     live = torch.tensor([1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0], dtype=torch.bool)
     candidate = torch.tensor([1, 1, 1, 0, 1, 1, 0, 0, 0, 0, 0, 0], dtype=torch.bool)
-    verdict = PromotionGuard(margin=0.01).judge(candidate, live, own_examples=12)
-    assert (verdict.candidate_error, verdict.live_error) == (5 / 12, 4 / 12)
-    assert (verdict.worse_on, verdict.better_on, verdict.p_value) == (2, 1, 0.5)
-    assert verdict.promoted
+    verdict = judge_mistakes(PromotionGuard(margin=0.01), candidate, live, own=12)
+    headline = verdict.headline
+    assert (headline.measure, headline.candidate_value, headline.live_value) == ("error", 5 / 12, 4 / 12)
+    assert (headline.test.name, headline.test.worse_on, headline.test.better_on, headline.test.p_value) == (
+        "McNemar",
+        2,
+        1,
+        0.5,
+    )
+    assert verdict.promoted and verdict.positive_recall is None and verdict.positives is None
+    assert verdict.reason == "on 12 examples, error 0.417 against the live version's error 0.333 (McNemar p = 0.5)"
     # The guard before it (the margin alone) refused this: alpha 1 leaves only the margin.
-    assert not PromotionGuard(margin=0.01, alpha=1.0).judge(candidate, live, own_examples=12).promoted
+    assert not judge_mistakes(PromotionGuard(margin=0.01, alpha=1.0), candidate, live, own=12).promoted
 
 
 @pytest.mark.parametrize(("n", "own"), [(12, 12), (300, 12), (600, 600)])
@@ -80,9 +117,9 @@ def test_a_version_worse_by_no_more_than_the_margin_is_always_promoted():
     live = torch.zeros(300, dtype=torch.bool)
     candidate = live.clone()
     candidate[:3] = True
-    assert PromotionGuard(margin=0.01, alpha=1.0).judge(candidate, live, 12).promoted
+    assert judge_mistakes(PromotionGuard(margin=0.01, alpha=1.0), candidate, live, 12).promoted
     candidate[:4] = True
-    assert not PromotionGuard(margin=0.01, alpha=1.0).judge(candidate, live, 12).promoted
+    assert not judge_mistakes(PromotionGuard(margin=0.01, alpha=1.0), candidate, live, 12).promoted
 
 
 @pytest.mark.parametrize("candidate_error", [0.9, 0.5, 0.3])
@@ -103,37 +140,245 @@ def test_a_candidate_its_newest_examples_prefer_is_promoted_whatever_the_older_o
     still answers the old ones (the 288 examples topped up from earlier versions)."""
     candidate = torch.cat([torch.zeros(12, dtype=torch.bool), torch.ones(288, dtype=torch.bool)])
     live = ~candidate
-    verdict = PromotionGuard().judge(candidate, live, own_examples=12)
-    assert verdict.promoted and verdict.newest_prefer_candidate
-    assert verdict.p_value < 1e-50
+    verdict = judge_mistakes(PromotionGuard(), candidate, live, own=12)
+    assert verdict.promoted and verdict.headline.newest_prefer_candidate and verdict.headline.worse
+    assert verdict.headline.test.p_value < 1e-50
+    assert verdict.reason.endswith("its own 12 examples, the newest, find it better on error")
     # Its own examples undecided (6 each way): the older ones decide, and refuse it.
     candidate[:6] = True
     live[:6] = False
-    verdict = PromotionGuard().judge(candidate, live, own_examples=12)
-    assert not verdict.promoted and not verdict.newest_prefer_candidate
+    verdict = judge_mistakes(PromotionGuard(), candidate, live, own=12)
+    assert not verdict.promoted and not verdict.headline.newest_prefer_candidate
 
 
-def test_the_guard_needs_both_versions_mistakes_on_the_same_examples():
+def test_the_guard_needs_both_versions_outputs_on_the_same_examples():
+    error = build_measure("error", TEN_CLASSES)
     with pytest.raises(ValueError, match="same examples"):
-        PromotionGuard().judge(torch.zeros(3, dtype=torch.bool), torch.zeros(4, dtype=torch.bool), 3)
+        PromotionGuard().judge(error, torch.zeros(3, 10), torch.zeros(4, 10), torch.zeros(3), 3)
     with pytest.raises(ValueError, match="alpha"):
         PromotionGuard(alpha=0.0)
+    with pytest.raises(ValueError, match="min_positives"):
+        PromotionGuard(min_positives=-1)
 
 
+# -- a binary task's minority -------------------------------------------------------------------------
+def test_the_issues_exact_case_shows_its_six_frauds_are_too_few_and_thirty_refuse_it():
+    """Issue 42: on 2 % fraud, a candidate wrong on all 6 frauds of 300 examples against a live version
+    that misses 1 fraud and raises 1 false alarm. No paired test can refuse on 5 discordant examples
+    at 0.001 (the smallest p is 2^-5), so the guard says how few positives it had; the publisher tops
+    its sample up to promotion_min_positives (test below), where the same versions are refused."""
+    y = fraud_sample(300, 6)
+    live = y.clone()
+    live[0], live[100] = 0, 1
+    verdict = PromotionGuard().judge(build_measure("error", FRAUD), answers(torch.zeros(300)), answers(live), y, 12)
+    assert (verdict.headline.test.worse_on, verdict.headline.test.better_on) == (5, 1)
+    assert verdict.headline.test.p_value == pytest.approx(0.109, abs=1e-3)
+    assert verdict.positives == 6 and verdict.positive_recall is not None
+    assert verdict.positive_recall.test.p_value == 2**-5
+    assert verdict.reason.endswith("the sample held 6 fraud examples, fewer than promotion_min_positives 30")
+    # The same rates on 1,500 examples, 30 frauds: the live version finds 21.
+    y = fraud_sample(1500, 30)
+    live = y.clone()
+    live[:9], live[100:105] = 0, 1
+    verdict = PromotionGuard().judge(build_measure("error", FRAUD), answers(torch.zeros(1500)), answers(live), y, 12)
+    assert not verdict.promoted and not verdict.headline.refuses and verdict.positive_recall.refuses
+    assert verdict.reason == (
+        "on 1500 examples, recall of fraud 0.00 against the live version's 0.70 on the 30 fraud examples: it misses "
+        "21 that the live version finds, finds 0 it misses (McNemar p = 4.8e-07 < promotion_alpha 0.001)"
+    )
+    assert (
+        PromotionGuard(positive_recall=False)
+        .judge(build_measure("error", FRAUD), answers(torch.zeros(1500)), answers(live), y, 12)
+        .promoted
+    )
+
+
+def test_equally_good_binary_versions_are_refused_at_most_twice_alpha_of_the_time():
+    """Two tests at alpha each (the measure, the positives' recall): at most 2 alpha together."""
+    gen = torch.Generator().manual_seed(7)
+    y = fraud_sample(1500, 30)
+    error = build_measure("error", FRAUD)
+    refused = 0
+    for _ in range(500):
+        # Each version finds a fraud with chance 0.7 and raises a false alarm with chance 0.005.
+        found = torch.rand(2, 1500, generator=gen) < torch.where(y == 1, 0.7, 0.005)
+        verdict = PromotionGuard(alpha=0.01).judge(error, answers(found[0]), answers(found[1]), y, 12)
+        refused += not verdict.promoted
+    assert refused / 500 <= 0.02
+
+
+def test_the_cost_measure_weighs_a_missed_fraud_as_its_cost():
+    """15 more frauds missed, 30 fewer false alarms: by count the candidate is better; at 10 a miss and 1 an
+    alarm its cost is 90 higher in 1,500 examples, beyond chance (an exact sign-flip test over the two
+    sizes), and refused. With the costs the other way round it is better, and promoted."""
+    y = fraud_sample(1500, 30)
+    live = y.clone()
+    live[100:130] = 1  # 30 false alarms
+    candidate = y.clone()
+    candidate[:15] = 0  # 15 frauds missed
+    guard = PromotionGuard(positive_recall=False)
+    costly_misses = Target("binary", 2, positive=1, false_negative_cost=10.0, false_positive_cost=1.0)
+    verdict = guard.judge(build_measure("cost", costly_misses), answers(candidate), answers(live), y, 12)
+    headline = verdict.headline
+    assert (headline.candidate_value, headline.live_value) == (150 / 1500, 30 / 1500)
+    assert (headline.test.name, headline.test.worse_on, headline.test.better_on) == ("sign-flip", 15, 30)
+    assert headline.test.p_value < 0.001 and not verdict.promoted
+    assert verdict.reason.startswith("on 1500 examples, cost 0.1 against the live version's cost 0.02: worse by")
+    # The exact tail, by enumeration of its two binomials.
+    expected = sum(
+        math.comb(15, j) * math.comb(30, k) / 2**45
+        for j in range(16)
+        for k in range(31)
+        if 10 * (2 * j - 15) + (2 * k - 30) >= 120
+    )
+    assert headline.test.p_value == pytest.approx(expected, rel=1e-9)
+    # The error rate counts them alike: the candidate is better.
+    assert (
+        guard.judge(build_measure("error", FRAUD), answers(candidate), answers(live), y, 12).headline.test.p_value
+        > 0.99
+    )
+    costly_alarms = Target("binary", 2, positive=1, false_negative_cost=1.0, false_positive_cost=10.0)
+    assert guard.judge(build_measure("cost", costly_alarms), answers(candidate), answers(live), y, 12).promoted
+
+
+def test_unit_costs_give_the_error_rates_mcnemar_test():
+    y = fraud_sample(300, 6)
+    live, candidate = y.clone(), torch.zeros(300)
+    live[0], live[100] = 0, 1
+    cost = PromotionGuard().judge(build_measure("cost", FRAUD), answers(candidate), answers(live), y, 12).headline
+    error = PromotionGuard().judge(build_measure("error", FRAUD), answers(candidate), answers(live), y, 12).headline
+    assert (cost.test, cost.candidate_value, cost.live_value) == (error.test, error.candidate_value, error.live_value)
+
+
+def test_the_recall_measure_is_tested_on_the_positives_alone():
+    y = fraud_sample(1500, 30)
+    live = y.clone()
+    live[:5] = 0
+    candidate = y.clone()
+    candidate[:20] = 0
+    candidate[30:] = 0
+    live[30:400] = 1  # the live version's many false alarms do not count for a recall
+    verdict = PromotionGuard().judge(build_measure("recall", FRAUD), answers(candidate), answers(live), y, 12)
+    headline = verdict.headline
+    assert (headline.measure, headline.counted, headline.candidate_value, headline.live_value) == (
+        "recall",
+        30,
+        10 / 30,
+        25 / 30,
+    )
+    assert (headline.test.worse_on, headline.test.better_on) == (15, 0)
+    assert not verdict.promoted and verdict.positive_recall is None  # the measure is that recall
+    assert verdict.reason.startswith("on 1500 examples, recall of fraud 0.33 against the live version's 0.83 on the 30")
+
+
+def precision_recall_outputs(y: torch.Tensor, gen: torch.Generator, skill: float) -> torch.Tensor:
+    """Scores that rank the positives higher the larger ``skill``."""
+    score = torch.sigmoid(torch.randn(len(y), generator=gen, dtype=torch.float64) + skill * y)
+    return torch.stack([1 - score, score], 1)
+
+
+def test_pr_auc_is_judged_by_a_seeded_paired_bootstrap():
+    gen = torch.Generator().manual_seed(3)
+    y = fraud_sample(400, 20)
+    live = precision_recall_outputs(y, gen, skill=4.0)
+    pr_auc = build_measure("pr_auc", FRAUD)
+    guard = PromotionGuard(positive_recall=False)
+    verdict = guard.judge(pr_auc, precision_recall_outputs(y, gen, skill=0.0), live, y, 400)
+    assert verdict.headline.test.name == "bootstrap" and verdict.headline.test.worse_on is None
+    assert verdict.headline.live_value - verdict.headline.candidate_value > 0.5
+    assert not verdict.promoted and verdict.headline.test.p_value < 0.001
+    # A version as good: the same scores, slightly shuffled among the negatives.
+    alike = live.clone()
+    alike[20:] = alike[20:][torch.randperm(380, generator=gen)]
+    verdict = guard.judge(pr_auc, alike, live, y, 400)
+    assert verdict.promoted and verdict.headline.test.p_value > 0.01
+    assert verdict == guard.judge(pr_auc, alike, live, y, 400)
+
+
+def test_a_version_that_flags_nothing_is_refused_on_precision_and_on_the_positives_recall():
+    y = fraud_sample(600, 20)
+    verdict = PromotionGuard().judge(build_measure("precision", FRAUD), answers(torch.zeros(600)), answers(y), y, 12)
+    assert verdict.headline.test.name == "bootstrap" and not verdict.promoted
+    assert verdict.positive_recall is not None and verdict.positive_recall.refuses
+
+
+def test_a_resample_on_which_the_measure_is_undefined_counts_as_not_worse():
+    """PR-AUC without a positive is undefined: such resamples show nothing against the candidate."""
+    y = fraud_sample(60, 1)
+    live = answers(y)
+    candidate = answers(1 - y)
+    verdict = PromotionGuard(positive_recall=False).judge(build_measure("pr_auc", FRAUD), candidate, live, y, 60)
+    undefined_share = (59 / 60) ** 60  # resamples that miss the one positive
+    assert verdict.headline.test.p_value == pytest.approx(undefined_share, abs=0.03)
+
+
+def test_a_regression_is_judged_by_a_seeded_sign_flip_test_on_squared_errors():
+    gen = torch.Generator().manual_seed(5)
+    y = torch.randn(500, generator=gen, dtype=torch.float64)
+    live = y + 0.5 * torch.randn(500, generator=gen, dtype=torch.float64)
+    worse = y + 0.8 * torch.randn(500, generator=gen, dtype=torch.float64)
+    alike = y + 0.5 * torch.randn(500, generator=gen, dtype=torch.float64)
+    mse = build_measure("mse", Target("regression"))
+    verdict = PromotionGuard().judge(mse, worse, live, y, 12)
+    assert verdict.headline.test.name == "sign-flip, Monte Carlo" and verdict.positives is None
+    assert not verdict.promoted and verdict.headline.test.p_value < 0.001
+    assert verdict.reason.startswith("on 500 examples, mse ")
+    assert PromotionGuard().judge(mse, alike, live, y, 12).promoted
+    assert PromotionGuard().judge(mse, worse, live, y, 12) == verdict
+    # A margin in the measure's own units: squared units of the target.
+    assert PromotionGuard(margin=1.0).judge(mse, worse, live, y, 12).promoted
+
+
+def test_the_sign_flip_test_is_the_binomial_tail_where_every_difference_has_one_size():
+    differences = torch.tensor([2.5] * 9 + [-2.5] * 2 + [0.0] * 5, dtype=torch.float64)
+    test = sign_flip_test(differences, flips=100, seed=0)
+    assert (test.name, test.p_value, test.worse_on, test.better_on) == ("McNemar", binomial_tail(9, 11), 9, 2)
+
+
+def test_a_monte_carlo_sign_flip_p_value_is_close_to_the_exact_one(monkeypatch):
+    gen = torch.Generator().manual_seed(11)
+    differences = torch.randn(14, generator=gen, dtype=torch.float64) + 0.6
+    exact = sign_flip_test(differences, flips=1, seed=0)
+    signs = torch.tensor([[1 if i >> b & 1 else -1 for b in range(14)] for i in range(2**14)], dtype=torch.float64)
+    enumerated = float(((signs @ differences.abs()) >= float(differences.sum()) - 1e-9).double().mean())
+    assert exact.name == "sign-flip" and exact.p_value == pytest.approx(enumerated, rel=1e-9)
+    monkeypatch.setattr(paired_tests, "EXACT_CELLS", 0)
+    sampled = sign_flip_test(differences, flips=100_000, seed=0)
+    assert sampled.name == "sign-flip, Monte Carlo" and sampled.p_value == pytest.approx(enumerated, abs=0.003)
+    assert sampled == sign_flip_test(differences, flips=100_000, seed=0)
+
+
+# -- the guard's keys and the publisher --------------------------------------------------------------
 def test_the_guard_reads_its_keys_from_the_serving_section(tmp_path):
     defaults = ServingConfig()
     assert PromotionGuard() == PromotionGuard(
-        defaults.promotion_margin, defaults.promotion_alpha, defaults.promotion_min_examples
+        defaults.promotion_margin,
+        defaults.promotion_alpha,
+        defaults.promotion_min_examples,
+        defaults.promotion_min_positives,
+        defaults.guard_positive_recall,
     )
     config = build_config(
         {
             "daemon": {"checkpoint_dir": str(tmp_path)},
-            "serving": {"promotion_margin": 0.02, "promotion_alpha": 0.05, "promotion_min_examples": 40},
+            "serving": {
+                "promotion_margin": 0.02,
+                "promotion_alpha": 0.05,
+                "promotion_min_examples": 40,
+                "promotion_min_positives": 10,
+                "guard_positive_recall": False,
+            },
         }
     )
     publisher = make_publisher(config)
-    assert publisher is not None and publisher.promotion == PromotionGuard(0.02, 0.05, 40)
-    for key, value in (("promotion_alpha", 0), ("promotion_alpha", 1.5), ("promotion_min_examples", 0)):
+    assert publisher is not None and publisher.promotion == PromotionGuard(0.02, 0.05, 40, 10, False)
+    for key, value in (
+        ("promotion_alpha", 0),
+        ("promotion_alpha", 1.5),
+        ("promotion_min_examples", 0),
+        ("promotion_min_positives", -1),
+        ("guard_positive_recall", "often"),
+    ):
         with pytest.raises(ConfigError, match=key):
             build_config({"serving": {key: value}})
 
@@ -151,6 +396,86 @@ def test_a_refusal_is_one_line_naming_the_sample_size_and_the_test(tmp_path, goo
     (record,) = [r for r in caplog.records if r.name == "serving.publisher"]
     message = record.getMessage()
     assert "\n" not in message
-    assert message.startswith("version 2 not promoted, version 1 stays live: a paired test on 200 validation examples")
-    assert "promotion_margin 0.01" in message and "promotion_alpha 0.001" in message
+    assert message.startswith("version 2 not promoted, version 1 stays live: on 200 examples, error ")
+    assert "worse by more than promotion_margin 0.01 (McNemar p = " in message
+    assert "< promotion_alpha 0.001; worse on" in message and outcome.reason in message
     assert (record.worse_on, record.better_on, record.examples) == (outcome.worse_on, outcome.better_on, 200)
+    assert not hasattr(record, "reason")  # the message says it
+
+
+FRAUD_TASK = TaskInfo("classification", (28, 28), 2, mean=(0.1307,), std=(0.3081,), classes=("ok", "fraud"))
+
+
+@pytest.fixture(scope="module")
+def fraud_versions() -> tuple[Learner, Learner, LabeledData]:
+    """A version that finds the frauds, one that never flags one, and examples with 2 % fraud: the
+    candidate's own 12 (no fraud), then 25 blocks of 60 holding one fraud each, then 5 more frauds."""
+    finds = new_learner(task=FRAUD_TASK, seed=0)
+    finds.fit(separable_data(FRAUD_TASK, 600, seed=1), separable_data(FRAUD_TASK, 100, seed=2), quick_trainer())
+    never = new_learner(task=FRAUD_TASK, seed=1)
+    last = never.model.layers[-1]
+    with torch.no_grad():
+        last.weight.zero_()
+        last.bias.copy_(torch.tensor([5.0, -5.0]))
+    pool = separable_data(FRAUD_TASK, 4000, seed=3)
+    frauds = torch.nonzero(pool.y == 1).squeeze(1)[:30]
+    ok = torch.nonzero(pool.y == 0).squeeze(1)[: 12 + 59 * 25]
+    blocks = [torch.cat([frauds[i : i + 1], ok[12 + 59 * i : 12 + 59 * (i + 1)]]) for i in range(25)]
+    examples = pool.subset(torch.cat([ok[:12], *blocks, frauds[25:]]))
+    found = finds.outputs(examples).argmax(1) == 1
+    assert int(found[examples.y == 1].sum()) >= 25, "fixture: the first version finds the frauds"
+    return finds, never, examples
+
+
+def fraud_store(folder, finds: Learner, never: Learner, examples: LabeledData, earlier: int) -> CheckpointStore:
+    """Versions that find frauds, saved with the last ``earlier`` blocks of 60 examples, oldest first (the
+    first block with the 5 frauds left over); then a version that never flags one, with the own 12."""
+    store = CheckpointStore(folder, "alma")
+    for version, block in enumerate(range(25 - earlier, 25), start=1):
+        sample = examples.subset(torch.arange(12 + 60 * block, 12 + 60 * (block + 1)))
+        if block == 0:
+            sample = LabeledData.concat([sample, examples.subset(torch.arange(1512, 1517))])
+        save_version(store, version, finds, sample)
+    save_version(store, earlier + 1, never, examples.subset(torch.arange(12)))
+    return store
+
+
+def test_the_issues_candidate_is_refused_once_the_sample_is_topped_up_to_thirty_frauds(
+    tmp_path, fraud_versions, caplog
+):
+    finds, never, examples = fraud_versions
+    store = fraud_store(tmp_path, finds, never, examples, earlier=25)
+    # 300 examples alone hold 5 frauds: the candidate is promoted, as in the issue.
+    without = LocalPublisher(store, promotion_margin=0.01, promotion_min_positives=0)
+    assert int(without.guard_sample(without.load_candidate(26)).y.sum()) == 5
+    assert without.guard(without.load_candidate(26), 25).action == "promoted"
+    publisher = LocalPublisher(store, promotion_margin=0.01)
+    sample = publisher.guard_sample(publisher.load_candidate(26))
+    assert int(sample.y.sum()) == 30 and len(sample) == 12 + 60 * 25 + 5
+    publisher.publish(25)
+    with caplog.at_level(logging.WARNING, logger="serving.publisher"):
+        outcome = publisher.publish(26)
+    assert outcome.action == "refused" and outcome.positives == 30
+    (record,) = [r for r in caplog.records if r.name == "serving.publisher"]
+    assert "recall of fraud 0.00 against the live version's" in record.getMessage()
+    assert "on the 30 fraud examples: it misses" in record.getMessage()
+
+
+def test_fewer_positives_than_wanted_are_said_and_do_not_block_promotion(tmp_path, fraud_versions):
+    finds, _, examples = fraud_versions
+    publisher = LocalPublisher(fraud_store(tmp_path, finds, finds, examples, earlier=4), promotion_margin=0.01)
+    publisher.publish(4)
+    outcome = publisher.publish(5)
+    assert outcome.action == "promoted" and outcome.positives == 4 and outcome.examples == 12 + 60 * 4
+    assert outcome.reason.endswith("the sample held 4 fraud examples, fewer than promotion_min_positives 30")
+
+
+def test_the_top_up_for_positives_stops_at_twenty_times_min_examples(tmp_path, fraud_versions):
+    finds, _, examples = fraud_versions
+    store = CheckpointStore(tmp_path, "alma")
+    ok = examples.subset(torch.nonzero(examples.y == 0).squeeze(1))
+    for version in range(1, 31):
+        save_version(store, version, finds, ok.subset(torch.arange(10 * (version - 1), 10 * version)))
+    publisher = LocalPublisher(store, promotion_margin=0.01, promotion_min_examples=5)
+    sample = publisher.guard_sample(publisher.load_candidate(30))
+    assert len(sample) == 20 * 5 and int(sample.y.sum()) == 0

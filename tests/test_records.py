@@ -65,7 +65,8 @@ def test_rows_written_before_typed_records_read_back_to_the_same_rows_and_summar
     assert [list(r.as_row().items()) for r in records] == [list(row.items()) for row in written["series"]]
     assert all(r.measure == "error" and r.trained for r in records)
     assert records[-1].cumulative == written["summary"]["cer"]
-    assert summarize(written["series"], written["summary"]["wall_seconds"]) == written["summary"]
+    # The same summary figures; this version's summary adds the measure's keys (measure, cumulative_error).
+    assert summarize(written["series"], written["summary"]["wall_seconds"]).items() >= written["summary"].items()
 
 
 def test_alma_report_reads_results_written_before_typed_records(tmp_path, capsys):

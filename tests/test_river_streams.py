@@ -4,6 +4,7 @@ where declared, read without the network, and replayed alike by every front door
 from __future__ import annotations
 
 import json
+import math
 import socket
 import subprocess
 import sys
@@ -39,18 +40,27 @@ def test_the_river_example_config_is_valid():
     assert (config.dataset.name, config.dataset.river_stream, config.policy.name) == ("river", "agrawal", "adaptive")
 
 
+def test_the_regression_example_config_is_valid():
+    config = load_config(REPO / "examples" / "river-friedman.yaml")
+    assert (config.dataset.river_stream, config.task.kind, config.task.measure) == ("friedman", "regression", "mse")
+
+
 def test_the_config_offers_exactly_the_registered_streams():
     annotation = typing.get_type_hints(DatasetConfig)["river_stream"]
     assert list(typing.get_args(annotation)) == list(RIVER_STREAMS)
 
 
-@pytest.mark.parametrize("name", list(RIVER_STREAMS))
+CLASSIFIERS = [name for name, stream in RIVER_STREAMS.items() if not stream.regression]
+REGRESSIONS = [name for name, stream in RIVER_STREAMS.items() if stream.regression]
+
+
+@pytest.mark.parametrize("name", CLASSIFIERS)
 def test_a_stream_is_float32_features_and_labels_of_its_classes(name):
     river = read_river(name, 300, seed=0)
     stream = RIVER_STREAMS[name]
     features = len(river.task.extra["features"])
     assert (len(river.train), len(river.test)) == (270, 30)
-    assert river.task.input_shape == (features,)
+    assert river.task.input_shape == (features,) and river.task.kind == "classification"
     assert river.task.num_classes == len(stream.classes)
     assert river.task.normalization == "standardize"
     for data in (river.train, river.test):
@@ -58,6 +68,41 @@ def test_a_stream_is_float32_features_and_labels_of_its_classes(name):
         assert data.y.dtype == torch.int64
         assert 0 <= int(data.y.min()) and int(data.y.max()) < river.task.num_classes
         assert bool(torch.isfinite(data.x).all())
+
+
+@pytest.mark.parametrize("name", REGRESSIONS)
+def test_a_regression_stream_is_float32_features_and_float32_targets(name):
+    river = read_river(name, 300, seed=0)
+    assert (river.task.kind, river.task.num_classes, river.task.input_shape) == ("regression", 1, (10,))
+    assert river.task.awaits_target_statistics
+    for data in (river.train, river.test):
+        assert data.x.dtype == torch.float32 and data.y.dtype == torch.float32
+        assert bool(torch.isfinite(data.y).all()) and float(data.y.std()) > 1
+
+
+def _friedman_1(x: torch.Tensor) -> torch.Tensor:
+    """Friedman's function 1 (River's ``Friedman`` before its noise)."""
+    return 10 * torch.sin(math.pi * x[:, 0] * x[:, 1]) + 20 * (x[:, 2] - 0.5) ** 2 + 10 * x[:, 3] + 5 * x[:, 4]
+
+
+def _friedman_swapped(x: torch.Tensor) -> torch.Tensor:
+    """FriedmanDrift's global drift: the relevant features swap places."""
+    return 10 * torch.sin(math.pi * x[:, 3] * x[:, 5]) + 20 * (x[:, 1] - 0.5) ** 2 + 10 * x[:, 0] + 5 * x[:, 2]
+
+
+def test_friedman_drift_swaps_its_features_halfway_and_the_test_set_is_the_new_concept():
+    river = read_river("friedman-drift", 2000, 0)
+    assert river.drift_at == 900
+    x, y = river.train.x.double(), river.train.y.double()
+
+    def noise(f, rows: slice, data=(x, y)) -> float:
+        """The mean squared residual of concept ``f``: River's unit Gaussian noise where it holds."""
+        return float(((data[1][rows] - f(data[0][rows])) ** 2).mean())
+
+    assert noise(_friedman_1, slice(0, 900)) < 1.3 < 5 < noise(_friedman_swapped, slice(0, 900))
+    assert noise(_friedman_swapped, slice(900, None)) < 1.3 < 5 < noise(_friedman_1, slice(900, None))
+    test = (river.test.x.double(), river.test.y.double())
+    assert noise(_friedman_swapped, slice(None), test) < 1.3
 
 
 def test_a_generated_stream_depends_on_its_seed_only():
@@ -167,6 +212,24 @@ def test_a_teams_mlp_learns_a_river_stream_under_the_adaptive_policy():
     assert rows[0]["decision"] == "train"
     assert rows[-1]["prequential_error"] < rows[0]["prequential_error"]
     assert results["summary"]["cer"] == pytest.approx(sum(row["test_error"] for row in rows))
+
+
+def test_simulate_runs_a_friedman_regression_end_to_end():
+    config = river_config(
+        "friedman",
+        600,
+        learner={"name": "sm", "width": 16},
+        train={"epochs": 20, "patience": 5, "batch_size": 16},
+        task={"measure": "mse"},
+        policy={"name": "fixed", "wait": 1},
+    )
+    results = run_simulation(config, progress=False)
+    rows, summary = results["series"], results["summary"]
+    assert len(rows) == 3 and summary["measure"] == "mse"
+    # The first chunk meets a model that answers its target's mean: about the input-blind baseline.
+    assert rows[0]["prequential_mse"] < 2 * rows[0]["baseline_mse"]
+    assert rows[-1]["prequential_mse"] < 0.5 * rows[0]["prequential_mse"]
+    assert summary["cumulative_mse"] == pytest.approx(sum(row["test_mse"] for row in rows))
 
 
 @pytest.mark.integration

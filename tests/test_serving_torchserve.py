@@ -6,6 +6,7 @@ server cannot disturb another.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import threading
@@ -45,9 +46,15 @@ LM_TASK = TaskInfo(
 )
 TINY_LM = {"layers": 1, "d_model": 16, "heads": 2, "d_ff": 32, "experts": 2}
 
-#: A team's own network (bundled in the archive) on standardized features of any sign and scale.
+#: A team's own network (bundled in the archive) on standardized features of any sign and scale, asked
+#: by the names of its features and answering by the names of its classes.
 USER_MLP = "tests.helpers.user_models:tabular_mlp"
-FEATURE_TASK = FEATURES.with_statistics(feature_data(200, seed=0).x)
+FEATURE_NAMES = [f"f{i:02d}" for i in range(FEATURES.input_shape[0])]
+FEATURE_TASK = dataclasses.replace(
+    FEATURES.with_statistics(feature_data(200, seed=0).x),
+    classes=("low", "mid", "high"),
+    extra={"features": FEATURE_NAMES},
+)
 
 #: Learner families the handler must serve: (learner name, task, learner config, train then grow
 #: before saving). A new family is one more line here.
@@ -132,6 +139,17 @@ def test_handler_answers_like_the_learner_in_process(torchserve_server, tmp_path
         torch.testing.assert_close(codec.decode_response(answer), learner.predict_proba(sample.x), rtol=0, atol=1e-5)
         status, answer = predict(server, json.dumps({"instances": [[1, 2, 3]]}).encode())
         assert status == 400 and "each example must have shape" in answer["error"]
+        if task.classes:  # a team's task: the JSON of its events in, its class names out
+            events = [dict(zip(FEATURE_NAMES, row)) for row in sample.x.tolist()]
+            status, answer = predict(server, json.dumps(events).encode())
+            assert status == 200, answer
+            torch.testing.assert_close(
+                codec.decode_response(answer), learner.predict_proba(sample.x), rtol=0, atol=1e-5
+            )
+            best = learner.predict_proba(sample.x).argmax(1).tolist()
+            assert [p["class"] for p in answer["predictions"]] == [task.classes[i] for i in best]
+            status, answer = predict(server, json.dumps({**events[0], FEATURE_NAMES[1]: "7"}).encode())
+            assert status == 400 and f"field '{FEATURE_NAMES[1]}'" in answer["error"]
         if task.pixels:
             status, answer = predict(server, json.dumps({"instances": (sample.x[:1] / 255 - 0.5).tolist()}).encode())
             assert status == 400 and "raw units" in answer["error"]

@@ -13,11 +13,14 @@ from alma_daemon.models.backbones import build_backbone
 from alma_daemon.models.stacked import StackedMLP, stackable
 from alma_daemon.training import compile as compile_module
 from alma_daemon.training.loop import Trainer
+from alma_daemon.training.losses import task_loss
 from alma_daemon.training.members import fit_stacked, stacked_fitter
 from tests.helpers.data import separable_data
 
 #: Patience 0 over 8 epochs on noisy labels: members stop early at different epochs.
 CONFIG = TrainConfig(epochs=8, patience=0, batch_size=32)
+#: The paper's loss: unweighted cross-entropy, early stopping on the validation error.
+LOSS = task_loss(MNIST_TASK)
 
 
 def noisy_data(n: int, seed: int):
@@ -40,7 +43,7 @@ def test_stacked_members_get_the_weights_and_reports_of_training_each_alone(opti
     trainer = Trainer(CONFIG, optimizer, torch.device("cpu"), seed=3)
     # Members 5, 2, 9, 0: indices, not positions, pick each member's shuffling.
     indices = [5, 2, 9, 0]
-    reports = fit_stacked(trainer, list(zip(indices, stacked)), train, val)
+    reports = fit_stacked(trainer, list(zip(indices, stacked)), train, val, LOSS)
     for index, net, twin in zip(indices, stacked, alone):
         expected = trainer.fit(twin, train, val, purpose=("member", index))
         got = reports[index]
@@ -68,9 +71,9 @@ def test_a_member_gets_the_same_result_whatever_else_is_stacked_with_it() -> Non
     train, val = noisy_data(200, seed=1), noisy_data(60, seed=2)
     trainer = Trainer(CONFIG, "adadelta", torch.device("cpu"), seed=3)
     three = members(3)
-    fit_stacked(trainer, list(enumerate(three)), train, val)
+    fit_stacked(trainer, list(enumerate(three)), train, val, LOSS)
     one = members(3)[1:2]
-    fit_stacked(trainer, [(1, one[0])], train, val)
+    fit_stacked(trainer, [(1, one[0])], train, val, LOSS)
     for a, b in zip(three[1].parameters(), one[0].parameters()):
         assert_same_weights(a, b, "member 1")
 
@@ -92,13 +95,13 @@ def test_only_mlp_backbones_of_one_shape_are_stacked_and_augmented_tasks_train_a
     assert not stackable([])
     data = noisy_data(40, seed=1)
     augmenting = Trainer(CONFIG, "sgd", torch.device("cpu"), seed=0, augment=True)
-    assert stacked_fitter(augmenting, data, data)(list(enumerate(members(2)))) is None
+    assert stacked_fitter(augmenting, data, data, LOSS)(list(enumerate(members(2)))) is None
     # One stacked optimizer steps every stacked weight, so a member with a frozen parameter trains alone.
     partly_frozen = members(2)
     next(partly_frozen[1].parameters()).requires_grad_(False)
     plain = Trainer(CONFIG, "sgd", torch.device("cpu"), seed=0)
-    assert stacked_fitter(plain, data, data)(list(enumerate(partly_frozen))) is None
-    assert stacked_fitter(plain, data, data)(list(enumerate(members(2)))) is not None
+    assert stacked_fitter(plain, data, data, LOSS)(list(enumerate(partly_frozen))) is None
+    assert stacked_fitter(plain, data, data, LOSS)(list(enumerate(members(2)))) is not None
 
 
 def test_stacked_fit_leaves_each_member_with_storage_of_its_own() -> None:
@@ -110,6 +113,7 @@ def test_stacked_fit_leaves_each_member_with_storage_of_its_own() -> None:
         list(enumerate(nets)),
         data,
         data,
+        LOSS,
     )
     pointers = {p.untyped_storage().data_ptr() for net in nets for p in net.parameters()}
     assert len(pointers) == sum(1 for net in nets for _ in net.parameters())
@@ -121,7 +125,7 @@ def test_under_train_compile_stacked_members_train_eager_and_say_so(monkeypatch,
     nets = {flag: members(3) for flag in (False, True)}
     for flag, stacked in nets.items():
         trainer = Trainer(dataclasses.replace(CONFIG, compile=flag), "adadelta", torch.device("cpu"), seed=3)
-        fit_stacked(trainer, list(enumerate(stacked)), train, val)
+        fit_stacked(trainer, list(enumerate(stacked)), train, val, LOSS)
     for eager, compiled in zip(nets[False], nets[True]):
         assert all(torch.equal(a, b) for a, b in zip(eager.state_dict().values(), compiled.state_dict().values()))
     assert any(getattr(r, "reason", "") == "ensemble members train stacked, which runs eager" for r in caplog.records)

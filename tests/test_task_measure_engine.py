@@ -36,7 +36,7 @@ def run_stream(task_section: dict, chunks: int = 6, policy: str = "adaptive"):
         {
             "task": task_section,
             "dataset": {"normalization": "standardize"},
-            "train": {"epochs": 3, "patience": 1, "batch_size": 64},
+            "train": {"epochs": 20, "patience": 3, "batch_size": 64, "optimizer": "adam", "lr": 0.01},
             "learner": {"width": 8},
             "policy": {"name": policy},
             "device": "cpu",
@@ -50,7 +50,7 @@ def run_stream(task_section: dict, chunks: int = 6, policy: str = "adaptive"):
 
 
 def test_a_stream_judged_by_recall_records_recall_its_sum_its_baseline_and_the_other_measures():
-    engine = run_stream({"classes": ["ok", "fraud"], "measure": "recall"})
+    engine = run_stream({"classes": ["ok", "fraud"], "measure": "recall", "class_weights": [1, 19]})
     rows = engine.state.series
     assert {"test_recall", "prequential_recall", "cumulative_recall", "baseline_recall", "test_measures"} <= set(
         rows[-1]
@@ -60,8 +60,14 @@ def test_a_stream_judged_by_recall_records_recall_its_sum_its_baseline_and_the_o
     assert rows[-1]["baseline_recall"] == 0.0  # the majority class flags no fraud
     records = read_rows(rows)
     assert records[-1].cumulative == pytest.approx(sum(r.test for r in records))
-    # The policy speaks the measure: its reasons read recall, and a fall of recall is a drift.
-    assert all("live model recall" in r.reason for r in records if not r.reason.startswith("drift"))
+    # Weighted as the team trained, the model finds frauds, and its alerts beat the fraud rate.
+    assert records[-1].test > 0.3 and rows[-1]["test_measures"]["precision"] > 0.1
+    assert all("live model recall" in r.reason for r in records)
+
+
+def test_a_fall_of_recall_is_a_drift_to_the_policy():
+    # Unweighted, the first stage learns to flag nothing: its recall falls from 1 to 0, 10 standard errors.
+    records = read_rows(run_stream({"classes": ["ok", "fraud"], "measure": "recall"}).state.series)
     assert any(r.reason.startswith("drift: the newest chunk's recall 0.000 is 1 below") for r in records)
 
 

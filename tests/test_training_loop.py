@@ -318,6 +318,7 @@ def test_bf16_precision_trains_under_autocast_and_keeps_fp32_weights() -> None:
 
 def test_a_stage_with_nothing_to_validate_on_trains_every_epoch_and_keeps_the_last_weights() -> None:
     """A stage of one-example chunks has an empty validation share: no epoch can be judged the best."""
+    from alma_daemon.training.losses import task_loss
     from alma_daemon.training.members import fit_stacked
 
     config = TrainConfig(epochs=4, patience=0, batch_size=8)
@@ -331,5 +332,5 @@ def test_a_stage_with_nothing_to_validate_on_trains_every_epoch_and_keeps_the_la
     assert report.val_error != report.val_error  # NaN: nothing was measured
     torch.manual_seed(0)
     members = [build_backbone(MNIST_TASK, 8) for _ in range(2)]
-    stacked = fit_stacked(trainer, list(enumerate(members)), train, nothing)
+    stacked = fit_stacked(trainer, list(enumerate(members)), train, nothing, task_loss(MNIST_TASK))
     assert all(r.epochs == r.best_epoch == 4 for r in stacked.values())

@@ -319,6 +319,23 @@ def test_float32_round_trip_and_part_sizes(limit: int) -> None:
     assert torch.equal(x2.view(torch.int32), x.view(torch.int32)), "bit-exact, including -0.0"
 
 
+def test_a_regressions_chunk_carries_float32_targets_and_refuses_non_finite_ones() -> None:
+    schema = StreamSchema(kind="labeled", example_shape=(8,), pixel_range=False, regression=True)
+    x, y = torch.randn(300, 8) * 1e3, torch.randn(300) * 50
+    records = encode_chunk("amount", 3, x, y, max_part_bytes=4096)
+    assert len(records) > 1
+    x2, y2 = assemble_chunk([decode(r, schema, "amount") for r in records])
+    assert y2.dtype == torch.float32 and torch.equal(y2, y) and torch.equal(x2, x)
+
+    y[7] = float("nan")
+    with pytest.raises(RejectedRecord, match="non_finite: y holds 1 NaN or infinite targets"):
+        decode(encode_chunk("amount", 3, x[:10], y[:10])[0], schema, "amount")
+    with pytest.raises(RejectedRecord, match="dtype: y is torch.int64; a regression's targets must be float32"):
+        decode(encode_chunk("amount", 3, x[:10], torch.arange(10))[0], schema, "amount")
+    with pytest.raises(RejectedRecord, match="dtype: y is torch.float32; labels must be int64"):
+        decode(encode_chunk("feat", 3, x[:10].abs() % 255, y[:10].nan_to_num())[0], FEATURES, "feat")
+
+
 def test_text_round_trip_split_along_tokens() -> None:
     tokens = text(10_000, seed=3)
     records = encode_chunk("ptb", 9, tokens=tokens, max_part_bytes=4096)
@@ -468,7 +485,7 @@ def test_single_example_over_the_limit_is_a_clear_error() -> None:
         ({"chunk_id": True}, "chunk_id"),
         ({"x": torch.zeros(4, 28, 28, dtype=torch.float64)}, "x must be uint8 or float32"),
         ({"x": torch.zeros(0, 28, 28, dtype=torch.uint8), "y": torch.zeros(0, dtype=torch.int64)}, "x must be N x"),
-        ({"y": torch.zeros(4, dtype=torch.int32)}, "y must be int64"),
+        ({"y": torch.zeros(4, dtype=torch.int32)}, "y must be int64 .class labels. or float32"),
         ({"y": torch.zeros(3, dtype=torch.int64)}, "y must have shape"),
         ({"tokens": torch.zeros(5, dtype=torch.int32)}, "not both"),
         ({"x": None}, "x and y together"),

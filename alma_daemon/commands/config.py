@@ -83,7 +83,7 @@ def check_file(args: argparse.Namespace) -> int:
     path = args.file or args.config
     config = load_config(path, args.overrides)
     if config.dataset.name == "arrays":
-        arrays_task(config.dataset)  # what a command checks once it starts: the task must be declared
+        arrays_task(config.dataset, config.task)  # what a command checks once it starts: the task must be declared
     print(f"{path}: valid (learner {config.learner.name}, policy {config.policy.name})")
     try:
         config.policy.check_stream_length(config.stream.megabatches)

@@ -100,9 +100,9 @@ def run(args: argparse.Namespace) -> int:
     config = replay_config(args)
     rate = parse_rate(args.rate)
     if args.npz:
-        from alma_daemon.data.arrays import load_npz
+        from alma_daemon.data.arrays import declared_kind, load_npz
 
-        chunks = labeled_chunks(load_npz(args.npz), config)
+        chunks = labeled_chunks(load_npz(args.npz, declared_kind(config.task) == "regression"), config)
     else:
         chunks = chunk_source(config)
     options = dict(

@@ -8,6 +8,7 @@ from contextlib import ExitStack
 from alma_daemon.cli import add_config_arguments, check_config_under_ranks
 from alma_daemon.config import load_config
 from alma_daemon.observability.exporter import MetricsObserver, start_exporter
+from alma_daemon.observability.measure_words import summary_rows
 from alma_daemon.research.simulate import run_simulation
 from alma_daemon.runtime import resolve_device
 from alma_daemon.training.distributed import join_process_group, leave_process_group
@@ -30,10 +31,7 @@ def add_parser(subparsers) -> None:
 
 def format_summary(summary: dict) -> str:
     rows = [
-        ("CER", summary.get("cer"), "{:.4f}"),
-        ("final test error", summary.get("final_test_error"), "{:.4f}"),
-        ("average test perplexity", summary.get("average_test_perplexity"), "{:.2f}"),
-        ("final test perplexity", summary.get("final_test_perplexity"), "{:.2f}"),
+        *summary_rows(summary),
         ("cumulative training FLOPs", summary.get("cumulative_train_flops"), "{:.4g}"),
         ("cumulative parameters", summary.get("cumulative_parameters"), "{:,}"),
         ("final parameters", summary.get("final_parameters"), "{:,}"),

@@ -23,7 +23,7 @@ REDIS_DOWN: tuple[type[BaseException], ...] = (*REDIS_UNREACHABLE, ServerUnreach
 
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser(
-        "status", help="chunks received/buffered/trained, last decision, model and live versions, CER"
+        "status", help="chunks received/buffered/trained, last decision, model and live versions, the task's measure"
     )
     add_config_arguments(parser)
     add_embedded_argument(parser)

@@ -27,13 +27,20 @@ def _one_or_more(value: Any) -> Any:
     return [value] if isinstance(value, str) else value
 
 
+#: Every dataset alma simulate and alma run stream (a test keeps each one's stream and task readers).
+DATASET_NAMES = ("mnist", "cifar10", "ptb", "text", "arrays", "river", "table")
+#: The keys only a table (dataset.name = table) reads.
+TABLE_KEYS = ("label_column", "feature_columns", "time_column", "test_fraction")
+
+
 @dataclass(config=SECTION)
 class DatasetConfig:
-    name: Literal["mnist", "cifar10", "ptb", "text", "arrays", "river"] = Field(
+    name: Literal[DATASET_NAMES] = Field(  # type: ignore[valid-type]
         default="mnist",
-        description="mnist, cifar10, ptb, text (a user's own corpus), arrays (a user's own labeled arrays sent "
-        "with `alma replay --npz`; declare input_shape, num_classes) or river (a stream of River, the `river` extra; "
-        "see river_stream).",
+        description="mnist, cifar10, ptb, text (a user's own corpus), arrays (a user's own labeled arrays: sent "
+        "with `alma replay --npz`, simulated from dataset.files; declare input_shape, num_classes), river (a stream "
+        "of River, the `river` extra; see river_stream) or table (a team's own history from .csv, .parquet or .npz "
+        "files, replayed in time order: docs/results.md#backtesting-on-your-own-history).",
     )
     root: Str | None = Field(
         default=None,
@@ -45,7 +52,10 @@ class DatasetConfig:
         description="Evaluate on a seeded random subset of N test examples (text: the first N sequences; None = all).",
     )
     files: Annotated[list[Str], BeforeValidator(_one_or_more)] = Field(
-        default_factory=list, description="Plain-text files of a user's own corpus (dataset.name = text)."
+        default_factory=list,
+        description="text: plain-text files of a user's own corpus. table: the history's .csv (or .csv.gz), "
+        ".parquet (the `table` extra) or .npz (arrays x: N x features, y, optional t: times) files, concatenated. "
+        "arrays: the .npz files (x, y) alma simulate partitions into chunks, as `alma replay --npz` does.",
     )
     tokenizer: Str | None = Field(
         default=None,
@@ -61,23 +71,52 @@ class DatasetConfig:
     num_classes: Int | None = Field(
         default=None,
         gt=0,
-        description="dataset.name = arrays: number of classes (labels must lie in [0, num_classes)).",
+        description="dataset.name = arrays: number of classes (labels must lie in [0, num_classes)). table: "
+        "optional; None = as many as task.classes names, else the largest label + 1.",
     )
     test_file: Str | None = Field(
-        default=None, description="dataset.name = arrays: optional .npz (arrays x, y) used as the daemon's test set."
+        default=None,
+        description="arrays: optional .npz (arrays x, y), the test set. table: a file of the same columns, the "
+        "test set instead of the history's last share (dataset.test_fraction).",
+    )
+    label_column: Str | None = Field(
+        default=None,
+        description="dataset.name = table, a .csv or .parquet history: the label column: class indexes from 0, "
+        "class names listed in task.classes, or a regression's number (task.kind: regression).",
+    )
+    feature_columns: list[Str] = Field(
+        default_factory=list,
+        description="dataset.name = table: the feature columns, in the model's input order. Empty = every numeric "
+        "column but the label and the time, in the file's order (an id column too: name the features to leave it out).",
+    )
+    time_column: Str | None = Field(
+        default=None,
+        description="dataset.name = table: a column of times (numbers or ISO 8601 date-times) that orders the "
+        "history; rows of one time keep the files' order. None = the files' order (an .npz: its array t, if any).",
+    )
+    test_fraction: Float | None = Field(
+        default=None,
+        gt=0,
+        lt=1,
+        description="dataset.name = table: the last share of the ordered history held out as the test set; the rest "
+        "arrives as stream.megabatches contiguous chunks in time order. None = 0.1 (unless dataset.test_file).",
     )
     normalization: Literal["pixels", "standardize", "none"] | None = Field(
         default=None,
         description="What the model does to raw inputs first: pixels (0-255 images, scaled by the dataset's "
         "statistics; the wire and serving refuse other values), standardize (any finite float32 features, "
         "per-feature mean and std of the stream's first chunk, saved in the checkpoint's spec) or none (the "
-        "model takes the features as they come). None = the dataset's own (pixels for mnist, cifar10, arrays; standardize for river).",
+        "model takes the features as they come). None = the dataset's own (pixels for mnist, cifar10, arrays; standardize "
+        "for river and table).",
     )
-    river_stream: Literal["agrawal", "sea", "hyperplane", "rbf-drift", "bananas", "image-segments"] = Field(
+    river_stream: Literal[
+        "agrawal", "sea", "hyperplane", "rbf-drift", "friedman", "friedman-drift", "bananas", "image-segments"
+    ] = Field(
         default="agrawal",
         description="dataset.name = river: River's generator, seeded with stream.seed (agrawal: abrupt drift "
-        "halfway; sea: gradual drift halfway; hyperplane, rbf-drift: incremental drift) or a dataset bundled in its "
-        "wheel (bananas, image-segments), replayed in River's order (docs/river.md).",
+        "halfway; sea: gradual drift halfway; hyperplane, rbf-drift: incremental drift; friedman, friedman-drift: "
+        "a regression, the latter with an abrupt drift halfway) or a dataset bundled in its wheel (bananas, "
+        "image-segments), replayed in River's order (docs/river.md).",
     )
     river_examples: Int = Field(
         default=20000,
@@ -85,6 +124,32 @@ class DatasetConfig:
         description="dataset.name = river: examples read from the stream (a bundled dataset: at most its size); the "
         "first nine tenths arrive as stream.megabatches contiguous chunks, the last tenth is the test set.",
     )
+
+    def __post_init__(self) -> None:
+        if self.name != "table":
+            for key in TABLE_KEYS:
+                if getattr(self, key):
+                    raise ConfigError(f"dataset.{key}: read only by dataset.name=table (this is {self.name})")
+            return
+        if not self.files:
+            raise ConfigError("dataset.files: dataset.name=table needs the history's .csv, .parquet or .npz file(s)")
+        if self.input_shape:
+            raise ConfigError("dataset.input_shape: a table's input is its feature columns; unset it")
+        if self.test_file and self.test_fraction:
+            raise ConfigError("dataset.test_fraction: dataset.test_file is the test set; set one of the two")
+        columns = self.label_column or self.feature_columns or self.time_column
+        tables = self.files + ([self.test_file] if self.test_file else [])
+        if columns and any(name.endswith(".npz") for name in tables):
+            key = "label_column" if self.label_column else "feature_columns" if self.feature_columns else "time_column"
+            raise ConfigError(
+                f"dataset.{key}: an .npz table holds arrays x, y and t (optional), not columns; "
+                "name columns of .csv and .parquet files only"
+            )
+        if self.label_column is None and not all(name.endswith(".npz") for name in tables):
+            raise ConfigError("dataset.label_column: name the label column of the .csv or .parquet history")
+        for key in ("label_column", "time_column"):
+            if getattr(self, key) in self.feature_columns:
+                raise ConfigError(f"dataset.feature_columns: {getattr(self, key)!r} is dataset.{key}")
 
 
 #: The task measures (alma_daemon/measures/, one class each; a test keeps the two lists equal).
@@ -453,7 +518,7 @@ class ServingConfig:
     promotion_margin: Float = Field(
         default=0.01,
         ge=0,
-        description="A new version whose validation error is at most the live version's + this is always promoted; one worse by more is refused only if the paired test finds it worse at promotion_alpha (docs/serving.md). Language models: a perplexity margin, no test.",
+        description="A new version whose loss on the task's measure (task.measure on a lower-is-better scale: the error, 1 - recall, the cost, the MSE) is at most the live version's + this is always promoted; one worse by more is refused only if the paired test finds it worse at promotion_alpha (docs/serving.md). Language models: a perplexity margin, no test.",
     )
     promotion_alpha: Float = Field(
         default=0.001,
@@ -465,6 +530,15 @@ class ServingConfig:
         default=300,
         gt=0,
         description="The guard's sample: the new version's validation sample, topped up to at least this many examples from the samples saved with the versions before it.",
+    )
+    promotion_min_positives: Int = Field(
+        default=30,
+        ge=0,
+        description="Binary tasks: the guard's sample is topped up further, from the same earlier samples, until it holds at least this many examples of the positive class (fewer where no more are saved: the guard then says so). At promotion_alpha 0.001 a version that misses every positive is refused once the live version finds 10 of them, so this many cover a live recall of 10 / this (0.34 for 30).",
+    )
+    guard_positive_recall: Bool = Field(
+        default=True,
+        description="Binary tasks: whatever task.measure is, the guard also refuses a new version that finds significantly fewer of the positive class than the live version (McNemar on the positives, at promotion_alpha, no margin).",
     )
     workers: Int = Field(default=1, gt=0, description="TorchServe workers started for each registered version.")
     niceness: Int = Field(

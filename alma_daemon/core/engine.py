@@ -17,6 +17,7 @@ uninterrupted one.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass, field, replace
 
@@ -128,8 +129,8 @@ class Engine:
         if chunk.index == self.state.last_chunk:
             raise ValueError(f"chunk {chunk.index} taken twice")
         late = chunk.index < self.state.last_chunk
-        if self.learner.task.awaits_statistics:
-            self.learner.take_input_statistics(chunk.data.x)
+        if self.learner.awaits_statistics:
+            self.learner.take_statistics(chunk.data)
         stream = self.config.stream
         sample = prequential_sample(chunk, stream.prequential_examples, stream.seed)
         prequential, details = self.learner.assess(sample)
@@ -335,6 +336,9 @@ class Engine:
         test_set = self.test_set_at(chunk.index)
         tested = self.test_measure(test_set)
         test, test_details = tested if tested is not None else (None, None)
+        # A measure with nothing to measure (recall on a test set without a positive) is None, as in
+        # results.json, so that the daemon's series and the simulator's read alike.
+        test = _finite_or_none(test)
         if test_set is not None and baseline is not None:
             baseline = self.test_baseline(test_set)
         s = self.state
@@ -347,7 +351,7 @@ class Engine:
         s.cumulative_train_seconds += train_seconds
         # The cumulative measure (the CER with the error rate) sums the test measure; a perplexity has none.
         cumulates = measure in CUMULATIVE_MEASURES and test is not None
-        if cumulates:
+        if cumulates and test is not None:
             s.cumulative_error += test
         record = StepRecord(
             t=s.chunks_seen,
@@ -360,8 +364,8 @@ class Engine:
             prequential=prequential,
             cumulative_prequential=s.cumulative_prequential,
             cumulative=s.cumulative_error if cumulates else None,
-            test_measures=test_details or None,
-            prequential_measures=details or None,
+            test_measures=_finite_values(test_details),
+            prequential_measures=_finite_values(details),
             baseline=baseline,
             train_flops=train_flops,
             cumulative_train_flops=s.cumulative_train_flops,
@@ -385,3 +389,12 @@ class Engine:
         if self._test_baseline is None or self._test_baseline[0] is not test_set:
             self._test_baseline = (test_set, self.task_measure.baseline(test_set.y))
         return self._test_baseline[1]
+
+
+def _finite_or_none(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
+
+
+def _finite_values(measures: dict[str, float] | None) -> dict[str, float | None] | None:
+    """The task's other measures with None for those undefined on this data; None when there are none."""
+    return {name: _finite_or_none(value) for name, value in measures.items()} if measures else None

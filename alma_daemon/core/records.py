@@ -177,8 +177,8 @@ class StepRecord:
     cumulative: float | None = column("cumulative_{measure}", measures=CUMULATIVE_MEASURES, csv=True)
     #: The task's other measures (:meth:`alma_daemon.measures.Measure.details`) on the test set and on
     #: the chunk; rows of a task that has none (the paper's) have no such keys.
-    test_measures: dict[str, float] | None = column(default=None, only_if_true=True)
-    prequential_measures: dict[str, float] | None = column(default=None, only_if_true=True)
+    test_measures: dict[str, float | None] | None = column(default=None, only_if_true=True)
+    prequential_measures: dict[str, float | None] | None = column(default=None, only_if_true=True)
     #: The measure of an input-blind model (the majority class, the mean target) on the test set, else
     #: on the chunk: what the model must beat. Recorded for the tasks of a team (a measure, a binary or
     #: a regression task), not for the paper's.

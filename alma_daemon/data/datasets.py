@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from alma_daemon.config.sections import DATASET_NAMES
 from alma_daemon.data.tensors import LabeledData
 
 
@@ -60,6 +61,10 @@ class TaskInfo:
     false_positive_cost: float = 1.0
     #: A weight per class of the training loss (``task.class_weights``); empty = unweighted.
     class_weights: tuple[float, ...] = ()
+    #: A regression's target statistics: networks train on (y - target_mean) / target_std and the
+    #: learner answers in the target's units; None until taken from the stream's first chunk.
+    target_mean: float | None = None
+    target_std: float | None = None
 
     def __post_init__(self) -> None:
         if self.normalization not in NORMALIZATIONS:
@@ -87,6 +92,17 @@ class TaskInfo:
         mean, std = flat.mean(0), flat.std(0, correction=0)
         std = torch.where(std > 1e-6 * (1 + mean.abs()), std, torch.ones_like(std))
         return replace(self, mean=tuple(mean.float().tolist()), std=tuple(std.float().tolist()))
+
+    def with_target_statistics(self, y: torch.Tensor) -> TaskInfo:
+        """This regression with the mean and std of targets ``y``; a constant target keeps a std of 1."""
+        target = y.double()
+        mean, std = float(target.mean()), float(target.std(correction=0))
+        return replace(self, target_mean=mean, target_std=std if std > 1e-6 * (1 + abs(mean)) else 1.0)
+
+    @property
+    def awaits_target_statistics(self) -> bool:
+        """A regression before its first chunk: its target statistics are not known yet."""
+        return self.regression and self.target_std is None
 
     @property
     def pixels(self) -> bool:
@@ -121,6 +137,8 @@ class TaskInfo:
             "false_negative_cost": self.false_negative_cost,
             "false_positive_cost": self.false_positive_cost,
             "class_weights": list(self.class_weights),
+            "target_mean": self.target_mean,
+            "target_std": self.target_std,
         }
 
     @classmethod
@@ -141,6 +159,8 @@ class TaskInfo:
             false_negative_cost=float(data.get("false_negative_cost", 1.0)),
             false_positive_cost=float(data.get("false_positive_cost", 1.0)),
             class_weights=tuple(float(w) for w in data.get("class_weights", ())),
+            target_mean=None if data.get("target_mean") is None else float(data["target_mean"]),
+            target_std=None if data.get("target_std") is None else float(data["target_std"]),
         )
 
 
@@ -152,6 +172,8 @@ _TARGET_DEFAULTS = {
     "false_negative_cost": 1.0,
     "false_positive_cost": 1.0,
     "class_weights": [],
+    "target_mean": None,
+    "target_std": None,
 }
 
 
@@ -217,9 +239,14 @@ def resolve_data_root(root: str | None) -> Path:
 
 
 def _files(name: str) -> DatasetFiles:
-    if name not in _LOADERS:
-        raise DatasetError(f"unknown dataset {name!r}; known: {', '.join(dataset_names())}")
-    return _LOADERS[name]
+    if name in _LOADERS:
+        return _LOADERS[name]
+    if name in DATASET_NAMES:
+        raise DatasetError(
+            f"dataset {name!r} has no train and test files of its own to load; alma simulate and alma run read it "
+            f"through its stream (the datasets of files: {', '.join(dataset_names())})"
+        )
+    raise DatasetError(f"unknown dataset {name!r}; known: {', '.join(sorted(DATASET_NAMES))}")
 
 
 def load_dataset(name: str, root: str | None = None) -> Dataset:

@@ -5,23 +5,26 @@ stream of examples into chunks itself. Its ``content-type`` header says how the 
 
 - :data:`EVENT_JSON`: a JSON object, ``{"x": [...], "y": 3}`` for one example, ``{"x": [ex, ...],
   "y": [3, ...]}`` for a few, or named numeric fields (``{"age": 31, "income": 2.5, "y": 1}``) when
-  the stream declares its ``features``;
-- :data:`EVENT_ROWS`: a safetensors blob with ``x`` ``(N, *example_shape)`` and ``y`` int64 ``(N,)``,
-  validated like a chunk part.
+  the stream declares its ``features``; a label is a class index or, where the task names its
+  classes, a name (``"y": "fraud"``); a regression's target is a number;
+- :data:`EVENT_ROWS`: a safetensors blob with ``x`` ``(N, *example_shape)`` and ``y`` ``(N,)`` (int64
+  labels, float32 regression targets), validated like a chunk part.
 
 The key is not read: producers use it for partitioning or leave it empty. :func:`decode_event`
 treats every record as untrusted and returns validated ``(x, y)`` or raises
 :class:`~alma_daemon.data.wire.RejectedRecord`, with the reasons and the value checks of chunk parts
 (one rule for both, ``wire._validate_labeled``) plus ``fields`` for a JSON object whose field names
-are not the expected ones. :func:`encode_events` is the producer side. The module is pure logic:
-no broker, no Redis, and values are never unpickled.
+are not the expected ones. :func:`named_features` reads named fields for serving too, so the
+endpoint takes what the wire takes. :func:`encode_events` is the producer side. The module is pure
+logic: no broker, no Redis, and values are never unpickled.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from itertools import chain
 from typing import Any
 
@@ -56,11 +59,13 @@ def decode_event(
     """Validate one event record against ``schema`` and return ``(x, y)``.
 
     ``x`` has shape ``(n, *schema.example_shape)`` (float32 from JSON, as sent from safetensors rows)
-    and ``y`` is int64 ``(n,)``, ``n >= 1``. ``features`` names the numeric fields of a JSON event,
-    in input order (``schema.example_shape`` is then ``(len(features),)``). Checks run cheapest
-    first: content type, value size (before any parsing), decoding, field names, dtypes, shapes,
-    label range, finiteness, value range; the first failure raises :class:`RejectedRecord`. A
-    ValueError means the caller passed a schema or features that no event can match.
+    and ``y`` is ``(n,)``, ``n >= 1``: int64 class indexes (a JSON label given by name is mapped to
+    its index in ``schema.classes``), or float32 targets on a regression stream. ``features`` names
+    the numeric fields of a JSON event, in input order (``schema.example_shape`` is then
+    ``(len(features),)``). Checks run cheapest first: content type, value size (before any
+    parsing), decoding, field names, dtypes, shapes, label range, finiteness, value range; the first
+    failure raises :class:`RejectedRecord`. A ValueError means the caller passed a schema or
+    features that no event can match.
     """
     features = _check_features(features, schema)
     content_type = _content_type(headers)
@@ -85,8 +90,9 @@ def encode_events(
     key: bytes | None = None,
     max_part_bytes: int = DEFAULT_MAX_PART_BYTES,
 ) -> list[WireRecord]:
-    """Encode examples ``x`` (uint8 or float32, ``N x ...``) and labels ``y`` (int64, ``N``) as event
-    records of ``per_record`` examples each (the last one may hold fewer), in order.
+    """Encode examples ``x`` (uint8 or float32, ``N x ...``) and labels ``y`` (int64, ``N``; float32
+    for a regression's targets) as event records of ``per_record`` examples each (the last one may
+    hold fewer), in order.
 
     JSON records hold one example in the single form when ``per_record == 1`` and the list form
     otherwise; ``x`` is written flat (uint8 as integers, float32 exactly), or as the named fields
@@ -180,25 +186,13 @@ def _json_event(value: bytes, schema: StreamSchema, features: tuple[str, ...]) -
         missing, extra = sorted(expected - doc.keys()), sorted(doc.keys() - expected)
         raise RejectedRecord("fields", f"fields missing {missing[:8]}, unexpected {[k[:64] for k in extra[:8]]}")
 
-    labels = doc["y"]
-    if type(labels) is int:
-        few, labels = False, [labels]
-    elif type(labels) is list and set(map(type, labels)) <= {int}:
-        few = True
-    else:
-        raise RejectedRecord("dtype", f"y is {json.dumps(labels)[:64]}; labels are integers (or a list of them)")
+    few, labels = _labels(doc["y"], schema)
     n = len(labels)
     if n == 0:
         raise RejectedRecord("shape", "the event holds no examples")
 
     if features:
-        # Columns, one per feature: (F,) for one example, (F, n) for a few.
-        columns = [doc[name] for name in features]
-        numbers = _leaves(columns, (len(features), n) if few else (len(features),))
-        if numbers is None:
-            form = "lists of" if few else "single"
-            raise RejectedRecord("shape", f"features must be {form} numbers, one per label ({n})")
-        x = _float32(numbers).reshape(len(features), n).T.contiguous()
+        x = named_features(doc, features, n if few else None)
     else:
         shape = schema.example_shape
         x_doc = doc["x"] if few else [doc["x"]]
@@ -210,11 +204,87 @@ def _json_event(value: bytes, schema: StreamSchema, features: tuple[str, ...]) -
             each = f"{n} examples, each" if few else "x"
             raise RejectedRecord("shape", f"{each} must be {flat[1]} numbers, flat or nested as {shape}")
         x = _float32(numbers).reshape(nested)
+    if schema.regression:
+        return x, _float32(labels)
     try:
         y = torch.tensor(labels, dtype=torch.int64)
     except (ValueError, OverflowError, RuntimeError):
         raise RejectedRecord("label_range", "a label does not fit in int64") from None
     return x, y
+
+
+def named_features(doc: Mapping[str, Any], features: tuple[str, ...], n: int | None) -> torch.Tensor:
+    """The examples of a JSON object's named fields ``features`` (all present), float32 ``n x F`` in
+    the order of ``features``: each field a number (``n`` None: one example) or a list of ``n`` numbers.
+
+    Raises :class:`RejectedRecord` naming the first field at fault: "dtype" for one holding something
+    other than numbers (a string, a bool, null), "shape" for one of another form.
+    """
+    # Columns, one per feature: (F,) for one example, (F, n) for a few.
+    columns = [doc[name] for name in features]
+    try:
+        numbers = _leaves(columns, (len(features),) if n is None else (len(features), n))
+    except RejectedRecord:
+        numbers = None
+    if numbers is None:
+        raise _misfit_field(doc, features, n)
+    count = 1 if n is None else n
+    return _float32(numbers).reshape(len(features), count).T.contiguous()
+
+
+def _misfit_field(doc: Mapping[str, Any], features: tuple[str, ...], n: int | None) -> RejectedRecord:
+    """Why the fields ``features`` of ``doc``, which :func:`_leaves` refused, are not examples: the
+    first field holding something other than numbers ("dtype"), else the first of another form ("shape")."""
+    form = "a number (one example)" if n is None else f"a list of {n} numbers, one per example"
+
+    def items(value: Any) -> list[Any]:
+        return value if type(value) is list else [value]
+
+    def fits(value: Any) -> bool:
+        if n is None:
+            return type(value) in _NUMBER_TYPES
+        return type(value) is list and len(value) == n and set(map(type, value)) <= _NUMBER_TYPES
+
+    odd = next((name for name in features if not set(map(type, items(doc[name]))) <= {*_NUMBER_TYPES, list}), None)
+    if odd is not None:
+        return RejectedRecord("dtype", f"field {odd[:64]!r} is {json.dumps(doc[odd])[:64]}, not {form}")
+    misfit = next(name for name in features if not fits(doc[name]))
+    return RejectedRecord("shape", f"field {misfit[:64]!r} is {json.dumps(doc[misfit])[:64]}, not {form}")
+
+
+def _labels(labels: Any, schema: StreamSchema) -> tuple[bool, list[Any]]:
+    """(whether ``y`` is a list, its labels): class indexes (names mapped to them), or numbers on a
+    regression stream."""
+    few = type(labels) is list
+    items = labels if few else [labels]
+    kinds = set(map(type, items))
+    if schema.regression:
+        if not kinds <= _NUMBER_TYPES:
+            raise RejectedRecord("dtype", f"y is {json.dumps(labels)[:64]}; a regression's targets are numbers")
+        return few, items
+    if str in kinds and schema.classes:
+        index = _class_indexes(schema.classes)
+        for label in items:
+            if type(label) is str and label not in index:
+                raise RejectedRecord(
+                    "label_range", f"label {label[:64]!r} is not a class; the classes are {_listed(schema.classes)}"
+                )
+        items = [index[label] if type(label) is str else label for label in items]
+        kinds = set(map(type, items))
+    if not kinds <= {int}:
+        what = "class indexes or names" if schema.classes else "integers (task.classes would let them be names)"
+        raise RejectedRecord("dtype", f"y is {json.dumps(labels)[:64]}; labels are {what}, or a list of them")
+    return few, items
+
+
+@functools.lru_cache(maxsize=16)
+def _class_indexes(classes: tuple[str, ...]) -> dict[str, int]:
+    return {name: i for i, name in enumerate(classes)}
+
+
+def _listed(classes: tuple[str, ...], most: int = 20) -> str:
+    shown = ", ".join(c[:64] for c in classes[:most])
+    return shown if len(classes) <= most else f"{shown} and {len(classes) - most} more"
 
 
 def _leaves(doc: Any, shape: tuple[int, ...]) -> list[Any] | None:

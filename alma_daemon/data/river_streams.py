@@ -4,7 +4,8 @@ River (PyPI ``river``, the ``river`` extra) is what stream-learning users reach 
 streams lets alma-daemon and River's own incremental models be compared on the same examples in the
 same order (``benchmarks/bench_river.py``). :data:`RIVER_STREAMS` names each stream: a seeded
 generator, with the concept drift it is known for, or a dataset that ships inside River's wheel.
-Nothing is downloaded: River's datasets that need a download are not offered.
+Nothing is downloaded: River's datasets that need a download are not offered. Most are
+classification streams; ``friedman`` and ``friedman-drift`` are regressions (a float target).
 
 A stream is read in River's order. Of its first ``dataset.river_examples`` examples, the first nine
 tenths arrive as ``stream.megabatches`` contiguous chunks and the last tenth, the stream's
@@ -37,7 +38,7 @@ Examples = Iterable[tuple[dict[Any, Any], Any]]
 
 @dataclass(frozen=True)
 class RiverStream:
-    """A named River stream: its examples, their classes and where its concept changes.
+    """A named River stream: its examples, their classes (none: a regression) and where its concept changes.
 
     ``examples(seed, train_length)`` builds River's iterator; a drift is placed relative to the
     ``train_length`` examples that arrive as chunks. ``drift_at`` is the centre of an abrupt or
@@ -45,11 +46,16 @@ class RiverStream:
     """
 
     examples: Callable[[int, int], Examples]
+    #: The labels in class-index order; empty for a regression, whose target is a float.
     classes: tuple[Any, ...]
     drift: str
     drift_at: float | None = None
     #: A bundled dataset's number of examples (None: a generator, as long as asked).
     size: int | None = None
+
+    @property
+    def regression(self) -> bool:
+        return not self.classes
 
 
 def _synth() -> Any:
@@ -102,6 +108,19 @@ def _rbf_drift(seed: int, train_length: int) -> Examples:
     )
 
 
+def _friedman(seed: int, train_length: int) -> Examples:
+    return _synth().Friedman(seed=seed)
+
+
+def _friedman_drift(seed: int, train_length: int) -> Examples:
+    # River's global recurring drift returns to the first concept at its second change point: placed
+    # past the examples read (the test set included), the stream changes concept once.
+    after_the_stream = 2 * train_length + 1
+    return _synth().FriedmanDrift(
+        drift_type="gra", position=(drift_position(HALFWAY, train_length), after_the_stream), seed=seed
+    )
+
+
 def _bananas(seed: int, train_length: int) -> Examples:
     return _datasets().Bananas()
 
@@ -129,6 +148,16 @@ RIVER_STREAMS: dict[str, RiverStream] = {
     ),
     "rbf-drift": RiverStream(
         _rbf_drift, (0, 1, 2, 3), "incremental: 50 moving Gaussian centroids, 4 classes (RandomRBFDrift)"
+    ),
+    "friedman": RiverStream(
+        _friedman, (), "none: a regression, Friedman #1 (10 features, 5 of them relevant, unit Gaussian noise)"
+    ),
+    "friedman-drift": RiverStream(
+        _friedman_drift,
+        (),
+        "abrupt: a regression, Friedman #1 whose relevant features swap places halfway through the chunks "
+        "(FriedmanDrift, global drift)",
+        drift_at=HALFWAY,
     ),
     "bananas": RiverStream(_bananas, (False, True), "none: River's bundled Bananas (2 features)", size=5300),
     "image-segments": RiverStream(
@@ -168,7 +197,8 @@ def split_lengths(stream: RiverStream, examples: int) -> tuple[int, int]:
 
 def read_river(name: str, examples: int, seed: int) -> RiverData:
     """River stream ``name``: its first ``examples`` examples (a bundled dataset: at most its size),
-    generated with ``seed``, as float32 features and class indices; River is imported here."""
+    generated with ``seed``, as float32 features and class indices (a regression: float32 targets);
+    River is imported here."""
     stream = river_stream(name)
     train_length, test_length = split_lengths(stream, examples)
     try:
@@ -180,15 +210,11 @@ def read_river(name: str, examples: int, seed: int) -> RiverData:
     x = np.array([[float(example[f]) for f in features] for example, _ in pairs], dtype=np.float32)
     if not np.isfinite(x).all():
         raise DatasetError(f"River stream {name!r}: non-finite feature values")
-    index = {label: i for i, label in enumerate(stream.classes)}
-    unknown = {label for _, label in pairs} - set(index)
-    if unknown:
-        raise DatasetError(f"River stream {name!r}: labels {sorted(map(str, unknown))} not among {stream.classes}")
-    y = np.array([index[label] for _, label in pairs], dtype=np.int64)
+    y = targets(name, stream, [label for _, label in pairs])
     task = TaskInfo(
-        "classification",
+        "regression" if stream.regression else "classification",
         (len(features),),
-        len(stream.classes),
+        max(1, len(stream.classes)),
         normalization="standardize",
         extra={"river_stream": name, "features": [str(f) for f in features], "drift": stream.drift},
     )
@@ -200,6 +226,20 @@ def read_river(name: str, examples: int, seed: int) -> RiverData:
         data.subset(torch.arange(train_length, train_length + test_length)),
         drift_at,
     )
+
+
+def targets(name: str, stream: RiverStream, labels: list[Any]) -> np.ndarray:
+    """A classifier's labels as their classes' indexes (int64), a regression's targets as float32."""
+    if stream.regression:
+        y = np.array(labels, dtype=np.float32)
+        if not np.isfinite(y).all():
+            raise DatasetError(f"River stream {name!r}: non-finite targets")
+        return y
+    index = {label: i for i, label in enumerate(stream.classes)}
+    unknown = set(labels) - set(index)
+    if unknown:
+        raise DatasetError(f"River stream {name!r}: labels {sorted(map(str, unknown))} not among {stream.classes}")
+    return np.array([index[label] for label in labels], dtype=np.int64)
 
 
 def read_configured_river(dataset: DatasetConfig, seed: int) -> RiverData:

@@ -20,6 +20,7 @@ from alma_daemon.config import Config, ConfigError, TaskConfig
 from alma_daemon.data import arrays
 from alma_daemon.data.datasets import TaskInfo, load_test_set
 from alma_daemon.data.river_streams import read_configured_river
+from alma_daemon.data.table import read_table
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.data.text import text_task
 from alma_daemon.seeding import generator
@@ -42,8 +43,12 @@ def load_stream_task(config: Config) -> StreamTask:
 def configured_task(task: TaskInfo, config: Config) -> TaskInfo:
     """``task`` as ``dataset.normalization`` and the ``task`` section shape it: its normalization and
     statistics, its measure, class names, positive class, costs and loss weights. A term that does not
-    fit the task is refused, naming its key."""
-    return with_target_terms(normalized_task(task, config), config.task)
+    fit the task is refused, naming its key. The names of an event's fields (``stream.features``) go
+    in ``extra["features"]``, so serving takes the JSON the wire takes (serving/codecs.py)."""
+    task = with_target_terms(normalized_task(task, config), config.task)
+    if config.stream.features:
+        task = replace(task, extra={**task.extra, "features": list(config.stream.features)})
+    return task
 
 
 def normalized_task(task: TaskInfo, config: Config) -> TaskInfo:
@@ -160,9 +165,11 @@ def labeled_task(config: Config) -> StreamTask:
 
 
 def arrays_task(config: Config) -> StreamTask:
-    """A user's arrays: the task as ``dataset.*`` declares it, the test set from ``dataset.test_file`` if any."""
-    test = arrays.load_npz(config.dataset.test_file) if config.dataset.test_file else None
-    return StreamTask(arrays.arrays_task(config.dataset), test)
+    """A user's arrays: the task as ``dataset.*`` and ``task.kind`` declare it, the test set from
+    ``dataset.test_file`` if any."""
+    task = arrays.arrays_task(config.dataset, config.task)
+    test = arrays.load_npz(config.dataset.test_file, task.regression) if config.dataset.test_file else None
+    return StreamTask(task, test)
 
 
 def corpus_task(config: Config) -> StreamTask:
@@ -178,10 +185,18 @@ def river_task(config: Config) -> StreamTask:
     return StreamTask(river.task, select_test_examples(river.test, config))
 
 
+def table_task(config: Config) -> StreamTask:
+    """A team's table (docs/results.md#backtesting-on-your-own-history): read whole, as ``alma simulate``
+    reads it, since its test set is the ordered history's last share; that share is the test set."""
+    table = read_table(config)
+    return StreamTask(table.task, select_test_examples(table.test, config))
+
+
 #: Datasets whose task is not a registered labeled dataset's, by name.
 TASK_READERS: dict[str, Callable[[Config], StreamTask]] = {
     "arrays": arrays_task,
     "ptb": corpus_task,
     "text": corpus_task,
     "river": river_task,
+    "table": table_task,
 }

@@ -70,6 +70,8 @@ _DECIMAL_RE = re.compile(rb"0|[1-9][0-9]{0,15}")
 
 _X_DTYPES: dict[str, torch.dtype] = {"uint8": torch.uint8, "float32": torch.float32}
 _LABEL_DTYPE = torch.int64
+#: A regression's targets travel as float32 (the dtype the model trains on).
+_TARGET_DTYPE = torch.float32
 _TOKEN_DTYPE = torch.int32
 _LABELED_NAMES = frozenset({"x", "y"})
 _TEXT_NAMES = frozenset({"tokens"})
@@ -98,9 +100,9 @@ class StreamSchema:
     """What the consumer of one stream accepts.
 
     ``kind="labeled"``: ``x`` of dtype in ``x_dtypes`` and shape ``(N, *example_shape)``, ``y``
-    int64 of shape ``(N,)`` with labels in ``[0, num_classes)``. ``kind="text"``: 1-D int32
-    ``tokens`` in ``[0, vocab_size)``. Fields that do not apply to the kind are ignored.
-    ``max_part_bytes`` bounds the length of a record value.
+    int64 of shape ``(N,)`` with labels in ``[0, num_classes)``, or, on a ``regression`` stream,
+    float32 finite targets. ``kind="text"``: 1-D int32 ``tokens`` in ``[0, vocab_size)``. Fields
+    that do not apply to the kind are ignored. ``max_part_bytes`` bounds the length of a record value.
     """
 
     kind: Literal["labeled", "text"]
@@ -111,18 +113,24 @@ class StreamSchema:
     max_part_bytes: int = DEFAULT_MAX_PART_BYTES
     #: Float ``x`` must be raw pixels in [0, 255] (a task normalized as ``pixels``); else any finite value.
     pixel_range: bool = True
+    #: The classes' names in label-index order (``task.classes``): a JSON event may label by name.
+    classes: tuple[str, ...] = ()
+    #: ``y`` holds a regression's float32 targets, not class indexes (``num_classes`` is then unused).
+    regression: bool = False
 
     def __post_init__(self) -> None:
         # Configs loaded from YAML hand over lists; a frozen dataclass needs tuples to stay hashable.
         object.__setattr__(self, "example_shape", tuple(self.example_shape))
         object.__setattr__(self, "x_dtypes", tuple(self.x_dtypes))
+        object.__setattr__(self, "classes", tuple(self.classes))
         if self.kind == "labeled":
             if not all(_is_int(d) and d >= 1 for d in self.example_shape):
                 raise ValueError(f"example_shape must hold positive ints; got {self.example_shape!r}")
             if not self.x_dtypes or not set(self.x_dtypes) <= _X_DTYPES.keys():
                 raise ValueError(f"x_dtypes must be a non-empty subset of {sorted(_X_DTYPES)}; got {self.x_dtypes!r}")
-            if not (_is_int(self.num_classes) and self.num_classes >= 1):
+            if not self.regression and not (_is_int(self.num_classes) and self.num_classes >= 1):
                 raise ValueError(f"a labeled stream needs num_classes >= 1; got {self.num_classes!r}")
+            self._check_classes()
         elif self.kind == "text":
             if not (_is_int(self.vocab_size) and self.vocab_size >= 1):
                 raise ValueError(f"a text stream needs vocab_size >= 1; got {self.vocab_size!r}")
@@ -130,6 +138,16 @@ class StreamSchema:
             raise ValueError(f"kind must be 'labeled' or 'text'; got {self.kind!r}")
         if not (_is_int(self.max_part_bytes) and self.max_part_bytes >= 1):
             raise ValueError(f"max_part_bytes must be a positive int; got {self.max_part_bytes!r}")
+
+    def _check_classes(self) -> None:
+        if not self.classes:
+            return
+        if self.regression:
+            raise ValueError("classes name a classifier's labels; a regression stream has none")
+        if not all(isinstance(c, str) for c in self.classes) or len(set(self.classes)) != len(self.classes):
+            raise ValueError(f"classes must be distinct strings; got {list(self.classes)!r:.200}")
+        if len(self.classes) != self.num_classes:
+            raise ValueError(f"classes name {len(self.classes)} classes, but num_classes is {self.num_classes}")
 
 
 # eq=False: the generated __eq__ would compare tensors with ``==`` and fail on truth-testing them.
@@ -261,7 +279,8 @@ def encode_chunk(
 ) -> list[WireRecord]:
     """Encode one chunk as records whose values are at most ``max_part_bytes`` long.
 
-    Pass labeled examples as ``x`` (uint8 or float32, ``N x ...``) and ``y`` (int64, ``N``), or text
+    Pass labeled examples as ``x`` (uint8 or float32, ``N x ...``) and ``y`` (int64 labels or float32
+    regression targets, ``N``), or text
     as ``tokens`` (int32, 1-D). The chunk is split along the example (or token) axis into the fewest
     parts that fit (counting a 256-byte allowance for the safetensors header), with part sizes
     differing by at most one example. Raises ValueError on malformed
@@ -452,8 +471,8 @@ def _producer_tensors(
         raise ValueError("pass x and y together (labeled) or tokens alone (text)")
     if x.dtype not in _X_DTYPES.values():
         raise ValueError(f"x must be uint8 or float32; got {x.dtype}")
-    if y.dtype != _LABEL_DTYPE:
-        raise ValueError(f"y must be int64; got {y.dtype}")
+    if y.dtype not in (_LABEL_DTYPE, _TARGET_DTYPE):
+        raise ValueError(f"y must be int64 (class labels) or float32 (regression targets); got {y.dtype}")
     if x.dim() < 1 or x.shape[0] == 0 or 0 in x.shape[1:]:
         raise ValueError(f"x must be N x ... with N >= 1 and no empty example dimension; got {tuple(x.shape)}")
     if y.dim() != 1 or y.shape[0] != x.shape[0]:
@@ -495,7 +514,9 @@ def _validate_labeled(x: torch.Tensor, y: torch.Tensor, schema: StreamSchema) ->
     allowed = {_X_DTYPES[name] for name in schema.x_dtypes}
     if x.dtype not in allowed:
         raise RejectedRecord("dtype", f"x is {x.dtype}; the stream accepts {list(schema.x_dtypes)}")
-    if y.dtype != _LABEL_DTYPE:
+    if schema.regression and y.dtype != _TARGET_DTYPE:
+        raise RejectedRecord("dtype", f"y is {y.dtype}; a regression's targets must be float32")
+    if not schema.regression and y.dtype != _LABEL_DTYPE:
         raise RejectedRecord("dtype", f"y is {y.dtype}; labels must be int64")
     if x.dim() != 1 + len(schema.example_shape) or tuple(x.shape[1:]) != schema.example_shape:
         raise RejectedRecord("shape", f"x has shape {tuple(x.shape)}; expected (N, *{schema.example_shape})")
@@ -503,10 +524,14 @@ def _validate_labeled(x: torch.Tensor, y: torch.Tensor, schema: StreamSchema) ->
         raise RejectedRecord("shape", "part holds no examples")
     if y.dim() != 1 or y.shape[0] != x.shape[0]:
         raise RejectedRecord("shape", f"y has shape {tuple(y.shape)}; expected ({x.shape[0]},)")
-    low, high = int(y.min()), int(y.max())
-    assert schema.num_classes is not None  # StreamSchema requires it of a labeled stream
-    if low < 0 or high >= schema.num_classes:
-        raise RejectedRecord("label_range", f"labels span [{low}, {high}]; expected [0, {schema.num_classes})")
+    if schema.regression:
+        if not bool(torch.isfinite(y).all()):
+            raise RejectedRecord("non_finite", f"y holds {int((~torch.isfinite(y)).sum())} NaN or infinite targets")
+    else:
+        low, high = int(y.min()), int(y.max())
+        assert schema.num_classes is not None  # StreamSchema requires it of a classifier's stream
+        if low < 0 or high >= schema.num_classes:
+            raise RejectedRecord("label_range", f"labels span [{low}, {high}]; expected [0, {schema.num_classes})")
     if x.is_floating_point() and not bool(torch.isfinite(x).all()):
         raise RejectedRecord("non_finite", f"x holds {int((~torch.isfinite(x)).sum())} NaN or infinite values")
     if x.is_floating_point() and schema.pixel_range:

@@ -2,8 +2,9 @@
 
 A learner owns one ``nn.Module`` (``self.model``) holding every parameter, so checkpoints are one
 state dict. Subclasses implement :meth:`build` (the architecture), :meth:`fit` (what to hand to the
-shared :class:`~alma_daemon.training.loop.Trainer`) and :meth:`forward_proba`; growing learners
-also override :meth:`initial_architecture` and take their growth step from
+shared :class:`~alma_daemon.training.loop.Trainer`, with the task's loss: :attr:`Learner.training_loss`),
+:meth:`forward_proba` (a classifier's answer) and, where it learns a regression, :meth:`forward_prediction`;
+growing learners also override :meth:`initial_architecture` and take their growth step from
 :class:`~alma_daemon.learners.growing.GrowsOnceTrained` (``grow_trained``). Everything else has a default.
 """
 
@@ -13,6 +14,7 @@ import dataclasses
 import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, ClassVar, TypeVar
 
 import torch
@@ -31,6 +33,7 @@ from alma_daemon.models.user_model import load_user_weights, user_layers
 from alma_daemon.seeding import derive_seed
 from alma_daemon.training.flops import count_flops
 from alma_daemon.training.loop import EVAL_BATCH, FitReport, Trainer
+from alma_daemon.training.losses import TaskLoss, task_loss
 
 ModuleT = TypeVar("ModuleT", bound=nn.Module)
 
@@ -101,12 +104,18 @@ class Learner(ABC):
     #: True where one network trains data-parallel under torchrun (every batch split over the ranks);
     #: False where independent members train one per rank.
     splits_batches_over_ranks: ClassVar[bool] = False
+    #: The task kinds (``TaskInfo.kind``) the learner learns; another is refused when it is built.
+    task_kinds: ClassVar[tuple[str, ...]] = ("classification", "regression")
 
     def __init__(self, task: TaskInfo, config: LearnerConfig, seed: int, arch: dict | None = None):
         # torch imports its compiler stack (over a second) when the first FLOP counter or optimizer is
         # made; importing it with the learner keeps that cost out of the first chunk of a stream.
         import torch._dynamo  # noqa: F401
 
+        if task.kind not in self.task_kinds:
+            raise ConfigError(
+                f"learner.name: {self.name} cannot learn a {task.kind.replace('_', ' ')} task; {learners_of(task.kind)}"
+            )
         self.task = task
         self.config = config
         self.seed = seed
@@ -132,7 +141,12 @@ class Learner(ABC):
 
     @abstractmethod
     def forward_proba(self, x: torch.Tensor) -> torch.Tensor:
-        """Class probabilities for a batch of raw inputs (already on the model's device)."""
+        """A classifier's class probabilities for a batch of raw inputs (already on the model's device)."""
+
+    def forward_prediction(self, x: torch.Tensor) -> torch.Tensor:
+        """A regression's standardized prediction for a batch of raw inputs (on the model's device): the
+        networks' one output (N x 1), before :attr:`training_loss` puts it in the target's units."""
+        raise NotImplementedError(f"learner {self.name!r} does not learn a regression")
 
     @classmethod
     def contract_cases(cls) -> list[tuple[str, dict]]:
@@ -177,6 +191,22 @@ class Learner(ABC):
             raise ConfigError(f"learner.init_weights: learner {self.name!r} has no network built by learner.model")
         for net in networks:
             load_user_weights(net, state, source)
+        if self.task.regression:
+            # The deployed network answers in the target's units: it goes on learning them as they are.
+            self.task = replace(self.task, target_mean=0.0, target_std=1.0)
+
+    @property
+    def awaits_statistics(self) -> bool:
+        """Whether the task still awaits statistics of the stream's first chunk (features or target)."""
+        return self.task.awaits_statistics or self.task.awaits_target_statistics
+
+    def take_statistics(self, data: LabeledData) -> None:
+        """Take the statistics the task awaits from ``data`` (the stream's first chunk): the features'
+        (:meth:`take_input_statistics`), a regression target's (its networks learn it standardized)."""
+        if self.task.awaits_statistics:
+            self.take_input_statistics(data.x)
+        if self.task.awaits_target_statistics:
+            self.task = self.task.with_target_statistics(data.y)
 
     def take_input_statistics(self, x: torch.Tensor) -> None:
         """Standardize inputs with the per-feature statistics of ``x`` (a standardizing task's first chunk):
@@ -190,14 +220,36 @@ class Learner(ABC):
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.model.parameters())
 
-    def predict_proba(self, x: torch.Tensor) -> torch.Tensor:
-        """Probabilities for raw inputs of any count, evaluated in batches; returned on the CPU."""
+    @property
+    def training_loss(self) -> TaskLoss:
+        """The loss the task's networks train and early-stop on (alma_daemon/training/losses.py)."""
+        return task_loss(self.task)
+
+    def forward_outputs(self, x: torch.Tensor) -> torch.Tensor:
+        """What the model answers for a batch of raw inputs (on the model's device): class probabilities
+        (N x C) for a classifier, predictions (N) in the target's units for a regression."""
+        if self.task.regression:
+            return self.training_loss.answers(self.forward_prediction(x))
+        return self.forward_proba(x)
+
+    def _no_outputs(self) -> torch.Tensor:
+        """The answers for no examples."""
+        return torch.empty(0) if self.task.regression else torch.empty(0, self.task.num_classes)
+
+    def predict_outputs(self, x: torch.Tensor) -> torch.Tensor:
+        """:meth:`forward_outputs` for raw inputs of any count, evaluated in batches; returned on the CPU."""
         self.model.eval()
         out = []
         with torch.inference_mode():
             for i in range(0, len(x), EVAL_BATCH):
-                out.append(self.forward_proba(x[i : i + EVAL_BATCH].to(self.device)).cpu())
-        return torch.cat(out) if out else torch.empty(0, self.task.num_classes)
+                out.append(self.forward_outputs(x[i : i + EVAL_BATCH].to(self.device)).cpu())
+        return torch.cat(out) if out else self._no_outputs()
+
+    def predict_proba(self, x: torch.Tensor) -> torch.Tensor:
+        """A classifier's probabilities for raw inputs of any count (:meth:`predict_outputs`)."""
+        if self.task.regression:
+            raise TypeError(f"learner {self.name!r} learns a regression: it predicts numbers (predict_outputs)")
+        return self.predict_outputs(x)
 
     @property
     def task_measure(self) -> Measure:
@@ -210,16 +262,15 @@ class Learner(ABC):
         return self.task_measure.name
 
     def outputs(self, data: LabeledData) -> torch.Tensor:
-        """What the model answers for ``data``'s inputs, on the CPU: class probabilities (N x C) for a
-        classifier. The inputs are standardized once per tensor (the test set: once per stream, see
-        :meth:`_standardized`)."""
+        """What the model answers for ``data``'s inputs, on the CPU (:meth:`forward_outputs`). The inputs
+        are standardized once per tensor (the test set: once per stream, see :meth:`_standardized`)."""
         self.model.eval()
         out = []
         with inputs_standardized_outside(self.model) as normalize, torch.inference_mode():
             x = data.x if normalize is None else self._standardized(data.x, normalize)
             for i in range(0, len(data), EVAL_BATCH):
-                out.append(self.forward_proba(x[i : i + EVAL_BATCH].to(self.device)).cpu())
-        return torch.cat(out) if out else torch.empty(0, self.task.num_classes)
+                out.append(self.forward_outputs(x[i : i + EVAL_BATCH].to(self.device)).cpu())
+        return torch.cat(out) if out else self._no_outputs()
 
     def measure_on(self, data: LabeledData) -> Measurement:
         """The task's measure of the model on ``data``."""
@@ -252,7 +303,7 @@ class Learner(ABC):
         if self._inference_flops is None:
             self.model.eval()
             with torch.inference_mode():
-                _, flops = count_flops(lambda: self.forward_proba(self.example_input()))
+                _, flops = count_flops(lambda: self.forward_outputs(self.example_input()))
             self._inference_flops = float(flops)
         return self._inference_flops
 
@@ -279,7 +330,8 @@ class Learner(ABC):
 
 
 class SingleNetwork(Learner):
-    """A learner whose model is one network giving class logits: trained whole, softmax at the output.
+    """A learner whose model is one network giving class logits (softmax at the output), or a
+    regression's standardized prediction: trained whole on the task's loss.
 
     Under torchrun the ranks train the network data-parallel (:mod:`alma_daemon.training.data_parallel`).
     """
@@ -287,10 +339,22 @@ class SingleNetwork(Learner):
     splits_batches_over_ranks = True
 
     def fit(self, train: LabeledData, val: LabeledData, trainer: Trainer) -> FitReport:
-        return trainer.fit(self.model, train, val, data_parallel=True)
+        loss = self.training_loss
+        return trainer.fit(self.model, train, val, objective=loss.objective, validate=loss.validate, data_parallel=True)
 
     def forward_proba(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x).softmax(1)
+
+    def forward_prediction(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x)
+
+
+def learners_of(kind: str) -> str:
+    """Which registered learners learn a ``kind`` task, as a refusal's advice."""
+    from alma_daemon.learners import learner_class, learner_config_models  # the registry imports this module
+
+    names = [name for name in learner_config_models() if kind in learner_class(name).task_kinds]
+    return f"use {', '.join(names)}" if names else "no learner does"
 
 
 def config_from_spec(spec: dict, model: type[LearnerConfig]) -> tuple[TaskInfo, LearnerConfig]:

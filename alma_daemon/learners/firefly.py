@@ -57,6 +57,7 @@ from alma_daemon.models.firefly_net import (
 )
 from alma_daemon.training.flops import count_flops
 from alma_daemon.training.loop import Trainer
+from alma_daemon.training.losses import TaskLoss
 
 #: Size of every candidate's step, relative to the norm of the weights it perturbs (Firefly's epsilon).
 STEP = 0.001
@@ -135,8 +136,8 @@ def ascend(objective: Callable[[], torch.Tensor], directions: list[torch.Tensor]
         optimizer.step()
 
 
-def trace(net: GrowableNet, x: torch.Tensor, y: torch.Tensor) -> tuple[list[LayerTrace], float]:
-    """Every hidden layer's :class:`LayerTrace` (test-time BatchNorm), and the loss."""
+def trace(net: GrowableNet, x: torch.Tensor, y: torch.Tensor, task_loss: TaskLoss) -> tuple[list[LayerTrace], float]:
+    """Every hidden layer's :class:`LayerTrace` (test-time BatchNorm), and the task's training loss."""
     net.eval()
     z, kept = net.stem(x), []
     for i in range(len(net.hidden)):
@@ -148,7 +149,7 @@ def trace(net: GrowableNet, x: torch.Tensor, y: torch.Tensor) -> tuple[list[Laye
         kept.append((z, a, pre, h, out))
         z = out
     logits = net.classifier(z.flatten(1))
-    loss = F.cross_entropy(logits, y)
+    loss = task_loss.mean_loss(logits, y)
     wrt = [t for _, a, _, h, out in kept for t in (a, h, out)] + [logits]
     grads = torch.autograd.grad(loss, wrt)
     traces = []
@@ -323,17 +324,19 @@ def insert_layer(net: GrowableNet, index: int, delta: torch.Tensor, x: torch.Ten
     net.insert_layer(index, weight, stats)
 
 
-def firefly_step(net: GrowableNet, task: TaskInfo, data: LabeledData, budget: float, g: torch.Generator) -> dict:
-    """One growth step of about ``budget`` parameters on ``data``; returns a JSON summary."""
+def firefly_step(
+    net: GrowableNet, task: TaskInfo, data: LabeledData, budget: float, g: torch.Generator, task_loss: TaskLoss
+) -> dict:
+    """One growth step of about ``budget`` parameters on ``data``, scored on ``task_loss``; returns a JSON summary."""
     before = sum(p.numel() for p in net.parameters())
-    traces, loss_before = trace(net, data.x, data.y)
+    traces, loss_before = trace(net, data.x, data.y, task_loss)
     directions, candidates = propose(net, traces, budget, g)
     arch = net.architecture()
     chosen = select(candidates, budget, lambda added, at: parameter_count(task, grown_architecture(arch, added, at)))
     apply(net, chosen, directions, data.x)
     with torch.no_grad():
         net.eval()
-        loss_after = float(F.cross_entropy(net(data.x), data.y))
+        loss_after = float(task_loss.mean_loss(net(data.x), data.y))
     per_layer = [Counter(c.layer for c in chosen if c.kind == kind) for kind in ("split", "new")]
     return {
         "split": [per_layer[0][i] for i in range(len(traces))],
@@ -397,8 +400,9 @@ class Firefly(GrowsOnceTrained, SingleNetwork):
         data = LabeledData(val.x[pick].to(self.device), val.y[pick].to(self.device))
         initial = parameter_count(self.task, initial_architecture(self.task, self.config.width))
         directions = trainer.generator("firefly", "directions")
+        loss = self.training_loss
         summary, flops = count_flops(
-            lambda: firefly_step(self.model, self.task, data, self.config.growth_rate * initial, directions)
+            lambda: firefly_step(self.model, self.task, data, self.config.growth_rate * initial, directions, loss)
         )
         self.arch = {**self.model.architecture(), "trained": True}
         return GrowthReport(summary, flops=flops)

@@ -19,7 +19,6 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
-import torch.nn.functional as F
 from pydantic import Field
 from pydantic.dataclasses import dataclass
 from torch import nn
@@ -35,6 +34,7 @@ from alma_daemon.models.backbones import Backbone, Normalize
 from alma_daemon.models.moe import LEAF, TreeGatedMoE, binary_gate, count_experts
 from alma_daemon.training.flops import count_flops
 from alma_daemon.training.loop import EVAL_BATCH, Trainer
+from alma_daemon.training.losses import TaskLoss
 
 #: Backbone layers that are mixtures of experts (paper section 5: "at the first two layers").
 MIXTURE_LAYERS = 2
@@ -53,7 +53,7 @@ def layer_input_sizes(task: TaskInfo, layers: list[nn.Module], count: int) -> li
 
 
 def routed_forward(net: Backbone, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """Logits and, for every mixture layer, the gating value of each expert for each example."""
+    """The network's raw outputs (logits) and, for every mixture layer, the gating value of each expert for each example."""
     z, weights = net.normalize(x), []
     for layer in net.layers:
         if isinstance(layer, TreeGatedMoE):
@@ -65,14 +65,15 @@ def routed_forward(net: Backbone, x: torch.Tensor) -> tuple[torch.Tensor, list[t
     return z, weights
 
 
-def cumulative_losses(net: Backbone, data: LabeledData) -> list[torch.Tensor]:
-    """Per mixture layer, each expert's summed loss on ``data``, weighted by its gating value."""
+def cumulative_losses(net: Backbone, data: LabeledData, task_loss: TaskLoss) -> list[torch.Tensor]:
+    """Per mixture layer, each expert's summed loss on ``data`` (the task's training loss: class-weighted
+    cross-entropy, or a regression's error), weighted by its gating value."""
     net.eval()
     totals: list[torch.Tensor] = []
     with torch.inference_mode():
         for i in range(0, len(data), EVAL_BATCH):
             logits, weights = routed_forward(net, data.x[i : i + EVAL_BATCH])
-            loss = F.cross_entropy(logits, data.y[i : i + EVAL_BATCH], reduction="none")
+            loss = task_loss.per_example(logits, data.y[i : i + EVAL_BATCH])
             batch = [w.T @ loss for w in weights]
             totals = batch if not totals else [t + b for t, b in zip(totals, batch)]
     return totals
@@ -152,7 +153,8 @@ class GrowingMixtureOfExperts(GrowsOnceTrained, SingleNetwork):
     def grow_trained(self, val: LabeledData, trainer: Trainer) -> GrowthReport:
         """Split the losing expert of every mixture layer."""
         val = LabeledData(val.x.to(self.device), val.y.to(self.device))
-        losses, flops = count_flops(lambda: cumulative_losses(self.model, val))
+        task_loss = self.training_loss
+        losses, flops = count_flops(lambda: cumulative_losses(self.model, val, task_loss))
         splits = []
         for i, (mixture, loss) in enumerate(zip(self.mixtures(), losses)):
             losing = int(loss.argmax())

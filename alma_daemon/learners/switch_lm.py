@@ -78,6 +78,7 @@ class SwitchLanguageModelConfig(LanguageModelConfig):
 class LanguageModel(Learner):
     """Base of the Switch LM learners: token inputs, perplexity, one step-budget stage per network."""
 
+    task_kinds = ("language_model",)
     config: LanguageModelConfig
 
     @classmethod

@@ -10,6 +10,7 @@ from alma_daemon.measures.base import (
     Target,
     build_measure,
     measure_class,
+    stopping_measure,
 )
 from alma_daemon.measures.task import target_of, task_measure
 
@@ -22,6 +23,7 @@ __all__ = [
     "Target",
     "build_measure",
     "measure_class",
+    "stopping_measure",
     "target_of",
     "task_measure",
 ]

@@ -74,6 +74,9 @@ class Measure(ABC):
     rate: ClassVar[bool] = False
     #: A one-line description for the config reference and reports.
     description: ClassVar[str]
+    #: The measure a stage's early stopping reads instead, for a one-sided measure that a degenerate
+    #: model maximizes (a recall of 1 by flagging everything); None: this measure itself.
+    stopping_measure: ClassVar[str | None] = None
 
     def __init__(self, target: Target):
         self.target = target
@@ -145,6 +148,12 @@ def measure_class(name: str) -> type[Measure]:
         return MEASURES[name]
     except KeyError:
         raise ValueError(f"unknown measure {name!r}; known: {', '.join(sorted(MEASURES))}") from None
+
+
+def stopping_measure(measure: Measure) -> Measure:
+    """The measure early stopping reads for ``measure`` (:attr:`Measure.stopping_measure`)."""
+    name = measure.stopping_measure
+    return measure if name is None else measure_class(name)(measure.target)
 
 
 def build_measure(name: str | None, target: Target) -> Measure:

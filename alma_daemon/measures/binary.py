@@ -36,6 +36,9 @@ class Recall(PositiveClassMeasure):
     name = "recall"
     higher_is_better = True
     rate = True
+    # Flagging everything (recall) or only the surest case (precision) maximizes it: a stage stops
+    # early on the balanced error instead, which neither trick improves.
+    stopping_measure = "balanced_error"
     description = "binary: share of the positive class's examples predicted positive"
 
     @on_cpu
@@ -55,11 +58,18 @@ class Precision(PositiveClassMeasure):
     name = "precision"
     higher_is_better = True
     rate = True
+    # Flagging everything (recall) or only the surest case (precision) maximizes it: a stage stops
+    # early on the balanced error instead, which neither trick improves.
+    stopping_measure = "balanced_error"
     description = "binary: share of the examples predicted positive that are positive"
 
     @on_cpu
     def measure(self, outputs: torch.Tensor, y: torch.Tensor) -> Measurement:
         flagged = self.flagged(outputs)
+        if len(y) and not flagged.any():
+            # A model that flags nothing has no true alert to show: 0, as scikit-learn's default has it,
+            # so that a version that stops flagging reads as the worst, not as unmeasured.
+            return Measurement(0.0, 0, 0.0)
         return proportion(int((flagged & self.positives(y)).sum()), int(flagged.sum()))
 
 

@@ -2,8 +2,10 @@
 
 The factory takes the task (:class:`~alma_daemon.data.datasets.TaskInfo`: input shape, classes) and
 returns an ``nn.Module`` mapping a batch of inputs, float32 as the task's normalization leaves them
-(``(N, *input_shape)``; images NCHW), to logits ``(N, num_classes)``. It is called under a seeded RNG, once
-per ensemble member, so it should draw its initial weights from torch's default generator.
+(``(N, *input_shape)``; images NCHW), to logits ``(N, num_classes)``, or for a regression to one output
+``(N, 1)`` (``task.num_classes`` is 1: the prediction of the standardized target, or of the target as it is
+when the network starts from its deployed weights, docs/your-model.md). It is called under a seeded RNG,
+once per ensemble member, so it should draw its initial weights from torch's default generator.
 
 The module is imported from an installed package or from the working directory. It becomes the
 layers of a :class:`~alma_daemon.models.backbones.Backbone`: an ``nn.Sequential``'s children one
@@ -71,9 +73,13 @@ def _check_output(net: nn.Module, task: TaskInfo, path: str) -> None:
         net.train(was_training)
     if not isinstance(out, torch.Tensor) or tuple(out.shape) != (2, task.num_classes):
         got = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        expected = (
+            "outputs of shape [2, 1] (one prediction per example)"
+            if task.regression
+            else (f"logits of shape [2, {task.num_classes}] (the task's classes)")
+        )
         raise ConfigError(
-            f"learner.model: {path} maps a batch of shape {[2, *task.input_shape]} to {got}; "
-            f"expected logits of shape [2, {task.num_classes}] (the task's classes)"
+            f"learner.model: {path} maps a batch of shape {[2, *task.input_shape]} to {got}; expected {expected}"
         )
 
 

@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable, Iterable
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import make_wsgi_app
+from prometheus_client import Gauge, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 
@@ -163,7 +163,7 @@ class MetricsObserver(EngineObserver):
         state = engine.state
         self._count_flops_up_to(state.cumulative_train_flops)
         if state.series:
-            self._set_gauges(StepRecord.from_row(state.series[-1]))
+            self.show(StepRecord.from_row(state.series[-1]))
         # Stages started between chunks (time-based policies) are newer than the last record.
         telemetry.MODEL_VERSION.set(state.model_version)
         telemetry.PARAMETERS.set(engine.learner.num_parameters())
@@ -198,18 +198,49 @@ class MetricsObserver(EngineObserver):
         self._examples_seen = record.examples_seen
         if record.late:
             telemetry.LATE_CHUNKS.inc()
-        self._set_gauges(record)
+        self.show(record)
 
     @staticmethod
-    def _set_gauges(record: StepRecord) -> None:
-        # Records carry the measures of the learner's kind only: error for classifiers,
+    def show(record: StepRecord) -> None:
+        """Set the gauges from a step's record."""
+        # The paper's families carry their own measure only: the error rate for classifiers judged by it,
         # perplexity for language models; the other family holds NaN (no measurement).
+        is_error = record.measure == "error"
         for name in telemetry.ERROR_SETS:
             telemetry.ERROR_RATIO.labels(name).set(_or_nan(record.measured("error", on=name)))
             telemetry.PERPLEXITY.labels(name).set(_or_nan(record.measured("perplexity", on=name)))
-        telemetry.CUMULATIVE_ERROR.set(_or_nan(record.cumulative))
-        cumulative_prequential_error = record.cumulative_prequential if record.measure == "error" else None
-        telemetry.CUMULATIVE_PREQUENTIAL_ERROR.set(_or_nan(cumulative_prequential_error))
+        telemetry.CUMULATIVE_ERROR.set(_or_nan(record.cumulative if is_error else None))
+        telemetry.CUMULATIVE_PREQUENTIAL_ERROR.set(_or_nan(record.cumulative_prequential if is_error else None))
+        _show_measure(record)
         telemetry.PARAMETERS.set(record.parameters)
         telemetry.CUMULATIVE_PARAMETERS.set(record.cumulative_parameters)
         telemetry.MODEL_VERSION.set(record.model_version)
+
+
+def _show_measure(record: StepRecord) -> None:
+    """The task's measure's families: the record's measure and details, each set's (NaN where not taken)."""
+    m = record.measure
+    _show_only(telemetry.TASK_MEASURE, {(m, on): _or_nan(record.measured(m, on=on)) for on in telemetry.ERROR_SETS})
+    _show_only(
+        telemetry.CUMULATIVE_MEASURE,
+        {(m, "test"): _or_nan(record.cumulative), (m, "prequential"): record.cumulative_prequential},
+    )
+    _show_only(telemetry.BASELINE_MEASURE, {(m,): _or_nan(record.baseline)})
+    details = {"test": record.test_measures or {}, "prequential": record.prequential_measures or {}}
+    names = dict.fromkeys([*details["test"], *details["prequential"]])
+    _show_only(
+        telemetry.MEASURE_DETAIL,
+        {(name, on): _or_nan(details[on].get(name)) for name in names for on in telemetry.ERROR_SETS},
+    )
+
+
+def _show_only(gauge: Gauge, values: dict[tuple[str, ...], float]) -> None:
+    """Set ``gauge``'s series of ``values`` (label values -> value) and remove its others: those of an
+    earlier stream's measure or details, which would otherwise stay at their last value."""
+    for labels, value in values.items():
+        gauge.labels(*labels).set(value)
+    for family in gauge.collect():
+        for sample in family.samples:
+            labels = tuple(sample.labels.values())
+            if labels not in values:
+                gauge.remove(*labels)

@@ -8,7 +8,7 @@
 - replay as arrows from the run without replay to the same run with it (Fig. 4).
 
 Runs are grouped by the values that differ between them of the keys that say what a run learns
-(:data:`LEARNING_SECTIONS`: learner, policy, stream, train, dataset); where a run kept its state and
+(:data:`LEARNING_SECTIONS`: learner, policy, stream, train, dataset, task); where a run kept its state and
 which servers it talked to (``daemon.*``, ``kafka.*``, ``redis.*``, ...) never name or split a
 configuration. Runs that differ only in their seeds are one configuration, drawn at the mean over
 the seeds; runs that differ only in the policy's keys are one line; a run stopped before its
@@ -42,7 +42,7 @@ from policies import policy_config_models
 #: Config keys that only reseed a run: runs differing in these alone are averaged.
 SEED_KEYS = frozenset({"seed", "stream.seed"})
 #: The config sections that say what a run learns: only their keys name and split configurations.
-LEARNING_SECTIONS = ("learner", "policy", "stream", "train", "dataset")
+LEARNING_SECTIONS = ("learner", "policy", "stream", "train", "dataset", "task")
 #: Keys of those sections that say where the data lies, not what it is.
 WHERE_KEYS = frozenset({"dataset.root"})
 #: The prefix of the keys a line joins (the waiting times and other policy settings).
@@ -57,6 +57,7 @@ _NAMES = {"stream.megabatches": "B", "policy.name": "policy", "dataset.name": "d
 #: The keys that name a single configuration in its figures' titles, where they are set.
 HEADLINE_KEYS = (
     "learner.name",
+    "learner.model",
     "learner.width",
     "learner.members",
     "learner.d_model",
@@ -69,8 +70,17 @@ HEADLINE_KEYS = (
     "policy.flops_per_hour",
     "policy.gpu_seconds_per_hour",
     "stream.megabatches",
+    "stream.chunk_examples",
+    "stream.chunk_seconds",
+    "task.measure",
     REPLAY_KEY,
 )
+#: Headline keys left out where one of the others is set: a team's own network (``learner.model``) has
+#: no backbone width; an event stream's chunks are cut every N examples or T seconds, not one of B.
+SUPERSEDED_KEYS = {
+    "learner.width": ("learner.model",),
+    "stream.megabatches": ("stream.chunk_examples", "stream.chunk_seconds"),
+}
 #: A legend value longer than this is cut to its end (a path's end names it).
 _LONGEST_VALUE = 24
 
@@ -161,9 +171,13 @@ def describe(params: dict) -> str:
 
 def headline(run: RunLike) -> str:
     """What one run is, for the title of a figure of a single configuration:
-    ``sm width=8 policy=fixed wait=1 B=10 no replay (5 of 10 chunks)``."""
+    ``sm width=8 policy=fixed wait=1 B=10 no replay (5 of 10 chunks)``; a team's model on an event
+    stream: ``sm model=fraud:build policy=adaptive chunk_examples=1000 measure=recall no replay``."""
     f = flat(run.config)
     f[CHUNKS_KEY] = cut_short(run)
+    for key, by in SUPERSEDED_KEYS.items():
+        if any(f.get(other) is not None for other in by):
+            f[key] = None
     return describe({k: f.get(k) for k in (*HEADLINE_KEYS, CHUNKS_KEY)})
 
 
@@ -358,7 +372,8 @@ def mean_curve(group: list[RunLike], key: str) -> tuple[list[int], list[float], 
     first_trained = None
     for run in group:
         for row in run.series:
-            if row.get(key) is not None:
+            # Not taken (None), or not defined on the data (NaN: a recall on a chunk without a positive).
+            if row.get(key) is not None and math.isfinite(row[key]):
                 values[row["t"]].append(row[key])
             if row.get("trained") and (first_trained is None or row["t"] < first_trained):
                 first_trained = row["t"]
@@ -367,15 +382,27 @@ def mean_curve(group: list[RunLike], key: str) -> tuple[list[int], list[float], 
 
 
 def plot_error_curves(
-    runs: Sequence[RunLike], panels: Sequence[tuple[str, str]], y_label: str, path: Path, log: bool = False
+    runs: Sequence[RunLike],
+    panels: Sequence[tuple[str, str]],
+    y_label: str,
+    path: Path,
+    log: bool = False,
+    *,
+    axis_label: str | None = None,
+    baseline: tuple[str, str] | None = None,
+    title: str | None = None,
 ) -> None:
     """Per-chunk measures against mega-batches received, one curve per configuration, one panel per
     (row key, panel title) of ``panels``, one above the other on the same axes' ranges: the test error
-    beside the prequential error.
+    beside the prequential error. ``y_label`` names the measure in the title (``title`` replaces it),
+    ``axis_label`` on the y axes (default: ``y_label``).
 
-    The y range covers every curve from its first training stage on; an untrained model's error
-    (about 0.9 on ten classes) above it is cut, as the note under the axes says. A prequential
-    measure is taken before the chunk trains, so it counts as trained from the chunk after."""
+    ``baseline`` (row key, words): each configuration's baseline as a dashed line of its color in the
+    first panel, the set it was measured on (the test set, else the chunk), named in the note.
+
+    The y range covers every curve from its first training stage on, and the baselines; an untrained
+    model's error (about 0.9 on ten classes) above it is cut, as the note under the axes says. A
+    prequential measure is taken before the chunk trains, so it counts as trained from the chunk after."""
     groups = configurations(runs)
     keys = varying_keys(runs)
     fig, axes = _figure(len(panels))
@@ -394,20 +421,28 @@ def plot_error_curves(
             ax.plot(ts, ys, dashes, marker=marker, linewidth=1.2, color=color, label=describe(dict(config)))
             everything += ys
             shown += [y for t, y in zip(ts, ys, strict=True) if first is not None and t >= first + after]
+            if baseline is not None and ax is axes[0]:
+                bts, bys, _ = mean_curve(group, baseline[0])
+                ax.plot(bts, bys, linestyle=(0, (5, 3)), linewidth=1.0, color=color)
+                everything += bys
+                shown += bys
         ax.set_title(panel, fontsize=9)
-        ax.set_ylabel(y_label)
+        ax.set_ylabel(axis_label or y_label)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
     axes[-1].set_xlabel("mega-batches received")
-    note = None
+    notes = []
+    if baseline is not None and any(mean_curve(group, baseline[0])[0] for group in groups.values()):
+        notes.append(f"dashed: {baseline[1]}, a model that ignores its inputs")
     if log:
         axes[0].set_yscale("log")
     elif shown and max(everything) > max(shown):
         low, high = min(shown), max(shown)
         margin = 0.05 * (high - low or high or 1.0)
         axes[0].set_ylim(max(0.0, low - margin), high + margin)
-        note = "y range: the curves after their first training stage (untrained models cut)"
-    title = f"{_capital(y_label)} after each mega-batch"
+        notes.append("y range: the curves after their first training stage (untrained models cut)")
+    note = "; ".join(notes) or None
+    title = title or f"{_capital(y_label)} after each mega-batch"
     if keys:
         legend: str | None = _legend_title(list(groups.values()))
     else:  # one configuration: the title names it, a legend would only say "run"

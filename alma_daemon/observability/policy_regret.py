@@ -6,6 +6,10 @@ is the one with the lowest mean CER, and a policy's regret is its CER above that
 seed. With a compute price p, a run's cost is CER + p x training FLOPs, and a policy is judged by
 whether some schedule beats it on both CER and FLOPs (it lies above their Pareto front).
 ``alma report`` and ``benchmarks/bench_policy.py`` both read their verdicts from here.
+
+"CER" stands for any cumulative loss, lower is better: a task judged by another measure is compared on
+its cumulative measure on the lower-is-better scale (``unit``: a cumulative cost, or the summed
+``1 - recall`` of a measure where higher is better; observability/report_policies.py).
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ class Outcome:
     flops: tuple[float, ...]
     schedule: bool
     price: float = 0.0
+    #: What ``cer`` holds: the CER, or another cumulative loss (lower is better).
+    unit: str = "CER"
 
     @property
     def mean_cer(self) -> float:
@@ -64,17 +70,19 @@ class Regret:
     cost_regret: float | None
     #: Whether it trained with fewer FLOPs than every schedule, where no schedule can beat it on both.
     cheaper_than_every_schedule: bool = False
+    #: What the CER figures are (:attr:`Outcome.unit`).
+    unit: str = "CER"
 
     def line(self) -> str:
         se = "" if self.standard_error is None else f" +- {self.standard_error:.2f}"
         text = (
-            f"{self.policy}: CER x{self.cer_ratio:.3f} and FLOPs x{self.flops_ratio:.2f} of the best schedule "
-            f"({self.best}), regret {self.difference:+.2f}{se} CER"
+            f"{self.policy}: {self.unit} x{self.cer_ratio:.3f} and FLOPs x{self.flops_ratio:.2f} of the best "
+            f"schedule ({self.best}), regret {self.difference:+.2f}{se} {self.unit}"
         )
         if self.price:
             text += f"; at price {self.price:g}/FLOP, cost regret {self.cost_regret:+.2f}"
         if self.beaten_by:
-            front = f"beaten on CER and FLOPs by {self.beaten_by}"
+            front = f"beaten on {self.unit} and FLOPs by {self.beaten_by}"
         elif self.cheaper_than_every_schedule:
             front = "fewer FLOPs than every schedule (left of their front: judge it by the cost regret)"
         else:
@@ -122,14 +130,15 @@ def regrets(outcomes: list[Outcome]) -> list[Regret]:
                 price=policy.price,
                 cost_regret=cost_regret,
                 cheaper_than_every_schedule=policy.mean_flops < min(s.mean_flops for s in schedules),
+                unit=policy.unit,
             )
         )
     return verdicts
 
 
 def plot_policies(outcomes: list[Outcome], title: str, path: Path) -> None:
-    """CER against training FLOPs: the schedules as grey dots joined along their Pareto front, each
-    policy as a labelled marker."""
+    """CER (the outcomes' :attr:`Outcome.unit`) against training FLOPs: the schedules as grey dots joined
+    along their Pareto front, each policy as a labelled marker."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -186,7 +195,7 @@ def plot_policies(outcomes: list[Outcome], title: str, path: Path) -> None:
                 )
     ax.set_xscale("log")
     ax.set_xlabel("cumulative training FLOPs (log)")
-    ax.set_ylabel("CER")
+    ax.set_ylabel(outcomes[0].unit if outcomes else "CER")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
     ax.set_title(title, fontsize=10)

@@ -14,10 +14,12 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from alma_daemon.core.engine import Engine, EngineObserver
 from alma_daemon.core.records import StepRecord
+from alma_daemon.observability.measure_words import PAPER_MEASURE
 
 
 class ProgressBar(EngineObserver):
-    """A tqdm bar over the stream's chunks showing the latest test measure and the CER."""
+    """A tqdm bar over the stream's chunks showing the latest test measure and the CER (the cumulative
+    measure of a task judged by another)."""
 
     def __init__(self, total: int | None, enabled: bool = True, initial: int = 0):
         """``initial``: chunks processed before (a daemon resuming its stream); the rate counts the others.
@@ -34,7 +36,9 @@ class ProgressBar(EngineObserver):
         if record.test is not None:
             shown[f"test_{record.measure}"] = f"{record.test:.4g}"
         if record.cumulative is not None:
-            shown["cer"] = f"{record.cumulative:.4g}"
+            shown["cer" if record.measure == PAPER_MEASURE else f"cumulative_{record.measure}"] = (
+                f"{record.cumulative:.4g}"
+            )
         shown["flops"] = f"{record.cumulative_train_flops:.3g}"
         self.bar.set_postfix(shown, refresh=False)
         # The engine's count rather than one per call: a daemon's step redone after a Redis outage

@@ -1,17 +1,22 @@
 """``alma report``: plots and a markdown table over every run found under a folder.
 
-- ``error_vs_time.png``: test error (or perplexity) vs mega-batches received (the paper's Fig. 3),
-  beside the prequential error (each chunk's, before it trains);
-- ``cer_vs_flops.png`` and ``cer_vs_parameters.png``: one line per (method, size) joining its
-  waiting times (the paper's Fig. 2); left out where there is a single point (one run);
+- ``error_vs_time.png``: the task's measure (the test error, a perplexity, a recall...) vs
+  mega-batches received (the paper's Fig. 3), beside the prequential one (each chunk's, before it
+  trains), with the input-blind baseline dashed where the runs recorded one;
+- ``measures_vs_time.png``, for a binary task: recall, precision and PR-AUC of the positive class
+  (observability/report_measures.py);
+- ``cer_vs_flops.png`` and ``cer_vs_parameters.png``: the CER (the cumulative measure) of one line
+  per (method, size) joining its waiting times (the paper's Fig. 2); left out where there is a single
+  point (one run);
 - ``replay.png``, when runs differ in ``stream.replay``: arrows from without to with (Fig. 4);
 - ``policies.png``, when runs of schedules and of policies share a configuration and seeds: CER
   against FLOPs with the schedules' Pareto front, and each policy's regret against the best
   schedule in hindsight (observability/report_policies.py);
-- ``report.md``: one row per run with the summary figures and the chunks it processed of B;
+- ``report.md``: one row per run with the summary figures and the chunks it processed of B (and,
+  for a team's measure, its columns, baseline and other measures, with a note on what each means);
 - ``report.html`` (``html=True``): the table and the plots in one self-contained page.
 
-A stream without a test set (a production daemon) has no CER: its plots use the prequential error
+A stream without a test set (a production daemon) has no CER: its plots use the prequential measure
 and its running sum instead.
 """
 
@@ -20,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from alma_daemon.core.records import StepRecord, read_rows
+from alma_daemon.core.records import CUMULATIVE_MEASURES, StepRecord, read_rows
 from alma_daemon.observability.figures import (
     plot_cer_lines,
     plot_error_curves,
@@ -28,11 +33,30 @@ from alma_daemon.observability.figures import (
     processed,
     stream_length,
 )
+from alma_daemon.observability.measure_words import (
+    PAPER_MEASURE,
+    baseline_words,
+    cumulative_key,
+    cumulative_words,
+    higher_is_better,
+    named,
+)
 from alma_daemon.observability.report_html import html_page
+from alma_daemon.observability.report_measures import (
+    DETAILS_PLOT,
+    PAPER_COLUMNS,
+    folder_measure,
+    has_baseline,
+    measure_columns,
+    measure_notes,
+    measured_sets,
+    plot_details,
+    run_measure,
+)
 from alma_daemon.observability.report_policies import policy_section, stale_figures
 from alma_daemon.observability.results import read_results
 
-#: The plots of a report: file name, caption.
+#: The plots of a report: file name, caption (the paper's: a report of another measure names it instead).
 PLOTS = (
     ("error_vs_time.png", "error vs time"),
     ("cer_vs_flops.png", "CER vs FLOPs"),
@@ -83,37 +107,44 @@ _PANELS = {
 }
 
 
-def _measure(runs: list[Run]) -> tuple[str, list[str]]:
-    """What the error-vs-time plot shows, as (measure, the sets measured on: test and prequential,
-    or prequential alone for a stream without a test set)."""
-    records = [r for run in runs for r in run.records]
-    for measure in ("error", "perplexity"):
-        if any(r.measured(measure) is not None for r in records):
-            return measure, ["test", "prequential"]
-    measure = "perplexity" if any(r.measure == "perplexity" for r in records) else "error"
-    return measure, ["prequential"]
+def captions(measure: str) -> dict[str, str]:
+    """The caption of each plot of a report of ``measure``: :data:`PLOTS`' for the error rate."""
+    cumulative = cumulative_words(measure)
+    return {
+        PLOTS[0][0]: f"{measure} vs time",
+        PLOTS[1][0]: f"{cumulative} vs FLOPs",
+        PLOTS[2][0]: f"{cumulative} vs parameters",
+        REPLAY_PLOT[0]: f"replay: {cumulative} vs FLOPs without and with",
+    }
 
 
 def plot_error_vs_time(runs: list[Run], path: Path) -> None:
-    measure, sets = _measure(runs)
-    panels = [(f"{on}_{measure}", _PANELS[on].format(measure=measure)) for on in sets]
-    plot_error_curves(runs, panels, measure, path, log=measure == "perplexity")
-
-
-_CER_TARGETS = (
-    ("cer", "CER"),
-    ("cumulative_prequential_error", "cumulative prequential error"),
-    ("average_test_perplexity", "average test perplexity"),
-)
+    """The runs' measure after each chunk (:func:`folder_measure`), its axis saying which way is better,
+    with the input-blind baseline where the runs recorded one."""
+    measure = folder_measure(runs)
+    panels = [(f"{on}_{measure}", _PANELS[on].format(measure=measure)) for on in measured_sets(runs, measure)]
+    baseline = (f"baseline_{measure}", baseline_words(measure)) if has_baseline(runs, measure) else None
+    plot_error_curves(
+        runs, panels, measure, path, log=measure == "perplexity", axis_label=named(measure), baseline=baseline
+    )
 
 
 def cer_target(runs: list[Run]) -> tuple[str, str]:
-    """The summary key a CER plot shows, and its axis label: the CER, else the prequential sum (a
-    stream without a test set), else the average perplexity (language models)."""
-    for key, label in _CER_TARGETS:
+    """The summary key a CER plot shows, and its axis label: the CER (the cumulative measure), else the
+    prequential sum (a stream without a test set); a language model's average perplexity."""
+    measure = folder_measure(runs)
+    first = (
+        (cumulative_key(measure), cumulative_words(measure))
+        if measure in CUMULATIVE_MEASURES
+        else ("average_test_perplexity", "average test perplexity")
+    )
+    # A larger cumulative recall is better: an axis of one says so.
+    better = " (higher is better)" if higher_is_better(measure) else ""
+    targets = [first, (f"cumulative_prequential_{measure}", f"cumulative prequential {measure}")]
+    for key, label in targets:
         if any(run.summary.get(key) is not None for run in runs):
-            return key, label
-    return _CER_TARGETS[0]
+            return key, label + better
+    return first[0], first[1] + better
 
 
 def plot_cer_vs(runs: list[Run], key: str, label: str, path: Path) -> bool:
@@ -139,26 +170,30 @@ _CER_COSTS = (
 def draw_plots(runs: list[Run], folder: Path, prefix: str = "") -> list[tuple[str, str]]:
     """Draw the report's plots into ``folder`` (each file name after ``prefix``); return the
     (file name, caption) of those drawn: the CER plots are left out for a single point, the
-    replay plot where no configuration ran both ways."""
+    replay plot where no configuration ran both ways, the details plot but for a binary task."""
+    caption = captions(folder_measure(runs))
     plot_error_vs_time(runs, folder / f"{prefix}{PLOTS[0][0]}")
-    drawn = [(f"{prefix}{PLOTS[0][0]}", PLOTS[0][1])]
-    for (name, caption), (key, label) in zip(PLOTS[1:], _CER_COSTS, strict=True):
+    drawn = [(f"{prefix}{PLOTS[0][0]}", caption[PLOTS[0][0]])]
+    if plot_details(runs, folder / f"{prefix}{DETAILS_PLOT[0]}"):
+        drawn.append((f"{prefix}{DETAILS_PLOT[0]}", DETAILS_PLOT[1]))
+    for (name, _), (key, label) in zip(PLOTS[1:], _CER_COSTS, strict=True):
         if plot_cer_vs(runs, key, label, folder / f"{prefix}{name}"):
-            drawn.append((f"{prefix}{name}", caption))
+            drawn.append((f"{prefix}{name}", caption[name]))
     if plot_replay(runs, folder / f"{prefix}{REPLAY_PLOT[0]}"):
-        drawn.append((f"{prefix}{REPLAY_PLOT[0]}", REPLAY_PLOT[1]))
+        drawn.append((f"{prefix}{REPLAY_PLOT[0]}", caption[REPLAY_PLOT[0]]))
     return drawn
 
 
-def left_out(drawn: list[tuple[str, str]], prefix: str = "") -> list[str]:
+def left_out(drawn: list[tuple[str, str]], prefix: str = "", measure: str = PAPER_MEASURE) -> list[str]:
     """What the report says of the CER plots it left out (none or one sentence)."""
     names = {name for name, _ in drawn}
-    missing = [caption for name, caption in PLOTS[1:] if f"{prefix}{name}" not in names]
+    caption = captions(measure)
+    missing = [caption[name] for name, _ in PLOTS[1:] if f"{prefix}{name}" not in names]
     if not missing:
         return []
     return [
         f"{' and '.join(missing)}: left out, the runs give a single point (one configuration, one "
-        "waiting time); its CER, FLOPs and parameters are in the table."
+        f"waiting time); its {cumulative_words(measure)}, FLOPs and parameters are in the table."
     ]
 
 
@@ -192,35 +227,59 @@ TABLE_HEADER = [
 ]
 
 
+#: The columns of the paper's measures, where the columns of another measure go instead (or after them,
+#: in a table that also has runs of the paper's measures).
+_PAPER_MEASURE_COLUMNS = slice(TABLE_HEADER.index("CER"), TABLE_HEADER.index("avg test ppl") + 1)
+
+
+def _has_paper_measure(runs: list[Run]) -> bool:
+    return any(run_measure(run) in PAPER_COLUMNS for run in runs)
+
+
+def _with_measures(paper_measure: bool, paper: list[str], others: list[str]) -> list[str]:
+    """A row of :data:`TABLE_HEADER`'s cells (``paper``) with the cells of the runs' other measures,
+    without the paper's measures' where no run has one (``paper_measure`` False)."""
+    at = _PAPER_MEASURE_COLUMNS
+    kept = paper[at] if paper_measure else []
+    return [*paper[: at.start], *kept, *others, *paper[at.stop :]]
+
+
+def table_header(runs: list[Run]) -> list[str]:
+    """:data:`TABLE_HEADER` (a paper's run's), with the columns of the runs' other measures instead of
+    or after the paper's measures' (report_measures.py)."""
+    return _with_measures(_has_paper_measure(runs), TABLE_HEADER, [header for header, _ in measure_columns(runs)])
+
+
 def table_rows(runs: list[Run]) -> list[list[str]]:
-    """One row of :data:`TABLE_HEADER` cells per run."""
+    """One row of :func:`table_header` cells per run (of :data:`TABLE_HEADER` for the paper's runs)."""
+    extra, paper_measure = measure_columns(runs), _has_paper_measure(runs)
     rows = []
     for run in runs:
         c, s = run.config, run.summary
-        rows.append(
-            [
-                run.name,
-                chunks_cell(run),
-                str(c.get("learner", {}).get("name", "")),
-                str(c.get("learner", {}).get("width", "")),
-                str(c.get("policy", {}).get("wait", "")),
-                str(c.get("stream", {}).get("replay", "")),
-                str(c.get("train", {}).get("compile", "")),
-                _fmt(s.get("cer"), ".4f"),
-                _fmt(s.get("final_test_error"), ".4f"),
-                _fmt(s.get("cumulative_prequential_error"), ".4f"),
-                _fmt(s.get("average_test_perplexity"), ".2f"),
-                _fmt(s.get("cumulative_train_flops"), ".3g"),
-                _fmt(s.get("cumulative_parameters"), ","),
-                _fmt(s.get("final_parameters"), ","),
-                _fmt(s.get("wall_seconds"), ".1f"),
-            ]
-        )
+        paper = [
+            run.name,
+            chunks_cell(run),
+            str(c.get("learner", {}).get("name", "")),
+            str(c.get("learner", {}).get("width", "")),
+            str(c.get("policy", {}).get("wait", "")),
+            str(c.get("stream", {}).get("replay", "")),
+            str(c.get("train", {}).get("compile", "")),
+            _fmt(s.get("cer"), ".4f"),
+            _fmt(s.get("final_test_error"), ".4f"),
+            _fmt(s.get("cumulative_prequential_error"), ".4f"),
+            _fmt(s.get("average_test_perplexity"), ".2f"),
+            _fmt(s.get("cumulative_train_flops"), ".3g"),
+            _fmt(s.get("cumulative_parameters"), ","),
+            _fmt(s.get("final_parameters"), ","),
+            _fmt(s.get("wall_seconds"), ".1f"),
+        ]
+        rows.append(_with_measures(paper_measure, paper, [cell(run) for _, cell in extra]))
     return rows
 
 
 def markdown_table(runs: list[Run]) -> str:
-    lines = ["| " + " | ".join(TABLE_HEADER) + " |", "|" + "---|" * len(TABLE_HEADER)]
+    header = table_header(runs)
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in table_rows(runs)]
     return "\n".join(lines) + "\n"
 
@@ -236,13 +295,13 @@ def write_report(root: str | Path, out: str | Path | None = None, *, html: bool 
     out.mkdir(parents=True, exist_ok=True)
     drawn = draw_plots(runs, out)
     names = {name for name, _ in drawn}
-    for name, _ in (*PLOTS, REPLAY_PLOT):  # a figure an earlier report of this folder drew, now untrue
+    for name, _ in (*PLOTS, REPLAY_PLOT, DETAILS_PLOT):  # a figure an earlier report of this folder drew, now untrue
         if name not in names:
             (out / name).unlink(missing_ok=True)
     judged, policy_plots = policy_section(runs, out)
     for path in stale_figures(out, policy_plots):
         path.unlink()
-    notes = left_out(drawn)
+    notes = [*measure_notes(runs), *left_out(drawn, measure=folder_measure(runs))]
     title = f"ALMA report: {Path(root).resolve().name}"
     body = [f"# {title}", "", markdown_table(runs), *(f"{note}\n" for note in notes)]
     body += [f"![{caption}]({name})\n" for name, caption in drawn]
@@ -254,7 +313,11 @@ def write_report(root: str | Path, out: str | Path | None = None, *, html: bool 
     images = [(caption, (out / name).read_bytes()) for name, caption in drawn]
     (out / "report.html").write_text(
         html_page(
-            title, TABLE_HEADER, table_rows(runs), images, [*notes, *(line.lstrip("-# ") for line in judged if line)]
+            title,
+            table_header(runs),
+            table_rows(runs),
+            images,
+            [*notes, *(line.lstrip("-# ") for line in judged if line)],
         )
     )
     return out / "report.html"

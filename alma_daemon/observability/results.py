@@ -14,14 +14,16 @@ from pathlib import Path
 
 from alma_daemon.core.atomic_json import finite, write_text_atomic
 from alma_daemon.core.engine import Engine, EngineObserver, EngineState
-from alma_daemon.core.records import StageRecord, StepRecord, csv_columns, read_rows
+from alma_daemon.core.records import CUMULATIVE_MEASURES, StageRecord, StepRecord, csv_columns, read_rows
+from alma_daemon.observability.measure_words import PAPER_MEASURE, higher_is_better
 
 #: Columns of series.csv, in order; other fields stay in results.json only.
 CSV_COLUMNS = csv_columns()
 
 
 def summarize(series: list[dict], wall_seconds: float, state: EngineState | None = None) -> dict:
-    """The run's summary: CER (Eq. 1), final error, cumulative FLOPs and parameters (Eq. 2).
+    """The run's summary: the CER (Eq. 1) and final error, or the task's measure's
+    (:func:`measure_summary`), cumulative FLOPs and parameters (Eq. 2).
 
     Stages, training FLOPs and seconds come from the running totals, not by counting trained steps:
     a time-based policy's stages between chunks (Engine.on_tick) have no step record of their own.
@@ -47,14 +49,40 @@ def summarize_records(records: Sequence[StepRecord], wall_seconds: float, state:
         "train_seconds": totals.cumulative_train_seconds if totals else 0.0,
         "wall_seconds": wall_seconds,
     }
-    if last is not None and last.measure == "error":
+    if last is not None:
+        summary.update(measure_summary(records, last))
+    return summary
+
+
+def measure_summary(records: Sequence[StepRecord], last: StepRecord) -> dict:
+    """The task's measure ``m`` at the end of the series: ``final_test_{m}``, ``cumulative_{m}`` (the CER
+    of the error rate, also kept as ``cer``), ``cumulative_prequential_{m}``, the last details
+    (``final_test_measures``, ``final_prequential_measures``) and ``baseline_{m}``, where recorded. A
+    language model's ``final_test_perplexity`` is the last one measured, beside their average."""
+    m = last.measure
+    summary: dict = {}
+    if m == PAPER_MEASURE:
         summary["cer"] = last.cumulative
-        summary["final_test_error"] = last.test
-        summary["cumulative_prequential_error"] = last.cumulative_prequential
-    perplexities = [r.test for r in records if r.measure == "perplexity" and r.test is not None]
-    if perplexities:
-        summary["final_test_perplexity"] = perplexities[-1]
-        summary["average_test_perplexity"] = sum(perplexities) / len(perplexities)
+    if m == "perplexity":
+        perplexities = [r.test for r in records if r.measure == m and r.test is not None]
+        if perplexities:
+            summary["final_test_perplexity"] = perplexities[-1]
+            summary["average_test_perplexity"] = sum(perplexities) / len(perplexities)
+    else:
+        summary[f"final_test_{m}"] = last.test
+    summary[f"cumulative_prequential_{m}"] = last.cumulative_prequential
+    summary["measure"] = m
+    summary["higher_is_better"] = higher_is_better(m)
+    if m in CUMULATIVE_MEASURES:
+        summary[f"cumulative_{m}"] = last.cumulative
+    for name, details in (
+        ("final_test_measures", last.test_measures),
+        ("final_prequential_measures", last.prequential_measures),
+    ):
+        if details:
+            summary[name] = details
+    if last.baseline is not None:
+        summary[f"baseline_{m}"] = last.baseline
     return summary
 
 

@@ -7,7 +7,8 @@ label values.
 
 Every labelled series is created at import with each of its known label values, so a dashboard's
 ``rate()`` and ``sum by`` queries return data (zeros) before the first event, and "nothing was
-rejected" is visible as a 0 instead of as a missing series. Gauges with no measurement yet hold
+rejected" is visible as a 0 instead of as a missing series. The families labelled by the task's
+measure are the exception: which measure, and which details, is known from the stream's first chunk. Gauges with no measurement yet hold
 NaN, which Prometheus stores and Grafana draws as a gap, rather than a misleading 0.
 
 Counters count since the process started, as usual, except ``alma_train_flops_total``: it counts
@@ -29,7 +30,7 @@ disable_created_metrics()
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
-#: Label values: ``alma_error_ratio{set}`` and ``alma_perplexity{set}``.
+#: Label values: ``alma_error_ratio{set}``, ``alma_perplexity{set}`` and the task's measure's ``{set}``.
 ERROR_SETS: tuple[str, ...] = ("test", "prequential")
 #: ``alma_model_updates_total{kind}``: the engine's training-stage kinds.
 UPDATE_KINDS: tuple[str, ...] = ("finetune", "grow", "scratch")
@@ -76,6 +77,37 @@ CUMULATIVE_PREQUENTIAL_ERROR = Gauge(
 )
 PERPLEXITY = Gauge(
     "alma_perplexity", "Language-model streams: perplexity, sets as for alma_error_ratio", ["set"], registry=REGISTRY
+)
+
+# -- the task's measure (task.measure, docs/measures.md): any measure, the error rate's too -----------
+# Labelled by the measure's name; they hold the series of the stream's measure from its first chunk on
+# (or from a resumed daemon's sync), and no others.
+TASK_MEASURE = Gauge(
+    "alma_task_measure",
+    "The task's measure (label measure) of the live model, sets as for alma_error_ratio",
+    ["measure", "set"],
+    registry=REGISTRY,
+)
+CUMULATIVE_MEASURE = Gauge(
+    "alma_cumulative_measure",
+    "Sum over chunks of the task's measure: on the test set (test; the CER of the error rate; none for a "
+    "perplexity) or on each chunk before training on it (prequential)",
+    ["measure", "set"],
+    registry=REGISTRY,
+)
+BASELINE_MEASURE = Gauge(
+    "alma_baseline_measure",
+    "The task's measure of an input-blind model (majority class, mean target) on the test set, else on the "
+    "latest chunk: what the model must beat; NaN where not recorded (the paper's tasks)",
+    ["measure"],
+    registry=REGISTRY,
+)
+MEASURE_DETAIL = Gauge(
+    "alma_measure_detail",
+    "The task's other measures (binary: error, recall, precision, pr_auc; multi-class: recall[<class>]), "
+    "sets as for alma_error_ratio",
+    ["measure", "set"],
+    registry=REGISTRY,
 )
 
 # -- compute (Eq. 2) ----------------------------------------------------------------------------

@@ -6,15 +6,17 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from alma_daemon.config import Config, to_dict
+from alma_daemon.config import Config, ConfigError, to_dict
 from alma_daemon.core.assembly import assemble_engine
 from alma_daemon.core.checkpoints import CheckpointStore
 from alma_daemon.core.chunk_buffer import MemoryBuffer
 from alma_daemon.core.engine import Engine, EngineObserver
+from alma_daemon.data.arrays import load_npz
 from alma_daemon.data.datasets import TaskInfo, load_dataset
 from alma_daemon.data.river_streams import read_configured_river
-from alma_daemon.data.stream_task import configured_task, select_test_examples
+from alma_daemon.data.stream_task import arrays_task, configured_task, select_test_examples
 from alma_daemon.data.streams import Chunk, build_drift, drifted, megabatch_stream, ordered_stream
+from alma_daemon.data.table import read_table
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.data.text import text_stream
 from alma_daemon.observability.progress import ProgressBar
@@ -66,11 +68,38 @@ def river_stream(config: Config) -> SimulatedStream:
     return SimulatedStream(river.task, drifted(chunks, drift), test, config.stream.megabatches)
 
 
-#: Datasets whose stream is not a random partition of labeled examples, by name.
+def table_stream(config: Config) -> SimulatedStream:
+    """A team's history in time order, cut into B contiguous chunks; its last share (or
+    ``dataset.test_file``) is the test set (docs/results.md#backtesting-on-your-own-history)."""
+    table = read_table(config)
+    chunks = ordered_stream(table.train, config.stream.megabatches, limit=config.stream.train_examples)
+    drift = build_drift(config.stream.drift, table.task, config.stream.seed)
+    test = select_test_examples(table.test, config)
+    return SimulatedStream(table.task, drifted(chunks, drift), test, config.stream.megabatches)
+
+
+def arrays_stream(config: Config) -> SimulatedStream:
+    """A team's arrays (``dataset.files``, .npz with x and y) partitioned into B chunks as ``alma replay
+    --npz`` partitions them, measured on ``dataset.test_file`` as the daemon is."""
+    if not config.dataset.files:
+        raise ConfigError(
+            "dataset.files: alma simulate with dataset.name=arrays needs the training arrays (.npz with x, y); "
+            "for a time-ordered history from .csv, .parquet or .npz use dataset.name: table"
+        )
+    read = arrays_task(config)
+    train = LabeledData.concat([load_npz(name, read.task.regression) for name in config.dataset.files])
+    chunks = megabatch_stream(train, config.stream.megabatches, config.stream.seed, limit=config.stream.train_examples)
+    drift = build_drift(config.stream.drift, read.task, config.stream.seed)
+    return SimulatedStream(read.task, drifted(chunks, drift), read.test, config.stream.megabatches)
+
+
+#: Datasets whose stream is not a random partition of a registered dataset's labeled examples, by name.
 STREAM_KINDS: dict[str, Callable[[Config], SimulatedStream]] = {
     "ptb": contiguous_text_stream,
     "text": contiguous_text_stream,
     "river": river_stream,
+    "arrays": arrays_stream,
+    "table": table_stream,
 }
 
 

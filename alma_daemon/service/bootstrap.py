@@ -32,8 +32,9 @@ log = logging.getLogger(__name__)
 
 
 def stream_schema(task: TaskInfo, config: Config) -> StreamSchema:
-    """What ingest accepts: examples of the task's input shape with labels in its class range, or
-    token runs of the task's vocabulary for a language model."""
+    """What ingest accepts: examples of the task's input shape with labels in its class range (or
+    its class names) or a regression's targets, or token runs of the task's vocabulary for a language
+    model."""
     if task.kind == "language_model":
         if event_stream(config) is not None:
             raise ConfigError("stream.chunk_examples: event streams carry labeled examples; a text stream sends chunks")
@@ -44,7 +45,14 @@ def stream_schema(task: TaskInfo, config: Config) -> StreamSchema:
             f"stream.features: {len(features)} names, but one example of {config.dataset.name} has shape "
             f"{tuple(task.input_shape)}; name one field per input value"
         )
-    return StreamSchema("labeled", task.input_shape, num_classes=task.num_classes, pixel_range=task.pixels)
+    return StreamSchema(
+        "labeled",
+        task.input_shape,
+        num_classes=task.num_classes,
+        pixel_range=task.pixels,
+        classes=task.classes,
+        regression=task.regression,
+    )
 
 
 def event_stream(config: Config) -> EventStream | None:

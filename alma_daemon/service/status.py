@@ -10,9 +10,18 @@ from pathlib import Path
 from typing import Any
 
 from alma_daemon.config import Config
+from alma_daemon.core.atomic_json import finite
 from alma_daemon.core.checkpoints import CheckpointStore
 from alma_daemon.core.records import StepRecord
 from alma_daemon.infra.redis_keys import StreamKeys
+from alma_daemon.observability.measure_words import (
+    PAPER_MEASURE,
+    baseline_words,
+    cumulative_words,
+    higher_is_better,
+    named,
+    shown,
+)
 from alma_daemon.service.engine_store import last_record
 from alma_daemon.service.redis_tx import text_hash
 from serving.live_pointer import LivePointer, ServingState
@@ -119,9 +128,10 @@ def read_status(client: Any, keys: StreamKeys, poll_seconds: float = 1.0, servin
         "live_version": serving.live if serving is not None else None,
         "live_state": live_state(model_version, serving),
         "last_decision": engine.get("last_decision") or None,
-        "cer": last.cumulative if last else None,
+        "cer": last.cumulative if last and last.measure == PAPER_MEASURE else None,
         "last_test_error": last.measured("error") if last else None,
         "last_test_perplexity": last.measured("perplexity") if last else None,
+        "measure": measure_status(last) if last else None,
         "cumulative_train_flops": int(engine.get("cumulative_train_flops", 0)),
         "offsets": text_hash(client, keys.offsets),
     }
@@ -246,7 +256,6 @@ def format_status(status: dict) -> str:
     if daemon["phase"]:
         state += f" ({phase_words(daemon)}, pid {daemon['pid']})"
     decision = status["last_decision"] or {}
-    cer = status["cer"]
     rejected = ", ".join(f"{k} {v}" for k, v in sorted(status["rejected_by_reason"].items())) or "none"
     rows = [
         ("stream", status["stream"]),
@@ -268,14 +277,59 @@ def format_status(status: dict) -> str:
         ),
         ("last decision", f"{decision.get('action')}: {decision.get('reason')}" if decision else "none yet"),
         model_row(status),
-        measure_row(cer, status["last_test_perplexity"]),
+        *measure_rows(status),
         ("records rejected", f"{status['records_rejected']} ({rejected})"),
     ]
     return _aligned(rows)
 
 
-def measure_row(cer: float | None, perplexity: float | None) -> tuple[str, str]:
-    """A classifier's running CER, or a language model's latest test perplexity."""
-    if perplexity is not None:
-        return "test perplexity", f"{perplexity:.2f}"
-    return "CER so far", f"{cer:.4f}" if cer is not None else "n/a (no test set or no chunk yet)"
+def measure_status(last: StepRecord) -> dict:
+    """The task's measure after the latest chunk: its name and direction, the test and prequential
+    values, their running sums (the CER of the error rate), the input-blind baseline and the other
+    measures (``details``, of the test set, else of the chunk: ``details_on``). NaN reads as None."""
+    details_on = "test" if last.test_measures else "prequential"
+    return finite(
+        {
+            "name": last.measure,
+            "higher_is_better": higher_is_better(last.measure),
+            "test": last.test,
+            "prequential": last.prequential,
+            "cumulative": last.cumulative,
+            "cumulative_prequential": last.cumulative_prequential,
+            "baseline": last.baseline,
+            "details": (last.test_measures or last.prequential_measures or {}),
+            "details_on": details_on,
+        }
+    )
+
+
+#: What ``alma status`` says of a measure not taken.
+NOT_MEASURED = "n/a (no test set or no chunk yet)"
+
+
+def measure_rows(status: dict) -> list[tuple[str, str]]:
+    """The task's measure: its latest test and prequential values, its running sum (a classifier's CER),
+    the input-blind baseline and the other measures; a language model's latest test perplexity."""
+    measure = status.get("measure")
+    if measure is None:
+        return [("CER so far", NOT_MEASURED)]
+    m, test, prequential = measure["name"], measure["test"], measure["prequential"]
+    if m == "perplexity":
+        latest = f"{test:.2f}" if test is not None else "n/a (no test set)"
+        return [("test perplexity", f"{latest} (prequential {prequential:.2f})")]
+    cumulative = measure["cumulative"]
+    rows = [
+        ("measure", f"{named(m)}: test {_or_na(m, test)}, prequential {_or_na(m, prequential)}"),
+        (f"{cumulative_words(m)} so far", shown(m, cumulative) if cumulative is not None else NOT_MEASURED),
+    ]
+    if measure["baseline"] is not None:
+        rows.append((baseline_words(m), shown(m, measure["baseline"])))
+    if measure["details"]:
+        on = "test set" if measure["details_on"] == "test" else "latest chunk"
+        values = ", ".join(f"{name} {_or_na(m, value)}" for name, value in measure["details"].items())
+        rows.append(("other measures", f"{values} ({on})"))
+    return rows
+
+
+def _or_na(measure: str, value: float | None) -> str:
+    return shown(measure, value) if value is not None else "n/a"

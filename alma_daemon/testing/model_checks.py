@@ -137,14 +137,9 @@ def check_model(
 
 def as_labeled(data: LabeledData | tuple[ArrayLike, ArrayLike], task: TaskInfo) -> LabeledData:
     """``data`` as tensors: features as float32 (uint8 pixels kept), labels as int64 (a regression's as float32)."""
-    if isinstance(data, LabeledData):
-        x, y = data.x, data.y
-    else:
-        x, y = data
-    x, y = (
-        torch.as_tensor(np.asarray(x) if not torch.is_tensor(x) else x),
-        torch.as_tensor(np.asarray(y) if not torch.is_tensor(y) else y),
-    )
+    raw_x, raw_y = (data.x, data.y) if isinstance(data, LabeledData) else data
+    x = raw_x if isinstance(raw_x, torch.Tensor) else torch.as_tensor(np.asarray(raw_x))
+    y = raw_y if isinstance(raw_y, torch.Tensor) else torch.as_tensor(np.asarray(raw_y))
     if x.dtype != torch.uint8 or not task.pixels:
         x = x.float()
     y = y.float() if task.regression else y.long()

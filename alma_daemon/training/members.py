@@ -2,7 +2,8 @@
 
 :func:`fit_stacked` runs :meth:`Trainer.fit`'s epochs for several members at once, and keeps
 everything that makes each member independent: member i draws its shuffling from the generator
-``Trainer.fit`` would give it (``purpose=("member", i)``), is validated after every epoch on its own,
+``Trainer.fit`` would give it (``purpose=("member", i)``), trains on the task's loss (:mod:`~alma_daemon.training.losses`), is
+validated after every epoch on its own,
 and stops early on its own patience; a member that stops leaves the stack with its best weights
 and the others go on with their optimizer state. One optimizer steps the stacked tensors of all
 members at once; the optimizers are elementwise, so each member's update is the one it would get
@@ -19,7 +20,6 @@ import time
 from collections.abc import Callable, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from alma_daemon.data.tensors import LabeledData
@@ -28,13 +28,15 @@ from alma_daemon.models.stacked import StackedMLP, stackable
 from alma_daemon.training.compile import say_eager_once
 from alma_daemon.training.flops import FlopMeter
 from alma_daemon.training.loop import EVAL_BATCH, EarlyStopping, FitReport, StageInputs, Trainer
+from alma_daemon.training.losses import TaskLoss
 from alma_daemon.training.optim import build_optimizer
 
 
 def stacked_fitter(
-    trainer: Trainer, train: LabeledData, val: LabeledData
+    trainer: Trainer, train: LabeledData, val: LabeledData, loss: TaskLoss
 ) -> Callable[[Sequence[tuple[int, nn.Module]]], dict[int, FitReport] | None]:
-    """Trains ``(index, member)`` pairs stacked where they allow it (MLP backbones, no augmentation); None otherwise."""
+    """Trains ``(index, member)`` pairs on ``loss``, stacked where they allow it (MLP backbones, no
+    augmentation); None otherwise."""
 
     def fit_together(members: Sequence[tuple[int, nn.Module]]) -> dict[int, FitReport] | None:
         indices, nets = [i for i, _ in members], [m for _, m in members]
@@ -43,7 +45,7 @@ def stacked_fitter(
         frozen = any(not p.requires_grad for net in nets for p in net.parameters())
         if trainer.augment or frozen or not stackable(nets):
             return None
-        return fit_stacked(trainer, list(zip(indices, nets)), train, val)
+        return fit_stacked(trainer, list(zip(indices, nets)), train, val, loss)
 
     return fit_together
 
@@ -86,9 +88,9 @@ class _TrainingStack:
 
 
 def fit_stacked(
-    trainer: Trainer, members: Sequence[tuple[int, Backbone]], train: LabeledData, val: LabeledData
+    trainer: Trainer, members: Sequence[tuple[int, Backbone]], train: LabeledData, val: LabeledData, loss: TaskLoss
 ) -> dict[int, FitReport]:
-    """Train stackable members together for ``train.epochs`` epochs with per-member early stopping."""
+    """Train stackable members together on ``loss`` for ``train.epochs`` epochs with per-member early stopping."""
     start = time.perf_counter()
     if trainer.config.compile:
         say_eager_once("ensemble members train stacked, which runs eager")
@@ -110,11 +112,11 @@ def fit_stacked(
                     xb, yb = inputs.batch(index.reshape(-1))
                     xb, yb = xb.view(*index.shape, *xb.shape[1:]), yb.view(index.shape)
                     key = ("train", len(active), tuple(xb.shape))
-                    meter.run(key, lambda: _stacked_step(trainer, stack.model, stack.optimizer, xb, yb))
+                    meter.run(key, lambda: _stacked_step(trainer, loss, stack.model, stack.optimizer, xb, yb))
                     for m in active:
                         m.flops += meter.share(key) // len(active)
                         m.steps += 1
-                errors = _validation_errors(trainer, stack.model, active, val_inputs, meter)
+                errors = _validation_values(trainer, loss, stack.model, active, val_inputs, meter)
                 still = []
                 for m, error in zip(active, errors):
                     m.epochs = epoch
@@ -146,29 +148,38 @@ def fit_stacked(
     }
 
 
-def _stacked_step(trainer: Trainer, model: StackedMLP, optimizer, x: torch.Tensor, y: torch.Tensor) -> None:
+def _stacked_step(
+    trainer: Trainer, loss: TaskLoss, model: StackedMLP, optimizer, x: torch.Tensor, y: torch.Tensor
+) -> None:
     """One optimizer step of every member on its own batch; the loss is the sum of the members' mean losses."""
     optimizer.zero_grad()
     with trainer.autocast():
-        logits = model(x)
-        loss = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view(y.shape).mean(1).sum()
-    loss.backward()
+        total = loss.stacked_loss(model(x), y)
+    total.backward()
     optimizer.step()
 
 
-def _validation_errors(
-    trainer: Trainer, model: StackedMLP, members: list[_Member], val: LabeledData, meter: FlopMeter
+def _validation_values(
+    trainer: Trainer, loss: TaskLoss, model: StackedMLP, members: list[_Member], val: LabeledData, meter: FlopMeter
 ) -> list[float]:
-    """Each member's classification error on ``val``, from stacked passes (counted per member, as Trainer.fit counts)."""
+    """Each member's early-stopping value on ``val`` (``loss.validate``'s), from stacked passes (counted
+    per member, as Trainer.fit counts)."""
     for m in members:
         m.net.eval()
     wrong = torch.zeros(len(members), dtype=torch.long, device=val.y.device)
+    outputs = []
     with torch.inference_mode(), trainer.autocast():
         for i in range(0, len(val), EVAL_BATCH):
             xb, yb = val.x[i : i + EVAL_BATCH], val.y[i : i + EVAL_BATCH]
             key = ("val", len(members), tuple(xb.shape))
-            logits = meter.run(key, lambda: model(xb.expand(len(members), *xb.shape)))
+            raw = meter.run(key, lambda: model(xb.expand(len(members), *xb.shape)))
             for m in members:
                 m.flops += meter.share(key) // len(members)
-            wrong += (logits.argmax(2) != yb).sum(1)
+            if loss.counts_errors:
+                wrong += (raw.argmax(2) != yb).sum(1)
+            else:
+                outputs.append(raw)
+    if not loss.counts_errors:
+        whole = torch.cat(outputs, 1) if outputs else None
+        return [math.nan if whole is None else loss.validation_value(whole[k], val.y) for k in range(len(members))]
     return [w / len(val) if len(val) else math.nan for w in wrong.tolist()]

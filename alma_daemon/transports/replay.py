@@ -4,10 +4,10 @@ A *chunk source* yields the stream's chunks in order; a *publisher* sends each c
 (split under the size limit by ``wire.encode_chunk``) to a Kafka topic or, in embedded mode, to a
 Redis stream (:func:`replay_publisher` picks it, for ``alma replay`` and ``alma run --replay``).
 Dataset replays use the same seeded partition into mega-batches as ``alma simulate`` (a River
-stream: the same contiguous chunks in River's order), so the daemon sees exactly the chunks the
-simulator sees.
+stream, a team's table: the same contiguous chunks in the stream's order), so the daemon sees exactly
+the chunks the simulator sees.
 
-:data:`CHUNK_SOURCES` maps ``dataset.name`` to a source. Image datasets and River streams send ``x``/``y``; text
+:data:`CHUNK_SOURCES` maps ``dataset.name`` to a source. Image datasets, River streams and tables send ``x``/``y``; text
 corpora (PTB, a user's text files) send each chunk as its run of ``tokens`` (int32), which the
 daemon cuts into the same sequences the simulator trains on. With :class:`EventFormat`, a labeled
 chunk's examples travel as event records (``events.encode_events``) instead of chunk parts.
@@ -30,6 +30,7 @@ from alma_daemon.data.datasets import TaskInfo, load_dataset
 from alma_daemon.data.events import EVENT_JSON, encode_events
 from alma_daemon.data.river_streams import read_configured_river
 from alma_daemon.data.streams import build_drift, drifted, megabatch_stream, ordered_stream
+from alma_daemon.data.table import read_table
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.data.text import text_stream, token_run
 from alma_daemon.data.wire import DEFAULT_MAX_PART_BYTES, HEADER_CHUNK, WireRecord, encode_chunk
@@ -57,7 +58,7 @@ def labeled_chunks(data: LabeledData, config: Config, task: TaskInfo | None = No
     if config.stream.drift.kind != "none":
         from alma_daemon.data.arrays import arrays_task
 
-        drift = build_drift(config.stream.drift, task or arrays_task(config.dataset), config.stream.seed)
+        drift = build_drift(config.stream.drift, task or arrays_task(config.dataset, config.task), config.stream.seed)
     chunks = megabatch_stream(data, config.stream.megabatches, config.stream.seed, limit=config.stream.train_examples)
     return (ReplayChunk(chunk.index, {"x": chunk.data.x, "y": chunk.data.y}) for chunk in drifted(chunks, drift))
 
@@ -73,6 +74,14 @@ def river_chunks(config: Config) -> Iterator[ReplayChunk]:
     river = read_configured_river(config.dataset, config.stream.seed)
     drift = build_drift(config.stream.drift, river.task, config.stream.seed)
     chunks = ordered_stream(river.train, config.stream.megabatches, limit=config.stream.train_examples)
+    return (ReplayChunk(chunk.index, {"x": chunk.data.x, "y": chunk.data.y}) for chunk in drifted(chunks, drift))
+
+
+def table_chunks(config: Config) -> Iterator[ReplayChunk]:
+    """A team's history as the simulator streams it: contiguous chunks in time order, the test share left out."""
+    table = read_table(config)
+    drift = build_drift(config.stream.drift, table.task, config.stream.seed)
+    chunks = ordered_stream(table.train, config.stream.megabatches, limit=config.stream.train_examples)
     return (ReplayChunk(chunk.index, {"x": chunk.data.x, "y": chunk.data.y}) for chunk in drifted(chunks, drift))
 
 
@@ -95,6 +104,7 @@ CHUNK_SOURCES: dict[str, Callable[[Config], Iterator[ReplayChunk]]] = {
     "ptb": text_chunks,
     "text": text_chunks,
     "river": river_chunks,
+    "table": table_chunks,
 }
 
 

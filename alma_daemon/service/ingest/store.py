@@ -196,7 +196,8 @@ class IngestStore:
                 rejection.detail,
                 record.origin,
                 key=record.key,
-                value_bytes=len(record.value or b""),
+                value=record.value,
+                headers=record.headers,
             )
         if batch.refused is not None:
             pipe.hset(keys.ingest, "refused_chunks", " ".join(str(c) for c in sorted(batch.refused)))
