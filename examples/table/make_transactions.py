@@ -6,7 +6,7 @@ features ``f00``..``f29`` (``f00`` a log-normal amount) and a ``label`` of ``ok`
 fraud. Fraud is written into a few features, and the fraudsters change their pattern on day 40, so a
 model that stops training falls behind. Seeded: every run writes the same file.
 
-    python examples/table/make_transactions.py            # writes data/transactions.csv
+    python examples/table/make_transactions.py            # writes runs/data/transactions.csv
     python examples/table/make_transactions.py OUT.csv
 """
 
@@ -61,7 +61,7 @@ def write_csv(path: Path, columns: dict[str, np.ndarray]) -> None:
 
 
 if __name__ == "__main__":
-    out = Path(sys.argv[1] if len(sys.argv) > 1 else "data/transactions.csv")
+    out = Path(sys.argv[1] if len(sys.argv) > 1 else "runs/data/transactions.csv")
     columns = transactions()
     write_csv(out, columns)
     print(f"wrote {out}: {ROWS} transactions, {np.mean(columns['label'] == 'fraud'):.1%} fraud")
