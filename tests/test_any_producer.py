@@ -3,6 +3,8 @@ parts and labeled events, with the daemon killed mid-stream; every example is tr
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import threading
 from collections import Counter
 from collections.abc import Iterable
@@ -98,6 +100,12 @@ def run_killed_mid_stream(
     return engine_state(redis_db, name)
 
 
+def named_label(record: WireRecord, classes: tuple[str, ...]) -> WireRecord:
+    """A JSON event with its label written as the class's name."""
+    event = json.loads(record.value)
+    return dataclasses.replace(record, value=json.dumps({**event, "y": classes[event["y"]]}).encode())
+
+
 def mnist(tmp_path) -> tuple[torch.Tensor, torch.Tensor, list]:
     config = build_config(
         service_config(tmp_path, None, "x", stream={"megabatches": CHUNKS, "train_examples": EXAMPLES})
@@ -167,7 +175,8 @@ def test_a_teams_features_as_events_from_four_partitions_train_its_model_once_an
         *encode_events(x[:1, :-1].contiguous(), y[:1], EVENT_JSON),  # one feature short: "shape"
         *encode_events(x[:1], torch.tensor([7]), EVENT_JSON),  # a class Agrawal lacks: "label_range"
     ]
-    records = encode_events(x, y, EVENT_JSON)
+    # The team's producer labels its events by name (task.classes), as its own systems call them.
+    records = [named_label(r, ("deny", "grant")) for r in encode_events(x, y, EVENT_JSON)]
     records[len(records) // 3 : len(records) // 3] = bad
     state = run_killed_mid_stream(
         tmp_path,
@@ -180,8 +189,11 @@ def test_a_teams_features_as_events_from_four_partitions_train_its_model_once_an
         dataset=river,
         stream={"chunk_examples": EXAMPLES // CHUNKS},
         learner={"name": "sm", "model": "tests.helpers.user_models:tabular_mlp"},
+        task={"classes": ["deny", "grant"], "measure": "recall"},
     )
     assert state["chunks_seen"] == CHUNKS and state["late_chunks"] == 0
+    series = [json.loads(row) for row in redis_db.lrange(StreamKeys("features").series, 0, -1)]
+    assert {"prequential_recall", "cumulative_recall", "test_measures"} <= set(series[-1])
     kept, found = buffered_rows(redis_db, StreamKeys("features"))
     assert kept == list(range(1, CHUNKS + 1)) and found == rows(x, y)
     reasons = {fields[b"reason"] for _, fields in redis_db.xrange(StreamKeys("features").dead)}
