@@ -2,6 +2,11 @@
 
 A command module provides ``add_parser(subparsers)`` (which sets ``func``) ; any error exits
 non-zero with a one-line reason on a line of its own (``-vv`` adds the traceback).
+
+Every command's parser is built before the arguments are read, so this module and the command
+modules import at their top only the standard library and what is as light (no torch, no config
+models); each command imports what it runs inside its functions. ``alma --help`` then takes about
+0.1 s of CPU instead of 2.5 s (docs/benchmarks.md, "Command-line start-up"; tests/test_cli_imports.py).
 """
 
 from __future__ import annotations
@@ -11,13 +16,13 @@ import importlib
 import logging
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from alma_daemon.config import Config, ConfigError
 from alma_daemon.logs import configure_logging, error_text, print_error
-from alma_daemon.service.embedded_redis import EMBEDDED_OVERRIDES
 from alma_daemon.training.ranks import launched_ranks, launched_with_ranks
-from policies import build_policy
+
+if TYPE_CHECKING:
+    from alma_daemon.config import Config
 
 #: Subcommand modules under alma_daemon.commands, in the order ``alma --help`` lists them.
 COMMANDS = [
@@ -89,6 +94,8 @@ def add_embedded_argument(parser: argparse.ArgumentParser) -> None:
 def config_overrides(args: argparse.Namespace) -> list[str]:
     """The ``--set`` overrides, and with ``--embedded`` those of ``alma run --embedded``, so a command
     finds the folders that run derived from the config."""
+    from alma_daemon.service.embedded_redis import EMBEDDED_OVERRIDES
+
     return [*args.overrides, *(EMBEDDED_OVERRIDES if getattr(args, "embedded", False) else ())]
 
 
@@ -108,13 +115,15 @@ def check_config_under_ranks(config: Config) -> None:
     """
     if not launched_with_ranks():
         return
+    from alma_daemon.config import ConfigError
+    from alma_daemon.learners import learner_class
+    from policies import build_policy
+
     if build_policy(config.policy).time_based:
         raise ConfigError(
             f"policy.name: {config.policy.name!r} decides from the clock, which differs between "
             f"ranks; under torchrun use a policy that decides from the chunks (fixed)"
         )
-    from alma_daemon.learners import learner_class
-
     ranks = launched_ranks()
     if learner_class(config.learner.name).splits_batches_over_ranks and config.train.batch_size < ranks:
         raise ConfigError(
@@ -125,6 +134,9 @@ def check_config_under_ranks(config: Config) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # Here, not at the top: `alma --help` (which exits above) never loads the config models.
+    from alma_daemon.config import ConfigError
+
     configure_logging(args.verbose, args.log_json)
     command = " ".join(filter(None, (args.command, getattr(args, "action", None))))  # "config check"
     if launched_with_ranks() and args.command not in RANKED_COMMANDS:

@@ -27,8 +27,11 @@ import json
 import platform
 import statistics
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
+from typing import Any
+
+from alma_daemon.core.atomic_json import write_json_atomic
+from alma_daemon.research.run_pool import PoolRun, resume, run_each
 
 RESULTS = Path(__file__).resolve().parent / "results" / "drift_detection.json"
 DETECTORS = ["threshold", "page_hinkley", "adwin"]
@@ -55,14 +58,10 @@ CER_RATIOS = [0.25, 0.5, 1.0, 2.0]
 
 def simulate(values: dict) -> dict:
     """One simulated stream (one torch thread, so the series repeats bit for bit): its results."""
-    import torch
-
-    torch.set_num_threads(1)
     from alma_daemon.config import build_config
-    from alma_daemon.research.simulate import run_simulation
+    from alma_daemon.research.run_pool import simulate_on_one_thread
 
-    config = build_config({}, [f"{key}={json.dumps(value)}" for key, value in values.items()])
-    return run_simulation(config, progress=False)
+    return simulate_on_one_thread(build_config({}, [f"{key}={json.dumps(value)}" for key, value in values.items()]))
 
 
 def detection_run(kind: str, detector: str, seed: int, chunks: int, at: int) -> dict:
@@ -224,8 +223,37 @@ def write(report: dict, runs: list[dict], cer_runs: list[dict], path: Path) -> N
         report["cer"] = cer_summary(cer_runs)
     report["cer_runs"] = cer_runs
     report["machine"] = {"python": platform.python_version(), "cpu": platform.processor() or platform.machine()}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=1) + "\n")
+    write_json_atomic(path, report)
+
+
+def detection_key(kind: str, detector: str, seed: int) -> str:
+    return json.dumps({"kind": kind, "detector": detector, "seed": seed})
+
+
+def cer_key(policy: dict, seed: int) -> str:
+    return json.dumps({"policy": policy, "seed": seed}, sort_keys=True)
+
+
+class ReportRuns:
+    """The run pool's cache for this benchmark: the runs kept in its report, rewritten after each."""
+
+    def __init__(self, report: dict, path: Path):
+        self.report, self.path = report, path
+        self.runs: list[dict] = report.get("runs", [])
+        self.cer_runs: list[dict] = report.get("cer_runs", [])
+        self.by_key = {detection_key(r["kind"], r["detector"], r["seed"]): r for r in self.runs}
+        self.by_key |= {cer_key(r["policy"], r["seed"]): r for r in self.cer_runs}
+
+    def get(self, key: str) -> Any | None:
+        return self.by_key.get(key)
+
+    def put(self, key: str, record: Any) -> None:
+        self.by_key[key] = record
+        (self.cer_runs if "policy" in record else self.runs).append(record)
+        self.save()
+
+    def save(self) -> None:
+        write(self.report, self.runs, self.cer_runs, self.path)
 
 
 def main() -> None:
@@ -250,33 +278,32 @@ def main() -> None:
     }
     if any(report.get(key) != value for key, value in settings.items()):
         report = dict(settings)  # runs of other settings do not mix
-    runs: list[dict] = report.get("runs", [])
-    cer_runs: list[dict] = report.get("cer_runs", [])
-    done = {(r["kind"], r["detector"], r["seed"]) for r in runs}
-    cer_done = {(json.dumps(r["policy"], sort_keys=True), r["seed"]) for r in cer_runs}
-    with ProcessPoolExecutor(args.jobs) as pool:
-        tasks = {}
-        if not args.cer_only:
-            for kind in KINDS:
-                for detector in DETECTORS:
-                    for seed in args.seeds:
-                        if (kind, detector, seed) in done:
-                            continue
-                        chunks = args.stationary_chunks if kind == "stationary" else args.chunks
-                        tasks[pool.submit(detection_run, kind, detector, seed, chunks, args.at)] = runs
-        if args.cer or args.cer_only:
-            policies = [{"policy.name": "fixed", "policy.wait": w} for w in CER_WAITS]
-            policies += [{"policy.name": "geometric", "policy.ratio": r} for r in CER_RATIOS]
-            policies += [{"policy.name": "adaptive", "policy.drift_detector": d} for d in DETECTORS]
-            for seed in args.seeds:
-                for policy in policies:
-                    if (json.dumps(policy, sort_keys=True), seed) not in cer_done:
-                        tasks[pool.submit(cer_run, policy, seed)] = cer_runs
-        for task in as_completed(tasks):
-            tasks[task].append(task.result())
-            write(report, runs, cer_runs, args.out)
-    write(report, runs, cer_runs, args.out)
+    cache = ReportRuns(report, args.out)
+    runs = []
+    if not args.cer_only:
+        runs += [
+            PoolRun(
+                detection_key(kind, detector, seed),
+                detection_run,
+                (kind, detector, seed, args.stationary_chunks if kind == "stationary" else args.chunks, args.at),
+            )
+            for kind in KINDS
+            for detector in DETECTORS
+            for seed in args.seeds
+        ]
+    if args.cer or args.cer_only:
+        policies = [{"policy.name": "fixed", "policy.wait": w} for w in CER_WAITS]
+        policies += [{"policy.name": "geometric", "policy.ratio": r} for r in CER_RATIOS]
+        policies += [{"policy.name": "adaptive", "policy.drift_detector": d} for d in DETECTORS]
+        runs += [PoolRun(cer_key(policy, seed), cer_run, (policy, seed)) for seed in args.seeds for policy in policies]
+    _, todo = resume(runs, cache)
+    run_each(todo, cache, jobs=args.jobs, on_done=lambda run, record: None, on_failed=_say_failed)
+    cache.save()
     print(markdown(report))
+
+
+def _say_failed(run: PoolRun, exc: Exception) -> None:
+    print(f"FAILED {run.key}: {exc!r}")
 
 
 if __name__ == "__main__":

@@ -21,18 +21,33 @@ import statistics
 import sys
 from pathlib import Path
 
-import bench_policy  # the benchmark beside this one: a script's folder is on sys.path
+from policy_settings import (  # a helper beside this script: its folder is on sys.path when it runs
+    GROW_EVERY,
+    RESULTS,
+    SETTINGS,
+    policy_label,
+    run_key,
+    run_missing,
+    run_one,
+)
+
+from alma_daemon.research.run_pool import PoolRun, RecordFile
 
 SETTING = "mnist-gens8"
-BASELINES = [{"policy.name": "geometric", "policy.grow_every": k} for k in bench_policy.GROW_EVERY]
+BASELINES = [{"policy.name": "geometric", "policy.grow_every": k} for k in GROW_EVERY]
 
 
 def run_factor(factor: int, seed: int, common: dict) -> dict:
-    """One adaptive run with the growth factor replaced (in this worker process only)."""
+    """One adaptive run with the growth factor replaced (in this run only)."""
     import policies.adaptive
 
+    # A pool worker, or this process at --jobs 1, runs several of them: the factor must not outlive this one.
+    chosen = policies.adaptive.GROWTH_FACTOR
     policies.adaptive.GROWTH_FACTOR = factor
-    record = bench_policy.run_one(SETTING, {"policy.name": "adaptive"}, seed, common, False)
+    try:
+        record = run_one(SETTING, {"policy.name": "adaptive"}, seed, common, False)
+    finally:
+        policies.adaptive.GROWTH_FACTOR = chosen
     return {**record, "growth_factor": factor}
 
 
@@ -57,7 +72,7 @@ def markdown(rows: dict[str, list[dict]], seeds: list[int], command: str) -> str
         "# gEns growth factor of the adaptive policy",
         "",
         f"`{command}`  ",
-        f"{bench_policy.SETTINGS[SETTING][2]}; seeds {seeds}; geometric 0.5 wait throughout. CER per seed,",
+        f"{SETTINGS[SETTING][2]}; seeds {seeds}; geometric 0.5 wait throughout. CER per seed,",
         f"and the per-seed difference to the best `grow_every` here ({best}), with its standard error.",
         "",
         "| growth | grew at chunks | CER (mean) | vs best grow_every | CER per seed |",
@@ -78,31 +93,29 @@ def main() -> None:
     parser.add_argument("--factors", nargs="+", type=int, default=[2, 3, 4, 6, 8])
     parser.add_argument("--seeds", nargs="+", type=int, default=list(range(12)))
     parser.add_argument("--jobs", type=int, default=1, help="runs in parallel, one torch thread each")
-    parser.add_argument("--runs", type=Path, default=bench_policy.RESULTS / "gens_growth_runs.json")
-    parser.add_argument("--policy-runs", type=Path, default=bench_policy.RESULTS / "policy_runs.json")
-    parser.add_argument("--out", type=Path, default=bench_policy.RESULTS / "gens_growth.md")
+    parser.add_argument("--runs", type=Path, default=RESULTS / "gens_growth_runs.json")
+    parser.add_argument("--policy-runs", type=Path, default=RESULTS / "policy_runs.json")
+    parser.add_argument("--out", type=Path, default=RESULTS / "gens_growth.md")
     args = parser.parse_args()
 
     common = {"train.epochs": 10, "dataset.test_examples": 1000, "device": "cpu"}
-    policy_runs = bench_policy.load_runs(args.policy_runs)
+    policy_runs = RecordFile(args.policy_runs).records
     missing = [
-        (bench_policy.policy_label(p), s)
-        for p in BASELINES
-        for s in args.seeds
-        if bench_policy.run_key(SETTING, p, s, common) not in policy_runs
+        (policy_label(p), s) for p in BASELINES for s in args.seeds if run_key(SETTING, p, s, common) not in policy_runs
     ]
     if missing:
         sys.exit(
             f"{args.policy_runs} lacks {len(missing)} grow_every run(s), e.g. {missing[0]}: run "
             f"bench_policy.py --settings {SETTING} --seeds {' '.join(map(str, args.seeds))} first"
         )
-    runs = bench_policy.load_runs(args.runs)
-    tasks = {factor_key(f, s, common): (run_factor, (f, s, common)) for f in args.factors for s in args.seeds}
-    bench_policy.run_missing(tasks, runs, args.runs, args.jobs)
+    cache = RecordFile(args.runs)
+    tasks = [PoolRun(factor_key(f, s, common), run_factor, (f, s, common)) for f in args.factors for s in args.seeds]
+    run_missing(tasks, cache, args.jobs)
+    runs = cache.records
 
     rows = {
-        bench_policy.policy_label(p).removeprefix("geometric 0.5, "): [
-            policy_runs[bench_policy.run_key(SETTING, p, s, common)] for s in args.seeds
+        policy_label(p).removeprefix("geometric 0.5, "): [
+            policy_runs[run_key(SETTING, p, s, common)] for s in args.seeds
         ]
         for p in BASELINES
     }

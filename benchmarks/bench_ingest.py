@@ -1,6 +1,6 @@
 """Ingest throughput (Kafka -> Redis) next to a plain kafka-python consumer, and the daemon's memory.
 
-1. Throughput: a Tansu broker and a redis-server (alma_daemon/infra/local_servers.py) on loopback; 20
+1. Throughput: a Tansu broker and a redis-server (alma_daemon/local_servers/) on loopback; 20
    chunks of 500 CIFAR-10 images are published once. Each round then reads every record from
    offset 0 twice: with a plain ``KafkaConsumer`` (same fetch settings, records only counted) and
    with alma's ingest (validation, assembly, one MULTI/EXEC per poll into a flushed Redis).
@@ -42,8 +42,8 @@ sys.path.insert(0, str(REPO))  # the package, from a checkout without an install
 from alma_daemon.data.datasets import MNIST_TASK, load_dataset  # noqa: E402
 from alma_daemon.data.events import decode_event, encode_events  # noqa: E402
 from alma_daemon.data.wire import StreamSchema  # noqa: E402
-from alma_daemon.infra.local_servers import KafkaBroker, RedisServer  # noqa: E402
 from alma_daemon.infra.redis_keys import StreamKeys  # noqa: E402
+from alma_daemon.local_servers.servers import KafkaBroker, RedisServer  # noqa: E402
 from alma_daemon.service.ingest.cutter import EventStream  # noqa: E402
 from alma_daemon.service.ingest.worker import IngestWorker  # noqa: E402
 from alma_daemon.transports.kafka import CONSUMER_SETTINGS, KafkaPublisher, KafkaSource  # noqa: E402

@@ -19,7 +19,16 @@ import statistics
 import sys
 from pathlib import Path
 
-import bench_policy  # the benchmark beside this one: a script's folder is on sys.path
+from policy_settings import (  # a helper beside this script: its folder is on sys.path when it runs
+    RESULTS,
+    SETTINGS,
+    policy_label,
+    run_key,
+    run_missing,
+    run_one,
+)
+
+from alma_daemon.research.run_pool import PoolRun, RecordFile
 
 SETTING = "mnist-ens8"
 GEOMETRIC = {"policy.name": "geometric", "policy.ratio": 0.5}
@@ -29,7 +38,7 @@ PREVIOUS_STAGE = 315
 
 
 def run_moved(last: int, seed: int, common: dict) -> dict:
-    """geometric 0.5 until chunk PREVIOUS_STAGE, then one stage at chunk ``last`` (in this worker only)."""
+    """geometric 0.5 until chunk PREVIOUS_STAGE, then one stage at chunk ``last`` (in this run only)."""
     from policies.base import Decision, PolicyState
     from policies.geometric import Geometric
 
@@ -44,10 +53,10 @@ def run_moved(last: int, seed: int, common: dict) -> dict:
             return Decision.wait(f"waiting for the last stage at chunk {last}")
         return Decision.wait(f"the last stage was at chunk {last}")
 
-    # Pool workers run several tasks: the patch must not outlive this one.
+    # A pool worker, or this process at --jobs 1, runs several of them: the patch must not outlive this one.
     Geometric.decide = decide
     try:
-        return {**bench_policy.run_one(SETTING, GEOMETRIC, seed, common, False), "last_stage": last}
+        return {**run_one(SETTING, GEOMETRIC, seed, common, False), "last_stage": last}
     finally:
         Geometric.decide = plain
 
@@ -57,30 +66,28 @@ def main() -> None:
     parser.add_argument("--last", nargs="+", type=int, default=[384, 402])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--jobs", type=int, default=1, help="runs in parallel, one torch thread each")
-    parser.add_argument("--runs", type=Path, default=bench_policy.RESULTS / "last_stage_runs.json")
-    parser.add_argument("--policy-runs", type=Path, default=bench_policy.RESULTS / "policy_runs.json")
-    parser.add_argument("--out", type=Path, default=bench_policy.RESULTS / "last_stage.md")
+    parser.add_argument("--runs", type=Path, default=RESULTS / "last_stage_runs.json")
+    parser.add_argument("--policy-runs", type=Path, default=RESULTS / "policy_runs.json")
+    parser.add_argument("--out", type=Path, default=RESULTS / "last_stage.md")
     args = parser.parse_args()
     if min(args.last) <= PREVIOUS_STAGE:
         parser.error(f"--last: the moved stage must come after chunk {PREVIOUS_STAGE}, the stage before it")
 
     common = {"train.epochs": 10, "dataset.test_examples": 1000, "device": "cpu"}
-    policy_runs = bench_policy.load_runs(args.policy_runs)
-    baseline_keys = {bench_policy.run_key(SETTING, p, s, common) for p in BASELINES for s in args.seeds}
+    policy_runs = RecordFile(args.policy_runs).records
+    baseline_keys = {run_key(SETTING, p, s, common) for p in BASELINES for s in args.seeds}
     if not baseline_keys <= policy_runs.keys():
         sys.exit(f"{args.policy_runs} lacks geometric 0.5 or 1 runs of {SETTING}: run bench_policy.py first")
-    runs = bench_policy.load_runs(args.runs)
+    cache = RecordFile(args.runs)
 
     def key(last: int, seed: int) -> str:
         return json.dumps({"last_stage": last, "seed": seed, "common": common})
 
-    tasks = {key(last, s): (run_moved, (last, s, common)) for last in args.last for s in args.seeds}
-    bench_policy.run_missing(tasks, runs, args.runs, args.jobs)
+    tasks = [PoolRun(key(last, s), run_moved, (last, s, common)) for last in args.last for s in args.seeds]
+    run_missing(tasks, cache, args.jobs)
+    runs = cache.records
 
-    rows = {
-        bench_policy.policy_label(p): [policy_runs[bench_policy.run_key(SETTING, p, s, common)] for s in args.seeds]
-        for p in BASELINES
-    }
+    rows = {policy_label(p): [policy_runs[run_key(SETTING, p, s, common)] for s in args.seeds] for p in BASELINES}
     for last in args.last:
         rows[f"geometric 0.5, last stage at {last}"] = [runs[key(last, s)] for s in args.seeds]
     cheapest = statistics.fmean(r["cumulative_train_flops"] for r in rows["geometric 1"])
@@ -89,7 +96,7 @@ def main() -> None:
         "",
         f"`nice python benchmarks/bench_last_stage.py --last {' '.join(map(str, args.last))} "
         f"--seeds {' '.join(map(str, args.seeds))}`  ",
-        f"{bench_policy.SETTINGS[SETTING][2]}; seeds {args.seeds}. FLOPs relative to geometric 1's.",
+        f"{SETTINGS[SETTING][2]}; seeds {args.seeds}. FLOPs relative to geometric 1's.",
         "",
         "| policy | last stages | CER (mean) | CER per seed | FLOPs / geometric 1 |",
         "|---|---|---:|---|---:|",

@@ -13,11 +13,13 @@ targets of issue 37, per setting and policy (alma_daemon/observability/policy_re
 - with a compute price: not beaten by a schedule on both CER and FLOPs (on or below their front).
 
 Constants are chosen on some seeds and settings and judged on others: run the report once per
-seed set (``--seeds``, ``--out``). Runs are cached in ``--runs`` (JSON, rewritten after every run),
-so an interrupted benchmark resumes where it stopped, and ``--report-only`` rebuilds the tables and
-figures from the cache alone. Each run uses one torch thread, so its results do not depend on
-``--jobs`` and repeat bit for bit on one machine (the thread count changes the order of
-floating-point sums, hence the figures).
+seed set (``--seeds``, ``--out``). Runs are cached in ``--runs`` (JSON, rewritten after every run:
+alma_daemon/research/run_pool.py), so an interrupted benchmark resumes where it stopped, and
+``--report-only`` rebuilds the tables and figures from the cache alone. Each run uses one torch
+thread, so its results do not depend on ``--jobs`` and repeat bit for bit on one machine (the
+thread count changes the order of floating-point sums, hence the figures). The settings, the runs
+and their records are in ``policy_settings.py``, shared with bench_gens_growth.py and
+bench_last_stage.py.
 
     nice python benchmarks/bench_policy.py --settings mnist-sm4 mnist-sm64 mnist-sm64-drift --jobs 2
 """
@@ -31,131 +33,30 @@ import math
 import os
 import platform
 import statistics
-import time
-from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
-from alma_daemon.observability.policy_regret import SCHEDULES, Outcome, paired_difference, plot_policies, regrets
+from policy_settings import (  # a helper beside this script: its folder is on sys.path when it runs
+    GROW_EVERY,
+    GROWTH_SETTINGS,
+    RATIOS,
+    RESULTS,
+    SETTINGS,
+    policy_label,
+    run_key,
+    run_missing,
+    run_one,
+)
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from alma_daemon.observability.policy_regret import SCHEDULES, Outcome, paired_difference, plot_policies, regrets
+from alma_daemon.research.run_pool import PoolRun, RecordFile
+
 FIGURES = Path(__file__).resolve().parents[1] / "docs" / "figures"
 FIGURE = FIGURES / "policy-decisions.png"
 
-WAITS_500 = [1, 2, 5, 10, 25, 50]
-WAITS_100 = [1, 2, 5, 10, 25]
-RATIOS = [0.25, 0.5, 1.0, 2.0]
-GROW_EVERY = [1, 2, 5]
 #: Policies whose series (first seed) the cache keeps, for the figure of decisions along one stream.
 FIGURE_POLICIES = ("fixed w=1", "geometric 0.5", "adaptive", "forecast")
 #: The policies every setting runs beside its schedule grid.
 POLICIES = [{"policy.name": "adaptive"}, {"policy.name": "forecast"}]
-
-RIVER = {
-    "dataset.name": "river",
-    "learner.name": "sm",
-    "learner.model": "examples.custom.tabular:build",
-    "stream.megabatches": 100,
-}
-#: name -> (config overrides, waits of the fixed schedules, what the setting is)
-SETTINGS: dict[str, tuple[dict, list[int], str]] = {
-    "mnist-sm4": (
-        {"learner.name": "sm", "learner.width": 4, "stream.megabatches": 500},
-        WAITS_500,
-        "MNIST, B = 500, SM width 4",
-    ),
-    "mnist-sm64": (
-        {"learner.name": "sm", "learner.width": 64, "stream.megabatches": 500},
-        WAITS_500,
-        "MNIST, B = 500, SM width 64",
-    ),
-    "mnist-ens8": (
-        {"learner.name": "ens", "learner.width": 8, "learner.members": 5, "stream.megabatches": 500},
-        WAITS_500,
-        "MNIST, B = 500, Ens of 5 width 8",
-    ),
-    "mnist-sm16": (
-        {"learner.name": "sm", "learner.width": 16, "stream.megabatches": 500},
-        WAITS_500,
-        "MNIST, B = 500, SM width 16 (held out: not run while the rules were designed)",
-    ),
-    "mnist-sm64-rotate": (
-        {
-            "learner.name": "sm",
-            "learner.width": 64,
-            "stream.megabatches": 100,
-            "stream.drift.kind": "rotate",
-            "stream.drift.degrees": 90.0,
-            "stream.drift.at": 50,
-        },
-        WAITS_100,
-        "MNIST, B = 100, SM width 64, images rotated 90 degrees from chunk 50 (held out)",
-    ),
-    "mnist-sm64-drift": (
-        {
-            "learner.name": "sm",
-            "learner.width": 64,
-            "stream.megabatches": 100,
-            "stream.drift.kind": "permute_labels",
-            "stream.drift.at": 50,
-        },
-        WAITS_100,
-        "MNIST, B = 100, SM width 64, labels permuted from chunk 50",
-    ),
-    "cifar-sm16": (
-        # The study's scale (alma study paper): 3 epochs per stage, whatever --epochs says for MNIST.
-        {
-            "dataset.name": "cifar10",
-            "learner.name": "sm",
-            "learner.width": 16,
-            "stream.megabatches": 100,
-            "train.epochs": 3,
-        },
-        WAITS_100,
-        "CIFAR-10, B = 100, SM (VGG) width 16, 3 epochs per stage",
-    ),
-    "cifar-sm4": (
-        # The study's small CIFAR-10 model; width 16 is its large one.
-        {
-            "dataset.name": "cifar10",
-            "learner.name": "sm",
-            "learner.width": 4,
-            "stream.megabatches": 100,
-            "train.epochs": 3,
-        },
-        WAITS_100,
-        "CIFAR-10, B = 100, SM (VGG) width 4, 3 epochs per stage",
-    ),
-    # A team's own MLP (examples/custom/tabular.py) on River's streams (docs/river.md): 18,000 examples
-    # in chunks of 180, the last 2,000 the test set.
-    "river-agrawal": (
-        {**RIVER, "dataset.river_stream": "agrawal"},
-        WAITS_100,
-        "River Agrawal (abrupt drift halfway), B = 100, a team's MLP",
-    ),
-    "river-hyperplane": (
-        {**RIVER, "dataset.river_stream": "hyperplane"},
-        WAITS_100,
-        "River rotating hyperplane (incremental drift), B = 100, a team's MLP",
-    ),
-    "river-bananas": (
-        {**RIVER, "dataset.river_stream": "bananas"},
-        WAITS_100,
-        "River Bananas (stationary, 5,300 examples), B = 100, a team's MLP",
-    ),
-    "mnist-gens8": (
-        {"learner.name": "gens", "learner.width": 8, "stream.megabatches": 500},
-        [],
-        "MNIST, B = 500, gEns width 8: growth timing",
-    ),
-    "mnist-gmoe8": (
-        {"learner.name": "gmoe", "learner.width": 8, "stream.megabatches": 500},
-        [],
-        "MNIST, B = 500, gMoE width 8: growth timing",
-    ),
-}
-#: Settings where the adaptive policy is compared on growth timing (grow_every), not waiting time.
-GROWTH_SETTINGS = {"mnist-gens8", "mnist-gmoe8"}
 
 
 def schedules(setting: str, variants: list[dict] | None = None) -> list[dict]:
@@ -188,93 +89,6 @@ def forecast_variants(penalties: list[float], prices: list[float], told_length: 
             for p in prices
         ]
     return variants
-
-
-def policy_label(policy: dict) -> str:
-    if policy["policy.name"] == "fixed":
-        return f"fixed w={policy['policy.wait']}"
-    if policy["policy.name"] == "geometric":
-        if "policy.grow_every" in policy:
-            return f"geometric 0.5, grow_every={policy['policy.grow_every']}"
-        return f"geometric {policy['policy.ratio']:g}"
-    extras = [f"k={policy['policy.stage_penalty']:g}"] if "policy.stage_penalty" in policy else []
-    extras += [f"price={policy['policy.compute_price']:g}"] if "policy.compute_price" in policy else []
-    extras += [f"told B={policy['policy.expected_chunks']}"] if "policy.expected_chunks" in policy else []
-    return " ".join([policy["policy.name"], *extras])
-
-
-def run_key(setting: str, policy: dict, seed: int, common: dict) -> str:
-    return json.dumps({"setting": setting, "policy": policy, "seed": seed, "common": common}, sort_keys=True)
-
-
-def run_one(setting: str, policy: dict, seed: int, common: dict, keep_series: bool) -> dict:
-    """One simulated stream in this (worker) process; returns its compact record."""
-    import torch
-
-    torch.set_num_threads(1)
-    from alma_daemon.config import build_config
-    from alma_daemon.research.simulate import run_simulation
-
-    values = {**common, **SETTINGS[setting][0], **policy, "seed": seed, "stream.seed": seed}
-    config = build_config({}, [f"{key}={json.dumps(value)}" for key, value in values.items()])
-    start = time.perf_counter()
-    results = run_simulation(config, progress=False)
-    series = results["series"]
-    record = {
-        "setting": setting,
-        "policy": policy_label(policy),
-        "seed": seed,
-        "torch": torch.__version__,
-        "cer": results["summary"]["cer"],
-        "final_test_error": results["summary"]["final_test_error"],
-        "cumulative_train_flops": results["summary"]["cumulative_train_flops"],
-        "stages": results["summary"]["stages"],
-        "seconds": round(time.perf_counter() - start, 1),
-        "trained_at": [r["t"] for r in series if r["trained"]],
-        "grew_at": [r["t"] for r in series if r["decision"] == "grow+train"],
-    }
-    if keep_series:
-        record["test_error"] = [round(r["test_error"], 4) for r in series]
-        record["prequential_error"] = [round(r["prequential_error"], 4) for r in series]
-        record["reasons"] = {r["t"]: r["reason"] for r in series if r["trained"]}
-    return record
-
-
-# -- cache ----------------------------------------------------------------------------------------
-def load_runs(path: Path) -> dict:
-    return json.loads(path.read_text())["runs"] if path.is_file() else {}
-
-
-def save_runs(path: Path, runs: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"runs": dict(sorted(runs.items()))}, indent=0) + "\n")
-    os.replace(tmp, path)
-
-
-def run_missing(tasks: dict[str, tuple[Callable[..., dict], tuple]], runs: dict, path: Path, jobs: int) -> None:
-    """Run each task ``key -> (function, arguments)`` whose key is not in ``runs``, ``jobs`` at a time
-    in worker processes, and save ``runs`` to ``path`` after each, so an interrupted benchmark resumes.
-    A failed run is reported and left out."""
-    todo = {key: task for key, task in tasks.items() if key not in runs}
-    if not todo:
-        return
-    print(f"{len(todo)} run(s) to do, {jobs} at a time")
-    with ProcessPoolExecutor(max_workers=jobs) as pool:
-        futures = {pool.submit(function, *arguments): key for key, (function, arguments) in todo.items()}
-        for future in as_completed(futures):
-            key = futures[future]
-            try:
-                record = future.result()
-            except Exception as exc:
-                print(f"FAILED {key}: {exc!r}")
-                continue
-            runs[key] = record
-            save_runs(path, runs)
-            print(
-                f"{record['setting']:18} {record['policy']:32} seed {record['seed']}: CER {record['cer']:7.2f}  "
-                f"FLOPs {record['cumulative_train_flops']:.3g}  stages {record['stages']:3}  {record['seconds']} s"
-            )
 
 
 # -- report ---------------------------------------------------------------------------------------
@@ -466,19 +280,21 @@ def main() -> None:
     args = parser.parse_args()
 
     common = {"train.epochs": args.epochs, "dataset.test_examples": args.test_examples, "device": args.device}
-    runs = load_runs(args.runs)
+    cache = RecordFile(args.runs)
     variants = forecast_variants(args.stage_penalties, args.prices, args.told_length)
     if not args.report_only:
-        tasks = {
-            run_key(setting, policy, seed, common): (
+        tasks = [
+            PoolRun(
+                run_key(setting, policy, seed, common),
                 run_one,
                 (setting, policy, seed, common, seed == args.seeds[0] and policy_label(policy) in FIGURE_POLICIES),
             )
             for setting in args.settings
             for seed in args.seeds
             for policy in schedules(setting, variants)
-        }
-        run_missing(tasks, runs, args.runs, args.jobs)
+        ]
+        run_missing(tasks, cache, args.jobs)
+    runs = cache.records
 
     report = summarize(runs, args.settings, args.seeds, common, variants)
     versions = sorted({r.get("torch", "?") for r in runs.values()})

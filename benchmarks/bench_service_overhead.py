@@ -60,10 +60,9 @@ def serving_overrides(kind: str, folder: Path) -> tuple[list[str], object | None
     """``--set`` overrides for the daemon, and the TorchServe process to stop afterwards (if any)."""
     if kind != "torchserve":
         return [f"serving.kind={kind}"], None
-    from bench_swap import free_ports  # this script's folder is on sys.path when it runs
-
     from alma_daemon.config import build_config
-    from serving.torchserve_process import TorchServeProcess
+    from alma_daemon.local_servers.processes import free_ports
+    from alma_daemon.local_servers.torchserve import TorchServeServer
 
     inference, management, metrics = free_ports(3)
     serving = {
@@ -78,7 +77,7 @@ def serving_overrides(kind: str, folder: Path) -> tuple[list[str], object | None
             "serving": serving,
         }
     )
-    server = TorchServeProcess(config)
+    server = TorchServeServer.for_config(config)
     server.start()
     return [f"serving.{key}={value}" for key, value in serving.items()], server
 

@@ -33,7 +33,6 @@ import multiprocessing
 import os
 import platform
 import shutil
-import socket
 import statistics
 import sys
 import tempfile
@@ -47,23 +46,14 @@ from alma_daemon.config import TrainConfig, build_config
 from alma_daemon.core.checkpoints import CheckpointStore
 from alma_daemon.data.datasets import load_dataset
 from alma_daemon.learners import Learner, build_learner
+from alma_daemon.local_servers.processes import free_ports
+from alma_daemon.local_servers.torchserve import TorchServeServer
 from alma_daemon.training.loop import Trainer
 from serving import make_publisher
 from serving.background import BackgroundPublisher
-from serving.torchserve_process import TorchServeProcess
 
 CLIENTS = 4
 MODEL = "alma"
-
-
-def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    for sock in sockets:
-        sock.bind(("127.0.0.1", 0))
-    ports = [sock.getsockname()[1] for sock in sockets]
-    for sock in sockets:
-        sock.close()
-    return ports
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -171,7 +161,7 @@ def main() -> int:
     sample = mnist.test.subset(slice(500, 1012))
     store = CheckpointStore(config.daemon.checkpoint_dir, MODEL)
     publisher = make_publisher(config)
-    server = TorchServeProcess(config)
+    server = TorchServeServer.for_config(config)
     server.start()
     worker = BackgroundPublisher(publisher).start()
     body = json.dumps({"instances": mnist.test.x[:1].tolist()}).encode()

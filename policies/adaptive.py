@@ -135,13 +135,8 @@ class Adaptive(Policy):
         self.regime_start = None if start is None else int(start)
         self.live = ChunkMeasures(state.get("live"))
         self.previous = ChunkMeasures(state["previous"]) if state.get("previous") else None
-        drifted = state.get("last_stage_drifted")
-        if drifted is None and state.get("last_stage") is not None:
-            drifted = state["last_stage"]["drift"]  # saved before 2026-11-23 as {"chunks": ..., "drift": ...}
-        self.last_stage_drifted = drifted
-        # A state saved before 2026-11-24 grew on other terms: count its newest part from here, so that a
-        # restart does not grow at once.
-        self.grown_from = int(state.get("grown_from", self.trained))
+        self.last_stage_drifted = state.get("last_stage_drifted")
+        self.grown_from = int(state.get("grown_from", 0))
         self.detector.load_state_dict(state.get("drift_detector") or {})
 
     # -- the decision -----------------------------------------------------------------------------

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from alma_daemon.measures import MEASURES, Measure, Target
+if TYPE_CHECKING:
+    from alma_daemon.measures import Measure
 
 
 @dataclass(frozen=True)
@@ -23,6 +25,9 @@ class MeasureScale:
 
     @property
     def measure(self) -> Measure:
+        # Here, not at the top: the measures import torch, and reading a config imports the policies.
+        from alma_daemon.measures import MEASURES, Target
+
         cls = MEASURES[self.name]
         # The scale needs no classes or costs: any target of a kind the measure fits will do.
         return cls(Target(kind=cls.kinds[0], num_classes=2))

@@ -35,8 +35,8 @@ def make_publisher(config: Config) -> Publisher | None:
             guard_positive_recall=config.serving.guard_positive_recall,
         )
     if config.serving.kind == "torchserve":
-        from serving.torchserve_process import key_file_path
-        from serving.torchserve_publisher import TokenKeys, TorchServeClient, TorchServePublisher
+        from serving.torchserve_keys import TokenKeys, key_file_path
+        from serving.torchserve_publisher import TorchServeClient, TorchServePublisher
 
         key_file = key_file_path(config)
         client = TorchServeClient(

@@ -29,6 +29,7 @@ from alma_daemon.observability.progress import told_while
 from serving.archiver import ARCHIVES, archive_name, build_archive, checkpoint_digest
 from serving.codecs import codec_for, max_abs_difference
 from serving.publisher import Candidate, Publisher, PublishError, failing_as
+from serving.torchserve_keys import TokenKeys
 
 log = logging.getLogger(__name__)
 
@@ -62,26 +63,6 @@ class TorchServeUnreachable(TorchServeError):
             self, unreachable_line("torchserve" if api == "management" else "torchserve_inference", base_url, error)
         )
         self.status = None
-
-
-class TokenKeys:
-    """The keys of TorchServe's token authorization, read from its ``key_file.json``.
-
-    The file is read at every request because TorchServe rewrites it when a key is renewed; an
-    expired key is renewed with the file's API key through the management API's ``/token``.
-    """
-
-    def __init__(self, path: str | Path):
-        self.path = Path(path)
-
-    def key(self, api: str) -> str:
-        try:
-            return json.loads(self.path.read_text())[api]["key"]
-        except FileNotFoundError:
-            raise FileNotFoundError(
-                f"TorchServe key file {self.path} not found (serving.key_file); "
-                "is TorchServe running with token authorization?"
-            ) from None
 
 
 class TorchServeClient:

@@ -13,16 +13,21 @@ from pathlib import Path
 
 import torch
 
+from alma_daemon.config import learner_config
+from alma_daemon.learners import build_learner
+from alma_daemon.testing.learner_checks import fit_stage
 from alma_daemon.training.distributed import join_process_group, leave_process_group
-from tests.helpers.contract import fit_stage, make
+from tests.helpers.contract import TASKS, contract_keys
 
 
 def main(name: str, task_name: str, out: str) -> None:
     world = join_process_group(torch.device("cpu"))
-    learner, train, val = make(name, task_name, {})
+    case = TASKS[task_name]
+    learner = build_learner(name, case.task, learner_config(contract_keys(name, {}), name=name), 0)
+    train, val = case.split()
     rows: set[int] = set()
     learner.model.register_forward_pre_hook(lambda module, args: rows.add(len(args[0])) if module.training else None)
-    flops = [fit_stage(learner, train, val, task_name, stage, grow=stage > 1).flops for stage in (1, 2, 3)]
+    flops = [fit_stage(learner, train, val, stage, case.optimizer).flops for stage in (1, 2, 3)]
     saved = {"state": learner.state_dict(), "arch": learner.arch, "flops": flops, "batch_rows": sorted(rows)}
     torch.save(saved, Path(out) / f"rank{world.rank}.pt")
     leave_process_group()

@@ -194,16 +194,6 @@ def test_language_models_are_judged_on_log_perplexity():
     assert "live_error" not in decisions[9].estimates  # an error gauge never shows a perplexity
 
 
-@pytest.mark.parametrize("drifted", [False, True])
-def test_a_state_saved_with_the_last_stage_as_a_dict_still_loads(drifted):
-    """Saved before 2026-11-23: ``last_stage`` was ``{"chunks": ..., "drift": ...}``."""
-    policy = build_policy(policy_config(name="adaptive"))
-    old = {**policy.state_dict(), "last_stage": {"chunks": 3, "drift": drifted}}
-    del old["last_stage_drifted"]
-    policy.load_state_dict(old)
-    assert policy.state_dict()["last_stage_drifted"] is drifted
-
-
 def test_a_check_between_chunks_counts_nothing():
     policy = build_policy(policy_config(name="adaptive"))
     before = policy.state_dict()
@@ -336,30 +326,6 @@ def test_a_crashed_daemon_resumes_the_adaptive_policy_and_equals_the_simulator_o
     assert served[3]["reason"].startswith("drift: ")
     assert [r["reason"] for r in served] == [r["reason"] for r in simulated]
     assert exact(served) == exact(simulated)
-
-
-def test_a_state_saved_before_the_growth_count_does_not_grow_at_the_next_stage():
-    """Saved before 2026-11-24: ``flat_stages`` counted stages with no effect, and there was no ``grown_from``."""
-    policy = build_policy(policy_config(name="adaptive"))
-    old = {**policy.state_dict(), "trained": 27, "flat_stages": 1}
-    del old["grown_from"]
-    policy.load_state_dict(old)
-    state = PolicyState(
-        chunks_seen=41,
-        chunks_pending=14,
-        examples_pending=14 * EXAMPLES,
-        stages_done=8,
-        now=0.0,
-        started_at=0.0,
-        train_flops_total=0.0,
-        train_seconds_total=0.0,
-        learner_grows=True,
-        prequential=0.5,
-        prequential_examples=EXAMPLES,
-        newest_chunk=41,
-    )
-    decision = policy.decide(state)
-    assert decision.action == "train" and policy.state_dict()["grown_from"] == 27
 
 
 def test_a_recall_on_a_few_positives_must_fall_beyond_its_binomial_noise_to_be_a_drift():

@@ -17,19 +17,20 @@ import redis
 from kafka.errors import KafkaTimeoutError
 
 from alma_daemon.cli import build_parser, main
-from alma_daemon.commands import run as run_command
 from alma_daemon.config import build_config
 from alma_daemon.infra.outages import OutageBoard, one_line
 from alma_daemon.infra.redis_keys import StreamKeys
 from alma_daemon.infra.unreachable import SERVER_KINDS, ServerUnreachable, reason_of, unreachable_line
+from alma_daemon.local_servers import torchserve
+from alma_daemon.local_servers.torchserve import TorchServeServer
 from alma_daemon.logs import NOTICE, KeyValueFormatter, configure_logging, error_text, print_error
 from alma_daemon.observability.progress import ProgressBar
+from alma_daemon.service import embedded_redis
+from alma_daemon.service.daemon import Daemon
 from alma_daemon.service.heartbeat import Heartbeat
 from alma_daemon.service.publish_handoff import PublishHandoff
 from alma_daemon.service.status import phase_words
 from alma_daemon.transports.kafka import KafkaPublisher
-from serving import torchserve_process
-from serving.torchserve_process import TorchServeProcess
 from serving.torchserve_publisher import TorchServeClient, TorchServeError
 from tests.helpers.daemon import PROCESS_LIMIT_SECONDS, REPO
 from tests.helpers.data import have
@@ -208,9 +209,9 @@ def test_an_error_at_start_up_comes_after_the_bar_is_closed_never_on_its_line(
     def fail(self):
         raise RuntimeError("restore failed")
 
-    monkeypatch.setattr(run_command, "connect_redis", lambda config: NoRedis())
-    monkeypatch.setattr(run_command, "close_redis", lambda client: None)
-    monkeypatch.setattr(run_command.Daemon, "restore", fail)
+    monkeypatch.setattr(embedded_redis, "connect_redis", lambda config: NoRedis())
+    monkeypatch.setattr(embedded_redis, "close_redis", lambda client: None)
+    monkeypatch.setattr(Daemon, "restore", fail)
     assert main(["run", "--until-chunks", "20", *_run_settings(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert err.endswith("\nalma run: error: RuntimeError: restore failed\n"), err
@@ -391,19 +392,22 @@ def test_an_unreachable_torchserve_is_one_line_naming_the_url_key_it_was_looked_
 
 def test_alma_serve_tells_each_stage_of_a_slow_start(tmp_path, monkeypatch):
     """On a busy host TorchServe's JVM may take a minute to answer /ping: the wait is told as it goes."""
-    monkeypatch.setattr(torchserve_process, "PING_REPORT_SECONDS", 0.1)
-    process = TorchServeProcess(build_config({"daemon": {"state_dir": str(tmp_path)}}))
-    answers = iter([False] * 3 + [True])  # 0.2 s between two pings
-    monkeypatch.setattr(process, "_answers_ping", lambda: next(answers))
-
-    class Running:
-        def poll(self):
-            return None
-
+    monkeypatch.setattr(torchserve, "PING_REPORT_SECONDS", 0.1)
+    monkeypatch.setattr(torchserve, "require_torchserve", lambda: None)
     told: list[str] = []
-    process._wait_ready(Running(), timeout=60, report=told.append)
+    process = TorchServeServer.for_config(build_config({"daemon": {"state_dir": str(tmp_path)}}), report=told.append)
+    # A process that listens nowhere stands in for TorchServe, which answers /ping at the sixth try.
+    monkeypatch.setattr(process, "command", lambda: ["sleep", "60"])
+    process.ports = []
+    answers = iter([False] * 5 + [True])  # 0.1 s between two pings
+    monkeypatch.setattr(process, "answers_ping", lambda: next(answers))
+    process.start()
+    process.stop()
     ping = "http://127.0.0.1:8080/ping"
-    assert told[0].startswith(f"waiting for TorchServe to answer {ping}: ") and told[0].endswith(
-        " s so far, up to 60 s"
+    assert (
+        told[0] == f"starting TorchServe (niceness 19; its log: {tmp_path.resolve() / 'torchserve' / 'torchserve.log'})"
+    )
+    assert told[1].startswith(f"waiting for TorchServe to answer {ping}: ") and told[1].endswith(
+        " s so far, up to 120 s"
     )
     assert re.fullmatch(rf"TorchServe answers {ping} after \d+ s", told[-1]), told

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from alma_daemon.config import ConfigError, build_config, load_config
+from alma_daemon.config import ConfigError, LearnerConfig, PolicyConfig, build_config, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -350,3 +350,49 @@ def test_a_checkpoint_spec_with_a_key_its_learner_does_not_read_fails_naming_it(
     spec["config"]["member_count"] = 3
     with pytest.raises(ConfigError, match="spec.config.member_count"):
         learner_from_spec(spec)
+
+
+def test_plugin_names_in_the_reference_come_from_the_registries():
+    from alma_daemon.config.reference import keys
+    from alma_daemon.learners import learner_names
+    from policies import policy_names
+
+    described = {key.name: key.description for key in keys(PolicyConfig)} | {
+        f"learner.{key.name}": key.description for key in keys(LearnerConfig)
+    }
+    assert all(name in described["name"] for name in policy_names()), described["name"]
+    assert all(name in described["learner.name"] for name in learner_names()), described["learner.name"]
+    assert "{" not in described["name"] + described["learner.name"]
+
+
+def test_every_module_of_a_plugin_package_that_registers_a_plugin_is_a_builtin_module():
+    import importlib
+    import pkgutil
+
+    import alma_daemon.learners as learners_package
+    import policies as policies_package
+    from alma_daemon.learners import BUILTIN_MODULES as LEARNER_MODULES
+    from alma_daemon.learners import LEARNERS
+    from policies import BUILTIN_MODULES as POLICY_MODULES
+    from policies import POLICIES
+
+    for package, listed, registry in (
+        (learners_package, LEARNER_MODULES, LEARNERS),
+        (policies_package, POLICY_MODULES, POLICIES),
+    ):
+        for module in pkgutil.iter_modules(package.__path__):
+            importlib.import_module(f"{package.__name__}.{module.name}")
+        registering = {cls.__module__.rsplit(".", 1)[1] for cls in registry.values()}
+        assert registering == set(listed), f"{package.__name__}: list {sorted(registering - set(listed))}"
+
+
+def test_the_builtin_learners_config_models_are_those_their_learners_name_in_their_order():
+    """learners/configs.py holds them apart from the learners, so that reading a config imports no
+    learner (nor torch): a learner missing there would be unknown to a config read in a new process."""
+    from alma_daemon.learners import BUILTIN_MODULES, LEARNERS, learner_names
+    from alma_daemon.learners.configs import BUILTIN_CONFIGS
+
+    learner_names()  # imports the built-in learners
+    builtins = {name: cls for name, cls in LEARNERS.items() if cls.__module__.rsplit(".", 1)[1] in BUILTIN_MODULES}
+    assert {name: cls.config_model for name, cls in builtins.items()} == BUILTIN_CONFIGS
+    assert [builtins[name].__module__.rsplit(".", 1)[1] for name in BUILTIN_CONFIGS] == BUILTIN_MODULES

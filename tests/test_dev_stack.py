@@ -17,7 +17,7 @@ import pytest
 from alma_daemon.cli import main
 from alma_daemon.commands.dev import STACK_FILE, alive
 from alma_daemon.config import load_config
-from alma_daemon.infra.local_servers import group_members, http_request, process_started
+from alma_daemon.local_servers.processes import group_members, http_request, process_started
 from tests.helpers.servers import metrics_page
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -79,16 +79,3 @@ def test_a_failed_commit_is_staged_again_whole_by_the_same_store(redis_db) -> No
     step(state, 2)
     save(redis_db, store, state)
     assert [r["t"] for r in EngineStateStore(redis_db, KEYS).load().series] == [1, 2]
-
-
-@pytest.mark.integration
-def test_a_state_saved_with_its_series_inline_is_loaded_and_moved_to_the_list(redis_db) -> None:
-    records = [{"t": 1, "test_error": 0.5}, {"t": 2, "test_error": 0.25}]
-    redis_db.set(KEYS.engine, json.dumps({"chunks_seen": 2, "started_at": 1.0, "series": records}))
-    store = EngineStateStore(redis_db, KEYS)
-    state = store.load()
-    assert state.series == records and state.chunks_seen == 2
-    step(state, 3)
-    save(redis_db, store, state)
-    assert "series" not in json.loads(redis_db.get(KEYS.engine))
-    assert [r["t"] for r in EngineStateStore(redis_db, KEYS).load().series] == [1, 2, 3]

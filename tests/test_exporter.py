@@ -13,13 +13,13 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from alma_daemon.cli import main
-from alma_daemon.commands import simulate as simulate_command
 from alma_daemon.config import build_config
 from alma_daemon.core.engine import Engine, EngineObserver
 from alma_daemon.core.records import StepRecord
 from alma_daemon.infra.unreachable import ServerUnreachable
 from alma_daemon.observability import telemetry
 from alma_daemon.observability.exporter import MetricsObserver, start_exporter
+from alma_daemon.research import simulate
 from alma_daemon.research.simulate import run_simulation
 from tests.helpers.data import TINY_MNIST as TINY
 from tests.helpers.servers import free_ports, http_request, port_open
@@ -249,12 +249,12 @@ def test_sync_shows_a_resumed_engine_at_once(exporter):
 
 def simulate_cli(monkeypatch, observer: EngineObserver, *args: str) -> int:
     """``alma simulate`` on the tiny stream, with ``observer`` added to the run's observers."""
-    real_run = simulate_command.run_simulation
+    real_run = simulate.run_simulation
 
     def with_observer(*run_args, observers, **kwargs):
         return real_run(*run_args, observers=[*observers, observer], **kwargs)
 
-    monkeypatch.setattr(simulate_command, "run_simulation", with_observer)
+    monkeypatch.setattr(simulate, "run_simulation", with_observer)
     argv = ["simulate", "--no-progress", *args]
     for item in TINY:
         argv += ["--set", item]

@@ -11,12 +11,12 @@ import torch
 
 from alma_daemon.config import Config
 from alma_daemon.data.wire import (
-    DEFAULT_MAX_CHUNKS_AHEAD,
     MAX_ID,
     REJECT_REASONS,
     DecodedPart,
     RejectedRecord,
 )
+from alma_daemon.data.wire_format import DEFAULT_MAX_CHUNKS_AHEAD
 from alma_daemon.infra.outages import OutageBoard
 from alma_daemon.infra.redis_keys import StreamKeys
 from alma_daemon.observability import telemetry

@@ -1,101 +1,89 @@
-"""The contract every registered learner passes (River-style: one battery, every plugin).
+"""The shipped learner contract (``alma_daemon.testing.yield_learner_checks``), run on every registered
+learner: one test per check of each case its ``contract_cases()`` declares (River's ``yield_checks``).
 
-Adding a learner means registering it and, if needed, declaring its cases in ``contract_cases()``;
-no new test suite. Cases run on tiny synthetic data so the whole module stays fast on a 2-core CPU.
+Adding a learner means registering it and, if needed, declaring its cases; no new test suite. Cases run
+on tiny synthetic data (tests/helpers/contract.py) so the whole module stays fast on a 2-core CPU.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
+import math
 
 import pytest
 import torch
 
-from alma_daemon.core.checkpoints import CheckpointStore
-from alma_daemon.learners import learner_class, learner_from_spec, learner_names
-from tests.helpers.contract import TASKS, fit_stage, make
+from alma_daemon.learners import learner_class, learner_names
+from alma_daemon.testing import ContractError, yield_learner_checks
+from tests.helpers.contract import TASKS, contract_keys
 
 
-def cases():
+def case_id(name: str, task_name: str, overrides: dict) -> str:
+    return "-".join([name, task_name, *(f"{key}={value}" for key, value in sorted(overrides.items()))])
+
+
+def battery():
     for name in learner_names():
         for task_name, overrides in learner_class(name).contract_cases():
-            yield pytest.param(
-                name, task_name, overrides, id=f"{name}-{task_name}-{json.dumps(overrides, sort_keys=True)}"
-            )
+            case = TASKS[task_name]
+            train, val = case.split()
+            checks = yield_learner_checks(name, case.task, train, val, contract_keys(name, overrides), case.optimizer)
+            for check in checks:
+                marks = [pytest.mark.slow] if check.slow else []
+                yield pytest.param(check, id=f"{case_id(name, task_name, overrides)}-{check.name}", marks=marks)
 
 
-def test_every_learner_declares_contract_cases():
+def test_every_learner_declares_a_contract_case_for_each_task_kind_it_learns():
     # A learner without cases would drop out of the parametrized battery below without a failure.
     for name in learner_names():
         declared = learner_class(name).contract_cases()
-        assert declared, f"{name} declares no contract case"
         assert {task_name for task_name, _ in declared} <= set(TASKS), (name, declared)
+        kinds = {TASKS[task_name].task.kind for task_name, _ in declared}
+        assert kinds == set(learner_class(name).task_kinds), f"{name}: its cases cover {kinds}"
 
 
-def assert_same_predictions(a, b, x):
-    torch.testing.assert_close(a.predict_proba(x), b.predict_proba(x), rtol=0, atol=1e-6)
+@pytest.mark.parametrize("check", list(battery()))
+def test_learner_contract(check):
+    check()
 
 
-@pytest.mark.parametrize("name,task_name,overrides", list(cases()))
-class TestLearnerContract:
-    def test_fit_reports_cost_and_keeps_predictions_valid(self, name, task_name, overrides):
-        learner, train, val = make(name, task_name, overrides)
-        report = fit_stage(learner, train, val, task_name)
-        assert report.flops > 0 and report.steps > 0 and report.seconds >= 0
-        proba = learner.predict_proba(val.x)
-        assert torch.isfinite(proba).all()
-        torch.testing.assert_close(proba.sum(-1), torch.ones(proba.shape[:-1]), atol=1e-4, rtol=0)
-        value = learner.evaluate(val)[learner.measure]
-        assert value == value and value >= 0  # not NaN
+#: (method of sm, how it is broken, task, the check that must catch it): every check can fail.
+BREAKAGES = [
+    ("forward_proba", lambda forward: lambda self, x: forward(self, x) * 2, "mlp", "probabilities_sum_to_one"),
+    ("forward_proba", lambda forward: lambda self, x: forward(self, x) - 1, "mlp", "probabilities_are_between_0_and_1"),
+    (
+        "forward_prediction",
+        lambda forward: lambda self, x: forward(self, x) * math.nan,
+        "regression",
+        "numbers_are_finite",
+    ),
+    (
+        "fit",
+        lambda fit: lambda self, *a: dataclasses.replace(fit(self, *a), seconds=0.0),
+        "mlp",
+        "stages_report_their_cost",
+    ),
+    (
+        "build",
+        lambda build: lambda self, arch: torch.manual_seed(0) and build(self, arch),
+        "mlp",
+        "seeds_give_different_models",
+    ),
+    (
+        "outputs",
+        lambda outputs: lambda self, data: outputs(self, data) + 1,
+        "regression",
+        "measured_answers_are_its_predictions",
+    ),
+]
 
-    def test_parameter_count_matches_the_modules(self, name, task_name, overrides):
-        learner, _, _ = make(name, task_name, overrides)
-        assert learner.num_parameters() == sum(p.numel() for p in learner.model.parameters()) > 0
-        assert learner.inference_flops_per_example() > 0
 
-    @pytest.mark.slow
-    def test_spec_rebuilds_the_exact_model(self, name, task_name, overrides, tmp_path):
-        learner, train, val = make(name, task_name, overrides)
-        fit_stage(learner, train, val, task_name, stage=1)
-        fit_stage(learner, train, val, task_name, stage=2, grow=True)
-        spec = json.loads(json.dumps(learner.spec()))
-        rebuilt = learner_from_spec(spec)
-        rebuilt.load_state_dict(learner.state_dict())
-        assert rebuilt.num_parameters() == learner.num_parameters()
-        assert_same_predictions(learner, rebuilt, val.x)
-        store = CheckpointStore(tmp_path, "m")
-        store.save(learner, 1, {"val_error": 0.0})
-        assert_same_predictions(learner, store.load(1), val.x)
-
-    @pytest.mark.slow
-    def test_same_seed_same_data_same_model(self, name, task_name, overrides):
-        runs = []
-        for _ in range(2):
-            learner, train, val = make(name, task_name, overrides)
-            fit_stage(learner, train, val, task_name, stage=1)
-            fit_stage(learner, train, val, task_name, stage=2, grow=True)
-            runs.append(learner)
-        a, b = (r.state_dict() for r in runs)
-        assert a.keys() == b.keys()
-        for key in a:
-            assert torch.equal(a[key], b[key]), key
-
-    def test_different_seeds_give_different_models(self, name, task_name, overrides):
-        a, _, val = make(name, task_name, overrides, seed=0)
-        b, _, _ = make(name, task_name, overrides, seed=1)
-        assert not torch.equal(a.predict_proba(val.x), b.predict_proba(val.x))
-
-    def test_reinitialize_keeps_architecture_and_changes_weights(self, name, task_name, overrides):
-        learner, _, val = make(name, task_name, overrides)
-        before = learner.predict_proba(val.x)
-        count = learner.num_parameters()
-        learner.reinitialize(1234)
-        assert learner.num_parameters() == count
-        assert not torch.equal(before, learner.predict_proba(val.x))
-
-    def test_config_in_spec_is_complete(self, name, task_name, overrides):
-        learner, _, _ = make(name, task_name, overrides)
-        spec = learner.spec()
-        assert spec["learner"] == name
-        assert spec["config"] == dataclasses.asdict(learner.config)
+@pytest.mark.parametrize("method,breaking,task_name,check_name", BREAKAGES, ids=[b[3] for b in BREAKAGES])
+def test_a_check_fails_on_a_learner_that_breaks_it(monkeypatch, method, breaking, task_name, check_name):
+    sm = learner_class("sm")
+    monkeypatch.setattr(sm, method, breaking(getattr(sm, method)))
+    case = TASKS[task_name]
+    train, val = case.split()
+    checks = {check.name: check for check in yield_learner_checks("sm", case.task, train, val, {"width": 8})}
+    with pytest.raises(ContractError, match="^sm: "):
+        checks[check_name]()

@@ -22,20 +22,11 @@ from alma_daemon.training.loop import Trainer
 from alma_daemon.training.losses import RegressionLoss, task_loss
 from alma_daemon.training.members import fit_stacked
 from tests.helpers.configs import learner_settings
-from tests.helpers.contract import TOKENS
+from tests.helpers.contract import FEATURES, TOKENS, linear_data
 
-FEATURES = TaskInfo("regression", (5,), 1, normalization="standardize")
-WEIGHTS = torch.tensor([1.0, -2.0, 0.5, 3.0, 0.0])
 #: What each learner is built with: small, so a fit takes a second.
 SETTINGS = {"width": 16, "members": 2}
 LEARNERS = ["sm", "ens", "umix", "gens", "gmoe", "firefly"]
-
-
-def linear_data(n: int, seed: int) -> LabeledData:
-    """Features in [0, 10) and a target linear in them, far from zero mean and unit scale (mean 20 + ...)."""
-    g = torch.Generator().manual_seed(seed)
-    x = torch.rand(n, 5, generator=g) * 10
-    return LabeledData(x, (x @ WEIGHTS + 20 + 0.1 * torch.randn(n, generator=g)).float())
 
 
 def trainer(stage: int = 1, **train: int) -> Trainer:

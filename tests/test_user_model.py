@@ -11,8 +11,9 @@ from safetensors.torch import save_file
 from alma_daemon.config import ConfigError, learner_config
 from alma_daemon.data.wire import RejectedRecord, StreamSchema, decode_record, encode_chunk
 from alma_daemon.learners import build_learner, learner_from_spec
-from alma_daemon.testing import check_learner, check_model
-from tests.helpers.contract import CIFAR_LIKE
+from alma_daemon.testing import check_learner, check_model, yield_model_checks
+from tests.helpers.contract import CIFAR_LIKE, linear_data
+from tests.helpers.contract import FEATURES as AMOUNTS
 from tests.helpers.data import separable_data
 from tests.helpers.user_models import FEATURES, feature_data, tabular_mlp
 
@@ -37,6 +38,18 @@ def test_check_model_takes_numpy_arrays_and_vets_the_deployed_weights_file(tmp_p
     save_file({"layer.weight": torch.zeros(2, 2)}, other)
     with pytest.raises(AssertionError, match="its keys are not those of"):
         check_model(MLP, FEATURES, (data.x.numpy(), data.y.numpy()), learners=("sm",), init_weights=str(other))
+
+
+def test_the_shipped_contract_passes_on_a_regression_started_from_the_deployed_weights(tmp_path):
+    deployed = tabular_mlp(AMOUNTS)
+    with torch.no_grad():
+        for p in deployed.parameters():
+            p.add_(0.5)  # trained weights, answering far from the target's mean
+    path = tmp_path / "deployed.safetensors"
+    save_file({k: v.contiguous() for k, v in deployed.state_dict().items()}, path)
+    names = [check.name for check in yield_model_checks(MLP, AMOUNTS, linear_data(160, seed=0), learners=("sm",))]
+    assert "sm-numbers_are_finite" in names and "sm-probabilities_sum_to_one" not in names
+    check_model(MLP, AMOUNTS, linear_data(160, seed=0), init_weights=str(path))
 
 
 def test_a_module_that_is_not_a_sequential_trains_in_sm_and_ens_on_images():

@@ -6,9 +6,6 @@ import argparse
 from pathlib import Path
 
 from alma_daemon.cli import add_config_arguments
-from alma_daemon.config import load_config
-from alma_daemon.core.atomic_json import write_json_atomic
-from alma_daemon.research.ablation import ablate_iid
 
 
 def add_parser(subparsers) -> None:
@@ -24,6 +21,10 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from alma_daemon.config import load_config
+    from alma_daemon.core.atomic_json import write_json_atomic
+    from alma_daemon.research.ablation import ablate_iid
+
     if args.chunks < 1:
         raise ValueError(f"--chunks must be >= 1; got {args.chunks}")
     config = load_config(args.config, args.overrides)

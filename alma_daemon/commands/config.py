@@ -13,10 +13,6 @@ import json
 import sys
 from pathlib import Path
 
-from alma_daemon.config import ConfigError, load_config
-from alma_daemon.config.loading import json_schema
-from alma_daemon.data.arrays import arrays_task
-
 
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser("config", help="the config's JSON Schema and reference, or check a config file")
@@ -69,11 +65,15 @@ def write_docs(args: argparse.Namespace) -> int:
 
 
 def print_schema(args: argparse.Namespace) -> int:
+    from alma_daemon.config.loading import json_schema
+
     print(json.dumps(json_schema(), indent=2))
     return 0
 
 
 def check_file(args: argparse.Namespace) -> int:
+    from alma_daemon.config import ConfigError, load_config
+
     if args.file is None and args.config is None:
         print("alma config check: error: which config file? Give it as FILE or as --config FILE", file=sys.stderr)
         return 2  # a usage error, as argparse's
@@ -83,6 +83,8 @@ def check_file(args: argparse.Namespace) -> int:
     path = args.file or args.config
     config = load_config(path, args.overrides)
     if config.dataset.name == "arrays":
+        from alma_daemon.data.arrays import arrays_task  # torch: only for a config of a team's arrays
+
         arrays_task(config.dataset, config.task)  # what a command checks once it starts: the task must be declared
     print(f"{path}: valid (learner {config.learner.name}, policy {config.policy.name})")
     try:

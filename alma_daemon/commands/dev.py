@@ -7,7 +7,7 @@ addresses in ``<dir>/stack.json``, writes ``<dir>/service.yaml`` (``examples/ser
 ``--config``, with the stack's addresses and a daemon folder of its own) and prints the command that
 uses it. ``status`` says which are up; ``down`` stops them by pid, and is safe when they are gone.
 
-The servers are the classes the integration tests start (alma_daemon/infra/local_servers.py).
+The servers are the classes the integration tests start (alma_daemon/local_servers/).
 Every ``up`` starts afresh: the broker keeps its topics in memory, so a Redis or a daemon folder
 kept from an earlier stack would point past the end of topics that no longer exist.
 """
@@ -24,23 +24,16 @@ from typing import Any
 
 import yaml
 
-from alma_daemon.config import load_config
-from alma_daemon.config.loading import parse_override, read_yaml, set_dotted
-from alma_daemon.config.sections import MODEL_STORE
 from alma_daemon.core.atomic_json import write_json_atomic, write_text_atomic
-from alma_daemon.core.checkpoints import CheckpointStore
-from alma_daemon.infra.local_servers import (
+from alma_daemon.local_servers.processes import (
     LOOPBACK,
-    KafkaBroker,
-    PrometheusServer,
-    RedisServer,
     ServerProcess,
     free_port,
     port_open,
     process_started,
     stop_group,
 )
-from alma_daemon.service.store_lock import StreamTaken, hold_store_lock
+from alma_daemon.local_servers.servers import KafkaBroker, PrometheusServer, RedisServer
 
 DEFAULT_DIR = "runs/dev"
 STACK_FILE = "stack.json"
@@ -120,6 +113,9 @@ def server_state(entry: dict[str, Any]) -> str:
 
 
 def run_up(args: argparse.Namespace) -> int:
+    from alma_daemon.config import load_config
+    from alma_daemon.config.sections import MODEL_STORE
+
     folder = Path(args.dir)
     stack = read_stack(folder)
     if stack is not None and any(alive(entry) for entry in stack["servers"]):
@@ -144,6 +140,9 @@ def run_up(args: argparse.Namespace) -> int:
 
 def check_no_daemon(model_store: Path) -> None:
     """Refuse to empty the folder of a daemon that still runs on it (it holds its store's lock)."""
+    from alma_daemon.core.checkpoints import CheckpointStore
+    from alma_daemon.service.store_lock import StreamTaken, hold_store_lock
+
     if not model_store.is_dir():
         return
     for model in sorted(path for path in model_store.iterdir() if path.is_dir()):
@@ -190,6 +189,8 @@ def start_stack(folder: Path) -> dict[str, Any]:
 
 def stack_settings(stack: dict[str, Any], folder: Path) -> dict[str, Any]:
     """The config keys that point a daemon (and its producer and status) at the stack."""
+    from alma_daemon.config.sections import MODEL_STORE
+
     servers = {entry["name"]: entry for entry in stack["servers"]}
     daemon = (folder / "daemon").resolve()
     return {
@@ -204,6 +205,8 @@ def stack_settings(stack: dict[str, Any], folder: Path) -> dict[str, Any]:
 
 
 def stack_config_text(stack: dict[str, Any], folder: Path, source: Path | None, overrides: list[str]) -> str:
+    from alma_daemon.config.loading import parse_override, read_yaml, set_dotted
+
     data = read_yaml(source) if source is not None else {}
     for key, value in stack_settings(stack, folder).items():
         set_dotted(data, key, value)

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-from alma_daemon.research.grid import run_grid
-
 
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser("grid", help="run a grid of simulations into one folder")
@@ -17,6 +15,8 @@ def add_parser(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Exits 1 when any run failed (the others still ran)."""
+    from alma_daemon.research.grid import run_grid
+
     status = run_grid(args.grid, args.out, progress=not args.no_progress)
     failed = [r["name"] for r in status["runs"] if r["status"] != "ok"]
     print(

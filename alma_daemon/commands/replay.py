@@ -3,21 +3,14 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from alma_daemon.cli import add_config_arguments
-from alma_daemon.config import Config, load_config
-from alma_daemon.data.events import EVENT_JSON, EVENT_ROWS
-from alma_daemon.data.wire import DEFAULT_MAX_PART_BYTES
-from alma_daemon.service.embedded_redis import EMBEDDED_OVERRIDES, close_redis, connect_redis
-from alma_daemon.transports.replay import (
-    EventFormat,
-    ReplayReport,
-    chunk_source,
-    labeled_chunks,
-    parse_rate,
-    replay,
-    replay_publisher,
-)
+from alma_daemon.data.wire_format import DEFAULT_MAX_PART_BYTES, EVENT_JSON, EVENT_ROWS
+
+if TYPE_CHECKING:
+    from alma_daemon.config import Config
+    from alma_daemon.transports.replay import EventFormat, ReplayReport
 
 #: ``--events-format`` -> content type of the event records.
 EVENT_FORMATS = {"json": EVENT_JSON, "rows": EVENT_ROWS}
@@ -84,6 +77,9 @@ def add_parser(subparsers) -> None:
 
 
 def replay_config(args: argparse.Namespace) -> Config:
+    from alma_daemon.config import load_config
+    from alma_daemon.service.embedded_redis import EMBEDDED_OVERRIDES
+
     overrides = list(args.overrides)
     for flag, key in FLAG_KEYS.items():
         value = getattr(args, flag)
@@ -97,6 +93,9 @@ def replay_config(args: argparse.Namespace) -> Config:
 
 
 def run(args: argparse.Namespace) -> int:
+    from alma_daemon.service.embedded_redis import close_redis, connect_redis
+    from alma_daemon.transports.replay import chunk_source, labeled_chunks, parse_rate, replay, replay_publisher
+
     config = replay_config(args)
     rate = parse_rate(args.rate)
     if args.npz:
@@ -126,6 +125,8 @@ def run(args: argparse.Namespace) -> int:
 
 def event_format(args: argparse.Namespace, config: Config) -> EventFormat | None:
     """What ``--events*`` ask for; None: chunk parts."""
+    from alma_daemon.transports.replay import EventFormat
+
     if not args.events:
         if args.events_format is not None or args.events_per_record is not None:
             raise ValueError("--events-format and --events-per-record go with --events")

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-from alma_daemon.observability.report import write_report
-
 
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser("report", help="plots + markdown table of every run under a folder")
@@ -18,5 +16,7 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from alma_daemon.observability.report import write_report
+
     print(f"report: {write_report(args.folder, args.out, html=args.html)}")
     return 0

@@ -5,8 +5,6 @@ from __future__ import annotations
 import argparse
 
 from alma_daemon.cli import add_config_arguments, add_embedded_argument, config_overrides
-from alma_daemon.config import load_config
-from serving import make_publisher
 
 
 def add_parser(subparsers) -> None:
@@ -18,6 +16,9 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from alma_daemon.config import load_config
+    from serving import make_publisher
+
     config = load_config(args.config, config_overrides(args))
     publisher = make_publisher(config)
     if publisher is None:

@@ -2,31 +2,23 @@
 
 Under torchrun rank 0 is the daemon and the other ranks follow its steps (service/rank_followers.py).
 Rank 0 holds the model store's daemon lock (service/store_lock.py) from before it connects to Redis
-until it exits: a second daemon on the same stream is refused at start.
+until it exits: a second daemon on the same stream is refused at start. The lock and Redis are
+components (service/components.py) around the daemon, which runs its own parts the same way.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING, Any
 
 from alma_daemon.cli import add_config_arguments, check_config_under_ranks
-from alma_daemon.config import Config, ConfigError, load_config
-from alma_daemon.core.checkpoints import CheckpointStore
-from alma_daemon.infra.redis_keys import StreamKeys
 from alma_daemon.logs import error_text, print_error
-from alma_daemon.observability.progress import ProgressBar
-from alma_daemon.runtime import resolve_device
-from alma_daemon.service.bootstrap import event_stream
-from alma_daemon.service.daemon import Daemon
-from alma_daemon.service.embedded_redis import EMBEDDED_OVERRIDES, close_redis, connect_redis
-from alma_daemon.service.rank_followers import RankLeader, RankStepFailed, follow
-from alma_daemon.service.replay_thread import ReplayThread
-from alma_daemon.service.signals import StepAbandoned
-from alma_daemon.service.status import engine_counters, format_status, read_status, serving_state
-from alma_daemon.service.store_lock import StreamTaken, hold_store_lock
-from alma_daemon.training.distributed import join_process_group, leave_process_group
-from alma_daemon.training.ranks import World
+
+if TYPE_CHECKING:
+    from alma_daemon.config import Config
+    from alma_daemon.service.daemon import Daemon
+    from alma_daemon.training.ranks import World
 
 
 def add_parser(subparsers) -> None:
@@ -54,6 +46,13 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from alma_daemon.config import load_config
+    from alma_daemon.runtime import resolve_device
+    from alma_daemon.service.embedded_redis import EMBEDDED_OVERRIDES
+    from alma_daemon.service.rank_followers import RankStepFailed, follow
+    from alma_daemon.service.store_lock import StreamTaken
+    from alma_daemon.training.distributed import join_process_group, leave_process_group
+
     overrides = list(args.overrides)
     if args.replay:
         overrides.append(f"dataset.name={args.replay}")
@@ -82,6 +81,8 @@ def check_until_chunks(args: argparse.Namespace, config: Config) -> None:
     The replay sends chunks 1..stream.megabatches whatever was processed before a restart, and
     ``--until-chunks`` counts those processed before too, so the bound is the same at every start.
     """
+    from alma_daemon.config import ConfigError
+
     if args.replay and args.until_chunks is not None and args.until_chunks > config.stream.megabatches:
         raise ConfigError(
             f"--until-chunks {args.until_chunks} is more than the {config.stream.megabatches} chunks "
@@ -92,6 +93,9 @@ def check_until_chunks(args: argparse.Namespace, config: Config) -> None:
 
 def check_replay_format(args: argparse.Namespace, config: Config) -> None:
     """``--replay`` sends chunk parts, which an event stream refuses: say so before starting."""
+    from alma_daemon.config import ConfigError
+    from alma_daemon.service.bootstrap import event_stream
+
     if args.replay and event_stream(config) is not None:
         key = "stream.chunk_examples" if config.stream.chunk_examples is not None else "stream.chunk_seconds"
         raise ConfigError(
@@ -101,48 +105,59 @@ def check_replay_format(args: argparse.Namespace, config: Config) -> None:
 
 
 def serve(args: argparse.Namespace, config: Config, world: World) -> int:
-    """The daemon, with the other ranks (if any) following it."""
-    # Before Redis, restore (which deletes an uncommitted checkpoint) and any training.
-    with hold_store_lock(CheckpointStore(config.daemon.checkpoint_dir, config.serving.model_name)):
-        return serve_locked(args, config, world)
+    """The daemon, with the other ranks (if any) following it, inside the model store's lock and Redis."""
+    from alma_daemon.core.checkpoints import CheckpointStore
+    from alma_daemon.service.components import ComponentGraph
+    from alma_daemon.service.embedded_redis import RedisConnection
+    from alma_daemon.service.store_lock import StoreLock
+
+    redis = RedisConnection(config)
+    with ComponentGraph([StoreLock(CheckpointStore(config.daemon.checkpoint_dir, config.serving.model_name)), redis]):
+        return serve_on(args, config, world, redis.client)
 
 
-def serve_locked(args: argparse.Namespace, config: Config, world: World) -> int:
-    client = connect_redis(config)
-    replayer: ReplayThread | None = None
+def serve_on(args: argparse.Namespace, config: Config, world: World, client: Any) -> int:
+    from alma_daemon.infra.redis_keys import StreamKeys
+    from alma_daemon.observability.progress import ProgressBar
+    from alma_daemon.service.daemon import Daemon
+    from alma_daemon.service.rank_followers import RankLeader
+    from alma_daemon.service.signals import StepAbandoned
+    from alma_daemon.service.status import engine_counters, format_status, read_status, serving_state
+
+    keys = StreamKeys(config.daemon.stream)
+    # The bar starts at the chunks processed before a restart, which restore() reads too.
+    processed = int(engine_counters(client, keys).get("chunks_seen", 0))
+    bar = ProgressBar(args.until_chunks, enabled=not args.no_progress, initial=processed)
+    daemon: Daemon | None = None
+    # The bar is closed before any error is printed, so that no error shares its line.
     try:
-        # The bar starts at the chunks processed before a restart, which restore() reads too.
-        processed = int(engine_counters(client, StreamKeys(config.daemon.stream)).get("chunks_seen", 0))
-        bar = ProgressBar(args.until_chunks, enabled=not args.no_progress, initial=processed)
-        # The bar is closed before any error is printed, so that no error shares its line.
-        try:
-            daemon = Daemon(
-                config,
-                client,
-                until_chunks=args.until_chunks,
-                observers=[bar],
-                followers=RankLeader(world),
-                on_waiting=bar.show_waiting,
-            )
-            daemon.restore()
-            if args.replay:
-                replayer = ReplayThread(config, client, daemon.stop_requested, on_failure=daemon.request_stop)
-                replayer.start()
-            daemon.run()
-        except StepAbandoned as exc:
-            bar.close()
-            print_error(f"alma run: {exc}")
-            return 130
-        finally:
-            bar.close()
-            if replayer is not None:
-                daemon.request_stop()  # the replay thread stops with the daemon
-                replayer.stop()
-                if replayer.error is not None:
-                    print(f"alma run: replay failed: {error_text(replayer.error)}", file=sys.stderr)
-        if replayer is not None and replayer.error is not None:
-            return 1
-        print(format_status(read_status(client, daemon.keys, config.daemon.poll_seconds, serving_state(config))))
-        return 0
+        daemon = Daemon(
+            config,
+            client,
+            until_chunks=args.until_chunks,
+            observers=[bar],
+            followers=RankLeader(world),
+            on_waiting=bar.show_waiting,
+            replay=bool(args.replay),
+        )
+        daemon.run()
+    except StepAbandoned as exc:
+        bar.close()
+        print_error(f"alma run: {exc}")
+        return 130
     finally:
-        close_redis(client)
+        bar.close()
+        replay_error = replay_failure(daemon)
+        if replay_error is not None:
+            print(f"alma run: replay failed: {error_text(replay_error)}", file=sys.stderr)
+    if replay_error is not None:
+        return 1
+    print(format_status(read_status(client, keys, config.daemon.poll_seconds, serving_state(config))))
+    return 0
+
+
+def replay_failure(daemon: Daemon | None) -> BaseException | None:
+    """Why ``--replay``'s thread failed; None without it, or when it did not fail."""
+    if daemon is None or daemon.replayer is None:
+        return None
+    return daemon.replayer.error

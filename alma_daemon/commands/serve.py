@@ -11,8 +11,6 @@ import signal
 import sys
 
 from alma_daemon.cli import add_config_arguments, add_embedded_argument, config_overrides
-from alma_daemon.config import load_config
-from serving.torchserve_process import TorchServeProcess
 
 
 def add_parser(subparsers) -> None:
@@ -29,10 +27,17 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from alma_daemon.config import load_config
+    from alma_daemon.local_servers.torchserve import TorchServeServer
+
     config = load_config(args.config, config_overrides(args))
-    process = TorchServeProcess(config)
+    process = TorchServeServer.for_config(
+        config, report=lambda line: print(f"alma serve: {line}", file=sys.stderr, flush=True)
+    )
     if args.stop:
-        print("TorchServe stopped" if process.stop() else f"no TorchServe running from {process.folder}")
+        running = process.recorded_pid() is not None
+        process.stop()
+        print("TorchServe stopped" if running else f"no TorchServe running from {process.workdir}")
         return 0
     if config.serving.kind != "torchserve":
         print(
@@ -40,21 +45,24 @@ def run(args: argparse.Namespace) -> int:
             "serving.kind: torchserve",
             file=sys.stderr,
         )
-    pgid = process.start(report=lambda line: print(f"alma serve: {line}", file=sys.stderr, flush=True))
+    if args.foreground:
+        process.start()
+    else:
+        process.start_detached()  # it outlives this command
     serving = config.serving
     rows = [
         ("inference", serving.inference_url),
         ("management", serving.management_url),
         ("metrics", serving.metrics_url.rstrip("/") + "/metrics"),
         ("log", str(process.log_path)),
-        ("folder", str(process.folder)),
+        ("folder", str(process.workdir)),
     ]
     if serving.token_auth:
         rows.append(("keys", str(process.key_path)))
     # A worker loads a version when the daemon registers it: at niceness 19 on a busy host, the first
     # can take tens of seconds, which the daemon's log tells as it goes.
     rows.append(("workers", f"{serving.workers} per version, started as the daemon registers each one"))
-    print(f"TorchServe started (process group {pgid})")
+    print(f"TorchServe started (process group {process.pid})")
     for name, value in rows:
         print(f"{name:<11} {value}", flush=True)
     if not args.foreground:

@@ -6,12 +6,6 @@ import argparse
 from contextlib import ExitStack
 
 from alma_daemon.cli import add_config_arguments, check_config_under_ranks
-from alma_daemon.config import load_config
-from alma_daemon.observability.exporter import MetricsObserver, start_exporter
-from alma_daemon.observability.measure_words import summary_rows
-from alma_daemon.research.simulate import run_simulation
-from alma_daemon.runtime import resolve_device
-from alma_daemon.training.distributed import join_process_group, leave_process_group
 
 
 def add_parser(subparsers) -> None:
@@ -30,6 +24,8 @@ def add_parser(subparsers) -> None:
 
 
 def format_summary(summary: dict) -> str:
+    from alma_daemon.observability.measure_words import summary_rows
+
     rows = [
         *summary_rows(summary),
         ("cumulative training FLOPs", summary.get("cumulative_train_flops"), "{:.4g}"),
@@ -43,6 +39,12 @@ def format_summary(summary: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from alma_daemon.config import load_config
+    from alma_daemon.observability.exporter import MetricsObserver, start_exporter
+    from alma_daemon.research.simulate import run_simulation
+    from alma_daemon.runtime import resolve_device
+    from alma_daemon.training.distributed import join_process_group, leave_process_group
+
     overrides = list(args.overrides)
     if args.metrics_port is not None:
         overrides.append(f"metrics.port={args.metrics_port}")

@@ -9,16 +9,6 @@ import sys
 from pathlib import Path
 
 from alma_daemon.cli import add_config_arguments, add_embedded_argument, config_overrides
-from alma_daemon.config import load_config
-from alma_daemon.infra.outages import REDIS_UNREACHABLE, one_line
-from alma_daemon.infra.redis_keys import StreamKeys
-from alma_daemon.infra.unreachable import ServerUnreachable
-from alma_daemon.service.daemon import STATUS_FILE
-from alma_daemon.service.embedded_redis import close_redis, connect_redis, embedded_db_path
-from alma_daemon.service.status import format_local_status, format_status, local_status, read_status, serving_state
-
-#: A Redis that does not answer: at the connection (one line naming redis.url) or at a later command.
-REDIS_DOWN: tuple[type[BaseException], ...] = (*REDIS_UNREACHABLE, ServerUnreachable)
 
 
 def add_parser(subparsers) -> None:
@@ -32,6 +22,16 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from alma_daemon.config import load_config
+    from alma_daemon.infra.outages import REDIS_UNREACHABLE, one_line
+    from alma_daemon.infra.redis_keys import StreamKeys
+    from alma_daemon.infra.unreachable import ServerUnreachable
+    from alma_daemon.service.embedded_redis import close_redis, connect_redis, embedded_db_path
+    from alma_daemon.service.heartbeat import STATUS_FILE
+    from alma_daemon.service.status import format_local_status, format_status, local_status, read_status, serving_state
+
+    # A Redis that does not answer: at the connection (one line naming redis.url) or at a later command.
+    redis_down: tuple[type[BaseException], ...] = (*REDIS_UNREACHABLE, ServerUnreachable)
     config = load_config(args.config, config_overrides(args))
     if not config.redis.url and not embedded_db_path(config).parent.is_dir():
         print(
@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
             )
         finally:
             close_redis(client)
-    except REDIS_DOWN as exc:
+    except redis_down as exc:
         # Exit 1: the full status lives in Redis; print what the daemon's own file says meanwhile.
         local = local_status(
             Path(config.daemon.state_dir) / STATUS_FILE,

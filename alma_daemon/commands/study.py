@@ -6,8 +6,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-from alma_daemon.research.study import FULL, QUICK, describe, run_study
-
 #: The studies ``alma study`` knows, by name.
 STUDIES = ("paper",)
 
@@ -26,6 +24,8 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from alma_daemon.research.study import FULL, QUICK, describe, run_study
+
     scale = QUICK if args.quick else FULL
     if args.list:
         print(describe(scale=scale))

@@ -11,9 +11,6 @@ import json
 import sys
 
 from alma_daemon.cli import add_config_arguments, add_embedded_argument, config_overrides
-from alma_daemon.config import load_config
-from serving import make_publisher
-from serving.publisher import PublishError
 
 #: Versions the table shows without ``--last``: a daemon that has run a while has hundreds.
 DEFAULT_LAST = 20
@@ -52,6 +49,8 @@ def shown_versions(versions: list[int], live: int | None, last: int | None) -> l
 def version_rows(publisher, last: int | None = None) -> list[dict]:
     """One row per checkpoint version (the ``last`` newest and the live one, see
     :func:`shown_versions`), oldest first; ``registered`` only for servers that load versions."""
+    from serving.publisher import PublishError
+
     store = publisher.store
     live = publisher.live_version()
     try:
@@ -100,6 +99,9 @@ def _cell(value) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from alma_daemon.config import load_config
+    from serving import make_publisher
+
     config = load_config(args.config, config_overrides(args))
     publisher = make_publisher(config)
     if publisher is None:

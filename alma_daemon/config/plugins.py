@@ -39,7 +39,7 @@ class LearnerConfig(PluginConfig):
 
     name: Str = Field(
         default="sm",
-        description="The learner: sm, ens, umix, gens, gmoe, firefly, switch-lm, switch-lm-ens, switch-lm-gens, switch-lm-gmoe.",
+        description="The learner: {learners}.",
     )
 
     section = "learner"
@@ -56,7 +56,7 @@ class PolicyConfig(PluginConfig):
 
     name: Str = Field(
         default="fixed",
-        description="The waiting-time policy: fixed, geometric, adaptive, schedule, budget (docs/policies.md).",
+        description="The waiting-time policy: {policies} (docs/policies.md).",
     )
     grow_every: Int = Field(
         default=1, ge=0, description="Growing learners grow every k-th training stage (1 = every stage, 0 = never)."
@@ -89,3 +89,16 @@ def learner_config(data: dict[str, Any] | None = None, **values: Any) -> Learner
 def policy_config(data: dict[str, Any] | None = None, **values: Any) -> PolicyConfig:
     """The ``policy`` section from ``data`` and keyword ``values`` (``name`` picks the policy; default fixed)."""
     return cast(PolicyConfig, validate(PolicyConfig, {**(data or {}), **values}, prefix="policy."))
+
+
+#: The placeholders a description writes for the registered plugins' names, and their entry point groups.
+PLUGIN_NAME_LISTS = {"{learners}": "alma_daemon.learners", "{policies}": "alma_daemon.policies"}
+
+
+def with_plugin_names(description: str) -> str:
+    """``description`` with each placeholder of :data:`PLUGIN_NAME_LISTS` replaced by the names the
+    registry holds, so a description never lists plugins by hand (and never misses a new one)."""
+    for placeholder, group in PLUGIN_NAME_LISTS.items():
+        if placeholder in description:
+            description = description.replace(placeholder, ", ".join(plugin_models(group)))
+    return description

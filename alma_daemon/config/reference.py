@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from alma_daemon.config.base import PluginConfig
-from alma_daemon.config.plugins import LearnerConfig, PolicyConfig
+from alma_daemon.config.plugins import LearnerConfig, PolicyConfig, with_plugin_names
 from alma_daemon.config.sections import Config
 
 #: The generated files, relative to the repository root.
@@ -93,7 +93,7 @@ def keys(model: Any) -> list[Key]:
         extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
         derived = extra.get("derived")
         default = str(derived) if derived else yaml_value(info.get_default(call_default_factory=True))
-        out.append(Key(name, default, " ".join(description.split()), derived=bool(derived)))
+        out.append(Key(name, default, " ".join(with_plugin_names(description).split()), derived=bool(derived)))
     return out
 
 

@@ -33,8 +33,6 @@ import safetensors.torch
 import torch
 
 from alma_daemon.data.wire import (
-    DEFAULT_MAX_PART_BYTES,
-    HEADER_CONTENT_TYPE,
     RejectedRecord,
     StreamSchema,
     WireRecord,
@@ -42,10 +40,13 @@ from alma_daemon.data.wire import (
     _producer_tensors,
     _validate_labeled,
 )
-
-EVENT_JSON = "application/json"
-EVENT_ROWS = "application/vnd.alma.rows+safetensors"
-EVENT_CONTENT_TYPES = (EVENT_JSON, EVENT_ROWS)
+from alma_daemon.data.wire_format import (
+    DEFAULT_MAX_PART_BYTES,
+    EVENT_CONTENT_TYPES,
+    EVENT_JSON,
+    EVENT_ROWS,
+    HEADER_CONTENT_TYPE,
+)
 
 _NUMBER_TYPES = frozenset({int, float})
 

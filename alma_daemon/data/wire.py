@@ -22,50 +22,23 @@ from typing import Literal, TypeGuard
 import safetensors.torch
 import torch
 
-SCHEMA_VERSION = 1
-CONTENT_TYPE = "application/vnd.alma.safetensors"
-# Kafka's default message.max.bytes is 1 MiB for the whole batch; 900 KiB leaves room for the
-# key, the headers and the record-batch framing.
-DEFAULT_MAX_PART_BYTES = 900 * 1024
-
-HEADER_SCHEMA = "alma-schema"
-HEADER_STREAM = "alma-stream"
-HEADER_CHUNK = "alma-chunk"
-HEADER_PART = "alma-part"
-HEADER_PARTS = "alma-parts"
-HEADER_CONTENT_TYPE = "content-type"
-_KNOWN_HEADERS = frozenset({HEADER_SCHEMA, HEADER_STREAM, HEADER_CHUNK, HEADER_PART, HEADER_PARTS, HEADER_CONTENT_TYPE})
-
-#: Machine-readable rejection reasons, in a stable order so that metrics can pre-register every
-#: label value (a counter that exists at 0 makes "no rejections" visible in Prometheus).
-REJECT_REASONS: tuple[str, ...] = (
-    "schema",
-    "headers",
-    "stream",
-    "part_numbering",
-    "size",
-    "decode",
-    "dtype",
-    "shape",
-    "label_range",
-    "non_finite",
-    "value_range",
-    "chunk_order",
-    "chunk_ahead",
-    "fields",
+from alma_daemon.data.wire_format import (
+    CONTENT_TYPE,
+    DEFAULT_MAX_PART_BYTES,
+    HEADER_CHUNK,
+    HEADER_CONTENT_TYPE,
+    HEADER_PART,
+    HEADER_PARTS,
+    HEADER_SCHEMA,
+    HEADER_STREAM,
+    MAX_ID,
+    REJECT_REASONS,
+    SCHEMA_VERSION,
+    STREAM_NAME_RE,
 )
 
-#: Stream names end up inside the Redis hash tag ``{<stream>}`` and in the key ``<stream>/<chunk>``,
-#: so braces, slashes, colons and whitespace are excluded.
-STREAM_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+_KNOWN_HEADERS = frozenset({HEADER_SCHEMA, HEADER_STREAM, HEADER_CHUNK, HEADER_PART, HEADER_PARTS, HEADER_CONTENT_TYPE})
 
-#: Chunk ids and part counts score the Redis ``ready`` zset, whose scores are doubles: ids above
-#: 2**53 - 1 would silently collide there.
-MAX_ID = 2**53 - 1
-#: How far ahead of the newest completed chunk a chunk id may be, by default
-#: (the config's ``daemon.max_chunks_ahead``). Without a bound one record with a huge id completes,
-#: and every later chunk of the stream is older than it.
-DEFAULT_MAX_CHUNKS_AHEAD = 1000
 _DECIMAL_RE = re.compile(rb"0|[1-9][0-9]{0,15}")
 
 _X_DTYPES: dict[str, torch.dtype] = {"uint8": torch.uint8, "float32": torch.float32}

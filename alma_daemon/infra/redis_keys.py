@@ -7,7 +7,7 @@ docs/architecture.md, "Redis keys".
 
 from __future__ import annotations
 
-from alma_daemon.data.wire import STREAM_NAME_RE
+from alma_daemon.data.wire_format import STREAM_NAME_RE
 
 #: The Redis database's own identity, one for all the streams it holds (no hash tag: it belongs to no
 #: stream): made by the first daemon that starts on it, and recorded in each model store's

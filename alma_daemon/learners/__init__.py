@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from alma_daemon.config import LearnerConfig
 from alma_daemon.config.registry import PluginRegistry
-from alma_daemon.data.datasets import TaskInfo
-from alma_daemon.learners.base import Learner, config_from_spec
+
+if TYPE_CHECKING:
+    from alma_daemon.data.datasets import TaskInfo
+    from alma_daemon.learners.base import Learner
 
 #: Modules whose import registers the built-in learners; add a line here for a new learner.
 BUILTIN_MODULES: list[str] = [
@@ -40,6 +44,8 @@ def build_learner(name: str, task: TaskInfo, config: LearnerConfig, seed: int) -
 
 def learner_from_spec(spec: dict) -> Learner:
     """Rebuild the architecture described by a learner's ``spec()`` (weights are loaded separately)."""
+    from alma_daemon.learners.base import config_from_spec
+
     cls = learner_class(spec["learner"])
     task, config = config_from_spec(spec, cls.config_model)
     learner = cls(task, config, int(spec["seed"]), arch=spec["arch"])
@@ -49,12 +55,27 @@ def learner_from_spec(spec: dict) -> Learner:
 
 
 def learner_config_models() -> dict[str, type[LearnerConfig]]:
-    """Each learner's config model by name: the ``learner`` section is their union, discriminated by name."""
-    return _REGISTRY.config_models()
+    """Each learner's config model by name: the ``learner`` section is their union, discriminated by name.
+
+    The built-ins' come from ``learners/configs.py`` without importing the learners (and torch with
+    them), so that reading a config stays light; then those of learners registered from elsewhere."""
+    from alma_daemon.learners.configs import BUILTIN_CONFIGS
+
+    return {**BUILTIN_CONFIGS, **{name: cls.config_model for name, cls in LEARNERS.items()}}
 
 
 def learner_names() -> list[str]:
     return _REGISTRY.names()
+
+
+def __getattr__(name: str) -> Any:
+    # The learner interface is imported on first use, not with the package: the config reads its
+    # learners' models through this package, and the interface imports torch.
+    if name == "Learner":
+        from alma_daemon.learners.base import Learner
+
+        return Learner
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [

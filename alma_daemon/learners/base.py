@@ -18,14 +18,12 @@ from dataclasses import replace
 from typing import Any, ClassVar, TypeVar
 
 import torch
-from pydantic import Field
-from pydantic.dataclasses import dataclass
 from torch import nn
 
 from alma_daemon.config import ConfigError, LearnerConfig, validate
-from alma_daemon.config.base import PLUGIN_SECTION, Int, Str
 from alma_daemon.data.datasets import TaskInfo
 from alma_daemon.data.tensors import LabeledData
+from alma_daemon.learners.configs import BackboneConfig
 from alma_daemon.learners.growth_report import GrowthReport
 from alma_daemon.measures import Measure, Measurement, task_measure
 from alma_daemon.models.backbones import Backbone, Normalize, backbone_layers, inputs_standardized_outside
@@ -62,30 +60,6 @@ def seeded_members(learner: Learner, indices: range, build: Callable[[], ModuleT
     checkpoint is loaded, whatever the order members were created in.
     """
     return [seeded_build(derive_seed(learner.build_seed, "member", i), build) for i in indices]
-
-
-@dataclass(config=PLUGIN_SECTION)
-class BackboneConfig(LearnerConfig):
-    """Keys of the learners built from the image backbones (MLP, reduced VGG19-BN)."""
-
-    width: Int = Field(
-        default=64,
-        gt=0,
-        description="Hidden units (MLP) or channels (VGG) of every layer of the backbone (unused with learner.model).",
-    )
-    model: Str | None = Field(
-        default=None,
-        description="A team's own network instead of the paper's backbone: 'package.module:factory', a function of "
-        "the task returning a torch.nn.Module from a batch of inputs to logits, imported from an installed package "
-        "or the working directory (docs/your-model.md). Every member is built from it, each from its own seed.",
-    )
-    init_weights: Str | None = Field(
-        default=None,
-        description="Start the stream from the deployed model: a .safetensors file of learner.model's state dict "
-        "(every member of sm, ens and umix starts from it; gens's first member), or a version's weights.safetensors "
-        "in a model store (the live one: alma status names it) of the same learner. None = random weights. Ignored "
-        "when the daemon resumes from a checkpoint.",
-    )
 
 
 class Learner(ABC):
@@ -150,12 +124,13 @@ class Learner(ABC):
 
     @classmethod
     def contract_cases(cls) -> list[tuple[str, dict]]:
-        """(task name, learner config overrides) pairs the shared contract test runs this learner on.
+        """(task name, learner config overrides) pairs the shared contract test runs this learner on: at
+        least one for each kind of :attr:`task_kinds`.
 
-        Task names are defined in tests/test_learner_contract.py: "mlp" (MNIST-shaped images),
-        "vgg" (CIFAR-shaped images) and "tokens" (a small language-modeling task).
+        Task names are defined in tests/helpers/contract.py: "mlp" (MNIST-shaped images), "vgg"
+        (CIFAR-shaped images), "tokens" (a small language-modeling task) and "regression" (five features).
         """
-        return [("mlp", {}), ("vgg", {"width": 4})]
+        return [("mlp", {}), ("vgg", {"width": 4}), ("regression", {})]
 
     def grow(self, val: LabeledData, trainer: Trainer) -> GrowthReport:
         """Grow the architecture before a training stage; returns what grew and what choosing it cost."""

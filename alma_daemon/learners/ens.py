@@ -8,18 +8,16 @@ own initialization, shuffling and early stopping, with the results of training t
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import ClassVar, Literal, cast
+from typing import ClassVar, cast
 
 import torch
-from pydantic import Field
-from pydantic.dataclasses import dataclass
 from torch import nn
 
 from alma_daemon.config import LearnerConfig
-from alma_daemon.config.base import PLUGIN_SECTION, Int
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import register_learner
 from alma_daemon.learners.base import BackboneConfig, Learner, build_network, seeded_members
+from alma_daemon.learners.configs import EnsembleConfig
 from alma_daemon.training.distributed import train_members
 from alma_daemon.training.loop import FitReport, Trainer
 from alma_daemon.training.losses import TaskLoss
@@ -60,14 +58,6 @@ def average_member_proba(members: list[nn.Module] | nn.ModuleList, x: torch.Tens
 def average_member_output(members: list[nn.Module] | nn.ModuleList, x: torch.Tensor) -> torch.Tensor:
     """The members' mean raw output: a regression's standardized prediction (the mean of affine answers)."""
     return torch.stack([m(x) for m in members]).mean(0)
-
-
-@dataclass(config=PLUGIN_SECTION)
-class EnsembleConfig(BackboneConfig):
-    """Ens: the backbone's width and the number of members."""
-
-    name: Literal["ens"] = "ens"
-    members: Int = Field(default=5, gt=0, description="Independent backbones, each initialized from its own seed.")
 
 
 @register_learner

@@ -31,19 +31,16 @@ import math
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
 
-import pydantic.dataclasses
 import torch
 import torch.nn.functional as F
-from pydantic import Field
 from torch import nn
 
-from alma_daemon.config.base import PLUGIN_SECTION, ConfigError, Float
 from alma_daemon.data.datasets import TaskInfo
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import register_learner
-from alma_daemon.learners.base import BackboneConfig, SingleNetwork
+from alma_daemon.learners.base import SingleNetwork
+from alma_daemon.learners.configs import FireflyConfig
 from alma_daemon.learners.growing import GrowsOnceTrained
 from alma_daemon.learners.growth_report import GrowthReport
 from alma_daemon.models.backbones import is_image_task
@@ -348,26 +345,6 @@ def firefly_step(
         "loss_before": loss_before,
         "loss_after": loss_after,
     }
-
-
-@pydantic.dataclasses.dataclass(config=PLUGIN_SECTION)
-class FireflyConfig(BackboneConfig):
-    """Firefly: the backbone's (initial) width and how much each growth step adds."""
-
-    name: Literal["firefly"] = "firefly"
-
-    def __post_init__(self) -> None:
-        if self.model is not None:
-            raise ConfigError(
-                "learner.model: firefly grows the paper's MLP and VGG by splitting and adding units inside their "
-                "layers, which it cannot do to a module it did not build; use sm, ens, umix, gens or gmoe"
-            )
-
-    growth_rate: Float = Field(
-        default=0.25,
-        ge=0,
-        description="Parameters added per growth step as a share of the initial count (linear growth).",
-    )
 
 
 @register_learner

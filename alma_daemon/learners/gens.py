@@ -14,27 +14,14 @@ Without a growth step (``policy.grow_every`` > 1) a stage fine-tunes the newest 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Literal
 
-from pydantic import Field
-from pydantic.dataclasses import dataclass
-
-from alma_daemon.config.base import PLUGIN_SECTION, Int
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import register_learner
-from alma_daemon.learners.base import BackboneConfig
+from alma_daemon.learners.configs import GrowingEnsembleConfig
 from alma_daemon.learners.ens import Ensemble
 from alma_daemon.learners.growing_ensemble import GrowsByMembers
 from alma_daemon.learners.growth_report import GrowthReport
 from alma_daemon.training.loop import Trainer
-
-
-@dataclass(config=PLUGIN_SECTION)
-class GrowingEnsembleConfig(BackboneConfig):
-    """gEns: the backbone's width and the members added per growth step."""
-
-    name: Literal["gens"] = "gens"
-    grow_members: Int = Field(default=1, gt=0, description="Members added per growth step (k).")
 
 
 @register_learner

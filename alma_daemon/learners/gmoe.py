@@ -16,18 +16,15 @@ data, not the last one's.
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
-from pydantic import Field
-from pydantic.dataclasses import dataclass
 from torch import nn
 
-from alma_daemon.config.base import PLUGIN_SECTION, ConfigError
+from alma_daemon.config.base import ConfigError
 from alma_daemon.data.datasets import TaskInfo
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import register_learner
-from alma_daemon.learners.base import BackboneConfig, SingleNetwork, network_layers, seeded_build
+from alma_daemon.learners.base import SingleNetwork, network_layers, seeded_build
+from alma_daemon.learners.configs import GrowingMixtureOfExpertsConfig
 from alma_daemon.learners.growing import GrowsOnceTrained
 from alma_daemon.learners.growth_report import GrowthReport
 from alma_daemon.models.backbones import Backbone, Normalize
@@ -79,24 +76,6 @@ def cumulative_losses(net: Backbone, data: LabeledData, task_loss: TaskLoss) -> 
     return totals
 
 
-@dataclass(config=PLUGIN_SECTION)
-class GrowingMixtureOfExpertsConfig(BackboneConfig):
-    """gMoE: the backbone's width and how the experts are gated."""
-
-    name: Literal["gmoe"] = "gmoe"
-    gating: Literal["soft", "hard"] = Field(
-        default="soft",
-        description='"soft" (softmax gates) or "hard" (straight-through in training, argmax at test time).',
-    )
-
-    def __post_init__(self) -> None:
-        if self.init_weights is not None:
-            raise ConfigError(
-                "learner.init_weights: gmoe's first layers are mixtures of experts, which a deployed model's "
-                "weights do not fit; start sm, ens, umix or gens from them"
-            )
-
-
 @register_learner
 class GrowingMixtureOfExperts(GrowsOnceTrained, SingleNetwork):
     """SM whose first two layers are tree-gated mixtures that split their losing expert at each growth step.
@@ -113,7 +92,7 @@ class GrowingMixtureOfExperts(GrowsOnceTrained, SingleNetwork):
 
     @classmethod
     def contract_cases(cls) -> list[tuple[str, dict]]:
-        return [("mlp", {}), ("vgg", {"width": 4}), ("mlp", {"gating": "hard"})]
+        return [("mlp", {}), ("vgg", {"width": 4}), ("mlp", {"gating": "hard"}), ("regression", {})]
 
     def initial_architecture(self) -> dict:
         return {"trees": [LEAF] * MIXTURE_LAYERS, "trained": False}

@@ -2,21 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
-from pydantic.dataclasses import dataclass
 from torch import nn
 
-from alma_daemon.config.base import PLUGIN_SECTION
 from alma_daemon.learners import register_learner
-from alma_daemon.learners.base import BackboneConfig, SingleNetwork, build_network
-
-
-@dataclass(config=PLUGIN_SECTION)
-class SingleModelConfig(BackboneConfig):
-    """sm reads only the backbone's width."""
-
-    name: Literal["sm"] = "sm"
+from alma_daemon.learners.base import SingleNetwork, build_network
+from alma_daemon.learners.configs import SingleModelConfig
 
 
 @register_learner

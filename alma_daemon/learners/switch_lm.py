@@ -11,19 +11,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import ClassVar, Literal
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
-from pydantic import Field
-from pydantic.dataclasses import dataclass
 from torch import nn
 
 from alma_daemon.config import LearnerConfig
-from alma_daemon.config.base import PLUGIN_SECTION, Float, Int
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import register_learner
 from alma_daemon.learners.base import Learner
+from alma_daemon.learners.configs import LanguageModelConfig, SwitchLanguageModelConfig
 from alma_daemon.measures import Measurement
 from alma_daemon.models.switch import SwitchLM, SwitchLMConfig
 from alma_daemon.training.flops import FlopMeter
@@ -50,29 +48,6 @@ def validation_loss(net: nn.Module, val: LabeledData, meter: FlopMeter) -> float
         return meter.run(("val", tuple(x.shape)), lambda: net(x).logits.log_softmax(-1))
 
     return token_nll(log_proba, val, val.x.device)
-
-
-@dataclass(config=PLUGIN_SECTION)
-class LanguageModelConfig(LearnerConfig):
-    """Keys of every Switch LM learner: the size of one Switch Transformer LM (Fedus et al. 2021)."""
-
-    experts: Int = Field(default=4, gt=0, description="Experts per Switch layer.")
-    layers: Int = Field(default=2, gt=0, description="Transformer blocks.")
-    d_model: Int = Field(default=128, gt=0, description="Model width.")
-    heads: Int = Field(default=4, gt=0, description="Attention heads.")
-    d_ff: Int = Field(default=512, gt=0, description="Expert FFN width.")
-    dropout: Float = Field(default=0.1, ge=0, description="Dropout rate.")
-    capacity_factor: Float = Field(
-        default=1.0, gt=0, description="Tokens over an expert's capacity skip the FFN through the residual."
-    )
-    balance_loss_weight: Float = Field(default=0.01, ge=0, description="Weight of the load-balancing loss.")
-
-
-@dataclass(config=PLUGIN_SECTION)
-class SwitchLanguageModelConfig(LanguageModelConfig):
-    """switch-lm reads only the LM's size."""
-
-    name: Literal["switch-lm"] = "switch-lm"
 
 
 class LanguageModel(Learner):

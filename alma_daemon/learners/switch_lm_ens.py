@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import math
-from typing import ClassVar, Literal, cast
+from typing import ClassVar, cast
 
 import torch
-from pydantic import Field
-from pydantic.dataclasses import dataclass
 from torch import nn
 
 from alma_daemon.config import LearnerConfig
-from alma_daemon.config.base import PLUGIN_SECTION, Int
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import register_learner
 from alma_daemon.learners.base import seeded_members
-from alma_daemon.learners.switch_lm import LanguageModel, LanguageModelConfig
+from alma_daemon.learners.configs import SwitchLMEnsembleConfig
+from alma_daemon.learners.switch_lm import LanguageModel
 from alma_daemon.training.distributed import train_members
 from alma_daemon.training.loop import FitReport, Trainer
 
@@ -24,14 +22,6 @@ def mixture_log_proba(members: nn.ModuleList, x: torch.Tensor) -> torch.Tensor:
     """log of the members' mean next-token probability, computed stably in log space."""
     log_probas = torch.stack([m(x).logits.log_softmax(-1) for m in members])
     return log_probas.logsumexp(0) - math.log(len(members))
-
-
-@dataclass(config=PLUGIN_SECTION)
-class SwitchLMEnsembleConfig(LanguageModelConfig):
-    """switch-lm-ens: the size of each LM and the number of members."""
-
-    name: Literal["switch-lm-ens"] = "switch-lm-ens"
-    members: Int = Field(default=5, gt=0, description="Switch LMs, each initialized from its own seed.")
 
 
 @register_learner

@@ -8,24 +8,10 @@ from its data.
 
 from __future__ import annotations
 
-from typing import Literal
-
-from pydantic import Field
-from pydantic.dataclasses import dataclass
-
-from alma_daemon.config.base import PLUGIN_SECTION, Int
 from alma_daemon.learners import register_learner
+from alma_daemon.learners.configs import GrowingSwitchLMEnsembleConfig
 from alma_daemon.learners.growing_ensemble import GrowsByMembers
-from alma_daemon.learners.switch_lm import LanguageModelConfig
 from alma_daemon.learners.switch_lm_ens import SwitchLMEnsemble
-
-
-@dataclass(config=PLUGIN_SECTION)
-class GrowingSwitchLMEnsembleConfig(LanguageModelConfig):
-    """switch-lm-gens: the size of each LM and the members added per growth step."""
-
-    name: Literal["switch-lm-gens"] = "switch-lm-gens"
-    grow_members: Int = Field(default=1, gt=0, description="Members added per growth step.")
 
 
 @register_learner

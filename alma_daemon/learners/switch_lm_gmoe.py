@@ -10,20 +10,16 @@ that ranks the experts are charged to the stage's training FLOPs by the engine.
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 import torch.nn.functional as F
-from pydantic import Field
-from pydantic.dataclasses import dataclass
 from torch import nn
 
-from alma_daemon.config.base import PLUGIN_SECTION, Int
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import register_learner
+from alma_daemon.learners.configs import GrowingSwitchLMConfig
 from alma_daemon.learners.growing import GrowsOnceTrained
 from alma_daemon.learners.growth_report import GrowthReport
-from alma_daemon.learners.switch_lm import LM_EVAL_BATCH, LanguageModelConfig, SwitchLanguageModel
+from alma_daemon.learners.switch_lm import LM_EVAL_BATCH, SwitchLanguageModel
 from alma_daemon.models.switch import SwitchLM
 from alma_daemon.training.flops import count_flops
 from alma_daemon.training.loop import Trainer
@@ -41,14 +37,6 @@ def expert_losses(net: SwitchLM, val: LabeledData, device: torch.device) -> list
             for total, route in zip(totals, out.routes):
                 total.index_add_(0, route, loss)  # evaluation has no capacity limit: every route is >= 0
     return totals
-
-
-@dataclass(config=PLUGIN_SECTION)
-class GrowingSwitchLMConfig(LanguageModelConfig):
-    """switch-lm-gmoe: the LM's initial size and the experts copied per growth step."""
-
-    name: Literal["switch-lm-gmoe"] = "switch-lm-gmoe"
-    grow_experts: Int = Field(default=2, gt=0, description="Experts copied per growth step (top-k by validation loss).")
 
 
 @register_learner

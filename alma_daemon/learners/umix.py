@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
-from pydantic import Field
-from pydantic.dataclasses import dataclass
 from torch import nn
 
-from alma_daemon.config.base import PLUGIN_SECTION, Int
 from alma_daemon.learners import register_learner
-from alma_daemon.learners.base import BackboneConfig, SingleNetwork
+from alma_daemon.learners.base import SingleNetwork
+from alma_daemon.learners.configs import UniformMixtureConfig
 from alma_daemon.learners.ens import independent_members
 
 
@@ -24,14 +20,6 @@ class LogitAverage(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.stack([m(x) for m in self.members]).mean(0)
-
-
-@dataclass(config=PLUGIN_SECTION)
-class UniformMixtureConfig(BackboneConfig):
-    """UMix: the backbone's width and the number of members."""
-
-    name: Literal["umix"] = "umix"
-    members: Int = Field(default=5, gt=0, description="Backbones whose averaged logits are trained end to end.")
 
 
 @register_learner

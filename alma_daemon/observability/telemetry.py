@@ -23,7 +23,7 @@ import math
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
-from alma_daemon.data.wire import REJECT_REASONS
+from alma_daemon.data.wire_format import REJECT_REASONS
 
 # The *_created series double every counter and histogram and no dashboard uses them.
 disable_created_metrics()

@@ -3,7 +3,8 @@
 A study is a list of experiments (each a grid of config values, like ``alma grid``), run once per
 seed through the same engine as ``alma simulate``, one folder per run under ``OUT/runs/``. A run
 whose ``results.json`` is complete and whose config is the planned one is not run again, so a study
-interrupted and started again with the same ``--out`` goes on where it stopped. Then every finding
+interrupted and started again with the same ``--out`` goes on where it stopped (the run pool:
+:mod:`alma_daemon.research.run_pool`). Then every finding
 of :mod:`alma_daemon.research.findings` is judged on the runs, and ``findings.json``, ``report.md``,
 ``report.html`` and the figures are written.
 
@@ -13,19 +14,17 @@ user runs; docs/findings.md says why they are what they are.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from alma_daemon.config import build_config, set_dotted, to_dict
 from alma_daemon.core.atomic_json import write_json_atomic
 from alma_daemon.logs import error_text
-from alma_daemon.observability.results import read_results
 from alma_daemon.research.findings import F3_WAIT, FINDINGS, RunResult, judge_all
 from alma_daemon.research.grid import expand_grid
+from alma_daemon.research.run_pool import PoolRun, RunFolders, folder_results, resume, run_each, simulate_on_one_thread
 
 
 @dataclass(frozen=True)
@@ -206,38 +205,10 @@ def plan_runs(experiments: list[Experiment], seeds: int, out: Path) -> list[Plan
     return runs
 
 
-def finished_results(run: PlannedRun) -> dict | None:
-    """The run's results when its folder holds the whole stream for the planned config, else None."""
-    path = run.folder / "results.json"
-    if not path.is_file():
-        return None
-    try:
-        results = read_results(path)
-    except (OSError, ValueError):
-        return None
-    if json.loads(json.dumps(run.config)) != results.get("config"):
-        return None  # another scale or code version wrote it: run it again
-    if results.get("summary", {}).get("chunks") != run.config["stream"]["megabatches"]:
-        return None
-    return results
-
-
 def execute_run(config: dict, folder: str) -> float:
-    """Run one planned simulation into ``folder`` on one torch thread; return its wall seconds.
-
-    One thread per run makes a run's figures independent of ``--jobs`` (the thread count changes
-    the order of floating-point sums)."""
-    import torch
-
-    from alma_daemon.research.simulate import run_simulation
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    """Run one planned simulation into ``folder``; return its wall seconds."""
     start = time.perf_counter()
-    try:
-        run_simulation(build_config(config), folder, progress=False)
-    finally:
-        torch.set_num_threads(threads)
+    simulate_on_one_thread(build_config(config), folder)
     return time.perf_counter() - start
 
 
@@ -293,9 +264,10 @@ def run_study(
     experiments = experiments if experiments is not None else paper_experiments(scale)
     seeds = seeds if seeds is not None else scale.seeds
     runs = plan_runs(experiments, seeds, out)
-    finished = {r.label: finished_results(r) for r in runs}
-    done = {label: res["summary"].get("wall_seconds", 0.0) for label, res in finished.items() if res}
-    todo = [r for r in runs if not finished[r.label]]
+    planned = {r.label: r for r in runs}
+    folders = RunFolders({r.label: (r.folder, r.config) for r in runs})
+    finished, todo = resume([PoolRun(r.label, execute_run, (r.config, str(r.folder))) for r in runs], folders)
+    done = {label: results["summary"].get("wall_seconds", 0.0) for label, results in finished.items()}
     write_json_atomic(
         out / "study.json",
         {"scale": scale.name, "seeds": seeds, "experiments": [e.__dict__ for e in experiments], "runs": len(runs)},
@@ -303,23 +275,18 @@ def run_study(
     say(f"study {scale.name}: {len(runs)} runs ({seeds} seed(s)); {len(done)} already finished in {out}")
     progress = Progress(runs, done, jobs, say)
     failures = {}
-    if jobs <= 1:
-        for run in todo:
-            try:
-                progress.report(run, execute_run(run.config, str(run.folder)))
-            except Exception as exc:  # one failed run must not lose the others' hours
-                failures[run.label] = error_text(exc)
-                progress.report(run, None, failures[run.label])
-    else:
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
-            futures = {pool.submit(execute_run, r.config, str(r.folder)): r for r in todo}
-            for future in as_completed(futures):
-                run = futures[future]
-                try:
-                    progress.report(run, future.result())
-                except Exception as exc:
-                    failures[run.label] = error_text(exc)
-                    progress.report(run, None, failures[run.label])
+
+    def failed(run: PoolRun, exc: Exception) -> None:
+        failures[run.key] = error_text(exc)
+        progress.report(planned[run.key], None, failures[run.key])
+
+    run_each(
+        todo,
+        folders,
+        jobs=jobs,
+        on_done=lambda run, seconds: progress.report(planned[run.key], seconds),
+        on_failed=failed,
+    )
     results = collect(runs)
     # A seed with runs missing (failed, or the study was stopped) is left out of every verdict: a
     # rule must not compare one seed's finished runs with another seed's.
@@ -341,7 +308,7 @@ def collect(runs: list[PlannedRun]) -> list[RunResult]:
     """The finished runs as the rules read them."""
     results = []
     for run in runs:
-        res = finished_results(run)
+        res = folder_results(run.folder, run.config)
         if res is None:
             continue
         errors = [r.get("test_error") for r in res["series"]]

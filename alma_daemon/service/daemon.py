@@ -1,4 +1,4 @@
-"""``alma run``: the long-lived service around the engine; :class:`Daemon` coordinates its parts.
+"""``alma run``: the long-lived service around the engine; :class:`Daemon` runs its parts and its main loop.
 
 One record's path: ingest (``service/ingest/``, its own thread) stores parts in Redis and marks complete
 chunks ready -> the main loop here takes the oldest ready chunk (``redis_buffer.ReadyChunks``) ->
@@ -6,12 +6,13 @@ chunks ready -> the main loop here takes the oldest ready chunk (``redis_buffer.
 MULTI/EXEC commits the step (``step_commit.py``) -> the new version goes to the publisher
 (``publish_handoff.py``). See docs/architecture.md for the threads and who owns what.
 
-The parts, one job each: ``bootstrap.py`` (the engine as the last committed step left it, resume
-after a crash), ``step_commit.py`` (the commit, dead-lettering), ``redis_outage.py`` (riding out
+The daemon's parts (``daemon_parts.py``: followers, engine, replay, heartbeat, signals, publisher,
+ingest, scheduler, metrics, health) are components (``components.py``) that start in dependency
+order and stop in reverse, each stop on its own, whatever failed. The modules, one job each:
+``bootstrap.py`` (the engine as the last committed step left it, resume after a crash), ``step_commit.py`` (the commit, dead-lettering), ``redis_outage.py`` (riding out
 Redis), ``heartbeat.py`` (status in Redis and on disk), ``health.py`` (health and ``/readyz``),
 ``gauges.py``, ``signals.py`` (stop signals), ``publish_handoff.py`` and ``scheduler.py`` (the
 periodic jobs), ``rank_followers.py`` (under torchrun, the other ranks run each step with this one).
-Every thread is stopped and joined before :meth:`Daemon.run` returns, whatever failed.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +31,13 @@ from alma_daemon.core.checkpoints import CheckpointStore
 from alma_daemon.core.engine import Engine, EngineObserver
 from alma_daemon.data.stream_task import StreamTask, load_stream_task
 from alma_daemon.data.wire import RejectedRecord, StreamSchema
-from alma_daemon.infra.outages import REDIS_UNREACHABLE, OutageBoard, one_line
+from alma_daemon.infra.outages import REDIS_UNREACHABLE, OutageBoard
 from alma_daemon.infra.redis_keys import StreamKeys
 from alma_daemon.observability import telemetry
-from alma_daemon.observability.exporter import Exporter, MetricsObserver, start_exporter
-from alma_daemon.service.bootstrap import event_stream, redis_location, redis_name, restore_engine, stream_schema
+from alma_daemon.observability.exporter import MetricsObserver
+from alma_daemon.service.bootstrap import redis_location, redis_name, restore_engine, stream_schema
+from alma_daemon.service.components import ComponentGraph, started
+from alma_daemon.service.daemon_parts import daemon_parts
 from alma_daemon.service.engine_store import EngineStateStore
 from alma_daemon.service.gauges import update_buffer_gauge
 from alma_daemon.service.health import Health
@@ -44,11 +48,10 @@ from alma_daemon.service.rank_followers import RankLeader
 from alma_daemon.service.redis_buffer import ReadyChunks, RedisBuffer
 from alma_daemon.service.redis_outage import RedisOutage
 from alma_daemon.service.reorder import NextChunk, ReorderGate
-from alma_daemon.service.scheduler import build_scheduler
+from alma_daemon.service.replay_thread import ReplayThread
 from alma_daemon.service.signals import StopSignals
 from alma_daemon.service.step_commit import StepCommit
 from alma_daemon.service.stream_identity import StreamIdentity
-from alma_daemon.transports import build_source
 from serving import build_publisher
 
 log = logging.getLogger(__name__)
@@ -67,7 +70,8 @@ def server_addresses(config: Config) -> dict[str, str]:
 
 
 class Daemon:
-    """Ingest beside the engine, periodic jobs, clean stop, exact resume."""
+    """Ingest beside the engine, periodic jobs, clean stop, exact resume: the parts of
+    ``daemon_parts.py`` run as a graph around the main loop here."""
 
     def __init__(
         self,
@@ -78,9 +82,11 @@ class Daemon:
         observers: list[EngineObserver] | tuple[EngineObserver, ...] = (),
         followers: RankLeader | None = None,
         on_waiting: Callable[[str], None] = lambda waiting_for: None,
+        replay: bool = False,
     ):
         """``on_waiting`` is told what the daemon waits for whenever that changes (empty: it works),
-        for the progress bar."""
+        for the progress bar. ``replay``: publish the configured dataset into the stream from a
+        thread (``alma run --replay``)."""
         self.config = config
         self.client = client
         self.keys = StreamKeys(config.daemon.stream)
@@ -94,12 +100,12 @@ class Daemon:
         self.stop_requested = threading.Event()
         self.wake = threading.Event()
         self.policy_check_due = threading.Event()
+        #: Set by :meth:`restore` (the schema, engine and buffer) and by the ingest part.
         self.schema: StreamSchema | None = None
-        self.engine: Engine | None = None
-        self.buffer: RedisBuffer | None = None
+        self._engine: Engine | None = None
+        self._buffer: RedisBuffer | None = None
         self.ingest: IngestWorker | None = None
         self.metrics = MetricsObserver()
-        self.exporter: Exporter | None = None
         self.handoff = PublishHandoff(build_publisher(config))
         self.outages = OutageBoard(config.daemon.outage_limit_seconds, server_addresses(config))
         self.on_waiting = on_waiting
@@ -115,68 +121,60 @@ class Daemon:
             redis_name(config),
             config.daemon.outage_limit_seconds,
         )
-        self.identity: StreamIdentity | None = None
-        self.steps: StepCommit | None = None
-        self._task: StreamTask | None = None
+        self.store = CheckpointStore(config.daemon.checkpoint_dir, config.serving.model_name)
+        self.identity = StreamIdentity(client, self.keys, self.store, redis_name(config), redis_location(config))
+        self.steps = StepCommit(client, self.keys, self.state_store, self.identity)
+        self.replayer = (
+            ReplayThread(config, client, self.stop_requested, on_failure=self.request_stop) if replay else None
+        )
         self._in_step = False
+        self.parts = ComponentGraph(daemon_parts(self))
+
+    @property
+    def engine(self) -> Engine:
+        return started(self._engine, "engine")
+
+    @property
+    def buffer(self) -> RedisBuffer:
+        return started(self._buffer, "engine")
+
+    @property
+    def restored(self) -> bool:
+        """Whether the engine is restored (and not being reloaded)."""
+        return self._engine is not None
+
+    @cached_property
+    def stream_task(self) -> StreamTask:
+        """The task and the test set, read at the first restore."""
+        return load_stream_task(self.config)
 
     # -- start-up ---------------------------------------------------------------------------------
     def restore(self) -> Engine:
-        """The engine as the last committed step left it (a fresh one on first start)."""
-        if self._task is None:
-            self._task = load_stream_task(self.config)
-        task = self._task.task
+        """The engine as the last committed step left it (a fresh one on first start); the first
+        restore checks the stream's identity."""
+        task = self.stream_task.task
         self.schema = stream_schema(task, self.config)
         if task.kind == "language_model":
             self.ready = ReadyChunks(self.client, self.keys, seq_len=task.input_shape[0])
-        store = CheckpointStore(self.config.daemon.checkpoint_dir, self.config.serving.model_name)
-        if self.identity is None:
-            self.identity = StreamIdentity(
-                self.client, self.keys, store, redis_name(self.config), redis_location(self.config)
-            )
+        if self.identity.value is None:
             self.identity.establish()
-            self.steps = StepCommit(self.client, self.keys, self.state_store, self.identity)
         observers = [self.metrics, self.handoff.clock, self.followers, *self.extra_observers]
-        self.engine, self.buffer = restore_engine(
-            self.config, self.client, self.keys, self.state_store, self._task, store, observers
+        engine, self._buffer = restore_engine(
+            self.config, self.client, self.keys, self.state_store, self.stream_task, self.store, observers
         )
-        self.followers.engine_restored(self.engine, self.buffer)
-        self.metrics.sync(self.engine)
-        return self.engine
+        self._engine = engine
+        self.followers.engine_restored(engine, self._buffer)
+        self.metrics.sync(engine)
+        return engine
 
     # -- the main loop ----------------------------------------------------------------------------
     def run(self) -> None:
-        """Serve until stopped (signal, :meth:`request_stop`) or ``until_chunks`` chunks are processed."""
-        if self.engine is None:
-            self.restore()
-        assert self.schema is not None
-        scheduler = build_scheduler(self, self.config.daemon.poll_seconds)
-        # Everything that opens a connection, a thread or a signal handler is inside the try: a
-        # start-up that fails half-way (Redis down, the metrics port taken) closes what it opened.
+        """Serve until stopped (signal, :meth:`request_stop`) or ``until_chunks`` chunks are processed.
+
+        The parts start first; a start-up that fails half way (Redis down, the metrics port taken)
+        stops those it started. Every part is stopped before this returns, whatever failed."""
+        self.parts.start()
         try:
-            self.ingest = IngestWorker(
-                build_source(self.config, self.client),
-                self.client,
-                self.keys,
-                self.schema,
-                max_buffer_bytes=self.config.redis.max_buffer_bytes,
-                max_chunks_ahead=self.config.daemon.max_chunks_ahead,
-                on_chunk_ready=self.wake.set,
-                outages=self.outages,
-                events=event_stream(self.config),
-            )
-            self.signals.install()
-            self.heartbeat.started()
-            if self.config.metrics.port:
-                self.exporter = self.health.exporter = start_exporter(
-                    self.config.metrics.port, self.config.metrics.host
-                )
-            self.handoff.start()
-            self.ingest.start()
-            scheduler.start()
-            if self.exporter is not None:
-                self.exporter.set_ready(True)
-            self._set_phase("waiting")
             while not self.stop_requested.is_set() and not self._target_reached():
                 try:
                     self._serve_once()
@@ -185,35 +183,32 @@ class Daemon:
                 except Exception as error:
                     # A step can fail on data that a restarted Redis no longer holds: then the restart
                     # is the error to act on, and the step is redone or the stream refused.
-                    assert self.identity is not None
                     if not self.redis_outage.restarted_beneath(self.identity, error):
                         raise
             if not self.stop_requested.is_set():
                 # A scripted run (--until-chunks) ends with its last version published; a stop on a
                 # signal does not wait: the next start catches up on unpublished versions.
-                self.handoff.drain(on_wait=lambda what: self._set_phase("waiting", what, shown=True))
+                self.handoff.drain(on_wait=lambda what: self.set_phase("waiting", what, shown=True))
         finally:
-            self._shut_down(scheduler)
+            self.parts.stop()
 
     def _serve_once(self) -> None:
         """One turn of the main loop: a ready chunk, a due policy check, or a short wait."""
         self.outages.check_limit()
         self._check_ingest()
-        assert self.identity is not None
         if self.identity.restarted():
             # Redis may have lost its last second of writes (AOF everysec): continue from what it holds.
             log.warning("Redis restarted: resuming from its last committed step")
             self._reload_committed()
-        assert self.engine is not None
         choice = self.reorder.choose(
             self.ready.ids(), self.engine.state.last_chunk, self.ready.lowest_assembling(), time.monotonic()
         )
         self._report_gap(choice)
         if choice.missing is not None:
-            self._set_phase("waiting", f"missing chunk {choice.missing}", shown=True)
+            self.set_phase("waiting", f"missing chunk {choice.missing}", shown=True)
         elif choice.take is None and not self.policy_check_due.is_set():
             waiting_for, shown = self._waiting_for()
-            self._set_phase("waiting", waiting_for, shown=shown)
+            self.set_phase("waiting", waiting_for, shown=shown)
         if choice.take is not None:
             chunk_id = choice.take
             self._step(lambda: self._process_chunk(chunk_id))
@@ -239,11 +234,10 @@ class Daemon:
         outages = self.outages.outages()
         if outages:
             return outages[0].describe(), True
-        assert self.engine is not None
         last = self.engine.state.last_chunk
         return (f"chunk {last + 1}" if last else "the first chunk"), False
 
-    def _set_phase(self, phase: str, waiting_for: str = "", *, shown: bool = False, redis_down: bool = False) -> None:
+    def set_phase(self, phase: str, waiting_for: str = "", *, shown: bool = False, redis_down: bool = False) -> None:
         """The phase for ``alma status`` (heartbeat).
 
         A wait ``shown`` goes to :attr:`on_waiting` too (a server down, a missing chunk, the last
@@ -257,40 +251,17 @@ class Daemon:
             self.on_waiting(show)
         self.heartbeat.set_phase(phase, waiting_for, redis_down=redis_down)
 
-    def _shut_down(self, scheduler: Any) -> None:
-        """Stop and join every thread, each step on its own, so that one failing (Redis being down,
-        say) does not leave a thread running. A thread still inside torch when the interpreter
-        exits is ended mid-call by CPython (``pthread_exit``), which aborts the process in C++
-        ("terminate called without an active exception")."""
-        steps: list[tuple[str, Callable[[], Any]]] = [
-            ("exporter", lambda: self.exporter.stop() if self.exporter is not None else None),
-            ("phase", lambda: self._set_phase("stopping")),
-            ("scheduler", lambda: scheduler.shutdown(wait=True) if scheduler.running else None),
-            ("ingest", lambda: self.ingest.stop() if self.ingest is not None else None),
-            ("publisher", self.handoff.close),
-            ("signals", self.signals.restore),
-            ("phase", lambda: self._set_phase("stopped")),
-            ("status", self.write_status),
-            ("followers", self.followers.stop),
-        ]
-        for name, step in steps:
-            try:
-                step()
-            except Exception as exc:
-                log.warning("shutdown step failed", extra={"step": name, "error": one_line(exc)})
-
     def _ride_out_redis(self, error: BaseException) -> None:
         """Redis failed mid-loop: stay degraded until it answers again, then continue as a restarted
         daemon would (the interrupted step is redone)."""
         self._in_step = False
         self.health.riding_out.set()
-        self._set_phase("waiting", self.outages.down("redis", error).describe(), shown=True, redis_down=True)
+        self.set_phase("waiting", self.outages.down("redis", error).describe(), shown=True, redis_down=True)
         try:
-            assert self.identity is not None
             self.redis_outage.wait_for_redis(error, self.identity)
         finally:
             self.health.riding_out.clear()
-        self._set_phase("waiting")
+        self.set_phase("waiting")
         self._report_health()
 
     def _reload_committed(self) -> Engine:
@@ -298,7 +269,7 @@ class Daemon:
 
         The publisher forgets what was handed over before the checkpoints are dropped (see
         :func:`serving.live_pointer.withdraw`, which waits for the serving lock)."""
-        self.engine = None
+        self._engine = None
         self.handoff.reloading()
         engine = self.restore()
         self.handoff.reloaded(engine.state.model_version)
@@ -307,13 +278,12 @@ class Daemon:
     def _target_reached(self) -> bool:
         return (
             self.until_chunks is not None
-            and self.engine is not None
-            and self.engine.state.chunks_seen >= self.until_chunks
+            and self._engine is not None
+            and self._engine.state.chunks_seen >= self.until_chunks
         )
 
     def _check_ingest(self) -> None:
-        assert self.ingest is not None
-        error = self.ingest.error
+        error = started(self.ingest, "ingest").error
         if isinstance(error, ConfigError):
             raise error  # e.g. a refused Kafka login, met when the transport first connects
         if error is not None:
@@ -325,11 +295,10 @@ class Daemon:
             work()
         finally:
             self._in_step = False
-            self._set_phase("waiting")
+            self.set_phase("waiting")
 
     def _process_chunk(self, chunk_id: int) -> None:
         engine, steps, buffer = self.engine, self.steps, self.buffer
-        assert engine is not None and steps is not None and buffer is not None
         if chunk_id == engine.state.last_chunk or chunk_id in buffer.pending_chunks() + buffer.kept_chunks():
             detail = f"chunk {chunk_id} is ready but the engine already took it"
             steps.discard(self.ready, chunk_id, RejectedRecord("chunk_order", detail))
@@ -339,27 +308,25 @@ class Daemon:
         except RejectedRecord as rejection:
             steps.discard(self.ready, chunk_id, rejection)
             return
-        self._set_phase(f"processing chunk {chunk_id}")
+        self.set_phase(f"processing chunk {chunk_id}")
         with self.followers.step(engine, chunk):
             engine.on_chunk(chunk)
         self._commit(consumed=chunk_id)
 
     def _policy_tick(self) -> None:
         engine = self.engine
-        assert engine is not None
         before = json.dumps(engine.policy.state_dict(), sort_keys=True)
-        self._set_phase("policy check")
+        self.set_phase("policy check")
         stage = engine.on_tick()
         if stage is not None or json.dumps(engine.policy.state_dict(), sort_keys=True) != before:
             self._commit(consumed=None)
 
     def _commit(self, consumed: int | None) -> None:
         engine, buffer, steps = self.engine, self.buffer, self.steps
-        assert engine is not None and buffer is not None and steps is not None
         # From here the step is as good as done: a second signal must not cut the transaction short.
         self._in_step = False
         steps.commit(engine, buffer, self.ready, consumed)
-        update_buffer_gauge(self.ready, self.buffer)
+        update_buffer_gauge(self.ready, buffer)
         self.handoff.committed()
 
     # -- periodic jobs (called from the scheduler's thread) ---------------------------------------
@@ -372,7 +339,7 @@ class Daemon:
         """The heartbeat: status in ``alma:{s}:daemon`` and in ``<state_dir>/daemon-status.json``."""
         try:
             self.heartbeat.write_redis(self.health.healthy, self.ingest)
-            update_buffer_gauge(self.ready, self.buffer)
+            update_buffer_gauge(self.ready, self._buffer)
         except REDIS_UNREACHABLE as exc:
             self.outages.down("redis", exc)
         self._report_health()

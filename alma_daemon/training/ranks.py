@@ -5,8 +5,6 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-import torch.distributed as dist
-
 
 @dataclass(frozen=True)
 class World:
@@ -32,6 +30,8 @@ def launched_with_ranks() -> bool:
 
 def current_world() -> World:
     """The process group's rank and size once joined; alone (0 of 1) before or without one."""
+    import torch.distributed as dist  # here: the command line reads launched_ranks() without torch
+
     if dist.is_available() and dist.is_initialized():
         return World(dist.get_rank(), dist.get_world_size())
     return World()

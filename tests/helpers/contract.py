@@ -1,14 +1,16 @@
-"""The learner contract's tasks, data and training steps (also used by ``tests/ranks_worker.py``)."""
+"""The tasks and data the learner contract runs on (tests/test_learner_contract.py, ``tests/ranks_worker.py``):
+the task names a learner's ``contract_cases()`` declares."""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 
-from alma_daemon.config import TrainConfig
 from alma_daemon.data.datasets import MNIST_TASK, TaskInfo
 from alma_daemon.data.tensors import LabeledData
-from alma_daemon.learners import build_learner
-from alma_daemon.training.loop import Trainer
 from tests.helpers.configs import learner_settings
 from tests.helpers.data import separable_data
 
@@ -19,6 +21,13 @@ CIFAR_LIKE = TaskInfo(
 
 TOKENS = TaskInfo("language_model", (16,), 50, extra={"vocab_size": 50})
 
+#: A regression on five features, standardized with the first chunk's statistics.
+FEATURES = TaskInfo("regression", (5,), 1, normalization="standardize")
+WEIGHTS = torch.tensor([1.0, -2.0, 0.5, 3.0, 0.0])
+
+#: The small sizes every contract case starts from (a key its learner does not read is left out).
+SIZES = {"width": 8, "members": 2}
+
 
 def token_data(n: int, seed: int) -> LabeledData:
     """Sequences of a repeating pattern, so next-token prediction is learnable."""
@@ -28,33 +37,37 @@ def token_data(n: int, seed: int) -> LabeledData:
     return LabeledData(seq[:, :-1].contiguous(), seq[:, 1:].contiguous())
 
 
+def linear_data(n: int, seed: int) -> LabeledData:
+    """Features in [0, 10) and a target linear in them, far from zero mean and unit scale (mean 20 + ...)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.rand(n, 5, generator=g) * 10
+    return LabeledData(x, (x @ WEIGHTS + 20 + 0.1 * torch.randn(n, generator=g)).float())
+
+
+@dataclass(frozen=True)
+class ContractTask:
+    """A task of the contract: its data (``examples`` to train on, a quarter as many to answer for) and
+    the optimizer its stages train with (each task another, so the contract covers them)."""
+
+    task: TaskInfo
+    data: Callable[[int, int], LabeledData]
+    examples: int
+    optimizer: str
+
+    def split(self) -> tuple[LabeledData, LabeledData]:
+        return self.data(self.examples, 1), self.data(self.examples // 4, 2)
+
+
 TASKS = {
-    "mlp": (MNIST_TASK, lambda n, seed: separable_data(MNIST_TASK, n, seed), 256),
-    "vgg": (CIFAR_LIKE, lambda n, seed: separable_data(CIFAR_LIKE, n, seed), 64),
-    "tokens": (TOKENS, token_data, 64),
+    "mlp": ContractTask(MNIST_TASK, lambda n, seed: separable_data(MNIST_TASK, n, seed), 256, "adadelta"),
+    "vgg": ContractTask(CIFAR_LIKE, lambda n, seed: separable_data(CIFAR_LIKE, n, seed), 64, "sgd"),
+    "tokens": ContractTask(TOKENS, token_data, 64, "adam"),
+    "regression": ContractTask(FEATURES, linear_data, 256, "adam"),
 }
 
 
-OPTIMIZER = {"mlp": "adadelta", "vgg": "sgd", "tokens": "adam"}
-
-
-def make(name: str, task_name: str, overrides: dict, seed: int = 0):
-    task, data_fn, n = TASKS[task_name]
-    config = learner_settings(name, {"width": 8, "members": 2}, overrides)
-    learner = build_learner(name, task, config, seed)
-    train, val = data_fn(n, seed=1), data_fn(n // 4, seed=2)
-    return learner, train, val
-
-
-def trainer(task_name: str, stage: int = 1) -> Trainer:
-    config = TrainConfig(epochs=2, patience=1, batch_size=32, steps_per_chunk=4, warmup_steps=1)
-    return Trainer(config, OPTIMIZER[task_name], torch.device("cpu"), seed=stage, augment=task_name == "vgg")
-
-
-def fit_stage(learner, train, val, task_name, stage=1, grow=False):
-    t = trainer(task_name, stage)
-    torch.manual_seed(stage)
-    if grow and learner.grows:
-        learner.grow(val, t)
-        learner.architecture_changed()
-    return learner.fit(train, val, t)
+def contract_keys(name: str, overrides: dict) -> dict:
+    """Learner ``name``'s ``learner`` section in a contract case: :data:`SIZES` and ``overrides``."""
+    keys = dataclasses.asdict(learner_settings(name, SIZES, overrides))
+    del keys["name"]
+    return keys

@@ -2,9 +2,9 @@
 
 Load it with ``pytest_plugins = ["tests.helpers.servers"]`` in ``tests/conftest.py`` or with
 ``-p tests.helpers.servers``.
-Redis, the Kafka broker and Prometheus are the package's own (alma_daemon/infra/local_servers.py),
-the implementation ``alma dev up`` starts too; here are the fixtures over them, and what only the
-tests use: a test CA, a TLS proxy in front of Tansu, TorchServe. Every server runs as its own
+Redis, the Kafka broker, Prometheus and TorchServe are the package's own (alma_daemon/local_servers/),
+the implementation ``alma dev up`` and ``alma serve`` start too; here are the fixtures over them, and
+what only the tests use: a test CA, a TLS proxy in front of Tansu. Every server runs as its own
 process group (``start_new_session=True``) with its output in a log file in its temporary
 directory, listens on 127.0.0.1 only, and is killed, whole group, at teardown whatever the test's
 outcome. See ``docs/test-servers.md``.
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import http.server
-import os
 import secrets
 import shutil
 import subprocess
@@ -26,21 +25,19 @@ from typing import Any
 
 import pytest
 
-from alma_daemon.infra.local_servers import (
+from alma_daemon.local_servers.processes import (
     LOOPBACK,
-    KafkaBroker,
     PortTakenError,
-    PrometheusServer,
-    RedisServer,
     ServerProcess,
     ServerStartError,
     free_port,
     free_ports,
     group_members,
-    http_ok,
     http_request,
     port_open,
 )
+from alma_daemon.local_servers.servers import KafkaBroker, PrometheusServer, RedisServer
+from alma_daemon.local_servers.torchserve import TorchServeServer, java_available
 
 __all__ = [
     "LOOPBACK",
@@ -238,95 +235,6 @@ class TLSKafkaBroker:
         self.broker.stop()
 
 
-# ---------------------------------------------------------------------------------- TorchServe
-
-
-class TorchServeServer(ServerProcess):
-    """TorchServe (``--foreground --ncs``) with a temp model store and config, loopback only.
-
-    Its launcher is a Python process that starts the JVM, which starts one Python process per
-    model worker, all in one process group; stopping kills the whole group, because
-    ``torchserve --stop`` only signals the JVM it finds through a pid file. Registered models
-    are forgotten on restart (no config snapshots); the model store's files stay.
-    """
-
-    name = "torchserve"
-    start_timeout = 90.0
-
-    def __init__(self, workdir: Path, config: dict[str, str] | None = None) -> None:
-        super().__init__(workdir, [], choose_ports=True)
-        self.model_store = self.workdir / "model_store"
-        self.model_store.mkdir(exist_ok=True)
-        # TorchServe keeps its pid file and its workers' Unix sockets in the temp directory and
-        # refuses to start while another instance's pid file names a live process.
-        self.tmpdir = self.workdir / "tmp"
-        self.tmpdir.mkdir(exist_ok=True)
-        self.config = dict(config or {})
-        self.config_path = self.workdir / "config.properties"
-        self.choose_ports()
-
-    def choose_ports(self) -> None:
-        """Five free ports, and config.properties written with them (and the caller's ``config``)."""
-        self.inference_port, self.management_port, self.metrics_port, grpc_inf, grpc_mgmt = free_ports(5)
-        # The gRPC ports are not checked for readiness: TorchServe fails at start if they are taken.
-        self.ports = [self.inference_port, self.management_port, self.metrics_port]
-        properties = {
-            "inference_address": self.inference_url,
-            "management_address": self.management_url,
-            "metrics_address": self.metrics_url,
-            # The gRPC servers always start (default ports 7070/7071), so they need free ports.
-            "grpc_inference_port": str(grpc_inf),
-            "grpc_management_port": str(grpc_mgmt),
-            "disable_token_authorization": "true",
-            "enable_model_api": "true",
-            "metrics_mode": "prometheus",
-            "model_store": str(self.model_store),
-            **self.config,
-        }
-        self.config_path.write_text("".join(f"{k}={v}\n" for k, v in properties.items()))
-
-    @property
-    def inference_url(self) -> str:
-        return f"http://{LOOPBACK}:{self.inference_port}"
-
-    @property
-    def management_url(self) -> str:
-        return f"http://{LOOPBACK}:{self.management_port}"
-
-    @property
-    def metrics_url(self) -> str:
-        return f"http://{LOOPBACK}:{self.metrics_port}"
-
-    def command(self) -> list[str]:
-        return [
-            sys.executable, "-m", "ts.model_server",
-            "--start", "--foreground", "--ncs",
-            "--model-store", str(self.model_store),
-            "--ts-config", str(self.config_path),
-        ]  # fmt: skip
-
-    def environment(self) -> dict[str, str]:
-        env = dict(os.environ)
-        # TEMP sets the JVM's java.io.tmpdir (worker sockets); TMPDIR moves the pid file.
-        logs = str(self.workdir / "logs")
-        env.update(TEMP=str(self.tmpdir), TMPDIR=str(self.tmpdir))
-        env.update(LOG_LOCATION=logs, METRICS_LOCATION=logs)
-        return env
-
-    def wait_ready(self, deadline: float) -> None:
-        super().wait_ready(deadline)
-        ping = f"{self.inference_url}/ping"
-        self.wait_until(lambda: http_ok(ping), "answering /ping", deadline)
-
-
-def java_available() -> bool:
-    # The same lookup as TorchServe's launcher.
-    java_home = os.environ.get("JAVA_HOME")
-    if java_home:
-        return os.access(Path(java_home) / "bin" / "java", os.X_OK)
-    return shutil.which("java") is not None
-
-
 @contextlib.contextmanager
 def metrics_page(body: bytes, port: int = 0) -> Iterator[str]:
     """A stand-in for a daemon's exporter: ``body`` (Prometheus text format) at /metrics on
@@ -449,17 +357,15 @@ def prometheus_server(
 @pytest.fixture
 def torchserve_server(
     tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[Callable[..., TorchServeServer]]:
-    """Factory: ``torchserve_server(config=None)`` -> a started TorchServeServer.
-
-    ``config`` adds or overrides config.properties entries. Skips the test if java is absent.
-    """
+) -> Iterator[Callable[[], TorchServeServer]]:
+    """Factory: ``torchserve_server()`` -> a started TorchServeServer on free ports. Skips the test
+    if java is absent."""
     if not java_available():
         pytest.skip("TorchServe needs Java 17: no java on PATH or in $JAVA_HOME/bin")
     started: list[TorchServeServer] = []
 
-    def make(config: dict[str, str] | None = None) -> TorchServeServer:
-        server = TorchServeServer(tmp_path_factory.mktemp("torchserve"), config)
+    def make() -> TorchServeServer:
+        server = TorchServeServer(tmp_path_factory.mktemp("torchserve"))
         started.append(server)
         server.start()
         return server

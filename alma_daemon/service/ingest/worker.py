@@ -23,7 +23,8 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from alma_daemon.data.wire import DEFAULT_MAX_CHUNKS_AHEAD, RejectedRecord, StreamSchema, decode_record
+from alma_daemon.data.wire import RejectedRecord, StreamSchema, decode_record
+from alma_daemon.data.wire_format import DEFAULT_MAX_CHUNKS_AHEAD
 from alma_daemon.infra.outages import REDIS_UNREACHABLE, OutageBoard, one_line, retry_delays
 from alma_daemon.infra.redis_keys import StreamKeys
 from alma_daemon.infra.unreachable import outage_line
