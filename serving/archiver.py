@@ -24,7 +24,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from alma_daemon.core.checkpoints import SPEC, WEIGHTS
+from alma_daemon.core.checkpoint_index import SPEC, WEIGHTS
 from serving.bundled_model import BUNDLED_SOURCE, module_source
 
 HANDLER = Path(__file__).with_name("handler.py")

@@ -1,8 +1,9 @@
 """The command line answers at once: what a command imports before it needs it.
 
 Importing torch takes about 2.3 s of CPU, the config models (pydantic) about 0.2 s; ``alma --help``
-needs neither, and ``alma config check`` no torch (docs/service.md, "The command line"). Each
-case runs in a fresh interpreter, since this one has imported everything already.
+needs neither, and ``alma config check``, ``alma status`` and ``alma versions`` of a local model store
+no torch (docs/benchmarks.md, "Command-line start-up"). Each case runs in a fresh interpreter, since
+this one has imported everything already.
 """
 
 from __future__ import annotations
@@ -49,3 +50,26 @@ def test_help_imports_neither_torch_nor_the_config_models(argv):
 
 def test_config_check_imports_no_torch():
     assert imported(["torch"], "config", "check", "examples/mnist-sm.yaml") == {"code": 0, "imported": []}
+
+
+def test_status_while_redis_is_down_imports_no_torch(tmp_path):
+    (tmp_path / "daemon-status.json").write_text(json.dumps({"phase": "waiting", "heartbeat": 0}))
+    overrides = ["--set", f"daemon.state_dir={tmp_path}", "--set", "redis.url=redis://127.0.0.1:1"]
+    # Exit 1: Redis does not answer, and the status comes from the daemon's file.
+    assert imported(["torch"], "status", *overrides) == {"code": 1, "imported": []}
+
+
+def test_versions_of_a_local_model_store_imports_no_torch(tmp_path):
+    version = tmp_path / "alma" / "1"
+    version.mkdir(parents=True)
+    for name, text in [("weights.safetensors", ""), ("spec.json", "{}"), ("metrics.json", '{"val_error": 0.1}')]:
+        (version / name).write_text(text)
+    overrides = [
+        "--set",
+        f"daemon.checkpoint_dir={tmp_path}",
+        "--set",
+        "serving.kind=local",
+        "--set",
+        "serving.model_name=alma",
+    ]
+    assert imported(["torch"], "versions", *overrides) == {"code": 0, "imported": []}

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from alma_daemon.config import build_config
+from alma_daemon.config.measure_traits import MEASURE_TRAITS
 from alma_daemon.config.sections import MEASURE_NAMES
 from alma_daemon.measures import MEASURES, Target, build_measure
 from alma_daemon.measures.binary import average_precision
@@ -37,6 +38,12 @@ CASES = [(name, kind) for name, cls in MEASURES.items() for kind in cls.kinds if
 
 def test_the_config_offers_exactly_the_registered_measures():
     assert set(MEASURE_NAMES) == set(MEASURES)
+
+
+def test_the_torch_free_traits_are_the_measures_own():
+    assert [(name, cls.higher_is_better, cls.rate) for name, cls in MEASURES.items()] == [
+        (name, traits.higher_is_better, traits.rate) for name, traits in MEASURE_TRAITS.items()
+    ]
 
 
 @pytest.mark.parametrize("name,kind", CASES)

@@ -9,8 +9,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import TYPE_CHECKING
 
 from alma_daemon.cli import add_config_arguments, add_embedded_argument, config_overrides
+
+if TYPE_CHECKING:
+    from alma_daemon.config import Config
+    from alma_daemon.core.checkpoint_index import CheckpointIndex
 
 #: Versions the table shows without ``--last``: a daemon that has run a while has hundreds.
 DEFAULT_LAST = 20
@@ -46,18 +51,12 @@ def shown_versions(versions: list[int], live: int | None, last: int | None) -> l
     return sorted({*newest, live}) if live in versions else newest
 
 
-def version_rows(publisher, last: int | None = None) -> list[dict]:
+def version_rows(
+    store: CheckpointIndex, live: int | None, served: list[int] | None, registers: bool, last: int | None = None
+) -> list[dict]:
     """One row per checkpoint version (the ``last`` newest and the live one, see
-    :func:`shown_versions`), oldest first; ``registered`` only for servers that load versions."""
-    from serving.publisher import PublishError
-
-    store = publisher.store
-    live = publisher.live_version()
-    try:
-        served = publisher.served_versions()
-    except PublishError as err:
-        print(f"warning: cannot list the server's versions: {err}", file=sys.stderr)
-        served = None
+    :func:`shown_versions`), oldest first; ``registered`` only for servers that load versions
+    (``registers``), None where the server could not say (``served`` None)."""
     rows = []
     for version in shown_versions(store.versions(), live, last):
         metrics = store.metrics(version)
@@ -71,10 +70,25 @@ def version_rows(publisher, last: int | None = None) -> list[dict]:
         }
         if "val_perplexity" in metrics:
             row["validation_perplexity"] = metrics["val_perplexity"]
-        if publisher.kind != "local":
+        if registers:
             row["registered"] = version in served if served is not None else None
         rows.append(row)
     return rows
+
+
+def served_versions(config: Config) -> list[int] | None:
+    """The versions the server has loaded (TorchServe), None where it cannot say. Asked through the
+    publisher, which imports torch; listing the model store needs neither."""
+    from serving import make_publisher
+    from serving.publisher import PublishError
+
+    publisher = make_publisher(config)
+    assert publisher is not None  # run() asks only a server that loads versions
+    try:
+        return publisher.served_versions()
+    except PublishError as err:
+        print(f"warning: cannot list the server's versions: {err}", file=sys.stderr)
+        return None
 
 
 def format_table(rows: list[dict]) -> str:
@@ -100,22 +114,27 @@ def _cell(value) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from alma_daemon.config import load_config
-    from serving import make_publisher
+    from alma_daemon.core.checkpoint_index import CheckpointIndex
+    from serving.live_pointer import LivePointer
 
     config = load_config(args.config, config_overrides(args))
-    publisher = make_publisher(config)
-    if publisher is None:
+    if config.serving.kind == "none":
         raise ValueError("serving.kind is none: nothing is published")
+    store = CheckpointIndex(config.daemon.checkpoint_dir, config.serving.model_name)
+    live = LivePointer(store.folder).read().live
+    # The local server is the live pointer itself: it loads no versions, and has no column for them.
+    registers = config.serving.kind != "local"
+    served = served_versions(config) if registers else None
     last = args.last if args.last is not None or args.json else DEFAULT_LAST
-    rows = version_rows(publisher, last)
+    rows = version_rows(store, live, served, registers, last)
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
     if not rows:
-        print(f"no versions in {publisher.store.folder}")
+        print(f"no versions in {store.folder}")
         return 0
     print(format_table(rows))
-    hidden = len(publisher.store.versions()) - len(rows)
+    hidden = len(store.versions()) - len(rows)
     if hidden:
         print(f"({hidden} older version(s) not shown: --last N shows the N newest, --last 0 all)")
     return 0

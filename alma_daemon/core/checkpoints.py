@@ -20,39 +20,17 @@ from safetensors.torch import load_file, load_model, save_file
 from torch import nn
 
 from alma_daemon.core.atomic_json import write_json_atomic
+from alma_daemon.core.checkpoint_index import METRICS, SPEC, WEIGHTS, CheckpointIndex
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import Learner, learner_from_spec
 
-WEIGHTS, SPEC, METRICS = "weights.safetensors", "spec.json", "metrics.json"
 #: A sample of the stage's validation data (``x``, ``y``) for the serving probe and promotion guard.
 VALIDATION = "validation.safetensors"
 VALIDATION_SAMPLE = 512
 
 
-class CheckpointStore:
-    """The versions of one model under a model-store folder."""
-
-    def __init__(self, root: str | Path, model_name: str):
-        self.root = Path(root)
-        self.model_name = model_name
-        self.folder = self.root / model_name
-
-    def path(self, version: int) -> Path:
-        return self.folder / str(version)
-
-    def versions(self) -> list[int]:
-        """Complete versions, oldest first."""
-        if not self.folder.is_dir():
-            return []
-        found = []
-        for child in self.folder.iterdir():
-            if child.name.isdigit() and all((child / f).is_file() for f in (WEIGHTS, SPEC, METRICS)):
-                found.append(int(child.name))
-        return sorted(found)
-
-    def latest(self) -> int | None:
-        versions = self.versions()
-        return versions[-1] if versions else None
+class CheckpointStore(CheckpointIndex):
+    """The versions of one model under a model-store folder: writing and loading them too."""
 
     def save(self, learner: Learner, version: int, metrics: dict, validation: LabeledData | None = None) -> Path:
         """Write ``version`` atomically; refuses to overwrite an existing version."""
@@ -84,9 +62,6 @@ class CheckpointStore:
 
     def load(self, version: int, device: str = "cpu") -> Learner:
         return load_checkpoint(self.path(version), device)
-
-    def metrics(self, version: int) -> dict:
-        return json.loads((self.path(version) / METRICS).read_text())
 
     def validation(self, version: int) -> LabeledData | None:
         """The validation sample saved with ``version``, if any."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from alma_daemon.measures import MEASURES
+from alma_daemon.config.measure_traits import MEASURE_TRAITS
 
 #: The measure of a results file or row that names none (written before measures existed).
 PAPER_MEASURE = "error"
@@ -19,8 +19,8 @@ _BASELINE_MODELS = {"mse": "mean target", "mae": "median target"}
 
 
 def higher_is_better(measure: str) -> bool:
-    cls = MEASURES.get(measure)
-    return bool(cls and cls.higher_is_better)
+    traits = MEASURE_TRAITS.get(measure)
+    return bool(traits and traits.higher_is_better)
 
 
 def direction(measure: str) -> str:
@@ -39,8 +39,8 @@ def shown(measure: str, value: float | None) -> str:
         return ""
     if isinstance(value, float) and math.isnan(value):
         return "n/a"
-    cls = MEASURES.get(measure)
-    return f"{value:.4f}" if cls is None or cls.rate else f"{value:.4g}"
+    traits = MEASURE_TRAITS.get(measure)
+    return f"{value:.4f}" if traits is None or traits.rate else f"{value:.4g}"
 
 
 def baseline_model(measure: str) -> str:
@@ -84,7 +84,7 @@ def summary_rows(summary: dict) -> list[tuple[str, object, str]]:
     the paper's for the error rate and a perplexity, the measure's by name for another; the baseline and
     the other measures (the test set's, else the last chunk's) where recorded. A value None is not shown."""
     m = summary.get("measure", PAPER_MEASURE)
-    fmt = "{:.4f}" if MEASURES[m].rate else "{:.4g}"
+    fmt = "{:.4f}" if MEASURE_TRAITS[m].rate else "{:.4g}"
     rows: list[tuple[str, object, str]]
     if m in _PAPER_ROWS:
         rows = [(name, summary.get(key), shape) for paper in _PAPER_ROWS.values() for name, key, shape in paper]

@@ -11,7 +11,7 @@ import dataclasses
 import json
 from typing import Any
 
-from alma_daemon.core.engine import EngineState
+from alma_daemon.core.engine_state import EngineState
 from alma_daemon.infra.redis_keys import StreamKeys
 
 

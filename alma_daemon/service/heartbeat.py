@@ -8,14 +8,17 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
 from alma_daemon.core.atomic_json import write_json_atomic
 from alma_daemon.infra.outages import REDIS_UNREACHABLE, OutageBoard
 from alma_daemon.infra.redis_keys import StreamKeys
-from alma_daemon.service.ingest.worker import IngestWorker
+
+if TYPE_CHECKING:
+    # Only named here: ``alma status`` reads STATUS_FILE without the ingest's decoding (torch).
+    from alma_daemon.service.ingest.worker import IngestWorker
 
 #: ``<daemon.state_dir>/STATUS_FILE``: the daemon's status, readable by ``alma status`` while Redis is down.
 STATUS_FILE = "daemon-status.json"

@@ -11,7 +11,7 @@ from typing import Any
 
 from alma_daemon.config import Config
 from alma_daemon.core.atomic_json import finite
-from alma_daemon.core.checkpoints import CheckpointStore
+from alma_daemon.core.checkpoint_index import CheckpointIndex
 from alma_daemon.core.records import StepRecord
 from alma_daemon.infra.redis_keys import StreamKeys
 from alma_daemon.observability.measure_words import (
@@ -36,7 +36,7 @@ def serving_state(config: Config) -> ServingState | None:
     """The live pointer of ``daemon.checkpoint_dir``'s model (None when ``serving.kind`` is none)."""
     if config.serving.kind == "none":
         return None
-    return LivePointer(CheckpointStore(config.daemon.checkpoint_dir, config.serving.model_name).folder).read()
+    return LivePointer(CheckpointIndex(config.daemon.checkpoint_dir, config.serving.model_name).folder).read()
 
 
 def daemon_liveness(daemon: dict, poll_seconds: float) -> dict:
