@@ -396,3 +396,15 @@ def test_the_builtin_learners_config_models_are_those_their_learners_name_in_the
     builtins = {name: cls for name, cls in LEARNERS.items() if cls.__module__.rsplit(".", 1)[1] in BUILTIN_MODULES}
     assert {name: cls.config_model for name, cls in builtins.items()} == BUILTIN_CONFIGS
     assert [builtins[name].__module__.rsplit(".", 1)[1] for name in BUILTIN_CONFIGS] == BUILTIN_MODULES
+
+
+def test_every_registered_policy_is_in_the_readme_and_has_its_section_in_the_policies_page():
+    from pathlib import Path
+
+    from policies import policy_names
+
+    root = Path(__file__).parents[1]
+    readme, page = (root / "README.md").read_text(), (root / "docs" / "policies.md").read_text()
+    for name in policy_names():
+        assert f"`{name}`" in readme, f"README.md does not name the policy {name}"
+        assert f"\n## `{name}`" in page, f"docs/policies.md has no section for the policy {name}"
