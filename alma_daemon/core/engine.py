@@ -117,7 +117,9 @@ class Engine:
 
         decision = self.decide(prequential)
         stage = self.train_stage(decision) if decision.trains else None
-        baseline = self.task_measure.baseline(sample.y) if self.records_baseline else None
+        # With a test set the step records the test set's baseline instead (record_step).
+        chunk_baseline = self.records_baseline and self.test_set is None
+        baseline = self.task_measure.baseline(sample.y) if chunk_baseline else None
         return self.record_step(
             chunk, prequential.value, decision, stage, late=late, details=details, baseline=baseline
         )
@@ -314,7 +316,7 @@ class Engine:
         # A measure with nothing to measure (recall on a test set without a positive) is None, as in
         # results.json, so that the daemon's series and the simulator's read alike.
         test = _finite_or_none(test)
-        if test_set is not None and baseline is not None:
+        if test_set is not None and self.records_baseline:
             baseline = self.test_baseline(test_set)
         s = self.state
         params = self.learner.num_parameters()
