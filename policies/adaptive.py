@@ -185,6 +185,10 @@ class Adaptive(Policy):
             return self._train(state, reason, estimates, value, drift=False)
         return Decision.wait(f"{pending} chunk(s) pending < {rule}; {facts}", estimates)
 
+    def forced_stage(self, state: PolicyState, reason: str) -> Decision:
+        # A stage like one the growing wait allows: the live model is replaced and its chunks counted.
+        return self._train(state, reason, {}, math.nan, drift=False)
+
     # -- what a policy built on these rules may change (forecast does): see the class docstring -----
     def wait_ratio(self, scale: MeasureScale) -> float:
         """The growing wait's ratio: pending chunks per chunk trained on since the regime started."""

@@ -46,6 +46,10 @@ class PolicyState:
     #: The id of the newest chunk received (ids increase but need not start at 1 or be consecutive:
     #: a replay from a later chunk, dead-lettered chunks); None before the first.
     newest_chunk: int | None = None
+    #: The model's age: chunks arrived (this one included) and seconds passed since the last stage (since
+    #: the stream's start before the first), what the freshness bound (policy.max_model_age_*) reads.
+    model_age_chunks: int = 0
+    model_age_seconds: float = 0.0
 
 
 #: What a decision does: nothing yet, train on what is pending, or grow the model first and then train.
@@ -113,6 +117,40 @@ class Policy(ABC):
     @abstractmethod
     def decide(self, state: PolicyState) -> Decision:
         """Train now on the pending chunks, or wait?"""
+
+    def decide_within_bounds(self, state: PolicyState) -> Decision:
+        """:meth:`decide`, with the freshness bound honoured: a wait that would leave the model older
+        than ``policy.max_model_age_chunks`` / ``max_model_age_seconds`` becomes a stage
+        (:meth:`forced_stage`) whose reason names the bound. The engine asks this, never :meth:`decide`."""
+        decision = self.decide(state)
+        if decision.trains:
+            return decision
+        overdue = self.overdue(state)
+        if overdue is None:
+            return decision
+        return self.forced_stage(state, f"{overdue}; the policy would have waited: {decision.reason}")
+
+    def overdue(self, state: PolicyState) -> str | None:
+        """Why the freshness bound forces a stage now, or None. Nothing pending, nothing to train on."""
+        if state.chunks_pending == 0:
+            return None
+        chunks, seconds = self.config.max_model_age_chunks, self.config.max_model_age_seconds
+        if chunks is not None and state.model_age_chunks >= chunks:
+            return (
+                f"freshness bound: {state.model_age_chunks} chunk(s) since the last stage >= "
+                f"policy.max_model_age_chunks={chunks}"
+            )
+        if seconds is not None and state.model_age_seconds >= seconds:
+            return (
+                f"freshness bound: {state.model_age_seconds:.0f} s since the last stage >= "
+                f"policy.max_model_age_seconds={seconds:g}"
+            )
+        return None
+
+    def forced_stage(self, state: PolicyState, reason: str) -> Decision:
+        """The stage the freshness bound forces. A policy that keeps count of its stages (adaptive)
+        overrides it to count this one as its own; growth follows :meth:`train_decision`."""
+        return self.train_decision(state, reason)
 
     def grows_at(self, stage: int) -> bool:
         """Whether training stage ``stage`` (1-based) starts with a growth step (``policy.grow_every``)."""

@@ -33,6 +33,7 @@ def make_publisher(config: Config) -> Publisher | None:
             promotion_min_examples=config.serving.promotion_min_examples,
             promotion_min_positives=config.serving.promotion_min_positives,
             guard_positive_recall=config.serving.guard_positive_recall,
+            keep_checkpoints=config.daemon.keep_checkpoints,
         )
     if config.serving.kind == "torchserve":
         from serving.torchserve_keys import TokenKeys, key_file_path
@@ -44,7 +45,7 @@ def make_publisher(config: Config) -> Publisher | None:
             config.serving.inference_url,
             TokenKeys(key_file) if key_file is not None else None,
         )
-        return TorchServePublisher(store, config.serving, client)
+        return TorchServePublisher(store, config.serving, client, config.daemon.keep_checkpoints)
     return None
 
 

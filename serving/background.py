@@ -74,9 +74,15 @@ class BackgroundPublisher:
             self._condition.notify_all()
 
     def start(self) -> BackgroundPublisher:
-        """Start the worker; queues the newest checkpoint if it is newer than any decided version."""
+        """Start the worker; queues the newest checkpoint if it is newer than any decided version, and
+        removes what a deletion cut short by a crash left in the model store (no deletion runs beside
+        this: the start-up's withdrawal is done, and the worker, which prunes, is not running yet)."""
         if self._thread is not None:
             return self
+        try:
+            self.publisher.store.sweep_trash()
+        except OSError as err:
+            log.warning("removing deleted model versions failed", extra={"error": str(err)})
         state = self.publisher.pointer.read()
         if state.live is not None:
             telemetry.LIVE_VERSION.set(state.live)

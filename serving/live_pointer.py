@@ -12,7 +12,6 @@ import contextlib
 import fcntl
 import json
 import logging
-import shutil
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
@@ -95,8 +94,9 @@ def withdraw(store: CheckpointStore, version: int) -> None:
     guarded and published as a new one, not skipped as decided. So the pointer forgets this one:
     where it was live, ``previous`` is live again (or, where the pointer names none, the newest
     version below it on disk), and ``decided`` drops below it; its archives and its folder are
-    deleted. All of it happens under the serving lock (waited for at most
-    :data:`LOCK_TIMEOUT_SECONDS`), so a publish never sees one part done without the others.
+    deleted (the folder renamed to a trash name first, :meth:`CheckpointStore.delete`). All of it
+    happens under the serving lock (waited for at most :data:`LOCK_TIMEOUT_SECONDS`), so a publish
+    never sees one part done without the others.
     docs/serving.md tells the whole story, a server still answering with the version included.
     """
     pointer = LivePointer(store.folder)
@@ -116,5 +116,4 @@ def withdraw(store: CheckpointStore, version: int) -> None:
                 extra={"version": version, "live": withdrawn.live, "decided": withdrawn.decided},
             )
         remove_archives(store.folder / ARCHIVES, store.model_name, version)
-        if store.path(version).exists():
-            shutil.rmtree(store.path(version))
+        store.delete(version)

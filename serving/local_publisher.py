@@ -31,4 +31,5 @@ class LocalPublisher(Publisher):
         """The pointer write that follows is the switch."""
 
     def retire(self, live: int) -> None:
-        """Nothing to release: old versions stay in the model store for rollback."""
+        """Nothing to release: the pointer serves one version (old ones are deleted from the model
+        store past ``daemon.keep_checkpoints``, :mod:`serving.retention`)."""

@@ -15,7 +15,9 @@ one checkpoint version, holding the serving lock (:mod:`serving.live_pointer`) s
    version is always promoted;
 3. stage: load the candidate on the server and probe it (backend);
 4. make it the default (backend), then record it in the live pointer ``<model>/live.json``;
-5. retire old versions (backend; best effort, the new version is already live).
+5. retire old versions (backend; best effort, the new version is already live);
+6. after a promotion or a refusal, delete the versions on disk beyond ``daemon.keep_checkpoints``
+   (:mod:`serving.retention`; best effort too).
 
 Guarding before staging spares the server a registration that would be thrown away. Any failure
 before step 4 leaves the live version serving. :class:`serving.background.BackgroundPublisher`
@@ -38,11 +40,12 @@ import torch
 from alma_daemon.core.checkpoints import CheckpointStore
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import Learner
-from alma_daemon.logs import error_text
+from alma_daemon.logs import ExplainedError, error_text
 from alma_daemon.observability import telemetry
 from serving.codecs import codec_for
 from serving.guard import PromotionGuard, Verdict
 from serving.live_pointer import LivePointer, ServingState
+from serving.retention import prune
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +67,10 @@ class PublishError(RuntimeError):
         super().__init__(f"{stage}: {message}")
         self.stage = stage
         self.retry = retry
+
+
+class VersionDeleted(ExplainedError):
+    """A rollback to a version deleted past ``daemon.keep_checkpoints`` (:mod:`serving.retention`)."""
 
 
 @contextlib.contextmanager
@@ -143,8 +150,12 @@ class Publisher(ABC):
         promotion_min_examples: int = PromotionGuard.min_examples,
         promotion_min_positives: int = PromotionGuard.min_positives,
         guard_positive_recall: bool = PromotionGuard.positive_recall,
+        keep_checkpoints: int | None = None,
     ):
         self.store = store
+        #: ``daemon.keep_checkpoints``: versions on disk beyond it are deleted after each decision
+        #: (None: none are).
+        self.keep_checkpoints = keep_checkpoints
         self.promotion = PromotionGuard(
             promotion_margin, promotion_alpha, promotion_min_examples, promotion_min_positives, guard_positive_recall
         )
@@ -197,6 +208,7 @@ class Publisher(ABC):
                 telemetry.PROMOTIONS_REFUSED.inc()
                 log.warning(refusal_message(outcome, self.promotion), extra=_fields(outcome, "reason"))
                 self.pointer.write(ServingState(live=live, decided=version, previous=state.previous))
+                self._prune_quietly()
                 return outcome
             self.stage(candidate)
             self._promote(version, ServingState(live=version, decided=version, previous=live))
@@ -204,13 +216,13 @@ class Publisher(ABC):
             telemetry.SWAPS.inc()
             log.info("promoted", extra=_fields(outcome))
             self._retire_quietly(version)
+            self._prune_quietly()
             return outcome
 
     def rollback(self, version: int) -> int | None:
         """Make ``version`` the default again, without the guard; returns the version it replaced."""
-        if version not in self.store.versions():
-            raise ValueError(f"version {version} is not in {self.store.folder} (have {self.store.versions()})")
         with self.pointer.locked():
+            self._check_stored(version)
             state = self.pointer.read()
             try:
                 live = self._serve_live(state)
@@ -231,6 +243,20 @@ class Publisher(ABC):
                 log.info("rolled back", extra={"version": version, "replaced": state.live})
             self._retire_quietly(version)
             return state.live
+
+    def _check_stored(self, version: int) -> None:
+        """Raise the one line that says why ``version`` cannot be served, where it is not on disk."""
+        versions = self.store.versions()
+        if version in versions:
+            return
+        if versions and 0 < version < versions[-1]:
+            keep = f" ({self.keep_checkpoints})" if self.keep_checkpoints is not None else ""
+            raise VersionDeleted(
+                f"version {version} was deleted from {self.store.folder}: the model store keeps the newest "
+                f"daemon.keep_checkpoints{keep} versions and the live one; `alma versions` lists those left "
+                f"({versions[0]} to {versions[-1]})"
+            )
+        raise ValueError(f"version {version} is not in {self.store.folder} (have {versions})")
 
     def resync(self) -> None:
         """Re-serve the live version if the server lost it; the background worker calls this when idle."""
@@ -349,6 +375,16 @@ class Publisher(ABC):
                 self._missing_live = live
             return None
         return live
+
+    def _prune_quietly(self) -> None:
+        if self.keep_checkpoints is None:
+            return
+        state = self.pointer.read()
+        try:
+            prune(self.store, self.keep_checkpoints, state, ruled_up_to=state.decided)
+        except OSError as err:
+            # Deleting frees the disk only; the next decision deletes what is left.
+            log.warning("deleting old model versions failed", extra={"error": str(err)})
 
     def _retire_quietly(self, live: int) -> None:
         try:

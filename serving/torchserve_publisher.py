@@ -176,7 +176,13 @@ class TorchServePublisher(Publisher):
 
     kind = "torchserve"
 
-    def __init__(self, store: CheckpointStore, serving: ServingConfig, client: TorchServeClient):
+    def __init__(
+        self,
+        store: CheckpointStore,
+        serving: ServingConfig,
+        client: TorchServeClient,
+        keep_checkpoints: int | None = None,
+    ):
         super().__init__(
             store,
             serving.promotion_margin,
@@ -184,6 +190,7 @@ class TorchServePublisher(Publisher):
             promotion_min_examples=serving.promotion_min_examples,
             promotion_min_positives=serving.promotion_min_positives,
             guard_positive_recall=serving.guard_positive_recall,
+            keep_checkpoints=keep_checkpoints,
         )
         self.client = client
         self.model = serving.model_name
@@ -243,12 +250,17 @@ class TorchServePublisher(Publisher):
         with failing_as("register"):
             registered = self.client.versions(self.model)
         stored = set(self.store.versions())
-        return sorted(
-            version
-            for version, entry in registered.items()
-            if version in stored
-            and _archive_file(entry) == archive_name(self.model, version, checkpoint_digest(self.store.path(version)))
-        )
+        served = []
+        for version, entry in sorted(registered.items()):
+            if version not in stored:
+                continue
+            try:
+                digest = checkpoint_digest(self.store.path(version))
+            except FileNotFoundError:
+                continue  # deleted since it was listed (daemon.keep_checkpoints); `alma versions` reads unlocked
+            if _archive_file(entry) == archive_name(self.model, version, digest):
+                served.append(version)
+        return served
 
     def _unregister_stale(self, version: int, registered: int) -> None:
         """Drain and unregister ``version``, registered from a checkpoint since deleted (see

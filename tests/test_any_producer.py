@@ -10,13 +10,13 @@ from collections import Counter
 from collections.abc import Iterable
 
 import pytest
-import safetensors.torch
 import torch
 
 from alma_daemon.config import build_config
 from alma_daemon.data.events import EVENT_JSON, EVENT_ROWS, encode_events
 from alma_daemon.data.wire import WireRecord, encode_chunk
 from alma_daemon.infra.redis_keys import StreamKeys
+from alma_daemon.service.chunk_store import ChunkStore
 from alma_daemon.service.redis_buffer import RedisBuffer
 from alma_daemon.transports.replay import CHUNK_SOURCES, dataset_chunks
 from tests.helpers.daemon import engine_state, finish, service_config, sigkill, start_daemon, wait_until, write_config
@@ -55,14 +55,15 @@ def rows(x: torch.Tensor, y: torch.Tensor) -> Counter:
     return Counter((bytes(xi.to(torch.uint8).flatten().tolist()), int(yi)) for xi, yi in zip(x, y, strict=True))
 
 
-def buffered_rows(client, keys: StreamKeys) -> tuple[list[int], Counter]:
-    buffer = RedisBuffer(client, keys)
+def buffered_rows(client, keys: StreamKeys, tmp_path) -> tuple[list[int], Counter]:
+    """The kept chunks and their examples, read from the daemon's chunk store (``run_killed_mid_stream``'s)."""
+    store = ChunkStore.for_config(build_config(service_config(tmp_path, None, keys.stream)))
+    buffer = RedisBuffer(client, keys, store)
     found: Counter = Counter()
     for chunk_id in buffer.kept_chunks():
-        train, val = client.hmget(keys.split(chunk_id), ["train", "val"])
-        for blob in (train, val):
-            tensors = safetensors.torch.load(blob)
-            found += rows(tensors["x"], tensors["y"])
+        split = buffer.split(chunk_id)
+        for part in (split.train, split.val):
+            found += rows(part.x, part.y)
     return buffer.kept_chunks(), found
 
 
@@ -129,7 +130,7 @@ def test_chunks_spread_over_four_partitions_are_all_trained_on_once_in_id_order(
     ]
     state = run_killed_mid_stream(tmp_path, kafka_broker, redis_server, redis_db, "spread", records)
     assert state["chunks_seen"] == CHUNKS
-    kept, found = buffered_rows(redis_db, StreamKeys("spread"))
+    kept, found = buffered_rows(redis_db, StreamKeys("spread"), tmp_path)
     assert kept == list(range(1, CHUNKS + 1)) and found == rows(x, y)
     taken = [row["chunk"] for row in state["series"]]
     assert sorted(taken) == kept
@@ -153,7 +154,7 @@ def test_labeled_events_from_four_partitions_are_cut_into_chunks_and_each_traine
         tmp_path, kafka_broker, redis_server, redis_db, stream, records, stream={"chunk_examples": EXAMPLES // CHUNKS}
     )
     assert state["chunks_seen"] == CHUNKS and state["late_chunks"] == 0
-    kept, found = buffered_rows(redis_db, StreamKeys(stream))
+    kept, found = buffered_rows(redis_db, StreamKeys(stream), tmp_path)
     assert kept == list(range(1, CHUNKS + 1)) and found == rows(x, y)
     assert int(redis_db.hget(StreamKeys(stream).ingest, "examples_received")) == EXAMPLES
 
@@ -194,7 +195,7 @@ def test_a_teams_features_as_events_from_four_partitions_train_its_model_once_an
     assert state["chunks_seen"] == CHUNKS and state["late_chunks"] == 0
     series = [json.loads(row) for row in redis_db.lrange(StreamKeys("features").series, 0, -1)]
     assert {"prequential_recall", "cumulative_recall", "test_measures"} <= set(series[-1])
-    kept, found = buffered_rows(redis_db, StreamKeys("features"))
+    kept, found = buffered_rows(redis_db, StreamKeys("features"), tmp_path)
     assert kept == list(range(1, CHUNKS + 1)) and found == rows(x, y)
     reasons = {fields[b"reason"] for _, fields in redis_db.xrange(StreamKeys("features").dead)}
     assert reasons == {b"shape", b"label_range"}

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
-from alma_daemon.core.checkpoints import VALIDATION, WEIGHTS, CheckpointStore
+from alma_daemon.core.checkpoints import TRASH_PREFIX, VALIDATION, WEIGHTS, CheckpointStore
 from alma_daemon.data.datasets import MNIST_TASK
 from alma_daemon.learners import build_learner
 from tests.helpers.configs import learner_settings
@@ -55,3 +56,34 @@ def test_tied_weights_are_saved_once_and_the_same_weights_make_the_same_bytes(tm
     loaded = store.load(1).model
     assert all(member.head.weight.data_ptr() == member.wte.weight.data_ptr() for member in loaded)  # still tied
     assert all(torch.equal(a, b) for a, b in zip(learner.model.state_dict().values(), loaded.state_dict().values()))
+
+
+def test_a_version_is_deleted_whole_and_a_crash_part_way_leaves_trash_not_a_version(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = CheckpointStore(tmp_path, "alma")
+    learner = build_learner("sm", MNIST_TASK, learner_settings("sm", {"width": 8}), seed=1)
+    for version in (1, 2, 3):
+        store.save(learner, version, {})
+    store.delete(1)
+    assert store.versions() == [2, 3] and sorted(p.name for p in store.folder.iterdir()) == ["2", "3"]
+
+    class Crash(BaseException):
+        pass
+
+    def crash_part_way(path: Path, *args: object, **kwargs: object) -> None:
+        (Path(path) / WEIGHTS).unlink()
+        raise Crash
+
+    listed = store.versions()
+    with monkeypatch.context() as patched, pytest.raises(Crash):
+        patched.setattr(shutil, "rmtree", crash_part_way)
+        store.delete(2)
+    assert store.versions() == [3]
+    assert store.metrics(2) is None  # a reader that listed it before (alma versions) skips it
+    assert [p.name.startswith(f"{TRASH_PREFIX}2-") for p in store.folder.iterdir() if p.name != "3"] == [True]
+    assert listed == [2, 3] and store.metrics(3) == {"version": 3}
+
+    store.sweep_trash()
+    assert sorted(p.name for p in store.folder.iterdir()) == ["3"]
+    store.delete(7)  # nothing there: nothing to do

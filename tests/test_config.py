@@ -408,3 +408,33 @@ def test_every_registered_policy_is_in_the_readme_and_has_its_section_in_the_pol
     for name in policy_names():
         assert f"`{name}`" in readme, f"README.md does not name the policy {name}"
         assert f"\n## `{name}`" in page, f"docs/policies.md has no section for the policy {name}"
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (["policy.max_model_age_seconds=0.5"], "policy.max_model_age_seconds: 0.5 s is below daemon.poll_seconds=1"),
+        (
+            ["stream.chunk_examples=100", "train.max_stage_examples=50"],
+            "train.max_stage_examples: 50 is smaller than one chunk (stream.chunk_examples=100)",
+        ),
+        (
+            [
+                "stream.chunk_examples=100",
+                "stream.replay=true",
+                "stream.replay_keep=window",
+                "stream.replay_examples=99",
+            ],
+            "stream.replay_examples: 99 is smaller than one chunk",
+        ),
+        (["stream.replay_keep=window"], "stream.replay_keep: window, but stream.replay is false"),
+        (
+            ["stream.replay=true", "stream.replay_keep=reservoir"],
+            "stream.replay_examples: stream.replay_keep reservoir needs",
+        ),
+        (["policy.max_model_age_chunks=0"], "policy.max_model_age_chunks"),
+    ],
+)
+def test_bounds_that_cannot_hold_fail_at_start_up_naming_the_key(overrides, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        build_config({}, overrides)

@@ -17,7 +17,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import redis
-import safetensors.torch
 import torch
 from safetensors.torch import load_file
 
@@ -29,6 +28,7 @@ from alma_daemon.data.wire import MAX_ID, encode_chunk
 from alma_daemon.infra.redis_keys import StreamKeys
 from alma_daemon.infra.unreachable import ServerUnreachable
 from alma_daemon.research.simulate import run_simulation
+from alma_daemon.service.chunk_store import ChunkStore
 from alma_daemon.service.daemon import Daemon
 from alma_daemon.service.redis_buffer import RedisBuffer
 from alma_daemon.service.replay_thread import ReplayThread
@@ -159,14 +159,13 @@ def test_sigkill_during_ingestion_and_training_loses_no_example_and_trains_none_
     ingest = redis_db.hgetall(keys.ingest)
     assert int(ingest[b"chunks_received"]) == 6 and int(ingest[b"examples_received"]) == 900
     assert redis_db.xlen(keys.dead) == 0
-    buffer = RedisBuffer(redis_db, keys)
+    buffer = RedisBuffer(redis_db, keys, ChunkStore.for_config(config))
     assert buffer.kept_chunks() == [1, 2, 3, 4, 5, 6] and buffer.pending_chunks() == []
     for chunk in produced:  # every example buffered once, bit for bit, split as the simulator splits it
         expected = split_chunk(chunk, config.stream.val_fraction, config.stream.seed)
-        train, val = redis_db.hmget(keys.split(chunk.index), ["train", "val"])
-        for blob, part in ((train, expected.train), (val, expected.val)):
-            tensors = safetensors.torch.load(blob)
-            assert torch.equal(tensors["x"], part.x) and torch.equal(tensors["y"], part.y)
+        stored = buffer.split(chunk.index)
+        for got, part in ((stored.train, expected.train), (stored.val, expected.val)):
+            assert torch.equal(got.x, part.x) and torch.equal(got.y, part.y)
     state = engine_state(redis_db, stream)
     assert state["chunks_seen"] == 6 and state["stages_done"] == 6 and state["model_version"] == 6
     simulated = run_simulation(config, progress=False)
@@ -355,6 +354,19 @@ def test_only_committed_checkpoints_are_published(tmp_path, redis_db) -> None:
     assert make_publisher(config).live_version() in (None, 1)  # version 2 was written, never committed
     run_daemon(config, redis_db, until=4)
     assert make_publisher(config).live_version() == 4  # margin 1.0: the guard promotes every version
+
+
+@pytest.mark.integration
+def test_without_a_publisher_the_daemon_keeps_only_the_newest_checkpoints(tmp_path, redis_db) -> None:
+    config = build_config(
+        service_config(
+            tmp_path, None, "kept", stream={"megabatches": 5}, serving={"kind": "none"}, daemon={"keep_checkpoints": 2}
+        )
+    )
+    replay(dataset_chunks(config), RedisStreamPublisher(redis_db, config.kafka.topic), "kept", progress=False)
+    daemon = run_daemon(config, redis_db, until=5)
+    assert daemon.engine.state.model_version == 5
+    assert daemon.store.versions() == [4, 5]
 
 
 @pytest.mark.integration

@@ -21,6 +21,7 @@ from safetensors.torch import load_file
 
 from alma_daemon.config import build_config
 from alma_daemon.infra.redis_keys import StreamKeys
+from alma_daemon.service.chunk_store import ChunkStore
 from alma_daemon.service.redis_buffer import RedisBuffer
 from alma_daemon.transports.redis_stream import RedisStreamPublisher
 from alma_daemon.transports.replay import ReplayChunk, dataset_chunks, replay
@@ -159,7 +160,7 @@ def test_kill_9_of_either_rank_mid_step_resumes_to_the_uninterrupted_series(tmp_
         )
         # Rank 1 frozen: rank 0 takes the next chunk and cannot end its step without it.
         follower.send_signal(signal.SIGSTOP)
-        buffer = RedisBuffer(redis_db, keys)
+        buffer = RedisBuffer(redis_db, keys, ChunkStore.for_config(config))
         assert (buffer.kept_chunks(), buffer.pending_chunks()) == buffered
         publish(redis_db, config, chunks[done : done + 1])
         published = done + 1

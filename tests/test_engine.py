@@ -6,6 +6,7 @@ import csv
 import io
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -337,3 +338,46 @@ def test_a_row_with_a_value_that_is_not_finite_is_written_as_null_in_strict_json
     written = json.loads((tmp_path / "results.json").read_text(), parse_constant=refuse)
     assert written["series"][-1]["test_error"] is None and written["series"][-1]["prequential_error"] is None
     assert len(written["series"]) == B + 1
+
+
+def test_the_freshness_bound_caps_the_models_age_and_rows_show_the_age_and_windowed_measure():
+    engine = run_stream(["policy.wait=100", "policy.max_model_age_chunks=2", "stream.prequential_window=3"], chunks=B)
+    rows = engine.state.series
+    assert [row["model_age_chunks"] for row in rows] == [1, 0, 1, 0, 1, 0]
+    assert [row["trained"] for row in rows] == [False, True, False, True, False, True]
+    assert rows[1]["reason"].startswith("freshness bound: 2 chunk(s) since the last stage")
+    preq = [row["prequential_error"] for row in rows]
+    assert rows[-1]["prequential_window_error"] == pytest.approx(sum(preq[-3:]) / 3)
+    assert rows[0]["prequential_window_error"] == pytest.approx(preq[0])
+
+
+def test_between_chunks_a_bound_in_seconds_trains_any_policy_with_a_chunk_pending():
+    config = build_config(
+        {"train": {"epochs": 1, "patience": 0}, "learner": {"width": 8}},
+        ["policy.wait=100", "policy.max_model_age_seconds=60"],
+    )
+    clock = FakeClock()
+    engine = Engine(
+        build_learner("sm", MNIST_TASK, config.learner, 0),
+        build_policy(config.policy),
+        MemoryBuffer(),
+        config,
+        torch.device("cpu"),
+        clock=clock,
+    )
+    assert engine.on_tick() is None  # nothing pending
+    engine.on_chunk(Chunk(1, separable_data(MNIST_TASK, 60)))
+    clock.now += 30
+    assert engine.on_tick() is None
+    clock.now += 30
+    stage = engine.on_tick()
+    assert stage is not None and engine.state.stages_done == 1
+    assert engine.state.last_decision["reason"].startswith("freshness bound: 60 s since the last stage")
+    assert engine.model_age() == (0, 0.0)
+
+
+def test_a_stage_longer_than_the_bound_in_seconds_is_named_in_one_warning(caplog):
+    with caplog.at_level("WARNING", logger="alma_daemon.core.engine"):
+        run_stream(["policy.wait=1", "policy.max_model_age_seconds=1e-6", "daemon.poll_seconds=1e-6"], chunks=1)
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert re.match(r"policy.max_model_age_seconds=1e-06 is below the \d+ s stage 1 took: every chunk now", warning)

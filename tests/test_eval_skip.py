@@ -8,6 +8,7 @@ import torch
 from alma_daemon.config import build_config
 from alma_daemon.core.chunk_buffer import MemoryBuffer
 from alma_daemon.core.engine import Engine
+from alma_daemon.core.records import TIMING_FIELDS as TIMES
 from alma_daemon.data.datasets import MNIST_TASK
 from alma_daemon.data.streams import Chunk, partition
 from alma_daemon.learners import build_learner
@@ -15,7 +16,6 @@ from policies import build_policy
 from tests.helpers.data import separable_data
 
 CHUNKS = 7
-TIMES = ("wall_seconds", "train_seconds", "cumulative_train_seconds")
 
 
 class MeasureEveryChunk(Engine):

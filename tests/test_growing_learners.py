@@ -1,4 +1,4 @@
-"""Growth steps of gEns, gMoE and Firefly (paper section 4.2); the shared contract covers the rest."""
+"""Growth steps of gEns, gMoE and Firefly (paper section 4.2) and their size caps; the shared contract covers the rest."""
 
 from __future__ import annotations
 
@@ -8,16 +8,19 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from alma_daemon.config import TrainConfig
+from alma_daemon.config import ConfigError, TrainConfig
 from alma_daemon.data.datasets import MNIST_TASK
 from alma_daemon.learners import build_learner, learner_from_spec
 from alma_daemon.learners.firefly import Candidate, apply, propose, select, trace
 from alma_daemon.learners.gmoe import routed_forward
+from alma_daemon.learners.growing import AT_SIZE_CAP
 from alma_daemon.models.firefly_net import parameter_count
 from alma_daemon.training.loop import Trainer
 from tests.helpers.configs import learner_settings
-from tests.helpers.contract import CIFAR_LIKE
+from tests.helpers.contract import CIFAR_LIKE, token_data
 from tests.helpers.data import separable_data
+from tests.helpers.switch_lm import tiny_learner
+from tests.helpers.switch_lm import trainer as lm_trainer
 
 TASKS = {"mlp": MNIST_TASK, "vgg": CIFAR_LIKE}
 
@@ -221,3 +224,101 @@ def test_firefly_inserts_a_layer_only_when_it_beats_the_width_it_would_displace(
     not_worth_it = Candidate("layer", 0, 0, gain=2.5)
     assert select(width + [worth_it], 100, count) == [worth_it, *width[:7]]
     assert select(width + [not_worth_it], 100, count) == width
+
+
+# -- size caps --------------------------------------------------------------------------------------
+def sizes(learner) -> tuple[int, float]:
+    return learner.num_parameters(), learner.inference_flops_per_example()
+
+
+def test_gens_grows_to_its_cap_and_no_further():
+    learner, train, val = make("gens", grow_members=2, max_members=4)
+    stage(learner, train, val, 1)
+    assert stage(learner, train, val, 2).details["added"] == 2
+    assert not learner.at_size_cap
+    assert stage(learner, train, val, 3).details["added"] == 1  # one of the k = 2 fits
+    assert learner.at_size_cap and learner.arch["members"] == 4
+    capped = sizes(learner)
+    growth = stage(learner, train, val, 4)
+    assert growth.details["added"] == 0 and growth.skipped == f"{AT_SIZE_CAP} (learner.max_members: 4)"
+    assert growth.as_row()["reason"] == growth.skipped  # what the stage's record shows
+    assert sizes(learner) == capped
+    assert learner.members_to_train() == range(3, 4)  # the stage fine-tunes the newest member
+    rebuilt = learner_from_spec(json.loads(json.dumps(learner.spec())))
+    assert rebuilt.config.max_members == 4 and rebuilt.at_size_cap
+
+
+def test_gmoe_grows_to_its_cap_per_mixture_layer_and_no_further():
+    learner, train, val = make("gmoe", max_experts=3)
+    for number in (1, 2, 3):
+        stage(learner, train, val, number)
+    assert [len(m.experts) for m in learner.mixtures()] == [3, 3] and learner.at_size_cap
+    capped = sizes(learner)
+    growth = stage(learner, train, val, 4)
+    assert not growth.grew and growth.skipped.startswith(AT_SIZE_CAP) and growth.flops is None
+    assert sizes(learner) == capped
+
+
+def test_firefly_spends_only_the_room_its_cap_leaves():
+    learner, train, val = make("firefly", n=64, growth_rate=0.5)
+    initial = learner.num_parameters()
+    cap = initial + initial // 10  # a fifth of the step growth_rate asks for
+    learner, train, val = make("firefly", n=64, growth_rate=0.5, max_parameters=cap)
+    stage(learner, train, val, 1)
+    growth = stage(learner, train, val, 2)
+    assert growth.details["budget"] == cap - initial
+    assert initial < learner.num_parameters() <= cap
+    for number in range(3, 6):  # each step adds a unit at least (its best new unit gains), until none fits
+        if learner.at_size_cap:
+            break
+        before = learner.num_parameters()
+        stage(learner, train, val, number)
+        assert before < learner.num_parameters() <= cap
+    assert learner.at_size_cap and cap - learner.num_parameters() < learner.smallest_growth()
+    capped = sizes(learner)
+    assert stage(learner, train, val, 6).skipped == f"{AT_SIZE_CAP} (learner.max_parameters: {cap})"
+    assert sizes(learner) == capped
+
+
+def test_switch_lm_gmoe_copies_only_the_experts_that_fit_under_its_cap():
+    learner = tiny_learner("switch-lm-gmoe", grow_experts=2, max_experts=4)  # starts at 3 experts per block
+    train, val = token_data(64, seed=1), token_data(16, seed=2)
+    learner.fit(train, val, lm_trainer())
+    growth = learner.grow(val, lm_trainer(stage=2))
+    assert [len(c) for c in growth.details["copied"]] == [1, 1] and growth.details["experts"] == [4, 4]
+    assert learner.at_size_cap
+    learner.architecture_changed()
+    capped = sizes(learner)
+    assert learner.grow(val, lm_trainer(stage=3)).skipped == f"{AT_SIZE_CAP} (learner.max_experts: 4)"
+    assert sizes(learner) == capped
+
+
+def test_without_a_cap_growing_learners_are_never_at_it():
+    learner, train, val = make("gens")
+    for number in (1, 2, 3):
+        stage(learner, train, val, number)
+    assert learner.arch["members"] == 3 and not learner.at_size_cap
+    assert not build_learner("sm", MNIST_TASK, learner_settings("sm", {"width": 8}), seed=0).at_size_cap
+
+
+@pytest.mark.parametrize(
+    "name,keys,message",
+    [
+        ("gens", {"max_members": 1}, "learner.max_members: 1 is not above the 1 member"),
+        ("gmoe", {"max_experts": 0}, "learner.max_experts: 0 is not above the 1 expert"),
+        ("switch-lm-gens", {"max_members": -2}, "learner.max_members: -2 is not above the 1 member"),
+        ("switch-lm-gmoe", {"experts": 4, "max_experts": 4}, "learner.max_experts: 4 is not above the 4 experts"),
+        ("firefly", {"max_parameters": 0}, "learner.max_parameters: must be > 0"),
+        ("gens", {"max_members": 2.5}, "learner.max_members: must be an integer"),
+    ],
+)
+def test_a_cap_that_leaves_no_room_to_grow_is_refused_naming_the_key(name, keys, message):
+    with pytest.raises(ConfigError, match=f"^{message}") as refused:
+        learner_settings(name, {}, keys)
+    assert "\n" not in str(refused.value)
+
+
+def test_a_firefly_cap_at_its_initial_parameters_is_refused_when_built():
+    initial = make("firefly")[0].num_parameters()
+    with pytest.raises(ConfigError, match=f"^learner.max_parameters: {initial} is not above the {initial} parameters"):
+        make("firefly", max_parameters=initial)

@@ -236,3 +236,48 @@ def test_budget_counts_the_stage_duration_as_elapsed_time():
 def test_config_errors_name_the_key(name, kwargs, key):
     with pytest.raises(ConfigError, match=key):
         policy(name, **kwargs)
+
+
+def _state(**fields):
+    base = dict(
+        chunks_seen=5,
+        chunks_pending=5,
+        examples_pending=500,
+        stages_done=0,
+        now=0.0,
+        started_at=0.0,
+        train_flops_total=0.0,
+        train_seconds_total=0.0,
+    )
+    return PolicyState(**{**base, **fields})
+
+
+def test_the_freshness_bound_forces_a_stage_and_says_why():
+    policy = build_policy(policy_config(name="fixed", wait=100, max_model_age_chunks=5))
+    assert not policy.decide_within_bounds(_state(model_age_chunks=4)).trains
+    forced = policy.decide_within_bounds(_state(model_age_chunks=5))
+    assert forced.trains
+    assert forced.reason.startswith("freshness bound: 5 chunk(s) since the last stage >= policy.max_model_age_chunks=5")
+    assert "the policy would have waited: 5 chunk(s) pending < wait 100" in forced.reason
+
+
+def test_the_bound_in_seconds_forces_a_stage_only_with_a_chunk_pending():
+    policy = build_policy(policy_config(name="fixed", wait=100, max_model_age_seconds=60.0))
+    assert policy.decide_within_bounds(_state(model_age_seconds=61.0)).trains
+    assert not policy.decide_within_bounds(_state(model_age_seconds=61.0, chunks_pending=0)).trains
+
+
+def test_adaptive_counts_a_forced_stage_as_its_own():
+    policy = build_policy(policy_config(name="adaptive", max_model_age_chunks=1))
+    for chunk in range(1, 6):
+        state = _state(
+            chunks_seen=chunk,
+            chunks_pending=1,
+            model_age_chunks=1,
+            prequential=0.2,
+            prequential_examples=100,
+            newest_chunk=chunk,
+        )
+        assert policy.decide_within_bounds(state).trains
+    # Five stages of one chunk each: its growing wait counts every chunk trained on.
+    assert policy.trained == 5

@@ -58,3 +58,12 @@ def test_state_that_does_not_survive_json_fails_the_contract(monkeypatch):
     checks = {check.name: check for check in yield_policy_checks("fixed", {"wait": 1})}
     with pytest.raises(ContractError, match="its state changes through JSON"):
         checks["state_dict_round_trips_through_json"]()
+
+
+@pytest.mark.parametrize("unit", ["chunks", "seconds"])
+def test_a_policy_that_ignores_the_freshness_bound_fails_the_contract(monkeypatch, unit):
+    fixed = POLICIES["fixed"]
+    monkeypatch.setattr(fixed, "decide_within_bounds", fixed.decide)
+    checks = {check.name: check for check in yield_policy_checks("fixed", {"wait": 40})}
+    with pytest.raises(ContractError, match="past its bound"):
+        checks[f"honours_a_freshness_bound_in_{unit}"]()

@@ -19,7 +19,7 @@ import torch
 
 from alma_daemon.cli import main
 from alma_daemon.config import build_config
-from alma_daemon.core.checkpoints import WEIGHTS, CheckpointStore
+from alma_daemon.core.checkpoints import TRASH_PREFIX, WEIGHTS, CheckpointStore
 from alma_daemon.core.chunk_buffer import MemoryBuffer
 from alma_daemon.core.engine import Engine
 from alma_daemon.data.datasets import MNIST_TASK
@@ -32,8 +32,10 @@ from policies import build_policy
 from serving import build_publisher
 from serving.archiver import ARCHIVES, build_archive
 from serving.background import BackgroundPublisher
+from serving.live_pointer import LivePointer, ServingState
 from serving.local_publisher import LocalPublisher
 from serving.publisher import Candidate, Outcome, PublishError
+from serving.retention import prune_after_commit, unneeded
 from tests.helpers.data import separable_data
 from tests.helpers.serving import metric_value, new_learner, save_version
 
@@ -398,10 +400,13 @@ def test_a_deletion_cut_short_by_a_crash_leaves_nothing_in_the_way_of_the_redone
         patched.setattr(shutil, "rmtree", crash_part_way)
         drop_uncommitted_checkpoints(store, 1)
 
-    assert store.versions() == [1] and store.path(2).exists()  # not a version, yet in the way
+    # Renamed away whole before any file went: the number is free for the redone step at once.
+    assert store.versions() == [1] and not store.path(2).exists()
+    assert trash_in(store) != []
     drop_uncommitted_checkpoints(store, 1)  # the next start
-    assert not store.path(2).exists()
     save_version(store, 2, bad, sample)  # the redone step
+    BackgroundPublisher(LocalPublisher(store, promotion_margin=1.0)).start().close()  # the publisher's start
+    assert trash_in(store) == []
     assert store.versions() == [1, 2]
 
 
@@ -475,6 +480,129 @@ def test_a_version_handed_over_before_a_reload_is_not_published_after_it_nor_its
 
 def test_build_publisher_is_none_when_serving_is_off():
     assert build_publisher(build_config({"serving": {"kind": "none"}})) is None
+
+
+# -- how many versions stay on disk (daemon.keep_checkpoints) -------------------------------------
+def trash_in(store: CheckpointStore) -> list[str]:
+    """What deletions cut short left in the model store."""
+    return [path.name for path in store.folder.iterdir() if path.name.startswith(TRASH_PREFIX)]
+
+
+@pytest.mark.parametrize(
+    ("live", "previous", "ruled_up_to", "deleted"),
+    [
+        (None, None, None, [1, 2, 3]),
+        (1, None, 5, [2, 3]),  # the live version stays, however old
+        (4, 2, 5, [1, 3]),  # and the one live before it, which serves again if the live one is withdrawn
+        (None, None, 3, [1]),  # nothing above the versions ruled on is touched: 4 and 5 await the guard
+    ],
+)
+def test_the_versions_deleted_are_the_ruled_ones_but_the_newest_the_live_and_the_previous(
+    live, previous, ruled_up_to, deleted
+):
+    assert unneeded([1, 2, 3, 4, 5], 2, ServingState(live=live, previous=previous), ruled_up_to) == deleted
+
+
+def test_each_decision_deletes_the_versions_beyond_the_newest_ruled_on_never_the_live_or_unruled_ones(
+    store, good_and_bad
+):
+    good, bad, sample = good_and_bad
+    save_version(store, 1, good, sample)
+    for version in range(2, 9):
+        save_version(store, version, bad, sample)
+    archives = store.folder / ARCHIVES
+    archives.mkdir()
+    for version in (2, 5):
+        (archives / f"{MODEL}-v{version}-0123456789abcdef.mar").write_bytes(b"an archive")
+    publisher = LocalPublisher(store, promotion_margin=0.0, keep_checkpoints=2)
+    assert publisher.publish(1).action == "promoted"
+    assert store.versions() == list(range(1, 9))  # none ruled on beyond the newest two
+    # The worker fell behind: 6 is decided, 7 and 8 are still to be ruled on.
+    assert publisher.publish(6).action == "refused"
+    assert store.versions() == [1, 5, 6, 7, 8]
+    assert [path.name for path in archives.iterdir()] == [f"{MODEL}-v5-0123456789abcdef.mar"]
+    assert publisher.publish(8).action == "refused"
+    assert store.versions() == [1, 7, 8]
+
+    save_version(store, 9, good, sample)
+    assert publisher.publish(9).action == "promoted"
+    assert store.versions() == [1, 8, 9]  # 1 was live before 9
+    drop_uncommitted_checkpoints(store, 8)  # Redis lost 9's commit: 9 is withdrawn, 1 serves again
+    assert publisher.live_version() == 1 and store.versions() == [1, 8]
+    assert trash_in(store) == []
+
+
+def test_without_a_publisher_the_main_thread_deletes_after_a_commit_and_never_waits_for_the_lock(store, good_and_bad):
+    good, _, sample = good_and_bad
+    for version in range(1, 6):
+        save_version(store, version, good, sample)
+    pointer = LivePointer(store.folder)
+    pointer.write(ServingState(live=1, decided=1))  # left by a run with serving on
+    with pointer.locked():  # held by `alma rollback` in another process
+        assert prune_after_commit(store, keep=2) == []
+    assert store.versions() == [1, 2, 3, 4, 5]
+    assert prune_after_commit(store, keep=2) == [2, 3]  # the next commit
+    assert store.versions() == [1, 4, 5]
+
+
+def test_a_deletion_cut_short_by_a_crash_leaves_no_version_half_deleted_and_the_next_prune_ends_it(
+    store, good_and_bad, monkeypatch, capsys
+):
+    good, _, sample = good_and_bad
+    for version in range(1, 5):
+        save_version(store, version, good, sample)
+
+    class Crash(BaseException):
+        pass
+
+    def crash_part_way(path: Path, *args: object, **kwargs: object) -> None:
+        (Path(path) / WEIGHTS).unlink()
+        raise Crash
+
+    with monkeypatch.context() as patched, pytest.raises(Crash):
+        patched.setattr(shutil, "rmtree", crash_part_way)
+        prune_after_commit(store, keep=2)
+
+    assert store.versions() == [2, 3, 4] and len(trash_in(store)) == 1
+    config = ["--set", f"daemon.checkpoint_dir={store.root}", "--set", "serving.kind=local"]
+    assert main(["versions", *config, "--json"]) == 0
+    assert [row["version"] for row in json.loads(capsys.readouterr().out)] == [2, 3, 4]
+    assert prune_after_commit(store, keep=2) == [2]
+    assert store.versions() == [3, 4] and trash_in(store) == []
+
+
+def test_the_guard_tops_its_sample_up_from_the_versions_left_after_a_prune(store, good_and_bad):
+    good, bad, sample = good_and_bad
+    parts = [sample.subset(slice(40 * i, 40 * (i + 1))) for i in range(5)]
+    for version, part in enumerate(parts[:4], start=1):
+        save_version(store, version, good, part)
+    save_version(store, 5, bad, parts[4])
+    publisher = LocalPublisher(store, promotion_margin=0.0, promotion_min_examples=200, keep_checkpoints=2)
+    publisher.publish(1)
+    assert publisher.publish(4).action == "promoted"
+    assert store.versions() == [1, 3, 4, 5]  # 2 deleted; 1 was live before 4
+
+    taken = publisher.guard_sample(publisher.load_candidate(5))
+    expected = LabeledData.concat([parts[4], parts[3], parts[2], parts[0]])
+    assert torch.equal(taken.x, expected.x) and torch.equal(taken.y, expected.y)
+    outcome = publisher.publish(5)
+    assert (outcome.action, outcome.examples) == ("refused", 160)
+
+
+def test_a_rollback_to_a_deleted_version_fails_in_one_line_naming_the_key(store, good_and_bad, capsys):
+    good, _, sample = good_and_bad
+    for version in range(1, 6):
+        save_version(store, version, good, sample)
+    LocalPublisher(store, promotion_margin=1.0, keep_checkpoints=2).publish(5)
+    assert store.versions() == [4, 5]
+    config = ["--set", f"daemon.checkpoint_dir={store.root}", "--set", "serving.kind=local"]
+
+    assert main(["rollback", *config, "--set", "daemon.keep_checkpoints=2", "--to", "2"]) == 1
+    error = capsys.readouterr().err
+    assert error.startswith("alma rollback: error: version 2 was deleted from ") and error.count("\n") == 1
+    assert "the newest daemon.keep_checkpoints (2) versions" in error
+    assert main(["rollback", *config, "--to", "4"]) == 0
+    assert LivePointer(store.folder).read().live == 4
 
 
 # -- the commands ---------------------------------------------------------------------------------

@@ -60,6 +60,8 @@ def version_rows(
     rows = []
     for version in shown_versions(store.versions(), live, last):
         metrics = store.metrics(version)
+        if metrics is None:
+            continue  # deleted since it was listed (daemon.keep_checkpoints)
         row = {
             "version": version,
             "live": version == live,

@@ -16,7 +16,7 @@ from typing import Annotated, Any, cast
 from pydantic import BeforeValidator, Field
 from pydantic.dataclasses import dataclass
 
-from alma_daemon.config.base import PLUGIN_SECTION, Int, PluginConfig, Str, UnionSchema, validate
+from alma_daemon.config.base import PLUGIN_SECTION, Float, Int, PluginConfig, Str, UnionSchema, validate
 
 
 @functools.cache
@@ -60,6 +60,19 @@ class PolicyConfig(PluginConfig):
     )
     grow_every: Int = Field(
         default=1, ge=0, description="Growing learners grow every k-th training stage (1 = every stage, 0 = never)."
+    )
+    max_model_age_chunks: Int | None = Field(
+        default=None,
+        gt=0,
+        description="The freshness bound in chunks: a stage is forced once this many chunks arrived since the last "
+        "stage, whatever the policy would wait for (the reason says so). None = no bound in chunks.",
+    )
+    max_model_age_seconds: Float | None = Field(
+        default=86400.0,
+        gt=0,
+        description="The freshness bound in seconds: a stage is forced once the last stage is this old and a chunk "
+        "waits (checked on each chunk and between chunks). 86400 = a day, the nightly retrain teams run by default. "
+        "None = no bound in time.",
     )
 
     section = "policy"

@@ -287,6 +287,23 @@ class StreamConfig:
         default=False,
         description="Train on every chunk seen so far instead of only the ones accumulated since the last stage.",
     )
+    replay_keep: Literal["all", "window", "reservoir"] = Field(
+        default="all",
+        description="With stream.replay: the chunks kept for replay. all (every chunk, the paper's), window (the most "
+        "recent, up to stream.replay_examples examples) or reservoir (a seeded uniform sample of the whole stream, up "
+        "to stream.replay_examples examples, the same after a restart). Chunks no replay set holds are deleted.",
+    )
+    replay_examples: Int | None = Field(
+        default=None,
+        gt=0,
+        description="stream.replay_keep window or reservoir: the examples the replay set holds at most.",
+    )
+    prequential_window: Int = Field(
+        default=50,
+        gt=0,
+        description="Chunks of the windowed prequential measure: the task's measure on the last N chunks, each "
+        "taken before training on it (the error users saw lately; results, status, metrics).",
+    )
     seed: Int = Field(
         default=0, description="Seed of the partition into mega-batches and of each chunk's train/validation split."
     )
@@ -331,6 +348,15 @@ class StreamConfig:
         return value
 
     def __post_init__(self) -> None:
+        bounded = self.replay_keep != "all"
+        if bounded and not self.replay:
+            raise ConfigError(f"stream.replay_keep: {self.replay_keep}, but stream.replay is false, so nothing is kept")
+        if bounded and self.replay_examples is None:
+            raise ConfigError(
+                f"stream.replay_examples: stream.replay_keep {self.replay_keep} needs the replay set's size"
+            )
+        if self.replay_examples is not None and not bounded:
+            raise ConfigError("stream.replay_examples: set, but stream.replay_keep is all (set window or reservoir)")
         if self.features and self.chunk_examples is None and self.chunk_seconds is None:
             raise ConfigError(
                 "stream.features: names the fields of events, but the stream is not an event stream "
@@ -371,6 +397,14 @@ class TrainConfig:
     )
     warmup_steps: Int = Field(
         default=20, ge=0, description="Language modeling: linear warm-up steps, then linear decay to 0."
+    )
+    max_stage_examples: Int | None = Field(
+        default=None,
+        gt=0,
+        description="A stage trains on at most this many examples (training and validation together): the newest "
+        "pending chunks first, then a seeded sample of the replay set; pending chunks beyond it are dropped untrained "
+        "(the stage's skipped), and a chunk alone larger is cut to a seeded sample. None = everything pending (and "
+        "kept, with replay): a stage's time then grows with what waits.",
     )
     compile: Bool = Field(
         default=False,
@@ -445,6 +479,13 @@ class RedisConfig:
     max_buffer_bytes: Int = Field(
         default=1 << 30, gt=0, description="Backpressure: ingest pauses while this many bytes of chunks are buffered."
     )
+    chunk_store: Str | None = Field(
+        default=None,
+        description="Where the chunks the engine took wait (pending) and are kept for replay, one safetensors file "
+        "each under <chunk_store>/<daemon.stream>/: a folder or any fsspec URL (s3://bucket/prefix for a fleet, with "
+        "s3fs installed), checked writable at start. Redis holds only the chunks being assembled or ready, and the "
+        "taken ones' ids and sizes. None = <daemon.state_dir>/chunks.",
+    )
     username: Str | None = Field(default=None, description="ACL user (Redis 6+); None = the default user.")
     password_file: Str | None = Field(
         default=None,
@@ -498,10 +539,21 @@ class DaemonConfig:
         gt=0,
         description='A part whose chunk id is more than this above the newest completed chunk (the first chunk is not bounded) is dead-lettered as chunk_ahead: one record with a wild id would otherwise make every later chunk "older" than a completed one (docs/service.md, "Bad input"). Equal to wire.DEFAULT_MAX_CHUNKS_AHEAD (tested).',
     )
+    incomplete_chunk_seconds: Float = Field(
+        default=3600.0,
+        gt=0,
+        description="A chunk with parts stored but incomplete this long after its first part arrived is "
+        "dead-lettered (reason incomplete) and its parts deleted, so leftovers of an endless stream do not pile up.",
+    )
     reorder_wait_seconds: Float = Field(
         default=30.0,
         ge=0,
         description="When a chunk id is missing and a later chunk is complete, wait at most this long for the missing one before taking the later chunk; a chunk that completes after that still trains, as a late step.",
+    )
+    keep_checkpoints: Int = Field(
+        default=30,
+        ge=2,
+        description='Model versions kept on disk: the newest this many that the publisher has ruled on (with serving.kind none: the newest this many), plus the live version, the one live before it and any version not yet ruled on; older ones are deleted with their archives, and `alma rollback` can no longer reach them (docs/serving.md, "How many versions stay on disk"). 30 keeps the top-up of the guard sample whole in the measured set-ups (25 samples of 12 examples make promotion_min_examples 300; 30 of 50 at 2 % positives hold promotion_min_positives 30); at least 2, as a restart that finds the commit of the newest step lost resumes from the version before it.',
     )
 
 
@@ -619,3 +671,19 @@ class Config:
         if value not in ("auto", "cpu", "cuda") and not re.fullmatch(r"cuda:\d+", value):
             raise ValueError("must be auto, cpu, cuda or cuda:N")
         return value
+
+    def __post_init__(self) -> None:
+        bound, poll = self.policy.max_model_age_seconds, self.daemon.poll_seconds
+        if bound is not None and bound < poll:
+            raise ConfigError(
+                f"policy.max_model_age_seconds: {bound:g} s is below daemon.poll_seconds={poll:g}, how often the "
+                f"daemon checks it between chunks"
+            )
+        # An event stream's chunk size is known before the first chunk; a part stream's is checked as it comes.
+        chunk = self.stream.chunk_examples
+        for key, cap in (
+            ("train.max_stage_examples", self.train.max_stage_examples),
+            ("stream.replay_examples", self.stream.replay_examples),
+        ):
+            if chunk is not None and cap is not None and cap < chunk:
+                raise ConfigError(f"{key}: {cap} is smaller than one chunk (stream.chunk_examples={chunk})")

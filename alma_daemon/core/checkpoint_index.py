@@ -37,5 +37,10 @@ class CheckpointIndex:
         versions = self.versions()
         return versions[-1] if versions else None
 
-    def metrics(self, version: int) -> dict:
-        return json.loads((self.path(version) / METRICS).read_text())
+    def metrics(self, version: int) -> dict | None:
+        """``version``'s metrics.json; None where the version was deleted since it was listed (the
+        daemon keeps only the newest ``daemon.keep_checkpoints``, see ``serving/retention.py``)."""
+        try:
+            return json.loads((self.path(version) / METRICS).read_text())
+        except FileNotFoundError:
+            return None

@@ -5,6 +5,11 @@ into place, so a reader (the publisher, a restarted daemon) sees either a comple
 none, after a power loss too. Versions are monotone integers. A number is written twice only when
 the step that wrote it never committed: a restarted daemon deletes that version and redoes the step
 (``alma_daemon/service/bootstrap.py``). Weights are safetensors: loading one never runs code.
+
+A version is deleted (:meth:`CheckpointStore.delete`: an old one past ``daemon.keep_checkpoints``,
+``serving/retention.py``, or an uncommitted one) by renaming its folder to a trash name first, so a
+crash part-way leaves a trash folder that :meth:`CheckpointStore.sweep_trash` removes later, never
+a half-deleted version.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import json
 import os
 import shutil
 import tempfile
+import uuid
 from pathlib import Path
 
 import torch
@@ -27,6 +33,8 @@ from alma_daemon.learners import Learner, learner_from_spec
 #: A sample of the stage's validation data (``x``, ``y``) for the serving probe and promotion guard.
 VALIDATION = "validation.safetensors"
 VALIDATION_SAMPLE = 512
+#: The name a version's folder is renamed to before it is deleted: ``.trash-<version>-<random>``.
+TRASH_PREFIX = ".trash-"
 
 
 class CheckpointStore(CheckpointIndex):
@@ -59,6 +67,24 @@ class CheckpointStore(CheckpointIndex):
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         return target
+
+    def delete(self, version: int) -> None:
+        """Delete ``version``'s folder, complete or not: renamed to a trash name first (the rename
+        reaches the disk before anything is removed), so that no crash leaves a part of it under its
+        number."""
+        target = self.path(version)
+        if not target.exists():
+            return
+        trash = self.folder / f"{TRASH_PREFIX}{version}-{uuid.uuid4().hex[:8]}"
+        os.rename(target, trash)
+        _fsync(self.folder)
+        shutil.rmtree(trash)
+
+    def sweep_trash(self) -> None:
+        """Remove what a deletion cut short by a crash left behind."""
+        if self.folder.is_dir():
+            for trash in self.folder.glob(f"{TRASH_PREFIX}*"):
+                shutil.rmtree(trash)
 
     def load(self, version: int, device: str = "cpu") -> Learner:
         return load_checkpoint(self.path(version), device)

@@ -28,6 +28,7 @@ from alma_daemon.core.checkpoints import CheckpointStore
 from alma_daemon.core.chunk_buffer import ChunkBuffer
 from alma_daemon.core.engine_state import EngineState
 from alma_daemon.core.records import CUMULATIVE_MEASURES, StageRecord, StepRecord
+from alma_daemon.core.stage_plan import StagePlan
 from alma_daemon.data.streams import Chunk, build_drift, prequential_sample, split_chunk
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import Learner
@@ -88,6 +89,7 @@ class Engine:
         self.state = state or EngineState(started_at=clock())
         self.clock = clock
         self.optimizer_name = resolve_optimizer_name(config.train, config.dataset.name)
+        self.stage_plan = StagePlan.from_config(config)
         # A drifting stream (stream.drift) changes the test set from the first drifted chunk on, as the
         # source changes the chunks, so that CER measures the distribution the chunks come from.
         self.drift = build_drift(config.stream.drift, learner.task, config.stream.seed)
@@ -138,7 +140,8 @@ class Engine:
     def policy_state(self, prequential: Measurement | None = None) -> PolicyState:
         """What the policy sees; ``prequential`` is the newest chunk's measurement (None between chunks)."""
         pending = self.buffer.pending_examples()
-        kept = self.state.examples_seen if self.config.stream.replay else pending
+        age_chunks, age_seconds = self.model_age()
+        kept = self.stage_plan.stage_examples(pending, self.buffer.kept_examples())
         return PolicyState(
             chunks_seen=self.state.chunks_seen,
             chunks_pending=len(self.buffer.pending_chunks()),
@@ -152,17 +155,28 @@ class Engine:
             train_seconds_per_example=self.state.last_stage_seconds_per_example,
             # The validation share of each chunk is held out from training.
             next_stage_examples=round(kept * (1 - self.config.stream.val_fraction)),
-            learner_grows=self.learner.grows,
+            learner_grows=self.learner.grows and not self.learner.at_size_cap,
             growth_keeps_function=self.learner.growth_keeps_function,
             prequential=prequential.value if prequential is not None else None,
             prequential_examples=prequential.examples if prequential is not None else 0,
             prequential_unit_variance=prequential.unit_variance if prequential is not None else None,
             measure=self.learner.measure,
             newest_chunk=self.state.last_chunk or None,
+            model_age_chunks=age_chunks,
+            model_age_seconds=age_seconds,
         )
 
+    def model_age(self) -> tuple[int, float]:
+        """Chunks arrived and seconds passed since the last stage (since the stream's start before it)."""
+        s = self.state
+        since = s.last_stage_at if s.last_stage_at is not None else s.started_at
+        return s.chunks_seen - s.last_stage_chunks_seen, max(0.0, self.clock() - since)
+
     def decide(self, prequential: Measurement | None = None) -> Decision:
-        decision = self.policy.decide(self.policy_state(prequential))
+        """The policy's decision on the newest chunk (or between chunks), the freshness bound honoured."""
+        return self._decided(self.policy.decide_within_bounds(self.policy_state(prequential)))
+
+    def _decided(self, decision: Decision) -> Decision:
         self.state.last_decision = {
             "action": decision.action,
             "reason": decision.reason,
@@ -175,16 +189,24 @@ class Engine:
         return decision
 
     def on_tick(self) -> StageRecord | None:
-        """A policy check between chunks (the daemon's scheduler): time-based policies may train now.
+        """A policy check between chunks (the daemon's scheduler): time-based policies may train now,
+        and any policy whose freshness bound in seconds came due with a chunk pending.
 
         Returns the stage, or None. The stage's FLOPs and seconds are added to the totals here,
         since no step record carries them.
         """
-        if not self.policy.time_based:
-            return None
-        # Asked even with nothing pending: a fire time that passes without a chunk is used up, so a
-        # chunk arriving after it waits for the next one (a nightly schedule's promise).
-        decision = self.decide()
+        if self.policy.time_based:
+            # Asked even with nothing pending: a fire time that passes without a chunk is used up, so a
+            # chunk arriving after it waits for the next one (a nightly schedule's promise).
+            decision = self.decide()
+        else:
+            # Any other policy decides on chunks only; between them only the freshness bound in
+            # seconds can come due, and it is checked without asking the policy (nor logging a wait).
+            state = self.policy_state()
+            overdue = self.policy.overdue(state)
+            if overdue is None:
+                return None
+            decision = self._decided(self.policy.forced_stage(state, overdue))
         if not decision.trains:
             return None
         stage = self.train_stage(decision)
@@ -198,8 +220,8 @@ class Engine:
         """Grow (if told to and able), then train on the buffered data; checkpoint the result."""
         stage = self.state.stages_done + 1
         trainer = self._stage_trainer(stage)
-        chunk_ids = self.buffer.pending_chunks()
-        train, val = self.buffer.training_data(self.config.stream.replay)
+        data = self.buffer.training_data(self.stage_plan, stage)
+        train, val = data.train, data.val
         kind = "scratch" if self.config.train.from_scratch else "finetune"
         growth: GrowthReport | None = None
         # Growth first: it chooses from the trained model (gMoE's losing expert, Firefly's candidates),
@@ -213,10 +235,12 @@ class Engine:
         report: FitReport = self.learner.fit(train, val, trainer)
         # The passes that chose how to grow (validation losses, candidate scoring) are training compute.
         report = replace(report, flops=report.flops + int(growth.flops or 0 if growth else 0))
-        self.buffer.mark_trained(self.config.stream.replay)
+        self.buffer.mark_trained(self.stage_plan, data.choice)
         val_measure = self.learner.measure_on(val).value
         self.state.stages_done = stage
         self.state.model_version += 1
+        self.state.last_stage_chunks_seen = self.state.chunks_seen
+        self.state.last_stage_at = self.clock()
         self.state.last_stage_flops_per_example = report.flops / max(1, len(train))
         self.state.last_stage_seconds_per_example = report.seconds / max(1, len(train))
         record = StageRecord(
@@ -233,10 +257,17 @@ class Engine:
             parameters=self.learner.num_parameters(),
             train_flops_per_example=report.flops / max(1, len(train)),
             growth=growth,
-            chunks=chunk_ids,
+            chunks=list(data.trained),
             examples=len(train) + len(val),
+            skipped=list(data.dropped) or None,
         )
         log.info("trained", extra={k: v for k, v in record.as_row().items() if k != "chunks"})
+        bound = self.config.policy.max_model_age_seconds
+        if bound is not None and report.seconds >= bound:
+            log.warning(
+                f"policy.max_model_age_seconds={bound:g} is below the {report.seconds:.0f} s stage {stage} took: "
+                f"every chunk now forces a stage; raise the bound or cap a stage (train.max_stage_examples)"
+            )
         for observer in self.observers:
             observer.on_stage(record, self)
         self._checkpoint(record, val)
@@ -330,6 +361,8 @@ class Engine:
         cumulates = measure in CUMULATIVE_MEASURES and test is not None
         if cumulates and test is not None:
             s.cumulative_error += test
+        s.recent_prequential = [*s.recent_prequential, prequential][-self.config.stream.prequential_window :]
+        age_chunks, age_seconds = self.model_age()
         record = StepRecord(
             t=s.chunks_seen,
             chunk=chunk.index,
@@ -341,6 +374,9 @@ class Engine:
             prequential=prequential,
             cumulative_prequential=s.cumulative_prequential,
             cumulative=s.cumulative_error if cumulates else None,
+            prequential_window=_finite_mean(s.recent_prequential),
+            model_age_chunks=age_chunks,
+            model_age_seconds=age_seconds,
             test_measures=_finite_values(test_details),
             prequential_measures=_finite_values(details),
             baseline=baseline,
@@ -366,6 +402,12 @@ class Engine:
         if self._test_baseline is None or self._test_baseline[0] is not test_set:
             self._test_baseline = (test_set, self.task_measure.baseline(test_set.y))
         return self._test_baseline[1]
+
+
+def _finite_mean(values: list[float]) -> float | None:
+    """The mean of the finite ``values`` (a diverged chunk's NaN says nothing of the others); None if none."""
+    finite = [v for v in values if math.isfinite(v)]
+    return sum(finite) / len(finite) if finite else None
 
 
 def _finite_or_none(value: float | None) -> float | None:

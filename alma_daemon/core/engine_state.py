@@ -29,5 +29,11 @@ class EngineState:
     last_stage_flops_per_example: float | None = None
     last_stage_seconds_per_example: float | None = None
     last_decision: dict = field(default_factory=dict)
+    #: chunks_seen and the time when the last stage ended: the model's age counts from them (from 0 and
+    #: started_at before the first stage).
+    last_stage_chunks_seen: int = 0
+    last_stage_at: float | None = None
+    #: The prequential measures of the newest chunks (stream.prequential_window of them), for the windowed measure.
+    recent_prequential: list[float] = field(default_factory=list)
     #: The steps' records as rows (:meth:`StepRecord.as_row`), the form results files and Redis hold.
     series: list[dict] = field(default_factory=list)

@@ -99,12 +99,14 @@ class StageRecord:
     growth: GrowthReport | None = column(
         default=None, in_step=True, encode=GrowthReport.as_row, decode=GrowthReport.from_row
     )
-    #: ``chunks``: the chunks not trained on before (pending) only, even with ``stream.replay``, where
-    #: the stage also trains on every earlier chunk kept. ``examples``: the examples trained and
-    #: validated on, the pending chunks' without replay, every kept chunk's with it. None for a stage
-    #: read back from a step's row, which does not carry them.
+    #: ``chunks``: the chunks not trained on before (pending) that the stage trained on, even with
+    #: ``stream.replay``, where the stage also trains on chunks kept for replay. ``examples``: the
+    #: examples trained and validated on, the pending chunks' and (with replay) the replayed ones', at
+    #: most ``train.max_stage_examples``. ``skipped``: the pending chunks that cap dropped untrained
+    #: (None when it dropped none). None for a stage read back from a step's row, which does not carry them.
     chunks: list[int] | None = column(default=None)
     examples: int | None = column(default=None)
+    skipped: list[int] | None = column(default=None)
     train_flops: int = column()
     train_seconds: float = column()
     model_version: int = column()
@@ -163,6 +165,14 @@ class StepRecord:
     #: The model before training on the chunk, measured on the chunk (prequential), and the running sum.
     prequential: float = column("prequential_{measure}", csv=True)
     cumulative_prequential: float = column("cumulative_prequential_{measure}")
+    #: The mean prequential measure over the last stream.prequential_window chunks (this one included):
+    #: the measure users saw lately, which on an endless stream judges a policy where a sum cannot.
+    prequential_window: float | None = column("prequential_window_{measure}", default=None, only_if_set=True, csv=True)
+    #: The model's age after the step: chunks arrived and seconds passed since the last stage (0 chunks
+    #: on a step that trained), bounded by policy.max_model_age_chunks / max_model_age_seconds. The three
+    #: are None in rows written before they were recorded.
+    model_age_chunks: int | None = column(default=None, only_if_set=True, csv=True)
+    model_age_seconds: float | None = column(default=None, only_if_set=True)
     train_flops: int = column(csv=True)
     cumulative_train_flops: int = column(csv=True)
     parameters: int = column(csv=True)

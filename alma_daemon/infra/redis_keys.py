@@ -30,7 +30,8 @@ class StreamKeys:
     def chunk(self, chunk: int) -> str:
         return f"{self.prefix}:chunk:{chunk}"
 
-    def split(self, chunk: int) -> str:
+    def legacy_split(self, chunk: int) -> str:
+        """A buffered chunk as daemons before the chunk store kept it; read once, to move it there."""
         return f"{self.prefix}:split:{chunk}"
 
     @property
@@ -64,6 +65,10 @@ class StreamKeys:
     @property
     def kept(self) -> str:
         return f"{self.prefix}:kept"
+
+    @property
+    def buffered(self) -> str:
+        return f"{self.prefix}:buffered"
 
     @property
     def engine(self) -> str:

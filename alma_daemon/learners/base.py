@@ -136,6 +136,13 @@ class Learner(ABC):
         """Grow the architecture before a training stage; returns what grew and what choosing it cost."""
         raise NotImplementedError(f"learner {self.name!r} does not grow")
 
+    @property
+    def at_size_cap(self) -> bool:
+        """Whether a growing learner has reached its size cap (``learner.max_members``, ...): its growth
+        steps are skipped and its stages fine-tune, so its parameters and inference FLOPs stay as they
+        are. False for a learner that does not grow, or has no cap."""
+        return False
+
     # -- shared behaviour -------------------------------------------------------------------------
     @property
     def device(self) -> torch.device:

@@ -18,6 +18,16 @@ from alma_daemon.config import LearnerConfig
 from alma_daemon.config.base import PLUGIN_SECTION, ConfigError, Float, Int, Str
 
 
+def refuse_cap_without_room(key: str, cap: int | None, start: int, unit: str) -> None:
+    """A size cap must leave room to grow: one at or below the size the learner starts at never lets it
+    grow, which is the non-growing learner's job (sm, switch-lm)."""
+    if cap is not None and cap <= start:
+        raise ConfigError(
+            f"learner.{key}: {cap} is not above the {start} {unit} the learner starts with, so it could never "
+            f"grow; set a larger cap, or none (unbounded)"
+        )
+
+
 @dataclass(config=PLUGIN_SECTION)
 class BackboneConfig(LearnerConfig):
     """Keys of the learners built from the image backbones (MLP, reduced VGG19-BN)."""
@@ -65,25 +75,43 @@ class UniformMixtureConfig(BackboneConfig):
     members: Int = Field(default=5, gt=0, description="Backbones whose averaged logits are trained end to end.")
 
 
+MAX_MEMBERS = (
+    "Members at which growth stops: a growth step adds no more than fit under it (fewer than grow_members), "
+    "and at it a growth step is skipped, saying so, and stages fine-tune the newest members, so parameters "
+    "and inference FLOPs stay constant. None = unbounded (the paper). Must be above 1, the member it starts with."
+)
+
+
 @dataclass(config=PLUGIN_SECTION)
 class GrowingEnsembleConfig(BackboneConfig):
-    """gEns: the backbone's width and the members added per growth step."""
+    """gEns: the backbone's width, the members added per growth step and their cap."""
 
     name: Literal["gens"] = "gens"
     grow_members: Int = Field(default=1, gt=0, description="Members added per growth step (k).")
+    max_members: Int | None = Field(default=None, description=MAX_MEMBERS)
+
+    def __post_init__(self) -> None:
+        refuse_cap_without_room("max_members", self.max_members, 1, "member")
 
 
 @dataclass(config=PLUGIN_SECTION)
 class GrowingMixtureOfExpertsConfig(BackboneConfig):
-    """gMoE: the backbone's width and how the experts are gated."""
+    """gMoE: the backbone's width, how the experts are gated and their cap."""
 
     name: Literal["gmoe"] = "gmoe"
     gating: Literal["soft", "hard"] = Field(
         default="soft",
         description='"soft" (softmax gates) or "hard" (straight-through in training, argmax at test time).',
     )
+    max_experts: Int | None = Field(
+        default=None,
+        description="Experts per mixture layer at which growth stops: from then on a growth step is skipped, "
+        "saying so, and stages fine-tune, so parameters and inference FLOPs stay constant. None = unbounded "
+        "(the paper). Must be above 1, the expert each layer starts with.",
+    )
 
     def __post_init__(self) -> None:
+        refuse_cap_without_room("max_experts", self.max_experts, 1, "expert per mixture layer")
         if self.init_weights is not None:
             raise ConfigError(
                 "learner.init_weights: gmoe's first layers are mixtures of experts, which a deployed model's "
@@ -93,7 +121,7 @@ class GrowingMixtureOfExpertsConfig(BackboneConfig):
 
 @dataclass(config=PLUGIN_SECTION)
 class FireflyConfig(BackboneConfig):
-    """Firefly: the backbone's (initial) width and how much each growth step adds."""
+    """Firefly: the backbone's (initial) width, how much each growth step adds and the parameters' cap."""
 
     name: Literal["firefly"] = "firefly"
 
@@ -108,6 +136,14 @@ class FireflyConfig(BackboneConfig):
         default=0.25,
         ge=0,
         description="Parameters added per growth step as a share of the initial count (linear growth).",
+    )
+    max_parameters: Int | None = Field(
+        default=None,
+        gt=0,
+        description="Parameters at which growth stops: a growth step adds no more than fit under it, and once "
+        "no unit fits a growth step is skipped, saying so, and stages fine-tune, so parameters and inference "
+        "FLOPs stay constant. None = unbounded (the paper). Must be above the initial count (checked when the "
+        "learner is built: it depends on the task's inputs).",
     )
 
 
@@ -144,18 +180,31 @@ class SwitchLMEnsembleConfig(LanguageModelConfig):
 
 @dataclass(config=PLUGIN_SECTION)
 class GrowingSwitchLMEnsembleConfig(LanguageModelConfig):
-    """switch-lm-gens: the size of each LM and the members added per growth step."""
+    """switch-lm-gens: the size of each LM, the members added per growth step and their cap."""
 
     name: Literal["switch-lm-gens"] = "switch-lm-gens"
     grow_members: Int = Field(default=1, gt=0, description="Members added per growth step.")
+    max_members: Int | None = Field(default=None, description=MAX_MEMBERS)
+
+    def __post_init__(self) -> None:
+        refuse_cap_without_room("max_members", self.max_members, 1, "member")
 
 
 @dataclass(config=PLUGIN_SECTION)
 class GrowingSwitchLMConfig(LanguageModelConfig):
-    """switch-lm-gmoe: the LM's initial size and the experts copied per growth step."""
+    """switch-lm-gmoe: the LM's initial size, the experts copied per growth step and their cap."""
 
     name: Literal["switch-lm-gmoe"] = "switch-lm-gmoe"
     grow_experts: Int = Field(default=2, gt=0, description="Experts copied per growth step (top-k by validation loss).")
+    max_experts: Int | None = Field(
+        default=None,
+        description="Experts per Switch layer at which growth stops: a growth step copies no more than fit under "
+        "it, and at it a growth step is skipped, saying so, and stages fine-tune, so parameters and inference "
+        "FLOPs stay constant. None = unbounded. Must be above learner.experts, the count each layer starts with.",
+    )
+
+    def __post_init__(self) -> None:
+        refuse_cap_without_room("max_experts", self.max_experts, self.experts, "experts per Switch layer")
 
 
 #: The built-in learners' config models by learner name, in the order the reference lists them.

@@ -22,7 +22,8 @@ network then takes exactly the steps that were scored, so its function barely ch
 Data: the engine hands :meth:`Learner.grow` the new stage's validation set only, so candidates are
 scored on (a subsample of) it, as gMoE scores its experts.
 
-When to grow: as every growing learner, once the newest part has trained (:mod:`~alma_daemon.learners.growing`).
+When to grow: as every growing learner, once the newest part has trained (:mod:`~alma_daemon.learners.growing`),
+and while a unit fits under ``learner.max_parameters``; a step near the cap spends only the room left.
 """
 
 from __future__ import annotations
@@ -31,16 +32,18 @@ import math
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from alma_daemon.config import LearnerConfig
 from alma_daemon.data.datasets import TaskInfo
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import register_learner
 from alma_daemon.learners.base import SingleNetwork
-from alma_daemon.learners.configs import FireflyConfig
+from alma_daemon.learners.configs import FireflyConfig, refuse_cap_without_room
 from alma_daemon.learners.growing import GrowsOnceTrained
 from alma_daemon.learners.growth_report import GrowthReport
 from alma_daemon.models.backbones import is_image_task
@@ -355,6 +358,8 @@ class Firefly(GrowsOnceTrained, SingleNetwork):
     """
 
     name = "firefly"
+    #: Firefly grows by a parameter budget, so its cap counts parameters.
+    size_cap_key = "max_parameters"
     #: Every candidate is a small, scored step (STEP): the function barely changes.
     growth_keeps_function = True
     config_model = FireflyConfig
@@ -367,19 +372,37 @@ class Firefly(GrowsOnceTrained, SingleNetwork):
     def build(self, arch: dict) -> nn.Module:
         return GrowableNet(self.task, arch)
 
+    def __init__(self, task: TaskInfo, config: LearnerConfig, seed: int, arch: dict | None = None):
+        firefly = cast(FireflyConfig, config)
+        start = parameter_count(task, initial_architecture(task, firefly.width))
+        refuse_cap_without_room("max_parameters", firefly.max_parameters, start, "parameters")
+        super().__init__(task, config, seed, arch)
+
+    def grown_size(self) -> int:
+        return self.num_parameters()
+
+    def smallest_growth(self) -> int:
+        """The parameters of the cheapest unit any hidden layer could gain."""
+        now = self.num_parameters()
+        return min(
+            parameter_count(self.task, grown_architecture(self.arch, {i: 1})) - now
+            for i in range(len(self.arch["widths"]))
+        )
+
     def growth_skipped(self) -> dict:
         return {"parameters_added": 0}
 
     def grow_trained(self, val: LabeledData, trainer: Trainer) -> GrowthReport:
-        """One Firefly step on a subsample of ``val``."""
+        """One Firefly step on a subsample of ``val``, of ``growth_rate`` x the initial parameters or what
+        room the cap leaves, whichever is less."""
         limit = SCORING_IMAGES if is_image_task(self.task) else SCORING_EXAMPLES
         pick = torch.randperm(len(val), generator=trainer.generator("firefly", "subsample"))[:limit]
         data = LabeledData(val.x[pick].to(self.device), val.y[pick].to(self.device))
         initial = parameter_count(self.task, initial_architecture(self.task, self.config.width))
+        room = self.room_to_grow()
+        budget = self.config.growth_rate * initial if room is None else min(self.config.growth_rate * initial, room)
         directions = trainer.generator("firefly", "directions")
         loss = self.training_loss
-        summary, flops = count_flops(
-            lambda: firefly_step(self.model, self.task, data, self.config.growth_rate * initial, directions, loss)
-        )
+        summary, flops = count_flops(lambda: firefly_step(self.model, self.task, data, budget, directions, loss))
         self.arch = {**self.model.architecture(), "trained": True}
         return GrowthReport(summary, flops=flops)

@@ -84,6 +84,8 @@ class GrowingMixtureOfExperts(GrowsOnceTrained, SingleNetwork):
     """
 
     name = "gmoe"
+    #: A step splits one expert per mixture layer, so every layer holds as many: the cap is per layer.
+    size_cap_key = "max_experts"
     #: Splitting an expert leaves the loss unchanged (Algorithm 2): the copies differ only once trained.
     growth_keeps_function = True
     config_model = GrowingMixtureOfExpertsConfig
@@ -125,6 +127,9 @@ class GrowingMixtureOfExperts(GrowsOnceTrained, SingleNetwork):
 
     def mixtures(self) -> list[TreeGatedMoE]:
         return [layer for layer in self.model.layers if isinstance(layer, TreeGatedMoE)]
+
+    def grown_size(self) -> int:
+        return max(len(m.experts) for m in self.mixtures())
 
     def growth_skipped(self) -> dict:
         return {"split": []}

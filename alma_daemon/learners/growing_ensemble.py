@@ -34,11 +34,13 @@ def current_architecture(arch: dict) -> dict:
 class GrowsByMembers(GrowsOnceTrained):
     """Mixin placed before an ensemble class: growth freezes every member and adds ``learner.grow_members``.
 
-    Training updates the members added at the last growth only. ``arch``: ``{"members": count,
+    Training updates the members added at the last growth only; ``learner.max_members`` caps the count. ``arch``: ``{"members": count,
     "frozen": members kept fixed (the first ones), "trained": whether the members not frozen have
     trained since they were added}``. The ensemble class provides ``new_members(indices)``, each
     member drawn from its own seed, and trains :meth:`members_to_train`.
     """
+
+    size_cap_key = "max_members"
 
     # Provided by the ensemble class (model: an nn.ModuleList) and the learner (config: with grow_members).
     model: Any
@@ -63,12 +65,16 @@ class GrowsByMembers(GrowsOnceTrained):
         # Retraining from scratch re-draws every member, frozen ones included: all train again.
         self.arch = {**self.arch, "frozen": 0, "trained": False}
 
+    def grown_size(self) -> int:
+        return int(self.arch["members"])
+
     def growth_skipped(self) -> dict:
         return {"added": 0, "members": self.arch["members"]}
 
     def grow_trained(self, val: LabeledData, trainer: Trainer) -> GrowthReport:
-        """Freeze every member and add k freshly initialized ones."""
-        count, added = self.arch["members"], self.config.grow_members
+        """Freeze every member and add k freshly initialized ones (fewer where the cap leaves less room)."""
+        count, room = self.arch["members"], self.room_to_grow()
+        added = self.config.grow_members if room is None else min(self.config.grow_members, room)
         self.model.extend(m.to(self.device) for m in self.new_members(range(count, count + added)))
         self.arch = {"members": count + added, "frozen": count, "trained": False}
         return GrowthReport({"added": added, "members": count + added})

@@ -41,9 +41,10 @@ def expert_losses(net: SwitchLM, val: LabeledData, device: torch.device) -> list
 
 @register_learner
 class GrowingSwitchLM(GrowsOnceTrained, SwitchLanguageModel):
-    """A Switch LM whose blocks gain ``learner.grow_experts`` copied experts per growth."""
+    """A Switch LM whose blocks gain ``learner.grow_experts`` copied experts per growth, up to ``learner.max_experts``."""
 
     name = "switch-lm-gmoe"
+    size_cap_key = "max_experts"
     #: Copied experts and router rows compute what the originals did until training separates them.
     growth_keeps_function = True
     config_model = GrowingSwitchLMConfig
@@ -56,14 +57,19 @@ class GrowingSwitchLM(GrowsOnceTrained, SwitchLanguageModel):
     def build(self, arch: dict) -> nn.Module:
         return self.new_network(arch["experts"])
 
+    def grown_size(self) -> int:
+        return max(self.arch["experts"])
+
     def growth_skipped(self) -> dict:
         return {"copied": [], "experts": list(self.arch["experts"])}
 
     def grow_trained(self, val: LabeledData, trainer: Trainer) -> GrowthReport:
         losses, flops = count_flops(lambda: expert_losses(self.model, val, self.device))
+        room = self.room_to_grow()
+        copies = self.config.grow_experts if room is None else min(self.config.grow_experts, room)
         copied = []
         for ffn, loss in zip(self.model.switch_layers(), losses):
-            chosen = loss.topk(min(self.config.grow_experts, len(loss))).indices.tolist()
+            chosen = loss.topk(min(copies, len(loss))).indices.tolist()
             ffn.split_experts(chosen)
             copied.append(chosen)
         self.arch = {**self.arch, "experts": [len(ffn.experts) for ffn in self.model.switch_layers()]}

@@ -23,6 +23,7 @@ from alma_daemon.data.stream_task import StreamTask
 from alma_daemon.data.wire import StreamSchema
 from alma_daemon.infra.redis_keys import StreamKeys
 from alma_daemon.observability.results import ResultsWriter
+from alma_daemon.service.chunk_store import ChunkStore
 from alma_daemon.service.engine_store import EngineStateStore
 from alma_daemon.service.ingest.cutter import EventStream
 from alma_daemon.service.redis_buffer import RedisBuffer
@@ -111,7 +112,7 @@ def restore_engine(
             f"the engine state in Redis ({keys.engine}) is at model version {version}, "
             f"but {store.folder} holds no complete version {version}"
         )
-    buffer = RedisBuffer(client, keys)
+    buffer = RedisBuffer.open(client, keys, ChunkStore.for_config(config))
     raw_policy = client.get(keys.policy)
     engine = assemble_engine(
         config,

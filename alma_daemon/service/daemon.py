@@ -53,6 +53,7 @@ from alma_daemon.service.signals import StopSignals
 from alma_daemon.service.step_commit import StepCommit
 from alma_daemon.service.stream_identity import StreamIdentity
 from serving import build_publisher
+from serving.retention import prune_after_commit
 
 log = logging.getLogger(__name__)
 
@@ -314,6 +315,10 @@ class Daemon:
         self._commit(consumed=chunk_id)
 
     def _policy_tick(self) -> None:
+        # Under torchrun the other ranks follow chunks only: a stage between chunks would leave them
+        # out of its collectives, so there every decision (the freshness bound's too) waits for a chunk.
+        if not self.followers.alone:
+            return
         engine = self.engine
         before = json.dumps(engine.policy.state_dict(), sort_keys=True)
         self.set_phase("policy check")
@@ -328,6 +333,8 @@ class Daemon:
         steps.commit(engine, buffer, self.ready, consumed)
         update_buffer_gauge(self.ready, buffer)
         self.handoff.committed()
+        if self.config.serving.kind == "none":  # else the publisher prunes, after each of its rulings
+            prune_after_commit(self.store, self.config.daemon.keep_checkpoints)
 
     # -- periodic jobs (called from the scheduler's thread) ---------------------------------------
     def request_policy_check(self) -> None:

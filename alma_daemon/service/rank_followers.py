@@ -103,6 +103,11 @@ class RankLeader(EngineObserver):
         self._channel: RankChannel | None = None
         self._mid_step = False
 
+    @property
+    def alone(self) -> bool:
+        """Whether this is the only rank (the followers then take no part)."""
+        return self.world.size == 1
+
     def _open(self, engine: Engine) -> RankChannel:
         if self._channel is None:
             self._channel = RankChannel(engine.device)
@@ -169,6 +174,10 @@ class FollowedPolicy(Policy):
         super().__init__(config)
         self.channel = channel
 
+    def decide_within_bounds(self, state: PolicyState) -> Decision:
+        # Rank 0's decision already honours the freshness bound, read from its own clock.
+        return self.decide(state)
+
     def decide(self, state: PolicyState) -> Decision:
         header, _ = self.channel.receive()
         expect(header, "decision")
@@ -220,12 +229,10 @@ def follower_engine(
         )
         for i, chunk_id in enumerate(ids)
     }
-    buffer = MemoryBuffer()
-    for chunk_id in header["kept"]:
-        buffer.add(splits[chunk_id])
-    buffer.mark_trained(replay=True)  # kept chunks: trained on, kept for replay
-    for chunk_id in header["pending"]:
-        buffer.add(splits[chunk_id])
+    buffer = MemoryBuffer.holding(
+        kept=[splits[chunk_id] for chunk_id in header["kept"]],
+        pending=[splits[chunk_id] for chunk_id in header["pending"]],
+    )
     engine = Engine(
         learner_from_spec(header["spec"]),
         FollowedPolicy(config.policy, channel),

@@ -2,14 +2,16 @@
 
 :class:`ReadyChunks` is where ingest leaves complete chunks (``alma:{s}:ready`` plus their parts);
 the daemon takes them in id order. :class:`RedisBuffer` implements the ``ChunkBuffer`` protocol of
-``chunk_buffer.py`` so the engine uses it exactly as the simulator's ``MemoryBuffer``.
+``chunk_buffer.py`` so the engine uses it exactly as the simulator's ``MemoryBuffer``. Redis holds only
+the hot set: the chunks being assembled or ready, and the ids and sizes of the chunks the engine took;
+their examples are in the chunk store (``chunk_store.py``).
 
 Crash safety: the engine's changes to the buffer (a chunk added, chunks marked trained) are kept in
 memory until :meth:`RedisBuffer.stage_commit` adds them to the daemon's one MULTI/EXEC that also
 removes the chunk from ``ready`` and saves the engine state. A run killed before that transaction
-restarts from the previous step as if the interrupted one never happened. The chunk data itself is
-written eagerly (``alma:{s}:split:<chunk>``): it is a pure function of the chunk, so rewriting it
-when the step is redone is harmless.
+restarts from the previous step as if the interrupted one never happened. The chunk's file is
+written eagerly: it is a pure function of the chunk, so rewriting it when the step is redone is
+harmless, and the start-up sweep deletes it if the step never commits.
 """
 
 from __future__ import annotations
@@ -18,12 +20,17 @@ from typing import Any
 
 import safetensors.torch
 
+from alma_daemon.config import ConfigError
+from alma_daemon.config.masking import mask_url
+from alma_daemon.core.chunk_buffer import StageData, chunk_examples, stage_data
+from alma_daemon.core.stage_plan import StageChoice, StagePlan
 from alma_daemon.data.datasets import DatasetError
 from alma_daemon.data.streams import Chunk, SplitChunk
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.data.text import sequences
 from alma_daemon.data.wire import DecodedPart, RejectedRecord, assemble_chunk
 from alma_daemon.infra.redis_keys import StreamKeys
+from alma_daemon.service.chunk_store import ChunkStore
 
 
 class ReadyChunks:
@@ -89,40 +96,70 @@ class ReadyChunks:
         pipe.hincrby(self.keys.ingest, "queued_bytes", -size)
 
 
-def _encode(data: LabeledData) -> bytes:
-    return safetensors.torch.save({"x": data.x.contiguous(), "y": data.y.contiguous()})
-
-
 def _decode(blob: bytes) -> LabeledData:
     tensors = safetensors.torch.load(blob)
     return LabeledData(tensors["x"], tensors["y"])
 
 
 class RedisBuffer:
-    """A ``ChunkBuffer`` whose chunks live in Redis; membership changes are saved at commit."""
+    """A ``ChunkBuffer`` whose chunks' ids and sizes live in Redis and their examples in a
+    :class:`ChunkStore`; membership changes are saved at commit.
 
-    def __init__(self, client: Any, keys: StreamKeys):
+    The files of the chunks a stage drops are deleted once the next stage commits, not at once: Redis
+    with ``appendfsync everysec`` can lose its last commit, and the daemon then redoes that stage on
+    the chunks it held before (more than one lost stage is refused at start-up: ``bootstrap.py``).
+    """
+
+    def __init__(self, client: Any, keys: StreamKeys, store: ChunkStore):
         self.client = client
         self.keys = keys
+        self.store = store
         self._pending = [int(m) for m in client.zrange(keys.pending, 0, -1)]
         self._kept = [int(m) for m in client.zrange(keys.kept, 0, -1)]
-        self._examples = {c: int(client.hget(keys.split(c), "examples") or 0) for c in self._pending + self._kept}
+        named = self._pending + self._kept
+        sizes = client.hmget(keys.buffered, named) if named else []
+        self._examples = {c: int(size or 0) for c, size in zip(named, sizes, strict=True)}
+        #: Chunks forgotten since the last commit, and those of the last committed stage (see above).
         self._dropped: list[int] = []
+        self._dropped_by_last_stage: list[int] = []
+        self._stage_since_commit = False
+
+    @classmethod
+    def open(cls, client: Any, keys: StreamKeys, store: ChunkStore) -> RedisBuffer:
+        """The buffer as the last commit left it, at start-up or reload: the store checked writable and
+        swept of the files no committed step names; a chunk Redis names must be in it."""
+        store.check_writable()
+        buffer = cls(client, keys, store)
+        named = set(buffer._examples)
+        buffer._move_legacy_splits(named - store.sweep(named))
+        missing = sorted(named - store.sweep(named))
+        if missing:
+            raise ConfigError(
+                f"redis.chunk_store: {mask_url(store.url)} lacks {len(missing)} chunks that Redis buffers "
+                f"({keys.pending}, {keys.kept}), e.g. {missing[:5]}: point it at the store this stream was "
+                "started with"
+            )
+        return buffer
+
+    def _move_legacy_splits(self, chunk_ids: set[int]) -> None:
+        """Chunks a daemon before the chunk store buffered in Redis (``alma:{s}:split:<chunk>``) move to
+        the store: each file is written before its hash is deleted, so a crash between repeats the move."""
+        for chunk_id in sorted(chunk_ids):
+            legacy = self.keys.legacy_split(chunk_id)
+            train, val, examples = self.client.hmget(legacy, ["train", "val", "examples"])
+            if train is None or val is None:
+                continue
+            self.store.write(SplitChunk(chunk_id, _decode(train), _decode(val)))
+            self.client.hset(self.keys.buffered, chunk_id, int(examples or 0))
+            self._examples[chunk_id] = int(examples or 0)
+            self.client.delete(legacy)
 
     def add(self, chunk: SplitChunk) -> None:
         if chunk.index in self._examples:
             raise ValueError(f"chunk {chunk.index} buffered twice")
-        examples = len(chunk.train) + len(chunk.val)
-        self.client.hset(
-            self.keys.split(chunk.index),
-            mapping={
-                "train": _encode(chunk.train),
-                "val": _encode(chunk.val),
-                "examples": examples,
-            },
-        )
+        self.store.write(chunk)
         self._pending.append(chunk.index)
-        self._examples[chunk.index] = examples
+        self._examples[chunk.index] = chunk_examples(chunk)
 
     def pending_chunks(self) -> list[int]:
         return list(self._pending)
@@ -133,28 +170,23 @@ class RedisBuffer:
     def kept_chunks(self) -> list[int]:
         return list(self._kept)
 
-    def training_data(self, replay: bool) -> tuple[LabeledData, LabeledData]:
-        ids = sorted(self._pending + self._kept) if replay else self._pending
-        if not ids:
-            raise ValueError("no chunk to train on")
-        splits = [self.split(chunk_id) for chunk_id in ids]
-        return LabeledData.concat([s.train for s in splits]), LabeledData.concat([s.val for s in splits])
+    def kept_examples(self) -> int:
+        return sum(self._examples[c] for c in self._kept)
+
+    def training_data(self, plan: StagePlan, stage: int) -> StageData:
+        return stage_data(plan, stage, self._pending, self._kept, self._examples, self.split)
 
     def split(self, chunk_id: int) -> SplitChunk:
         """The buffered chunk ``chunk_id`` as the engine split it."""
-        train, val = self.client.hmget(self.keys.split(chunk_id), ["train", "val"])
-        if train is None or val is None:
-            raise RuntimeError(f"buffered chunk {chunk_id} is missing from Redis ({self.keys.split(chunk_id)})")
-        return SplitChunk(chunk_id, _decode(train), _decode(val))
+        return self.store.read(chunk_id)
 
-    def mark_trained(self, replay: bool) -> None:
-        if replay:
-            self._kept.extend(self._pending)
-        else:
-            self._dropped.extend(self._pending)
-            for chunk_id in self._pending:
-                del self._examples[chunk_id]
-        self._pending = []
+    def mark_trained(self, plan: StagePlan, choice: StageChoice) -> None:
+        kept, forgotten = plan.after_stage(self._pending, self._kept, choice.trained, self._examples)
+        for chunk_id in forgotten:
+            del self._examples[chunk_id]
+        self._dropped.extend(forgotten)
+        self._kept, self._pending = list(kept), []
+        self._stage_since_commit = True
 
     def stage_commit(self, pipe: Any) -> None:
         """Add the membership changes since the last commit to ``pipe`` (a MULTI/EXEC pipeline)."""
@@ -162,9 +194,15 @@ class RedisBuffer:
             pipe.delete(key)
             if ids:
                 pipe.zadd(key, {c: c for c in ids})
-        if self._dropped:
-            pipe.delete(*(self.keys.split(c) for c in self._dropped))
+        pipe.delete(self.keys.buffered)
+        if self._examples:
+            pipe.hset(self.keys.buffered, mapping=self._examples)
 
     def committed(self) -> None:
-        """The staged transaction ran: trained chunks deleted from Redis are forgotten."""
-        self._dropped = []
+        """The staged transaction ran. After a stage, the files the previous stage dropped are deleted
+        (a chunk since buffered again keeps its file), and this stage's wait for the next."""
+        if not self._stage_since_commit:
+            return
+        self.store.delete(c for c in self._dropped_by_last_stage if c not in self._examples)
+        self._dropped_by_last_stage, self._dropped = self._dropped, []
+        self._stage_since_commit = False

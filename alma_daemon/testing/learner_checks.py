@@ -20,12 +20,15 @@ from alma_daemon.config import TrainConfig, learner_config
 from alma_daemon.core.checkpoints import CheckpointStore
 from alma_daemon.data.datasets import TaskInfo
 from alma_daemon.data.tensors import LabeledData
-from alma_daemon.learners import Learner, build_learner, learner_from_spec
+from alma_daemon.learners import Learner, build_learner, learner_class, learner_from_spec
+from alma_daemon.learners.growing import AT_SIZE_CAP, GrowsOnceTrained
 from alma_daemon.testing.checks import Check, answers_alike, expect, run_checks
 from alma_daemon.training.loop import FitReport, Trainer
 
 #: The stages a checked learner trains: the second grows it first, where it grows.
 STAGES = (1, 2)
+#: The most stages a capped learner trains to reach its cap (it may grow less than it may at a step).
+CAPPED_STAGES = 4
 
 
 def small_trainer(stage: int, optimizer: str, augment: bool) -> Trainer:
@@ -207,6 +210,40 @@ def numbers_are_finite(case: LearnerUnderCheck) -> None:
     expect(bool(torch.isfinite(answers).all()), f"{case.name}: answers NaN or infinite numbers")
 
 
+# -- checks of a growing learner with a size cap --------------------------------------------------
+def stops_growing_at_its_cap(case: LearnerUnderCheck) -> None:
+    """Capped one smallest growth above its starting size, it grows to the cap and no further; there a
+    growth step is skipped, saying so, and leaves its parameters and inference FLOPs as they are; its
+    spec carries the cap."""
+    fresh = case.fresh()
+    assert isinstance(fresh, GrowsOnceTrained) and fresh.size_cap_key is not None  # as yield_learner_checks picks
+    key, cap = fresh.size_cap_key, fresh.grown_size() + fresh.smallest_growth()
+    capped = LearnerUnderCheck(case.name, case.task, case.train, case.val, {**case.keys, key: cap}, case.optimizer)
+    learner = capped.fresh()
+    assert isinstance(learner, GrowsOnceTrained)
+    for stage in range(1, CAPPED_STAGES + 1):
+        fit_stage(learner, case.train, case.val, stage, case.optimizer)
+        expect(learner.grown_size() <= cap, f"{case.name}: grew to {learner.grown_size()}, past learner.{key}: {cap}")
+        if learner.at_size_cap:
+            break
+    expect(learner.at_size_cap, f"{case.name}: {CAPPED_STAGES} stages did not take it to learner.{key}: {cap}")
+    parameters, flops = learner.num_parameters(), learner.inference_flops_per_example()
+    growth = learner.grow(case.val, small_trainer(CAPPED_STAGES + 1, case.optimizer, case.task.augment))
+    learner.architecture_changed()
+    expect(
+        not growth.grew and AT_SIZE_CAP in str(growth.skipped),
+        f"{case.name}: at learner.{key}: {cap}, a growth step reports {growth.as_row()}",
+    )
+    expect(
+        (learner.num_parameters(), learner.inference_flops_per_example()) == (parameters, flops),
+        f"{case.name}: at its cap, a growth step changed its parameters or inference FLOPs",
+    )
+    expect(
+        learner_from_spec(json.loads(json.dumps(learner.spec()))).at_size_cap,
+        f"{case.name}: rebuilt from its spec, it is no longer at its cap",
+    )
+
+
 CheckFunction = Callable[[LearnerUnderCheck], None]
 
 #: Checks of every learner, in the order they run: a built learner's first, then a trained one's.
@@ -234,6 +271,9 @@ ANSWERS: dict[str, tuple[CheckFunction, ...]] = {
 }
 #: Checks that train the learner again from scratch.
 RETRAINING: tuple[CheckFunction, ...] = (one_seed_trains_one_model,)
+#: Checks of a growing learner that takes a size cap (:attr:`GrowsOnceTrained.size_cap_key`); they train
+#: a capped learner from scratch, too.
+CAPPED: tuple[CheckFunction, ...] = (stops_growing_at_its_cap,)
 
 
 def yield_learner_checks(
@@ -246,12 +286,17 @@ def yield_learner_checks(
 ) -> Iterator[Check]:
     """Every check of learner ``name`` (``keys``: its ``learner`` section) on ``task``: trained on ``train``
     for two stages with ``optimizer`` (growing before the second), answering for ``val``. The checks
-    share one trained learner, trained when the first check needs it."""
+    share one trained learner, trained when the first check needs it; a growing learner with a size cap
+    is also trained capped."""
     case = LearnerUnderCheck(name, task, train, val, keys or {}, optimizer)
     for check in (*EVERY_TASK, *ANSWERS[task.kind]):
         yield Check(check.__name__, partial(check, case))
     for check in RETRAINING:
         yield Check(check.__name__, partial(check, case), slow=True)
+    learner = learner_class(name)
+    if issubclass(learner, GrowsOnceTrained) and learner.size_cap_key is not None:
+        for check in CAPPED:
+            yield Check(check.__name__, partial(check, case), slow=True)
 
 
 def check_learner(

@@ -54,6 +54,9 @@ class Stream:
     stages_done: int = 0
     flops: float = 0.0
     seconds: float = 0.0
+    #: chunks_seen and the time at the last stage: the model's age counts from them.
+    last_stage_chunks: int = 0
+    last_stage_at: float = T0
 
     def state(self, new_chunk: bool = False) -> PolicyState:
         measured = self.stages_done > 0
@@ -75,6 +78,8 @@ class Stream:
             prequential_examples=EXAMPLES_PER_CHUNK if new_chunk else 0,
             prequential_unit_variance=0.25 if new_chunk else None,
             measure=self.measure,
+            model_age_chunks=self.chunks_seen - self.last_stage_chunks,
+            model_age_seconds=self.now - self.last_stage_at,
         )
 
     def measured(self, loss: float) -> float:
@@ -95,11 +100,12 @@ class Stream:
                 self.chunks_pending += 1
             state = self.state(new_chunk)
             before = policy.state_dict()
-            decision = policy.decide(state)
+            decision = policy.decide_within_bounds(state)
             trace.append((state, before, decision))
             if decision.trains:
                 examples = self.chunks_pending * EXAMPLES_PER_CHUNK
                 self.stages_done += 1
+                self.last_stage_chunks, self.last_stage_at = self.chunks_seen, self.now
                 self.flops += FLOPS_PER_EXAMPLE * examples
                 self.seconds += SECONDS_PER_EXAMPLE * examples
                 self.chunks_pending = 0
@@ -161,13 +167,13 @@ def grow_every_applies(grow_every: int, learner_grows: bool, policy: PolicyUnder
 
 def no_training_when_nothing_is_pending(policy: PolicyUnderCheck) -> None:
     built, stream = policy.build(), Stream()
-    expect(not built.decide(stream.state()).trains, f"{policy.name}: trained before any chunk")
+    expect(not built.decide_within_bounds(stream.state()).trains, f"{policy.name}: trained before any chunk")
     stream.run(built, STEPS // 2)
     stream.chunks_pending = 0
     start = stream.now
     for later in (0, 59, 3600, 86_400, 7 * 86_400):
         stream.now = start + later
-        decision = built.decide(stream.state())
+        decision = built.decide_within_bounds(stream.state())
         expect(not decision.trains, f"{policy.name}: with nothing pending, {later} s later: {decision}")
 
 
@@ -192,8 +198,31 @@ def decisions_depend_on_config_state_and_loaded_state_only(policy: PolicyUnderCh
             for _ in range(2):
                 fresh = policy.build()
                 fresh.load_state_dict(json.loads(json.dumps(before)))
-                again = fresh.decide(state)
+                again = fresh.decide_within_bounds(state)
                 expect(again == decision, f"{policy.name}: decided {decision}, then {again} at {state.now}")
+
+
+#: Freshness bounds the checks set (policy.max_model_age_*), by the unit they bound: tighter than most
+#: policies' own waits on the stream.
+FRESHNESS_BOUNDS: dict[str, dict[str, Any]] = {
+    "chunks": {"max_model_age_chunks": 2, "max_model_age_seconds": None},
+    "seconds": {"max_model_age_seconds": 3 * 3600.0},
+}
+
+
+def honours_the_freshness_bound(bound: Mapping[str, Any], policy: PolicyUnderCheck) -> None:
+    built = policy.build(**bound)
+    chunks, seconds = built.config.max_model_age_chunks, built.config.max_model_age_seconds
+    for state, _, decision in Stream().run(built, STEPS):
+        overdue = state.chunks_pending > 0 and (
+            (chunks is not None and state.model_age_chunks >= chunks)
+            or (seconds is not None and state.model_age_seconds >= seconds)
+        )
+        expect(
+            decision.trains or not overdue,
+            f"{policy.name}: waited with a model {state.model_age_chunks} chunk(s) and {state.model_age_seconds:.0f} s "
+            f"old, past its bound {dict(bound)}: {decision.reason}",
+        )
 
 
 def keys_of_other_policies_are_rejected(policy: PolicyUnderCheck) -> None:
@@ -223,6 +252,8 @@ def yield_policy_checks(name: str, keys: Mapping[str, Any] | None = None) -> Ite
         for learner_grows, learner in ((True, "growing"), (False, "fixed")):
             applies = partial(grow_every_applies, grow_every, learner_grows, policy)
             yield Check(f"grow_every_{grow_every}_applies_to_a_{learner}_learner", applies)
+    for unit, bound in FRESHNESS_BOUNDS.items():
+        yield Check(f"honours_a_freshness_bound_in_{unit}", partial(honours_the_freshness_bound, bound, policy))
     for check in (
         no_training_when_nothing_is_pending,
         state_dict_round_trips_through_json,
