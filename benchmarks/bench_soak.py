@@ -168,7 +168,7 @@ def run(args: argparse.Namespace) -> dict:
         prefix = f"alma:{{{STREAM}}}"
         chunk_store, model_store = state_dir / "chunks", state_dir / "model_store"
         rng = random.Random(args.seed)
-        kills = sorted(rng.sample(range(WARMUP_CHUNKS // 2, args.chunks - 100), args.kills))
+        kills = sorted(rng.sample(range(args.chunks // 10, args.chunks * 9 // 10), args.kills))
         print(f"soak: {args.chunks} chunks of {args.chunk_examples}; SIGKILL at chunks {kills}; work in {work}")
 
         daemon = Daemon(config_file, args.chunks, work / "daemon.log")
@@ -237,7 +237,7 @@ def judge(
         for earlier, later in zip(series, series[1:], strict=False)
         if later["wall_seconds"] >= earlier["wall_seconds"]  # a restart resets nothing, but be safe
     ]
-    after = [s for s in samples if s["chunk"] >= WARMUP_CHUNKS]
+    after = [s for s in samples if s["chunk"] >= min(WARMUP_CHUNKS, args.chunks // 10)]
     rss = [s["rss_bytes"] for s in after if s["rss_bytes"]]
     redis_used = [s["redis_used_bytes"] for s in after]
     store = [s["chunk_store_bytes"] for s in after]

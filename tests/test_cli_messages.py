@@ -165,14 +165,24 @@ def _run_settings(tmp_path) -> list[str]:
     return [arg for key, value in values.items() for arg in ("--set", f"{key}={value}")]
 
 
-def test_a_wrong_redis_port_is_one_line_naming_redis_url_and_the_fix(tmp_path, capsys, restore_logging):
+def test_a_wrong_redis_port_is_waited_for_then_one_line_naming_redis_url_and_the_fix(tmp_path, capsys, restore_logging):
     port = free_port()  # nobody listens
-    assert main(["run", "--set", f"redis.url=redis://127.0.0.1:{port}/0", *_run_settings(tmp_path)]) == 1
-    assert capsys.readouterr().err == (
-        f"alma run: error: Redis at 127.0.0.1:{port} (redis.url) cannot be reached: connection refused; start "
-        "Redis there (`alma dev up` starts one), set redis.url to a running one, or use --embedded (no servers "
-        "needed)\n"
+    url, limit = f"redis.url=redis://127.0.0.1:{port}/0", "daemon.outage_limit_seconds=1"
+    assert main(["run", "--set", url, "--set", limit, *_run_settings(tmp_path)]) == 1
+    lines = capsys.readouterr().err.splitlines()
+    where = f"Redis at 127.0.0.1:{port} (redis.url)"
+    fix = (
+        "start Redis there (`alma dev up` starts one), set redis.url to a running one, or use --embedded (no "
+        "servers needed)"
     )
+    assert len(lines) == 2, lines
+    assert (
+        f"{where} cannot be reached: connection refused; the daemon waits for it for up to 1 s "
+        f"(daemon.outage_limit_seconds), then exits; {fix}"
+    ) in lines[0]
+    assert lines[1].startswith(f"alma run: error: {where} unreachable for "), lines
+    assert "longer than daemon.outage_limit_seconds (1 s): the daemon gives up; last error: " in lines[1]
+    assert lines[1].endswith(fix)
 
 
 def test_status_against_a_wrong_redis_port_says_which_redis_and_what_to_do(tmp_path, capsys, restore_logging):

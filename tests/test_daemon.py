@@ -370,6 +370,23 @@ def test_without_a_publisher_the_daemon_keeps_only_the_newest_checkpoints(tmp_pa
 
 
 @pytest.mark.integration
+def test_the_daemon_holds_its_newest_rows_and_its_files_every_row_once_after_a_crash(tmp_path, redis_db) -> None:
+    from alma_daemon.observability.results import read_results
+
+    config = build_config(service_config(tmp_path, None, "rows", stream={"megabatches": 5}, daemon={"series_rows": 2}))
+    replay(dataset_chunks(config), RedisStreamPublisher(redis_db, config.kafka.topic), "rows", progress=False)
+    with pytest.raises(Crash):
+        run_daemon(config, redis_db, until=5, observers=[CrashOnce("step", 3)])
+    daemon = run_daemon(config, redis_db, until=5)
+    assert [r["t"] for r in daemon.engine.state.series] == [4, 5]
+    assert redis_db.llen(StreamKeys("rows").series) == 2
+    rows = read_results(config.daemon.state_dir)["series"]
+    assert [r["t"] for r in rows] == [1, 2, 3, 4, 5]
+    csv_lines = (Path(config.daemon.state_dir) / "series.csv").read_text().splitlines()
+    assert [line.split(",")[0] for line in csv_lines] == ["t", "1", "2", "3", "4", "5"]
+
+
+@pytest.mark.integration
 def test_a_text_corpus_streams_through_the_daemon_as_the_simulator_streams_it(tmp_path, redis_db) -> None:
     config = build_config(
         service_config(

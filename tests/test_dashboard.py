@@ -49,6 +49,11 @@ NAN_PANELS = {
 MEASURE_ROW = "The task's measure (task.measure)"
 #: Queries (panel, refId) allowed to hold only NaN on the paper's stream: its task records no baseline.
 PAPER_NAN_QUERIES = {("The task's measure and its baseline", "C")}
+#: The row of an endless stream's freshness: what users saw lately, the model's age and its bound.
+FRESHNESS_ROW = "Freshness: what users saw lately, the model's age"
+#: The scraped paper stream's freshness bound in chunks, so that its line has numbers (unset by default).
+#: The greedy policy trains every chunk, so it never forces a stage.
+BOUND_CHUNKS = 3
 #: Label values each labelled family must show in full (from telemetry's fixed vocabularies).
 KNOWN_VALUES = {
     "set": telemetry.ERROR_SETS,
@@ -152,6 +157,34 @@ def test_every_metric_the_dashboard_names_is_exported(dashboard):
     families = {family.name for family in telemetry.REGISTRY.collect()}
     shown = {family for family in families if any(name.startswith(family) for name in used)}
     assert shown == families
+
+
+def test_the_freshness_row_shows_the_windowed_measure_and_the_models_age_against_its_bound():
+    (dashboard,) = load_dashboards()
+    panels = {p["title"]: p for p in row_panels(dashboard, FRESHNESS_ROW)}
+    assert set(panels) == {
+        "Prequential measure, latest chunk and last chunks",
+        "Model age (chunks)",
+        "Model age (time)",
+    }
+    windowed = [t["expr"] for t in panels["Prequential measure, latest chunk and last chunks"]["targets"]]
+    assert any("alma_prequential_window_measure" in e for e in windowed)
+    assert any('alma_task_measure{instance="$instance", set="prequential"}' == e for e in windowed)
+    for title, age, bound in (
+        ("Model age (chunks)", "alma_model_age_chunks", "alma_freshness_bound_chunks"),
+        ("Model age (time)", "time() - alma_last_stage_timestamp_seconds", "alma_freshness_bound_seconds"),
+    ):
+        panel = panels[title]
+        (age_target,) = (t for t in panel["targets"] if t["expr"].startswith(age))
+        (bound_target,) = (t for t in panel["targets"] if t["expr"].startswith(bound))
+        # The bound is a dashed red line: an override matching its legend, and not the age's.
+        (override,) = panel["fieldConfig"]["overrides"]
+        pattern = override["matcher"]["options"]
+        assert re.search(pattern, bound_target["legendFormat"]) and not re.search(pattern, age_target["legendFormat"])
+        properties = {p["id"]: p["value"] for p in override["properties"]}
+        assert properties["custom.lineStyle"]["fill"] == "dash"
+        assert properties["color"] == {"mode": "fixed", "fixedColor": "red"}
+    assert panels["Model age (time)"]["fieldConfig"]["defaults"]["unit"] == "s"
 
 
 def test_provisioning_points_grafana_at_the_dashboards():
@@ -281,7 +314,8 @@ def scraped_stream(tmp_path_factory):
     Module-scoped (one Prometheus for both live tests), hence PrometheusServer rather than the
     function-scoped ``prometheus_server`` factory; the exporter stays up until the tests are done.
     """
-    yield from scrape_a_stream(tmp_path_factory, build_config({}, TINY))
+    config = build_config({}, [*TINY, f"policy.max_model_age_chunks={BOUND_CHUNKS}"])
+    yield from scrape_a_stream(tmp_path_factory, config)
 
 
 @pytest.fixture(scope="module")
@@ -356,6 +390,16 @@ def test_prometheus_holds_the_engine_numbers(scraped_stream):
     assert history("alma_cumulative_parameters")[-1] == summary["cumulative_parameters"]
     assert history("alma_model_version")[-1] == summary["stages"] == 4
     assert history("alma_live_model_version")[-1] == 4
+    assert {r["prequential_window_error"] for r in series} <= set(
+        history('alma_prequential_window_measure{measure="error"}')
+    )
+    assert history("alma_model_age_chunks")[-1] == series[-1]["model_age_chunks"] == 0
+    assert history("alma_freshness_bound_chunks")[-1] == BOUND_CHUNKS
+    assert history("alma_freshness_bound_seconds")[-1] == 86400
+    # The age in time keeps rising after the last chunk: the stored timestamp stays, time() does not.
+    (after,) = query_range(prometheus, "time() - alma_last_stage_timestamp_seconds", end + 1, end + 3)
+    ages = [float(v) for _, v in after["values"]]
+    assert ages[0] > 0 and [b - a for a, b in zip(ages, ages[1:])] == pytest.approx([1.0, 1.0])
 
 
 @pytest.mark.integration

@@ -18,6 +18,7 @@ import itertools
 import json
 import re
 import shlex
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from alma_daemon.cli import build_parser
 from alma_daemon.config import Config, load_config
+from alma_daemon.config.measure_traits import MEASURE_TRAITS
 from alma_daemon.observability import telemetry
 from tests.helpers.team_records import metrics_of_a_team
 
@@ -35,6 +37,8 @@ ROOT = Path(__file__).resolve().parents[1]
 DEPLOY_GUIDE = ROOT / "docs" / "deploy.md"
 OBSERVABILITY_GUIDE = ROOT / "docs" / "observability.md"
 DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "alma.json"
+PROMETHEUS_CONFIG = ROOT / "deploy" / "prometheus.yml"
+ALERT_RULES = ROOT / "deploy" / "prometheus-alerts.yml"
 STACK = "deploy/docker-compose.yml"
 #: ``docker run`` options the guide uses that take a value; any other option fails the test, so that
 #: the split between docker's arguments and the image's stays exact.
@@ -245,6 +249,124 @@ def test_the_observability_guides_queries_name_real_counters_and_pass_promtool(t
     path = tmp_path / "rules.yml"
     path.write_text(json.dumps(rules))  # JSON is YAML
     result = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+# -- alert rules ----------------------------------------------------------------------------------
+def alert_rules() -> list[dict]:
+    return [rule for group in yaml.safe_load(ALERT_RULES.read_text())["groups"] for rule in group["rules"]]
+
+
+def test_the_shipped_prometheus_loads_the_alert_rules_from_beside_its_config():
+    """Prometheus looks a relative rule file up beside its config file: compose mounts it there, and
+    ``promtool check config`` (tests/test_dashboard.py) finds it beside deploy/prometheus.yml."""
+    assert yaml.safe_load(PROMETHEUS_CONFIG.read_text())["rule_files"] == [ALERT_RULES.name]
+    compose = yaml.safe_load((ROOT / "deploy" / "docker-compose.yml").read_text())
+    mounts = dict(m.split(":")[:2] for m in compose["services"]["prometheus"]["volumes"] if m.startswith("./"))
+    folder = Path(mounts[f"./{PROMETHEUS_CONFIG.name}"]).parent
+    assert mounts[f"./{ALERT_RULES.name}"] == str(folder / ALERT_RULES.name)
+
+
+def test_the_alert_rules_name_exported_metrics_and_pass_promtool():
+    families = exposed_families()
+    rules = alert_rules()
+    assert {rule["alert"] for rule in rules} == {"AlmaModelStale", "AlmaWindowedMeasureWorse"}
+    for rule in rules:
+        check_promql(rule["alert"], rule["expr"], families)
+        assert rule["labels"]["severity"] and rule["annotations"]["summary"] and rule["annotations"]["description"]
+    # The measure rule compares the other way round where higher is better: the measures named are those.
+    (measure_rule,) = (rule for rule in rules if rule["alert"] == "AlmaWindowedMeasureWorse")
+    higher = {name for name, traits in MEASURE_TRAITS.items() if traits.higher_is_better}
+    for regex in re.findall(r'measure[!=]~"([^"]+)"', measure_rule["expr"]):
+        assert set(regex.split("|")) == higher, regex
+    if shutil.which("promtool"):
+        result = subprocess.run(
+            ["promtool", "check", "rules", str(ALERT_RULES)], capture_output=True, text=True, timeout=60
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
+
+
+def alert_test(name: str, series: dict[str, str], expected: dict[str, list[dict[str, str]]]) -> dict:
+    """A ``promtool test rules`` case: ``series`` (selector -> values) and, per evaluation time, the
+    labels of each alert ``name`` firing then."""
+    return {
+        "interval": "1m",
+        "input_series": [{"series": selector, "values": values} for selector, values in series.items()],
+        "alert_rule_test": [
+            {"eval_time": at, "alertname": name, "exp_alerts": [{"exp_labels": labels} for labels in firing]}
+            for at, firing in expected.items()
+        ],
+    }
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool is not installed (apt-get install prometheus)")
+def test_the_alerts_fire_once_the_bound_or_the_baseline_is_passed_for_an_hour(tmp_path):
+    """The rules run by ``promtool test rules`` on made-up series (one a minute, 200 minutes): their
+    expressions, ``for`` and labels (the annotations are ``promtool check rules``' business, above)."""
+    groups = yaml.safe_load(ALERT_RULES.read_text())["groups"]
+    for group in groups:
+        for rule in group["rules"]:
+            rule.pop("annotations")
+    (tmp_path / "rules.yml").write_text(yaml.safe_dump({"groups": groups}))
+    stale = {"severity": "warning", "bound": "chunks"}
+    overdue = {"severity": "warning", "bound": "seconds"}
+    worse = {"severity": "warning"}
+    tests = [
+        # In chunks: at the bound (not under it, not with no bound set), for an hour.
+        alert_test(
+            "AlmaModelStale",
+            {
+                'alma_model_age_chunks{instance="at"}': "5x200",
+                'alma_freshness_bound_chunks{instance="at"}': "5x200",
+                'alma_model_age_chunks{instance="under"}': "4x200",
+                'alma_freshness_bound_chunks{instance="under"}': "5x200",
+                'alma_model_age_chunks{instance="unbounded"}': "9x200",
+                'alma_freshness_bound_chunks{instance="unbounded"}': "NaN+0x200",
+            },
+            {"30m": [], "70m": [{"instance": "at", **stale}]},
+        ),
+        # In seconds: the last stage at Unix time 0 and a bound of 10 min, so the bound is passed from
+        # minute 10 on; it fires an hour later, and only with chunks waiting.
+        alert_test(
+            "AlmaModelStale",
+            {
+                'alma_last_stage_timestamp_seconds{instance="waiting"}': "0x200",
+                'alma_freshness_bound_seconds{instance="waiting"}': "600x200",
+                'alma_model_age_chunks{instance="waiting"}': "1x200",
+                'alma_last_stage_timestamp_seconds{instance="idle"}': "0x200",
+                'alma_freshness_bound_seconds{instance="idle"}': "600x200",
+                'alma_model_age_chunks{instance="idle"}': "0x200",
+            },
+            {"60m": [], "80m": [{"instance": "waiting", **overdue}]},
+        ),
+        # What users saw lately against the input-blind baseline, each measure its way round.
+        alert_test(
+            "AlmaWindowedMeasureWorse",
+            {
+                'alma_prequential_window_measure{instance="a", measure="error"}': "0.05x200",
+                'alma_baseline_measure{instance="a", measure="error"}': "0.02x200",
+                'alma_prequential_window_measure{instance="b", measure="error"}': "0.01x200",
+                'alma_baseline_measure{instance="b", measure="error"}': "0.02x200",
+                'alma_prequential_window_measure{instance="c", measure="recall"}': "0x200",
+                'alma_baseline_measure{instance="c", measure="recall"}': "0x200",
+                'alma_prequential_window_measure{instance="d", measure="recall"}': "0.5x200",
+                'alma_baseline_measure{instance="d", measure="recall"}': "0x200",
+                'alma_prequential_window_measure{instance="e", measure="error"}': "0.05x200",
+                'alma_baseline_measure{instance="e", measure="error"}': "NaN+0x200",
+            },
+            {
+                "30m": [],
+                "70m": [
+                    {"instance": "a", "measure": "error", **worse},
+                    {"instance": "c", "measure": "recall", **worse},
+                ],
+            },
+        ),
+    ]
+    (tmp_path / "tests.yml").write_text(yaml.safe_dump({"rule_files": ["rules.yml"], "tests": tests}))
+    result = subprocess.run(
+        ["promtool", "test", "rules", str(tmp_path / "tests.yml")], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 

@@ -79,3 +79,17 @@ def test_a_failed_commit_is_staged_again_whole_by_the_same_store(redis_db) -> No
     step(state, 2)
     save(redis_db, store, state)
     assert [r["t"] for r in EngineStateStore(redis_db, KEYS).load().series] == [1, 2]
+
+
+@pytest.mark.integration
+def test_with_a_row_limit_redis_and_memory_hold_the_newest_rows_only(redis_db) -> None:
+    store, state = EngineStateStore(redis_db, KEYS, keep_rows=3), EngineState(started_at=1.0)
+    for t in range(1, 8):
+        step(state, t)
+        assert save(redis_db, store, state) == ["SET", "RPUSH", "LTRIM"]
+        assert [r["t"] for r in state.series] == list(range(max(1, t - 2), t + 1))
+        assert redis_db.llen(KEYS.series) == min(t, 3)
+    loaded = EngineStateStore(redis_db, KEYS, keep_rows=3).load()
+    assert loaded == state and last_record(redis_db, KEYS)["t"] == 7
+    # A limit lowered since: the newest rows of those Redis holds.
+    assert [r["t"] for r in EngineStateStore(redis_db, KEYS, keep_rows=2).load().series] == [6, 7]

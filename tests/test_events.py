@@ -306,13 +306,13 @@ def test_bad_event_is_rejected_with_its_reason(name: str) -> None:
 
 def test_every_reason_an_event_can_meet_has_a_concrete_bad_event() -> None:
     # The others concern chunk headers and chunk order, which event records do not have.
-    chunk_only = {"schema", "stream", "part_numbering", "chunk_order", "chunk_ahead"}
+    chunk_only = {"schema", "stream", "part_numbering", "chunk_order", "chunk_ahead", "incomplete"}
     assert {case.reason for case in CASES.values()} == set(REJECT_REASONS) - chunk_only
     assert all(name.split("-")[0] == case.reason for name, case in CASES.items())
 
 
-def test_fields_is_the_newest_reason_so_the_others_keep_their_order() -> None:
-    assert REJECT_REASONS[-3:] == ("chunk_order", "chunk_ahead", "fields")
+def test_new_reasons_come_last_so_the_others_keep_their_order() -> None:
+    assert REJECT_REASONS[-4:] == ("chunk_order", "chunk_ahead", "fields", "incomplete")
 
 
 def test_a_100_mb_event_is_rejected_by_size_without_being_parsed() -> None:

@@ -186,10 +186,41 @@ def test_observer_reports_what_the_engine_recorded(exporter):
     assert delta("alma_chunks_received_total") == len(series)
     assert delta("alma_examples_received_total") == last["examples_seen"] == 1200
     assert value(after, "alma_buffer_chunks") == 0  # greedy policy: every chunk trained on
+    assert value(after, "alma_prequential_window_measure", measure="error") == last["prequential_window_error"]
+    assert value(after, "alma_model_age_chunks") == last["model_age_chunks"] == 0
+    assert value(after, "alma_last_stage_timestamp_seconds") == catcher.engine.state.last_stage_at
+    # The freshness bound as configured: a day by default, none in chunks.
+    assert math.isnan(value(after, "alma_freshness_bound_chunks"))
+    assert value(after, "alma_freshness_bound_seconds") == 86400
+
+
+def test_the_models_age_rises_between_stages_and_the_bounds_are_the_configs(exporter):
+    """Every second chunk trains: the age in chunks goes 1, 0, 1, 0, and the time the age in seconds counts
+    from (time() minus it) is the stream's start until the first stage ends, then each stage's end."""
+    seen: list[tuple[dict, float]] = []
+
+    class ScrapeEachStep(EngineObserver):
+        def on_step(self, record: StepRecord, engine: Engine) -> None:
+            state = engine.state
+            seen.append((scrape(exporter.url), state.last_stage_at or state.started_at))
+
+    config = build_config(
+        {"policy": {"name": "fixed", "wait": 2, "max_model_age_chunks": 3, "max_model_age_seconds": None}}, TINY
+    )
+    results = run_simulation(
+        config, None, progress=False, observers=[MetricsObserver(in_process_source=True), ScrapeEachStep()]
+    )
+    assert [r["model_age_chunks"] for r in results["series"]] == [1, 0, 1, 0]
+    assert [value(samples, "alma_model_age_chunks") for samples, _ in seen] == [1, 0, 1, 0]
+    assert [value(samples, "alma_last_stage_timestamp_seconds") for samples, _ in seen] == [at for _, at in seen]
+    assert seen[0][1] < seen[1][1] == seen[2][1] < seen[3][1]  # the start, stage 1's end twice, stage 2's end
+    for samples, _ in seen:
+        assert value(samples, "alma_freshness_bound_chunks") == 3
+        assert math.isnan(value(samples, "alma_freshness_bound_seconds"))
 
 
 def test_a_teams_measure_its_baseline_and_details_are_exported_labelled_by_name(exporter):
-    MetricsObserver.show(team_record(test=0.7, prequential=0.6, cumulative=1.3, baseline=0.0))
+    MetricsObserver.show(team_record(test=0.7, prequential=0.6, cumulative=1.3, baseline=0.0, prequential_window=0.65))
     samples = scrape(exporter.url)
     assert value(samples, "alma_task_measure", measure="recall", set="test") == 0.7
     assert value(samples, "alma_task_measure", measure="recall", set="prequential") == 0.6
@@ -199,6 +230,7 @@ def test_a_teams_measure_its_baseline_and_details_are_exported_labelled_by_name(
     assert value(samples, "alma_measure_detail", measure="precision", set="test") == 0.5
     assert value(samples, "alma_measure_detail", measure="pr_auc", set="prequential") == 0.35
     assert value(samples, "alma_measure_detail", measure="error", set="test") == 0.02
+    assert value(samples, "alma_prequential_window_measure", measure="recall") == 0.65
     # The paper's families hold the error rate only: a sum of recalls is no CER.
     assert math.isnan(value(samples, "alma_cumulative_error"))
     assert math.isnan(value(samples, "alma_error_ratio", set="test"))
@@ -225,6 +257,8 @@ def test_sync_shows_a_resumed_engine_at_once(exporter):
     telemetry.MODEL_VERSION.set(0)
     telemetry.CUMULATIVE_ERROR.set(0)
     telemetry.ERROR_RATIO.labels("test").set(math.nan)
+    telemetry.MODEL_AGE_CHUNKS.set(math.nan)
+    telemetry.LAST_STAGE_TIMESTAMP.set(math.nan)
     before = scrape(exporter.url)
 
     observer = MetricsObserver()
@@ -236,6 +270,8 @@ def test_sync_shows_a_resumed_engine_at_once(exporter):
     assert value(after, "alma_cumulative_error") == pytest.approx(summary["cer"])
     assert value(after, "alma_cumulative_parameters") == summary["cumulative_parameters"]
     assert value(after, "alma_error_ratio", set="test") == results["series"][-1]["test_error"]
+    assert value(after, "alma_model_age_chunks") == catcher.engine.model_age()[0] == 0
+    assert value(after, "alma_last_stage_timestamp_seconds") == catcher.engine.state.last_stage_at
     # FLOPs count over the whole stream: the counter resumes from the saved total.
     flops = value(after, "alma_train_flops_total") - value(before, "alma_train_flops_total")
     assert flops == summary["cumulative_train_flops"]

@@ -73,8 +73,9 @@ def assert_parts_match_chunks(client) -> None:
 def test_assembler_refuses_a_chunk_larger_than_its_bound_and_skips_the_chunks_later_parts() -> None:
     assembler = Assembler(STREAM, max_bytes=2 * PART - 1, max_ahead=1)
     big = decoded(records_of(1, n=3))
-    assert assembler.accept(big[0], PART).store
-    refused = assembler.accept(big[1], PART)
+    # A small first part fits with the two parts it announces; a larger second part does not.
+    assert assembler.accept(big[0], PART // 2).store
+    refused = assembler.accept(big[1], 2 * PART)
     assert not refused.store and list(refused.dropped) == [1]
     progress, why = refused.dropped[1]
     assert progress.got == {0} and why.reason == "size"
@@ -212,7 +213,7 @@ def test_a_restart_drops_the_same_incomplete_chunk_as_an_uninterrupted_ingest(re
 def test_a_restart_keeps_skipping_a_refused_chunk_as_an_uninterrupted_ingest(redis_db) -> None:
     big, small = records_of(1, n=8), records_of(2, n=3)
     rounds = [
-        big[:4],  # chunk 1 is refused at its 4th part: the limit is 3 parts
+        big[:4],  # chunk 1 is refused at its first part: its 8 parts cannot fit the limit of 3
         [small[0], *big[4:], *small[1:]],  # chunk 1's later parts would drop chunk 2 if stored again
         big[:1],  # after chunk 2 completed, chunk 1 is behind the window: the order guard rejects it
     ]

@@ -1,6 +1,6 @@
 """The report's figures and table as a reader sees them: legends that name configurations by what
-they learn, outside the axes; the prequential error beside the test error; no one-dot CER plot; how
-far each run got."""
+they learn, outside the axes; the prequential error beside the test error, and its mean over the last
+chunks; the model's age against its bound; no one-dot CER plot; how far each run got."""
 
 from __future__ import annotations
 
@@ -135,7 +135,48 @@ def test_the_report_of_one_run_leaves_the_cer_plots_out_and_says_why(tmp_path, d
     report = write_report(tmp_path).read_text()
     assert "CER vs FLOPs and CER vs parameters: left out, the runs give a single point" in report
     assert "cer_vs" not in report and not list(tmp_path.glob("cer_vs_*.png"))
-    (curves,) = drawn
-    assert [ax.get_title().split(":")[0] for ax in curves.axes] == ["test error", "prequential error"]
+    curves, age = drawn
+    assert [ax.get_title().split(":")[0] for ax in curves.axes] == [
+        "test error",
+        "prequential error",
+        "prequential error, mean over the last 50 chunks",
+    ]
+    assert [ax.get_title() for ax in age.axes] == [
+        "chunks since the last training stage",
+        "time since the last training stage",
+    ]
     (row,) = table_rows(find_runs(tmp_path))
     assert dict(zip(TABLE_HEADER, row))["chunks"] == "4 of 4"
+
+
+def aged_run(width: int, wait: int, chunks_bound: int | None, seconds_bound: float | None) -> FakeRun:
+    """A run whose policy trains every ``wait`` chunks, 30 minutes apart, under the given freshness bounds."""
+    run = fake_run(width, wait)
+    run.config["policy"] |= {"max_model_age_chunks": chunks_bound, "max_model_age_seconds": seconds_bound}
+    for row in run.series:
+        row["model_age_chunks"] = row["t"] % wait
+        row["model_age_seconds"] = 1800.0 * (row["t"] % wait)
+    return run
+
+
+def test_the_models_age_is_drawn_in_chunks_and_in_time_with_the_bounds_that_fit(tmp_path, drawn):
+    runs = [aged_run(8, 2, chunks_bound=3, seconds_bound=86400), aged_run(8, 1, chunks_bound=None, seconds_bound=3600)]
+    assert figures.plot_model_age(runs, tmp_path / "age.png")
+
+    (fig,) = drawn
+    chunks, seconds = fig.axes
+    assert (chunks.get_ylabel(), seconds.get_ylabel()) == ("chunks", "minutes")  # 30 min at most
+    curves = [line for line in chunks.get_lines() if line.get_linestyle() == "-"]
+    assert [list(line.get_ydata()) for line in curves] == [[0, 0, 0, 0], [1, 0, 1, 0]]  # wait=1 first
+    # The bound in chunks is drawn; in time, an hour is drawn and a day, over 30-minute ages, is named.
+    bounds = [list(line.get_ydata()) for ax in fig.axes for line in ax.get_lines() if line.get_linestyle() == "--"]
+    assert bounds == [[3, 3], [60, 60]]
+    assert "bound above the plot: policy.max_model_age_seconds=86400" in fig.get_supxlabel()
+    assert legend_labels(fig) == [
+        "sm max_model_age_seconds=3600 wait=1",
+        "sm max_model_age_chunks=3 max_model_age_seconds=86400 wait=2",
+    ]
+
+    # Results written before the age was recorded: no figure.
+    assert not figures.plot_model_age([fake_run(8, 1)], tmp_path / "none.png")
+    assert not (tmp_path / "none.png").exists()

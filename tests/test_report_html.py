@@ -76,7 +76,8 @@ def test_html_report_of_a_running_then_finished_stream_is_self_contained(tmp_pat
     row = dict(zip(TABLE_HEADER, finished.cells[len(TABLE_HEADER) :]))
     assert row["CER"] == f"{results['summary']['cer']:.4f}"
     assert row["prequential CER"] == f"{results['summary']['cumulative_prequential_error']:.4f}"
-    assert len(finished.links) == 1  # one run: its error curves; a CER plot would be one dot
+    # One run: its error curves and its model's age; a CER plot would be one dot.
+    assert len(finished.links) == 2
     for link in finished.links:
         assert link.startswith("data:image/png;base64,")  # nothing fetched from disk or network
         assert base64.b64decode(link.split(",", 1)[1]).startswith(PNG_MAGIC)

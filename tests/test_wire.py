@@ -211,8 +211,9 @@ def test_bad_record_is_rejected_with_its_reason(name: str) -> None:
 
 def test_every_reason_has_a_concrete_bad_record() -> None:
     # chunk_order and chunk_ahead need state across records and are covered by the ChunkOrderGuard tests;
-    # fields is an event's reason (tests/test_events.py).
-    covered = {case.reason for case in CASES.values()} | {"chunk_order", "chunk_ahead", "fields"}
+    # fields is an event's reason (tests/test_events.py); incomplete is a chunk's, given up by ingest
+    # (tests/test_incomplete_chunks.py).
+    covered = {case.reason for case in CASES.values()} | {"chunk_order", "chunk_ahead", "fields", "incomplete"}
     assert covered == set(REJECT_REASONS)
     assert all(name.split("-")[0] == case.reason for name, case in CASES.items())
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from alma_daemon.cli import add_config_arguments, check_config_under_ranks
 from alma_daemon.logs import error_text, print_error
@@ -18,6 +18,7 @@ from alma_daemon.logs import error_text, print_error
 if TYPE_CHECKING:
     from alma_daemon.config import Config
     from alma_daemon.service.daemon import Daemon
+    from alma_daemon.service.embedded_redis import RedisConnection
     from alma_daemon.training.ranks import World
 
 
@@ -113,20 +114,27 @@ def serve(args: argparse.Namespace, config: Config, world: World) -> int:
 
     redis = RedisConnection(config)
     with ComponentGraph([StoreLock(CheckpointStore(config.daemon.checkpoint_dir, config.serving.model_name)), redis]):
-        return serve_on(args, config, world, redis.client)
+        return serve_on(args, config, world, redis)
 
 
-def serve_on(args: argparse.Namespace, config: Config, world: World, client: Any) -> int:
+def serve_on(args: argparse.Namespace, config: Config, world: World, redis: RedisConnection) -> int:
     from alma_daemon.infra.redis_keys import StreamKeys
     from alma_daemon.observability.progress import ProgressBar
     from alma_daemon.service.daemon import Daemon
     from alma_daemon.service.rank_followers import RankLeader
     from alma_daemon.service.signals import StepAbandoned
-    from alma_daemon.service.status import engine_counters, format_status, read_status, serving_state
+    from alma_daemon.service.status import (
+        engine_counters,
+        format_status,
+        freshness_bound,
+        read_status,
+        serving_state,
+    )
 
     keys = StreamKeys(config.daemon.stream)
+    client = redis.client
     # The bar starts at the chunks processed before a restart, which restore() reads too.
-    processed = int(engine_counters(client, keys).get("chunks_seen", 0))
+    processed = int(redis.wait_out(lambda: engine_counters(client, keys)).get("chunks_seen", 0))
     bar = ProgressBar(args.until_chunks, enabled=not args.no_progress, initial=processed)
     daemon: Daemon | None = None
     # The bar is closed before any error is printed, so that no error shares its line.
@@ -152,7 +160,8 @@ def serve_on(args: argparse.Namespace, config: Config, world: World, client: Any
             print(f"alma run: replay failed: {error_text(replay_error)}", file=sys.stderr)
     if replay_error is not None:
         return 1
-    print(format_status(read_status(client, keys, config.daemon.poll_seconds, serving_state(config))))
+    status = read_status(client, keys, config.daemon.poll_seconds, serving_state(config), freshness_bound(config))
+    print(format_status(status))
     return 0
 
 

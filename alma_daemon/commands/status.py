@@ -13,7 +13,8 @@ from alma_daemon.cli import add_config_arguments, add_embedded_argument, config_
 
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser(
-        "status", help="chunks received/buffered/trained, last decision, model and live versions, the task's measure"
+        "status",
+        help="chunks received/buffered/trained, last decision, model and live versions, the model's age, the task's measure",
     )
     add_config_arguments(parser)
     add_embedded_argument(parser)
@@ -28,7 +29,14 @@ def run(args: argparse.Namespace) -> int:
     from alma_daemon.infra.unreachable import ServerUnreachable
     from alma_daemon.service.embedded_redis import close_redis, connect_redis, embedded_db_path
     from alma_daemon.service.heartbeat import STATUS_FILE
-    from alma_daemon.service.status import format_local_status, format_status, local_status, read_status, serving_state
+    from alma_daemon.service.status import (
+        format_local_status,
+        format_status,
+        freshness_bound,
+        local_status,
+        read_status,
+        serving_state,
+    )
 
     # A Redis that does not answer: at the connection (one line naming redis.url) or at a later command.
     redis_down: tuple[type[BaseException], ...] = (*REDIS_UNREACHABLE, ServerUnreachable)
@@ -44,7 +52,11 @@ def run(args: argparse.Namespace) -> int:
         client = connect_redis(config)
         try:
             status = read_status(
-                client, StreamKeys(config.daemon.stream), config.daemon.poll_seconds, serving_state(config)
+                client,
+                StreamKeys(config.daemon.stream),
+                config.daemon.poll_seconds,
+                serving_state(config),
+                freshness_bound(config),
             )
         finally:
             close_redis(client)

@@ -539,11 +539,19 @@ class DaemonConfig:
         gt=0,
         description='A part whose chunk id is more than this above the newest completed chunk (the first chunk is not bounded) is dead-lettered as chunk_ahead: one record with a wild id would otherwise make every later chunk "older" than a completed one (docs/service.md, "Bad input"). Equal to wire.DEFAULT_MAX_CHUNKS_AHEAD (tested).',
     )
+    series_rows: Int = Field(
+        default=1000,
+        gt=0,
+        description="Step records the daemon holds in memory, in Redis and in results.json: the newest N, so that "
+        "none grows with the stream's age. Every record is appended to <state_dir>/series.jsonl and series.csv, "
+        "which alma report reads.",
+    )
     incomplete_chunk_seconds: Float = Field(
         default=3600.0,
         gt=0,
         description="A chunk with parts stored but incomplete this long after its first part arrived is "
-        "dead-lettered (reason incomplete) and its parts deleted, so leftovers of an endless stream do not pile up.",
+        "dead-lettered (reason incomplete) and its parts deleted, once ingest has read all the transport holds (its "
+        "missing parts are not waiting there), so leftovers of an endless stream do not pile up.",
     )
     reorder_wait_seconds: Float = Field(
         default=30.0,

@@ -39,6 +39,7 @@ REJECT_REASONS: tuple[str, ...] = (
     "chunk_order",
     "chunk_ahead",
     "fields",
+    "incomplete",
 )
 
 #: Stream names end up inside the Redis hash tag ``{<stream>}`` and in the key ``<stream>/<chunk>``,

@@ -12,18 +12,24 @@ thread-safe.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
-from alma_daemon.infra.unreachable import SERVER_KINDS, gave_up_line
-from alma_daemon.logs import ExplainedError, error_text
+from alma_daemon.infra.unreachable import SERVER_KINDS, ServerUnreachable, gave_up_line, outage_line
+from alma_daemon.logs import NOTICE, ExplainedError, error_text
 from alma_daemon.observability import telemetry
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 SERVERS = telemetry.SERVERS
 #: What redis-py raises when the server is unreachable, restarting, or still loading its data.
@@ -137,3 +143,62 @@ class OutageBoard:
         for server in SERVERS:
             telemetry.SERVER_UP.labels(server).set(0 if server in self._down else 1)
         telemetry.DEGRADED_SINCE.set(min((o.since for o in self._down.values()), default=0))
+
+
+def wait_out(
+    work: Callable[[], T],
+    board: OutageBoard,
+    server: str,
+    unreachable: tuple[type[BaseException], ...] = REDIS_UNREACHABLE,
+    *,
+    on_wait: Callable[[Outage | None], None] = lambda outage: None,
+    tick_seconds: float = 1.0,
+    sleep: Callable[[float], None] = time.sleep,
+) -> T:
+    """``work()``, called again until it no longer fails with ``unreachable``: an outage of ``server``
+    ridden out as the running daemon rides one out (one warning, :func:`retry_delays` between tries),
+    for the steps that run before the daemon's loop and threads do (start-up).
+
+    Each failure goes on ``board``; past ``board.limit_seconds`` the wait ends with
+    :class:`OutageTooLong`. ``on_wait`` is told the outage every ``tick_seconds`` while it lasts (the
+    status file's heartbeat), and ``None`` once ``work`` succeeded after one. Redo a whole step, not a
+    single command, so that it never mixes what Redis held before a restart with what it holds after.
+    """
+    delays, failures = retry_delays(), 0
+    while True:
+        try:
+            result = work()
+        except unreachable as error:
+            outage = board.down(server, unreachable_cause(error))
+            if not failures:
+                log.warning(
+                    outage_line(server, outage.address, error, board.limit_seconds),
+                    extra={"server": server, "error": outage.reason, "limit_seconds": board.limit_seconds},
+                )
+            resume_at = time.monotonic() + delays.compute(failures)
+            failures += 1
+            while True:
+                board.check_limit()
+                on_wait(outage)
+                left = resume_at - time.monotonic()
+                if left <= 0:
+                    break
+                sleep(min(tick_seconds, left))
+            continue
+        ended = board.up(server) if failures else None
+        if ended is not None:
+            log.log(
+                NOTICE,
+                f"{ended.describe()} answers again",
+                extra={"server": server, "outage_seconds": round(time.time() - ended.since, 1)},
+            )
+            on_wait(None)
+        return result
+
+
+def unreachable_cause(error: BaseException) -> BaseException:
+    """The client's own error behind a one-line :class:`~alma_daemon.infra.unreachable.ServerUnreachable`,
+    whose fix the outage's messages add themselves; ``error`` itself otherwise."""
+    if isinstance(error, ServerUnreachable) and error.__cause__ is not None:
+        return error.__cause__
+    return error

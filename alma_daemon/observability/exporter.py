@@ -168,6 +168,7 @@ class MetricsObserver(EngineObserver):
         telemetry.MODEL_VERSION.set(state.model_version)
         telemetry.PARAMETERS.set(engine.learner.num_parameters())
         _set_policy_estimates(state.last_decision.get("estimates", {}))
+        _show_freshness(engine)
         self._examples_seen = state.examples_seen
 
     def _count_flops_up_to(self, total: int) -> None:
@@ -189,6 +190,8 @@ class MetricsObserver(EngineObserver):
         # A new version exists as soon as the stage ends, before the test evaluation of on_step.
         telemetry.MODEL_VERSION.set(stage.model_version)
         telemetry.PARAMETERS.set(stage.parameters)
+        # A stage between chunks (on_tick) makes the model new without a step record.
+        _show_freshness(engine)
 
     def on_step(self, record: StepRecord, engine: Engine) -> None:
         if self.in_process_source:
@@ -199,6 +202,7 @@ class MetricsObserver(EngineObserver):
         if record.late:
             telemetry.LATE_CHUNKS.inc()
         self.show(record)
+        _show_freshness(engine)
 
     @staticmethod
     def show(record: StepRecord) -> None:
@@ -215,6 +219,18 @@ class MetricsObserver(EngineObserver):
         telemetry.PARAMETERS.set(record.parameters)
         telemetry.CUMULATIVE_PARAMETERS.set(record.cumulative_parameters)
         telemetry.MODEL_VERSION.set(record.model_version)
+        telemetry.MODEL_AGE_CHUNKS.set(_or_nan(record.model_age_chunks))
+
+
+def _show_freshness(engine: Engine) -> None:
+    """The model's age and the freshness bound, from the engine: its age in chunks, the time its age in
+    seconds counts from (``time() - alma_last_stage_timestamp_seconds``), and ``policy.max_model_age_*``."""
+    chunks, _ = engine.model_age()
+    state, policy = engine.state, engine.config.policy
+    telemetry.MODEL_AGE_CHUNKS.set(chunks)
+    telemetry.LAST_STAGE_TIMESTAMP.set(state.last_stage_at if state.last_stage_at is not None else state.started_at)
+    telemetry.FRESHNESS_BOUND_CHUNKS.set(_or_nan(policy.max_model_age_chunks))
+    telemetry.FRESHNESS_BOUND_SECONDS.set(_or_nan(policy.max_model_age_seconds))
 
 
 def _show_measure(record: StepRecord) -> None:
@@ -226,6 +242,7 @@ def _show_measure(record: StepRecord) -> None:
         {(m, "test"): _or_nan(record.cumulative), (m, "prequential"): record.cumulative_prequential},
     )
     _show_only(telemetry.BASELINE_MEASURE, {(m,): _or_nan(record.baseline)})
+    _show_only(telemetry.PREQUENTIAL_WINDOW_MEASURE, {(m,): _or_nan(record.prequential_window)})
     details = {"test": record.test_measures or {}, "prequential": record.prequential_measures or {}}
     names = dict.fromkeys([*details["test"], *details["prequential"]])
     _show_only(

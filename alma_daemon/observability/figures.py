@@ -5,7 +5,9 @@
 - test error against mega-batches (Fig. 3), with the prequential error in a panel under it: one
   curve per configuration, the y range set by the curves once they have trained, so an untrained
   model's plateau does not squeeze the others;
-- replay as arrows from the run without replay to the same run with it (Fig. 4).
+- replay as arrows from the run without replay to the same run with it (Fig. 4);
+- the model's age after each chunk, in chunks and in time since the last stage, with the freshness
+  bound that forces a stage.
 
 Runs are grouped by the values that differ between them of the keys that say what a run learns
 (:data:`LEARNING_SECTIONS`: learner, policy, stream, train, dataset, task); where a run kept its state and
@@ -502,4 +504,77 @@ def plot_replay_arrows(runs: Sequence[RunLike], x_key: str, x_label: str, y_key:
     ax.grid(alpha=0.3, which="both")
     note = "arrow: from a configuration's run without replay to the same run with it"
     _finish(fig, f"Replay: {y_label} against {x_label}", note, "configuration", path)
+    return True
+
+
+#: Units of the model's age in time, largest first: (seconds in one, name); the figure takes the first
+#: its longest age reaches twice.
+_AGE_UNITS = ((86400.0, "days"), (3600.0, "hours"), (60.0, "minutes"), (1.0, "seconds"))
+
+
+def _age_unit(longest: float) -> tuple[float, str]:
+    return next(((size, name) for size, name in _AGE_UNITS if longest >= 2 * size), _AGE_UNITS[-1])
+
+
+def plot_model_age(runs: Sequence[RunLike], path: Path) -> bool:
+    """The model's age after each chunk: chunks (top) and time (bottom) since the last training stage,
+    one curve per configuration (0 on a chunk that trained), each configuration's freshness bound
+    (``policy.max_model_age_chunks`` / ``max_model_age_seconds``) a dashed line of its color where it
+    falls within the curves' range (the note names the others). False, and nothing drawn, where no run
+    recorded the model's age (results written before it was kept)."""
+    if not any(row.get("model_age_chunks") is not None for run in runs for row in run.series):
+        return False
+    groups = configurations(runs)
+    ordered = sorted(groups.items(), key=lambda item: _order_key(dict(item[0])))
+    longest = max((row.get("model_age_seconds") or 0.0 for run in runs for row in run.series), default=0.0)
+    unit, unit_name = _age_unit(longest)
+    fig, axes = plt.subplots(2, 1, figsize=(7.5, 6.6), sharex=True, layout="constrained")
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    drawn_bounds, above = False, set()
+    panels = (("model_age_chunks", "max_model_age_chunks", 1.0), ("model_age_seconds", "max_model_age_seconds", unit))
+    for ax, (key, bound_key, scale) in zip(axes, panels, strict=True):
+        top = 1.0
+        for i, (config, group) in enumerate(ordered):
+            ts, ys, _ = mean_curve(group, key)
+            if ts:
+                ys = [y / scale for y in ys]
+                dashes = _DASHES[i // len(colors) % len(_DASHES)]
+                marker = "." if len(ts) <= 50 else None
+                ax.plot(
+                    ts,
+                    ys,
+                    dashes,
+                    marker=marker,
+                    linewidth=1.2,
+                    color=colors[i % len(colors)],
+                    label=describe(dict(config)),
+                )
+                top = max(top, *ys)
+        for i, (_, group) in enumerate(ordered):
+            for bound in sorted({b for run in group if (b := run.config.get("policy", {}).get(bound_key))}):
+                # A day's bound over a simulation's seconds would flatten every curve: named in the note.
+                if bound / scale <= 5 * top:
+                    ax.axhline(bound / scale, linestyle=(0, (5, 3)), linewidth=1.0, color=colors[i % len(colors)])
+                    drawn_bounds = True
+                else:
+                    above.add(f"policy.{bound_key}={bound:g}")
+        ax.set_ylim(bottom=0)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+    axes[0].set_title("chunks since the last training stage", fontsize=9)
+    axes[0].set_ylabel("chunks")
+    axes[0].yaxis.set_major_locator(MaxNLocator(integer=True))
+    axes[1].set_title("time since the last training stage", fontsize=9)
+    axes[1].set_ylabel(unit_name)
+    axes[1].set_xlabel("mega-batches received")
+    notes = ["dashed: the freshness bound, which forces a stage"] if drawn_bounds else []
+    if above:
+        notes.append(f"bound above the plot: {', '.join(sorted(above))}")
+    title = "Model age after each mega-batch"
+    if varying_keys(runs):
+        legend: str | None = _legend_title(list(groups.values()))
+    else:  # one configuration: the title names it
+        mean = f" (mean of {len(runs)} runs)" if len(runs) > 1 else ""
+        title, legend = f"{title}: {headline(runs[0])}{mean}", None
+    _finish(fig, title, "; ".join(notes) or None, legend, path)
     return True

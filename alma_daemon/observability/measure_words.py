@@ -69,6 +69,17 @@ def loss_words(measure: str) -> str:
     return f"cumulative (1 - {measure})" if higher_is_better(measure) else cumulative_words(measure)
 
 
+def served_words(measure: str) -> str:
+    """``served error``: the mean prequential measure over a stream's second half, what its users saw
+    (observability/served_measure.py)."""
+    return f"served {measure}"
+
+
+def served_loss_words(measure: str) -> str:
+    """:func:`served_words` on the lower-is-better scale policies are compared on: ``served (1 - recall)``."""
+    return f"served (1 - {measure})" if higher_is_better(measure) else served_words(measure)
+
+
 #: Measures whose summary lines are the paper's (the CER; a language model's perplexities), as ever.
 _PAPER_ROWS = {
     "error": [("CER", "cer", "{:.4f}"), ("final test error", "final_test_error", "{:.4f}")],
@@ -82,7 +93,8 @@ _PAPER_ROWS = {
 def summary_rows(summary: dict) -> list[tuple[str, object, str]]:
     """The lines of a run's summary (``alma simulate``) about its measure, as (name, value, format):
     the paper's for the error rate and a perplexity, the measure's by name for another; the baseline and
-    the other measures (the test set's, else the last chunk's) where recorded. A value None is not shown."""
+    the other measures (the test set's, else the last chunk's) where recorded; what users saw (the served
+    measure, and the longest wait between stages). A value None is not shown."""
     m = summary.get("measure", PAPER_MEASURE)
     fmt = "{:.4f}" if MEASURE_TRAITS[m].rate else "{:.4g}"
     rows: list[tuple[str, object, str]]
@@ -106,4 +118,9 @@ def summary_rows(summary: dict) -> list[tuple[str, object, str]]:
     details = summary.get("final_test_measures") or summary.get("final_prequential_measures") or {}
     on = "final test" if summary.get("final_test_measures") else "last chunk's"
     rows += [(f"{on} {name}", value, "{:.4f}") for name, value in details.items()]
+    # What an endless stream's users saw: the measure of its later chunks, and the longest stretch without a new model.
+    rows += [
+        (f"{served_words(m)} (prequential, 2nd half)", summary.get(f"served_{m}"), fmt),
+        ("longest wait (chunks)", summary.get("longest_wait_chunks"), "{}"),
+    ]
     return rows

@@ -35,8 +35,10 @@ class Outcome:
     flops: tuple[float, ...]
     schedule: bool
     price: float = 0.0
-    #: What ``cer`` holds: the CER, or another cumulative loss (lower is better).
+    #: What ``cer`` holds: the CER, or another loss (lower is better): a cumulative measure, a served one.
     unit: str = "CER"
+    #: The decimals a regret in :attr:`unit` is shown to: a sum over chunks needs fewer than a mean.
+    decimals: int = 2
 
     @property
     def mean_cer(self) -> float:
@@ -70,14 +72,16 @@ class Regret:
     cost_regret: float | None
     #: Whether it trained with fewer FLOPs than every schedule, where no schedule can beat it on both.
     cheaper_than_every_schedule: bool = False
-    #: What the CER figures are (:attr:`Outcome.unit`).
+    #: What the CER figures are, and their decimals (:attr:`Outcome.unit`, :attr:`Outcome.decimals`).
     unit: str = "CER"
+    decimals: int = 2
 
     def line(self) -> str:
-        se = "" if self.standard_error is None else f" +- {self.standard_error:.2f}"
+        d = self.decimals
+        se = "" if self.standard_error is None else f" +- {self.standard_error:.{d}f}"
         text = (
             f"{self.policy}: {self.unit} x{self.cer_ratio:.3f} and FLOPs x{self.flops_ratio:.2f} of the best "
-            f"schedule ({self.best}), regret {self.difference:+.2f}{se} {self.unit}"
+            f"schedule ({self.best}), regret {self.difference:+.{d}f}{se} {self.unit}"
         )
         if self.price:
             text += f"; at price {self.price:g}/FLOP, cost regret {self.cost_regret:+.2f}"
@@ -122,7 +126,7 @@ def regrets(outcomes: list[Outcome]) -> list[Regret]:
             Regret(
                 policy=policy.name,
                 best=best.name,
-                cer_ratio=policy.mean_cer / best.mean_cer,
+                cer_ratio=_ratio(policy.mean_cer, best.mean_cer),
                 flops_ratio=policy.mean_flops / best.mean_flops,
                 difference=difference,
                 standard_error=spread,
@@ -131,9 +135,17 @@ def regrets(outcomes: list[Outcome]) -> list[Regret]:
                 cost_regret=cost_regret,
                 cheaper_than_every_schedule=policy.mean_flops < min(s.mean_flops for s in schedules),
                 unit=policy.unit,
+                decimals=policy.decimals,
             )
         )
     return verdicts
+
+
+def _ratio(ours: float, best: float) -> float:
+    """``ours / best``; a best of 0 (a served error of 0) is matched only by 0, else beaten infinitely."""
+    if best:
+        return ours / best
+    return 1.0 if ours == best else math.inf
 
 
 def plot_policies(outcomes: list[Outcome], title: str, path: Path) -> None:

@@ -9,9 +9,10 @@
   per (method, size) joining its waiting times (the paper's Fig. 2); left out where there is a single
   point (one run);
 - ``replay.png``, when runs differ in ``stream.replay``: arrows from without to with (Fig. 4);
-- ``policies.png``, when runs of schedules and of policies share a configuration and seeds: CER
-  against FLOPs with the schedules' Pareto front, and each policy's regret against the best
-  schedule in hindsight (observability/report_policies.py);
+- ``policies.png`` and ``policies-served.png``, when runs of schedules and of policies share a
+  configuration and seeds: CER, and the served measure (what users saw), against FLOPs with the
+  schedules' Pareto front, a table of both with the longest wait, and each policy's regret against
+  the best schedule in hindsight on each (observability/report_policies.py);
 - ``report.md``: one row per run with the summary figures and the chunks it processed of B (and,
   for a team's measure, its columns, baseline and other measures, with a note on what each means);
 - ``report.html`` (``html=True``): the table and the plots in one self-contained page.
@@ -29,6 +30,7 @@ from alma_daemon.core.records import CUMULATIVE_MEASURES, StepRecord, read_rows
 from alma_daemon.observability.figures import (
     plot_cer_lines,
     plot_error_curves,
+    plot_model_age,
     plot_replay_arrows,
     processed,
     stream_length,
@@ -53,7 +55,7 @@ from alma_daemon.observability.report_measures import (
     plot_details,
     run_measure,
 )
-from alma_daemon.observability.report_policies import policy_section, stale_figures
+from alma_daemon.observability.report_policies import PICK_BY_SERVED, policy_section, stale_figures
 from alma_daemon.observability.results import read_results
 
 #: The plots of a report: file name, caption (the paper's: a report of another measure names it instead).
@@ -64,6 +66,8 @@ PLOTS = (
 )
 #: Drawn when some runs differ only in ``stream.replay``.
 REPLAY_PLOT = ("replay.png", "replay: CER vs FLOPs without and with")
+#: Drawn where the runs recorded the model's age.
+AGE_PLOT = ("model_age.png", "model age: chunks and time since the last training stage")
 
 
 @dataclass
@@ -104,6 +108,7 @@ def find_runs(root: str | Path) -> list[Run]:
 _PANELS = {
     "test": "test {measure}: the model after chunk t, on the test set",
     "prequential": "prequential {measure}: the model before chunk t, on chunk t",
+    "prequential_window": "prequential {measure}, mean over the last {window}: what users saw lately",
 }
 
 
@@ -122,10 +127,23 @@ def plot_error_vs_time(runs: list[Run], path: Path) -> None:
     """The runs' measure after each chunk (:func:`folder_measure`), its axis saying which way is better,
     with the input-blind baseline where the runs recorded one."""
     measure = folder_measure(runs)
-    panels = [(f"{on}_{measure}", _PANELS[on].format(measure=measure)) for on in measured_sets(runs, measure)]
+    sets = measured_sets(runs, measure)
+    if any(row.get(f"prequential_window_{measure}") is not None for run in runs for row in run.series):
+        sets.append("prequential_window")
+    panels = [(f"{on}_{measure}", _PANELS[on].format(measure=measure, window=_window_words(runs))) for on in sets]
     baseline = (f"baseline_{measure}", baseline_words(measure)) if has_baseline(runs, measure) else None
     plot_error_curves(
         runs, panels, measure, path, log=measure == "perplexity", axis_label=named(measure), baseline=baseline
+    )
+
+
+def _window_words(runs: list[Run]) -> str:
+    """``50 chunks``: the runs' ``stream.prequential_window``, where they share one."""
+    windows = {run.config.get("stream", {}).get("prequential_window") for run in runs}
+    return (
+        f"{next(iter(windows))} chunks"
+        if len(windows) == 1 and None not in windows
+        else "stream.prequential_window chunks"
     )
 
 
@@ -294,30 +312,35 @@ def write_report(root: str | Path, out: str | Path | None = None, *, html: bool 
     out = Path(out or root)
     out.mkdir(parents=True, exist_ok=True)
     drawn = draw_plots(runs, out)
+    # A stream's freshness is a report's concern, not a study's of the paper's finite streams.
+    if plot_model_age(runs, out / AGE_PLOT[0]):
+        drawn.append(AGE_PLOT)
     names = {name for name, _ in drawn}
-    for name, _ in (*PLOTS, REPLAY_PLOT, DETAILS_PLOT):  # a figure an earlier report of this folder drew, now untrue
+    for name, _ in (
+        *PLOTS,
+        REPLAY_PLOT,
+        DETAILS_PLOT,
+        AGE_PLOT,
+    ):  # a figure an earlier report of this folder drew, now untrue
         if name not in names:
             (out / name).unlink(missing_ok=True)
-    judged, policy_plots = policy_section(runs, out)
+    judged = policy_section(runs, out)
+    policy_plots = [figure for section in judged for figure in section.figures]
     for path in stale_figures(out, policy_plots):
         path.unlink()
     notes = [*measure_notes(runs), *left_out(drawn, measure=folder_measure(runs))]
     title = f"ALMA report: {Path(root).resolve().name}"
     body = [f"# {title}", "", markdown_table(runs), *(f"{note}\n" for note in notes)]
     body += [f"![{caption}]({name})\n" for name, caption in drawn]
-    body += [*judged, *(f"![{caption}]({name})\n" for name, caption in policy_plots)]
+    body += [line for section in judged for line in section.markdown()]
+    body += [f"![{caption}]({name})\n" for name, caption in policy_plots]
     drawn += policy_plots
     (out / "report.md").write_text("\n".join(body))
     if not html:
         return out / "report.md"
     images = [(caption, (out / name).read_bytes()) for name, caption in drawn]
+    tables = [(s.title, s.header, s.rows, [PICK_BY_SERVED, *s.verdicts]) for s in judged]
     (out / "report.html").write_text(
-        html_page(
-            title,
-            table_header(runs),
-            table_rows(runs),
-            images,
-            [*notes, *(line.lstrip("-# ") for line in judged if line)],
-        )
+        html_page(title, table_header(runs), table_rows(runs), images, notes, tables=tables)
     )
     return out / "report.html"

@@ -29,13 +29,17 @@ def html_page(
     rows: list[list[str]],
     images: list[tuple[str, bytes]],
     notes: list[str] | None = None,
+    *,
+    tables: list[tuple[str, list[str], list[list[str]], list[str]]] | None = None,
 ) -> str:
     """The report page: a title, the summary table (one row per run), ``notes`` (a paragraph each),
-    then each captioned PNG."""
+    ``tables`` (each a heading, its header and rows, and paragraphs after it: the policies'), then
+    each captioned PNG."""
     when = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime())
-    head_cells = "".join(f"<th>{html.escape(cell)}</th>" for cell in header)
-    body_rows = "\n".join("<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in row) + "</tr>" for row in rows)
-    paragraphs = "".join(f"<p>{html.escape(note)}</p>\n" for note in notes or [])
+    text = "".join(f"<p>{html.escape(note)}</p>\n" for note in notes or [])
+    for heading, table_header, table_rows, after in tables or []:
+        text += f"<h2>{html.escape(heading)}</h2>\n{_table(table_header, table_rows)}\n"
+        text += "".join(f"<p>{html.escape(line)}</p>\n" for line in after)
     figures = "\n".join(
         f'<figure><img alt="{html.escape(caption)}" src="data:image/png;base64,'
         f'{base64.b64encode(png).decode("ascii")}"><figcaption>{html.escape(caption)}</figcaption></figure>'
@@ -51,13 +55,14 @@ def html_page(
 <body>
 <h1>{html.escape(title)}</h1>
 <p>Generated {html.escape(when)}. A running stream's results are read as they were at that moment.</p>
-<table>
-<thead><tr>{head_cells}</tr></thead>
-<tbody>
-{body_rows}
-</tbody>
-</table>
-{paragraphs}{figures}
+{_table(header, rows)}
+{text}{figures}
 </body>
 </html>
 """
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    head_cells = "".join(f"<th>{html.escape(cell)}</th>" for cell in header)
+    body_rows = "\n".join("<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in row) + "</tr>" for row in rows)
+    return f"<table>\n<thead><tr>{head_cells}</tr></thead>\n<tbody>\n{body_rows}\n</tbody>\n</table>"

@@ -16,6 +16,7 @@ from alma_daemon.core.atomic_json import finite, write_text_atomic
 from alma_daemon.core.engine import Engine, EngineObserver, EngineState
 from alma_daemon.core.records import CUMULATIVE_MEASURES, StageRecord, StepRecord, csv_columns, read_rows
 from alma_daemon.observability.measure_words import PAPER_MEASURE, higher_is_better
+from alma_daemon.observability.served_measure import judged_mean, longest_untrained
 
 #: Columns of series.csv, in order; other fields stay in results.json only.
 CSV_COLUMNS = csv_columns()
@@ -58,7 +59,11 @@ def measure_summary(records: Sequence[StepRecord], last: StepRecord) -> dict:
     """The task's measure ``m`` at the end of the series: ``final_test_{m}``, ``cumulative_{m}`` (the CER
     of the error rate, also kept as ``cer``), ``cumulative_prequential_{m}``, the last details
     (``final_test_measures``, ``final_prequential_measures``) and ``baseline_{m}``, where recorded. A
-    language model's ``final_test_perplexity`` is the last one measured, beside their average."""
+    language model's ``final_test_perplexity`` is the last one measured, beside their average.
+
+    What an endless stream's users saw (observability/served_measure.py): ``served_{m}``, the mean
+    prequential measure over the series' second half, and ``longest_wait_chunks``, the most chunks in a
+    row without a stage."""
     m = last.measure
     summary: dict = {}
     if m == PAPER_MEASURE:
@@ -71,6 +76,10 @@ def measure_summary(records: Sequence[StepRecord], last: StepRecord) -> dict:
     else:
         summary[f"final_test_{m}"] = last.test
     summary[f"cumulative_prequential_{m}"] = last.cumulative_prequential
+    served = judged_mean([r.prequential if r.measure == m else None for r in records])
+    if served is not None:
+        summary[f"served_{m}"] = served
+    summary["longest_wait_chunks"] = longest_untrained(r.trained for r in records)
     summary["measure"] = m
     summary["higher_is_better"] = higher_is_better(m)
     if m in CUMULATIVE_MEASURES:
@@ -114,6 +123,10 @@ def results_text(results: dict, series_lines: Sequence[str]) -> str:
     return "{\n" + ",\n".join(fields) + "\n}\n"
 
 
+#: The daemon's full series, one JSON row a line, beside its results.json (which holds the newest rows).
+HISTORY_FILE = "series.jsonl"
+
+
 class ResultsWriter(EngineObserver):
     """Keeps ``results.json`` and ``series.csv`` of a run up to date after every step, and after every
     stage trained between chunks.
@@ -121,12 +134,18 @@ class ResultsWriter(EngineObserver):
     A row is encoded (JSON, CSV, record) once, when it is new, so that a step costs the writing of the
     files and not the encoding of the whole series again: on a stream of thousands of chunks that
     encoding was most of the step's time outside training.
+
+    With ``history`` (the daemon, whose engine holds the newest ``daemon.series_rows`` rows only),
+    ``results.json`` holds the rows the engine holds and names :data:`HISTORY_FILE`, to which, as to
+    ``series.csv``, each new row is appended: a step writes as much on the stream's first day as in
+    its second year. :meth:`resume` cuts both files back to the committed series after a restart.
     """
 
-    def __init__(self, folder: str | Path, config: dict, extra: dict | None = None):
+    def __init__(self, folder: str | Path, config: dict, extra: dict | None = None, *, history: bool = False):
         self.folder = Path(folder)
         self.config = config
         self.extra = extra or {}
+        self.history = history
         self.folder.mkdir(parents=True, exist_ok=True)
         #: The rows encoded so far, kept alive so that the identity check in _encode never meets a
         #: reused object id.
@@ -141,16 +160,36 @@ class ResultsWriter(EngineObserver):
     def on_tick_stage(self, stage: StageRecord, engine: Engine) -> None:
         self.write(engine)
 
-    def write(self, engine: Engine) -> dict:
+    def resume(self, engine: Engine) -> None:
+        """The engine was restored from its committed state: its rows are those already written, and
+        rows written after them (a step that never committed) are cut from the history files."""
         self._encode(engine.state.series)
+        last = engine.state.series[-1]["t"] if engine.state.series else 0
+        for name in (HISTORY_FILE, "series.csv"):
+            truncate_rows_after(self.folder / name, last)
+
+    def write(self, engine: Engine) -> dict:
+        new = self._encode(engine.state.series)
         results = results_of(engine, self.config, self.extra, records=self._records)
+        if self.history:
+            results["series_file"] = HISTORY_FILE
+            append_lines(self.folder / HISTORY_FILE, self._json_lines[len(self._json_lines) - new :] if new else [])
+            csv_file = self.folder / "series.csv"
+            header = [] if csv_file.exists() and csv_file.stat().st_size else [CSV_HEADER]
+            append_lines(csv_file, header + (self._csv_lines[len(self._csv_lines) - new :] if new else []))
         write_text_atomic(self.folder / "results.json", results_text(results, self._json_lines))
-        write_text_atomic(self.folder / "series.csv", CSV_HEADER + "".join(self._csv_lines))
+        if not self.history:
+            write_text_atomic(self.folder / "series.csv", CSV_HEADER + "".join(self._csv_lines))
         return results
 
-    def _encode(self, series: list[dict]) -> None:
-        """Encode the rows not encoded yet. The engine only appends rows; an engine whose state was
-        replaced (restored from its store) holds other row objects, and is encoded again whole."""
+    def _encode(self, series: list[dict]) -> int:
+        """Encode the rows not encoded yet; return how many. The engine appends rows, and a daemon's
+        drops its oldest (``t`` counts them, one a step); an engine whose state was replaced (restored
+        from its store) holds other row objects, and is encoded again whole."""
+        first = series[0]["t"] if series else 0
+        while self._rows and self._rows[0]["t"] < first:
+            for held in (self._rows, self._json_lines, self._csv_lines, self._records):
+                del held[0]
         done = len(self._rows)
         if done > len(series) or (done and series[done - 1] is not self._rows[-1]):
             done = 0
@@ -160,6 +199,61 @@ class ResultsWriter(EngineObserver):
             self._json_lines.append(json.dumps(finite(row)))
             self._csv_lines.append(csv_line(row))
             self._records.append(StepRecord.from_row(row))
+        return len(series) - done
+
+
+def append_lines(path: Path, lines: Sequence[str]) -> None:
+    """Append ``lines`` (JSON rows without their newline, or CSV lines with it) to ``path``."""
+    if not lines:
+        return
+    text = "".join(line if line.endswith("\n") else line + "\n" for line in lines)
+    with path.open("a", encoding="utf-8") as out:
+        out.write(text)
+        out.flush()
+
+
+def truncate_rows_after(path: Path, last_t: int) -> None:
+    """Cut ``path`` (series.jsonl or series.csv, rows in ``t`` order) after the row of step ``last_t``,
+    reading from its end only: rows after it are steps a crash kept from committing, and a row
+    half written is one of them."""
+    if not path.exists():
+        return
+    with path.open("rb+") as file:
+        end = file.seek(0, 2)
+        start, text = end, b""
+        lines: list[bytes] = []
+        while start > 0:
+            size = min(1 << 16, start)
+            start -= size
+            file.seek(start)
+            text = file.read(size) + text
+            lines = text.split(b"\n")
+            begins, offset = [], start
+            for line in lines:
+                begins.append(offset)
+                offset += len(line) + 1
+            # Unless the file's start was read, the first piece may be the end of a longer line.
+            for i in range(len(lines) - 1, 0 if start else -1, -1):
+                t = _row_t(lines[i])
+                if t is not None and t <= last_t:
+                    file.truncate(min(end, begins[i] + len(lines[i]) + 1))
+                    return
+        # No row at or before last_t: a CSV keeps its header only.
+        header = lines[0] if lines and lines[0].startswith(b"t,") else None
+        file.truncate(len(header) + 1 if header is not None else 0)
+
+
+def _row_t(line: bytes) -> int | None:
+    """The step ``t`` of a series.jsonl or series.csv line; None for a header or a partial line."""
+    line = line.strip()
+    if not line:
+        return None
+    try:
+        if line.startswith(b"{"):
+            return int(json.loads(line)["t"])
+        return int(line.split(b",", 1)[0])
+    except (ValueError, KeyError):
+        return None
 
 
 def results_of(
@@ -179,8 +273,25 @@ def results_of(
 
 
 def read_results(path: str | Path) -> dict:
-    """Read a run's results.json (a folder or the file itself)."""
+    """Read a run's results.json (a folder or the file itself); a daemon's, whose results.json holds the
+    newest rows, with its whole series from the history file it names."""
     path = Path(path)
     if path.is_dir():
         path = path / "results.json"
-    return json.loads(path.read_text())
+    results = json.loads(path.read_text())
+    history = results.pop("series_file", None)
+    if history is not None and (path.parent / history).exists():
+        results["series"] = read_history(path.parent / history)
+    return results
+
+
+def read_history(path: Path) -> list[dict]:
+    """The rows of a daemon's series.jsonl; a row half written by a crash, not committed, is left out."""
+    rows = []
+    with path.open(encoding="utf-8") as lines:
+        for line in lines:
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                continue
+    return rows

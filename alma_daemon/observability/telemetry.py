@@ -110,6 +110,38 @@ MEASURE_DETAIL = Gauge(
     registry=REGISTRY,
 )
 
+# -- freshness: what users of an endless stream saw lately, and how old the model is ----------------
+PREQUENTIAL_WINDOW_MEASURE = Gauge(
+    "alma_prequential_window_measure",
+    "The task's measure (label measure) over the last stream.prequential_window chunks, each taken before "
+    "training on it (their mean): the measure users saw lately",
+    ["measure"],
+    registry=REGISTRY,
+)
+MODEL_AGE_CHUNKS = Gauge(
+    "alma_model_age_chunks",
+    "Chunks arrived since the last training stage (since the stream's start before the first)",
+    registry=REGISTRY,
+)
+# The time of the stage, not the seconds since: time() - alma_last_stage_timestamp_seconds keeps rising
+# between chunks and scrapes, and cannot freeze when the process does (Prometheus's instrumentation practice).
+LAST_STAGE_TIMESTAMP = Gauge(
+    "alma_last_stage_timestamp_seconds",
+    "Unix time the last training stage ended (the stream's start before the first): the model's age in "
+    "seconds is time() minus it",
+    registry=REGISTRY,
+)
+FRESHNESS_BOUND_CHUNKS = Gauge(
+    "alma_freshness_bound_chunks",
+    "policy.max_model_age_chunks: a stage is forced once the model is this many chunks old; NaN when unset",
+    registry=REGISTRY,
+)
+FRESHNESS_BOUND_SECONDS = Gauge(
+    "alma_freshness_bound_seconds",
+    "policy.max_model_age_seconds: a stage is forced once the model is this old and a chunk waits; NaN when unset",
+    registry=REGISTRY,
+)
+
 # -- compute (Eq. 2) ----------------------------------------------------------------------------
 TRAIN_FLOPS = Counter("alma_train_flops", "Training FLOPs spent on the stream (forward + backward)", registry=REGISTRY)
 PARAMETERS = Gauge("alma_parameters", "Parameters of the current model", registry=REGISTRY)
@@ -212,7 +244,8 @@ def _create_known_series() -> None:
         SWAP_FAILURES.labels(stage)
     for server in SERVERS:
         SERVER_UP.labels(server).set(math.nan)
-    for gauge in POLICY_ESTIMATES.values():
+    freshness = (MODEL_AGE_CHUNKS, LAST_STAGE_TIMESTAMP, FRESHNESS_BOUND_CHUNKS, FRESHNESS_BOUND_SECONDS)
+    for gauge in (*POLICY_ESTIMATES.values(), *freshness):
         gauge.set(math.nan)
     for name in ERROR_SETS:
         ERROR_RATIO.labels(name).set(math.nan)

@@ -89,11 +89,6 @@ def redis_location(config: Config) -> str:
     return f"{parts.scheme}://{parts.hostname}:{parts.port or 6379}/{parts.path.strip('/') or '0'}"
 
 
-def daemon_observers(config: Config) -> list[EngineObserver]:
-    """The observers every daemon attaches to its engine first: the results files in ``daemon.state_dir``."""
-    return [ResultsWriter(config.daemon.state_dir, to_dict(config))]
-
-
 def restore_engine(
     config: Config,
     client: Any,
@@ -114,6 +109,8 @@ def restore_engine(
         )
     buffer = RedisBuffer.open(client, keys, ChunkStore.for_config(config))
     raw_policy = client.get(keys.policy)
+    # The results files in daemon.state_dir, written first after each step.
+    results = ResultsWriter(config.daemon.state_dir, to_dict(config), history=True)
     engine = assemble_engine(
         config,
         stream.task,
@@ -122,8 +119,9 @@ def restore_engine(
         checkpoints=store,
         state=state,
         policy_state=json.loads(raw_policy) if raw_policy is not None else None,
-        observers=[*daemon_observers(config), *observers],
+        observers=[results, *observers],
     )
+    results.resume(engine)
     log.info(
         "engine restored",
         extra={

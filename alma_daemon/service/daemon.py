@@ -91,7 +91,7 @@ class Daemon:
         self.config = config
         self.client = client
         self.keys = StreamKeys(config.daemon.stream)
-        self.state_store = EngineStateStore(client, self.keys)
+        self.state_store = EngineStateStore(client, self.keys, config.daemon.series_rows)
         self.until_chunks = until_chunks
         self.extra_observers = list(observers)
         #: The other ranks under torchrun (service/rank_followers.py); alone, it does nothing.

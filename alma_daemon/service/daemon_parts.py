@@ -16,6 +16,7 @@ from alma_daemon.observability.exporter import start_exporter
 from alma_daemon.service.bootstrap import event_stream
 from alma_daemon.service.components import Component, started
 from alma_daemon.service.ingest.worker import IngestWorker
+from alma_daemon.service.redis_outage import start_step
 from alma_daemon.service.scheduler import build_scheduler
 from alma_daemon.transports import build_source
 
@@ -49,7 +50,7 @@ class EnginePart(DaemonPart):
 
     def start(self) -> None:
         if not self.daemon.restored:  # a caller may restore before the run, to read the state first
-            self.daemon.restore()
+            start_step(self.daemon, self.daemon.restore)
 
 
 class ReplayPart(DaemonPart):
@@ -74,7 +75,7 @@ class HeartbeatPart(DaemonPart):
     requires = ("engine",)
 
     def start(self) -> None:
-        self.daemon.heartbeat.started()
+        start_step(self.daemon, self.daemon.heartbeat.started)
 
     def stop(self) -> None:
         try:
@@ -120,16 +121,21 @@ class IngestPart(DaemonPart):
 
     def start(self) -> None:
         daemon, config = self.daemon, self.daemon.config
-        worker = IngestWorker(
-            build_source(config, daemon.client),
-            daemon.client,
-            daemon.keys,
-            started(daemon.schema, "engine"),
-            max_buffer_bytes=config.redis.max_buffer_bytes,
-            max_chunks_ahead=config.daemon.max_chunks_ahead,
-            on_chunk_ready=daemon.wake.set,
-            outages=daemon.outages,
-            events=event_stream(config),
+        source = build_source(config, daemon.client)
+        worker = start_step(
+            daemon,
+            lambda: IngestWorker(
+                source,
+                daemon.client,
+                daemon.keys,
+                started(daemon.schema, "engine"),
+                max_buffer_bytes=config.redis.max_buffer_bytes,
+                max_chunks_ahead=config.daemon.max_chunks_ahead,
+                incomplete_chunk_seconds=config.daemon.incomplete_chunk_seconds,
+                on_chunk_ready=daemon.wake.set,
+                outages=daemon.outages,
+                events=event_stream(config),
+            ),
         )
         daemon.ingest = worker
         worker.start()

@@ -9,15 +9,22 @@ connect, and the last one to leave shuts it down (saving the data, so the next s
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from alma_daemon.config import Config
-from alma_daemon.infra.connections import redis_client
-from alma_daemon.infra.outages import redis_retry
+from alma_daemon.infra.connections import redis_client, redis_server
+from alma_daemon.infra.outages import REDIS_UNREACHABLE, OutageBoard, redis_retry
+from alma_daemon.infra.redis_keys import StreamKeys
+from alma_daemon.infra.unreachable import ServerUnreachable
 from alma_daemon.service.components import Component, started
+from alma_daemon.service.heartbeat import STATUS_FILE, Heartbeat
+from alma_daemon.service.redis_outage import StartupWait
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 EMBEDDED_DB = "redis.db"
 #: ``alma run/replay/status --embedded``: the Redis stream transport on the embedded server.
@@ -50,7 +57,12 @@ def close_redis(client: Any) -> None:
 
 
 class RedisConnection(Component):
-    """Redis as a component of ``alma run``: connected at its start, closed at its stop."""
+    """Redis as a component of ``alma run``: connected at its start, closed at its stop.
+
+    A Redis at ``redis.url`` that cannot be reached at the start, or is lost before the daemon runs,
+    is waited for as an outage (:meth:`wait_out`): up to ``daemon.outage_limit_seconds``, shown in
+    the status file (``alma status``), then the running daemon's last line.
+    """
 
     name = "redis"
     # Held first: a second daemon on the stream is refused before it touches Redis or the model store.
@@ -59,13 +71,33 @@ class RedisConnection(Component):
     def __init__(self, config: Config):
         self.config = config
         self._client: Any = None
+        url = config.redis.url
+        self.outages = OutageBoard(config.daemon.outage_limit_seconds, {"redis": redis_server(url)} if url else {})
+        # The daemon's own heartbeat starts later; until then this one writes the status file alone.
+        heartbeat = Heartbeat(
+            None, StreamKeys(config.daemon.stream), Path(config.daemon.state_dir) / STATUS_FILE, self.outages
+        )
+
+        def show(phase: str, waiting_for: str) -> None:
+            heartbeat.set_phase(phase, waiting_for, redis_down=True)
+            heartbeat.write_file(False, None)
+
+        self._startup = StartupWait(self.outages, show, config.daemon.poll_seconds)
 
     @property
     def client(self) -> Any:
         return started(self._client, self.name)
 
     def start(self) -> None:
-        self._client = connect_redis(self.config)
+        if not self.config.redis.url:
+            self._client = connect_redis(self.config)  # the embedded server runs beside this process
+            return
+        # The first connection too: a Redis that has never answered is waited for like one that went away.
+        self._client = self.wait_out(lambda: connect_redis(self.config), (ServerUnreachable, *REDIS_UNREACHABLE))
+
+    def wait_out(self, work: Callable[[], T], unreachable: tuple[type[BaseException], ...] = REDIS_UNREACHABLE) -> T:
+        """``work``, a step before the daemon starts, redone once Redis answers while it cannot be reached."""
+        return self._startup.run(work, unreachable)
 
     def stop(self) -> None:
         close_redis(self.client)

@@ -27,18 +27,27 @@ def last_record(client: Any, keys: StreamKeys) -> dict | None:
 
 
 class EngineStateStore:
-    """Loads and saves one stream's :class:`EngineState`; saving is staged on a MULTI pipeline."""
+    """Loads and saves one stream's :class:`EngineState`; saving is staged on a MULTI pipeline.
 
-    def __init__(self, client: Any, keys: StreamKeys):
+    With ``keep_rows``, the series in Redis and in the engine's memory holds the newest ``keep_rows``
+    records only, so that neither grows with the stream's age; every record is in the daemon's
+    ``series.jsonl`` (observability/results.py).
+    """
+
+    def __init__(self, client: Any, keys: StreamKeys, keep_rows: int | None = None):
         self.client = client
         self.keys = keys
+        self.keep_rows = keep_rows
         self._saved_records = 0
         self._staged_records = 0
+        self._staged: EngineState | None = None
 
     def load(self) -> EngineState | None:
-        """The committed state, series included; ``None`` before the first step."""
+        """The committed state, its series (the newest ``keep_rows`` records) included; ``None`` before
+        the first step."""
         raw = self.client.get(self.keys.engine)
-        records = [json.loads(r) for r in self.client.lrange(self.keys.series, 0, -1)]
+        start = -self.keep_rows if self.keep_rows else 0
+        records = [json.loads(r) for r in self.client.lrange(self.keys.series, start, -1)]
         self._saved_records = self._staged_records = len(records)
         if raw is None:
             return None
@@ -50,8 +59,18 @@ class EngineStateStore:
         new = state.series[self._saved_records :]
         if new:
             pipe.rpush(self.keys.series, *(json.dumps(record) for record in new))
+            if self.keep_rows:
+                pipe.ltrim(self.keys.series, -self.keep_rows, -1)
         self._staged_records = len(state.series)
+        self._staged = state
 
     def committed(self) -> None:
-        """The pipeline holding the last :meth:`stage_save` has executed."""
+        """The pipeline holding the last :meth:`stage_save` has executed: the engine's series is cut to
+        what Redis now holds."""
         self._saved_records = self._staged_records
+        state = self._staged
+        if self.keep_rows and state is not None and len(state.series) > self.keep_rows:
+            excess = len(state.series) - self.keep_rows
+            del state.series[:excess]
+            self._saved_records -= excess
+            self._staged_records = self._saved_records

@@ -5,6 +5,10 @@ with backoff; when Redis answers again it checks that Redis still holds the stre
 (``stream_identity.py``) and resumes from the last committed step, exactly as after a crash. An
 outage longer than ``daemon.outage_limit_seconds`` ends the run with
 :class:`~alma_daemon.infra.outages.OutageTooLong`.
+
+At start-up (:class:`StartupWait`), before the main loop and the threads run, each step that meets
+an outage (the first connection, the restore, the ingest's first reads) waits for Redis the same
+way and is then redone whole. Torch-free: ``alma run``'s Redis component imports this module.
 """
 
 from __future__ import annotations
@@ -13,13 +17,27 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
 
-from alma_daemon.core.engine import Engine
-from alma_daemon.infra.outages import REDIS_UNREACHABLE, OutageBoard, one_line, retry_delays
+from alma_daemon.infra.outages import (
+    REDIS_UNREACHABLE,
+    Outage,
+    OutageBoard,
+    OutageTooLong,
+    one_line,
+    retry_delays,
+    wait_out,
+)
 from alma_daemon.infra.unreachable import outage_line
-from alma_daemon.service.stream_identity import StreamIdentity
+
+if TYPE_CHECKING:
+    from alma_daemon.core.engine import Engine
+    from alma_daemon.service.daemon import Daemon
+    from alma_daemon.service.stream_identity import StreamIdentity
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class RedisOutage:
@@ -90,3 +108,47 @@ class RedisOutage:
             )
             self.reload_committed()
         return restarted
+
+
+class StartupWait:
+    """Start-up steps that wait out a Redis outage, as the running daemon does, rather than end ``alma run``.
+
+    One warning, retries with backoff (:func:`~alma_daemon.infra.outages.wait_out`), the wait shown
+    as the phase ``waiting`` for ``Redis at ...`` (the status file that ``alma status`` reads while
+    Redis is down, and the progress bar), and past ``daemon.outage_limit_seconds`` the running
+    daemon's last line (:class:`~alma_daemon.infra.outages.OutageTooLong`), the phase ``stopped``.
+    """
+
+    def __init__(self, outages: OutageBoard, show: Callable[[str, str], None], poll_seconds: float):
+        """``show(phase, waiting_for)`` records the phase where ``alma status`` finds it while Redis
+        is down; it is called every ``poll_seconds`` during a wait, so the status's heartbeat stays fresh."""
+        self.outages = outages
+        self.show = show
+        self.poll_seconds = poll_seconds
+
+    def run(self, work: Callable[[], T], unreachable: tuple[type[BaseException], ...] = REDIS_UNREACHABLE) -> T:
+        """``work()``, redone whole once Redis answers again after it failed with ``unreachable``."""
+        try:
+            return wait_out(
+                work, self.outages, "redis", unreachable, on_wait=self._on_wait, tick_seconds=self.poll_seconds
+            )
+        except OutageTooLong:
+            self.show("stopped", "")
+            raise
+
+    def _on_wait(self, outage: Outage | None) -> None:
+        if outage is None:
+            self.show("starting", "")
+        else:
+            self.show("waiting", outage.describe())
+
+
+def start_step(daemon: Daemon, work: Callable[[], T]) -> T:
+    """``work``, a step of ``daemon``'s start, waiting out Redis (:class:`StartupWait`) on the daemon's
+    outage board, with its phase and status file."""
+
+    def show(phase: str, waiting_for: str) -> None:
+        daemon.set_phase(phase, waiting_for, shown=True, redis_down=True)
+        daemon.heartbeat.write_file(False, daemon.ingest)
+
+    return StartupWait(daemon.outages, show, daemon.config.daemon.poll_seconds).run(work)

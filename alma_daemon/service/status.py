@@ -76,9 +76,40 @@ def engine_counters(client: Any, keys: StreamKeys) -> dict:
     return json.loads(raw) if raw is not None else {}
 
 
-def read_status(client: Any, keys: StreamKeys, poll_seconds: float = 1.0, serving: ServingState | None = None) -> dict:
+def freshness_bound(config: Config) -> dict:
+    """``policy.max_model_age_chunks`` and ``max_model_age_seconds`` as ``{chunks, seconds}`` (None: unset)."""
+    return {"chunks": config.policy.max_model_age_chunks, "seconds": config.policy.max_model_age_seconds}
+
+
+def model_age(engine: dict, now: float) -> tuple[int | None, float | None]:
+    """Chunks arrived and seconds passed since the last stage (since the stream's start before the first),
+    as Engine.model_age counts them, from the committed engine state; None where it does not say (no
+    chunk yet, or a state written before the model's age was kept)."""
+    if "last_stage_chunks_seen" not in engine:
+        return None, None
+    since = engine.get("last_stage_at") or engine.get("started_at")
+    seconds = round(max(0.0, now - float(since)), 3) if since is not None else None
+    return int(engine.get("chunks_seen", 0)) - int(engine["last_stage_chunks_seen"]), seconds
+
+
+def prequential_window(engine: dict, last: StepRecord | None) -> dict | None:
+    """The latest windowed prequential measure (``mean``) and the chunks it is the mean of (``chunks``:
+    up to ``stream.prequential_window``); None before the first chunk and in rows written before it was kept."""
+    if last is None or last.prequential_window is None:
+        return None
+    return finite({"chunks": len(engine.get("recent_prequential", [])), "mean": last.prequential_window})
+
+
+def read_status(
+    client: Any,
+    keys: StreamKeys,
+    poll_seconds: float = 1.0,
+    serving: ServingState | None = None,
+    bound: dict | None = None,
+) -> dict:
     """Counters, buffer sizes, the engine's progress and the daemon's heartbeat, as plain data;
-    ``serving`` (from :func:`serving_state`) adds the live version."""
+    ``serving`` (from :func:`serving_state`) adds the live version, ``bound`` (from
+    :func:`freshness_bound`) the freshness bound the model's age is held to."""
     ingest = text_hash(client, keys.ingest)
     daemon = text_hash(client, keys.daemon)
     engine = engine_counters(client, keys)
@@ -99,6 +130,7 @@ def read_status(client: Any, keys: StreamKeys, poll_seconds: float = 1.0, servin
     # The ready chunks the engine holds back behind a missing id (service/reorder.py).
     waiting_on_gap = counts["ready"] if last_taken and lowest_ready and int(lowest_ready[0]) > last_taken + 1 else 0
     model_version = int(engine.get("model_version", 0))
+    age_chunks, age_seconds = model_age(engine, time.time())
     return {
         "stream": keys.stream,
         "daemon": {
@@ -132,6 +164,10 @@ def read_status(client: Any, keys: StreamKeys, poll_seconds: float = 1.0, servin
         "last_test_error": last.measured("error") if last else None,
         "last_test_perplexity": last.measured("perplexity") if last else None,
         "measure": measure_status(last) if last else None,
+        "prequential_window": prequential_window(engine, last),
+        "model_age_chunks": age_chunks,
+        "model_age_seconds": age_seconds,
+        "freshness_bound": bound or {"chunks": None, "seconds": None},
         "cumulative_train_flops": int(engine.get("cumulative_train_flops", 0)),
         "offsets": text_hash(client, keys.offsets),
     }
@@ -183,6 +219,38 @@ def model_row(status: dict) -> tuple[str, str]:
     if state == "none":
         return "model version", f"{version} (none live yet)"
     return "model version", f"{version} (live: {status['live_version']}, {LIVE_STATE_WORDS[state]})"
+
+
+def duration_words(seconds: float) -> str:
+    """``40 s``, ``12 min``, ``3 h``, ``2.5 d``: a model's age or bound at a glance."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    value, unit = (seconds / 3600, "h") if seconds < 48 * 3600 else (seconds / 86400, "d")
+    return f"{value:.1f}".removesuffix(".0") + f" {unit}"
+
+
+def model_age_row(status: dict) -> tuple[str, str]:
+    """``model age  12 chunk(s), 3 h since the last stage (bound: 50 chunks, 24 h)``: how old the model is,
+    and the freshness bound that forces a stage (``policy.max_model_age_*``), with ``passed`` once it is."""
+    chunks, seconds = status.get("model_age_chunks"), status.get("model_age_seconds")
+    if chunks is None or seconds is None:
+        return "model age", "n/a (no chunk yet)" if not status.get("chunks_processed") else "n/a (not recorded)"
+    since = "since the last stage" if status.get("stages") else "since the stream started (no stage yet)"
+    bound = status.get("freshness_bound") or {}
+    limits = [f"{bound['chunks']} chunks"] if bound.get("chunks") is not None else []
+    limits += [duration_words(bound["seconds"])] if bound.get("seconds") is not None else []
+    passed = (bound.get("chunks") is not None and chunks >= bound["chunks"]) or (
+        bound.get("seconds") is not None and seconds >= bound["seconds"]
+    )
+    verdict = ""
+    if passed:
+        # Past the bound a stage is forced as soon as a chunk arrived since the last one; none, there is
+        # nothing to train on.
+        verdict = ": passed, a stage is due" if chunks else ": passed, no chunk waits"
+    limit = f"bound: {', '.join(limits)}{verdict}" if limits else "no bound"
+    return "model age", f"{chunks} chunk(s), {duration_words(seconds)} {since} ({limit})"
 
 
 def degradation(daemon: dict) -> dict:
@@ -277,6 +345,7 @@ def format_status(status: dict) -> str:
         ),
         ("last decision", f"{decision.get('action')}: {decision.get('reason')}" if decision else "none yet"),
         model_row(status),
+        model_age_row(status),
         *measure_rows(status),
         ("records rejected", f"{status['records_rejected']} ({rejected})"),
     ]
@@ -308,18 +377,22 @@ NOT_MEASURED = "n/a (no test set or no chunk yet)"
 
 
 def measure_rows(status: dict) -> list[tuple[str, str]]:
-    """The task's measure: its latest test and prequential values, its running sum (a classifier's CER),
-    the input-blind baseline and the other measures; a language model's latest test perplexity."""
+    """The task's measure: its latest test and prequential values and the mean of the last chunks'
+    (``stream.prequential_window``), its running sum (a classifier's CER), the input-blind baseline and
+    the other measures; a language model's latest test perplexity."""
     measure = status.get("measure")
     if measure is None:
         return [("CER so far", NOT_MEASURED)]
     m, test, prequential = measure["name"], measure["test"], measure["prequential"]
+    window = status.get("prequential_window")
     if m == "perplexity":
         latest = f"{test:.2f}" if test is not None else "n/a (no test set)"
-        return [("test perplexity", f"{latest} (prequential {prequential:.2f})")]
+        lately = f", last {window['chunks']} chunks {window['mean']:.2f}" if window else ""
+        return [("test perplexity", f"{latest} (prequential {prequential:.2f}{lately})")]
     cumulative = measure["cumulative"]
+    lately = f", last {window['chunks']} chunks {_or_na(m, window['mean'])}" if window else ""
     rows = [
-        ("measure", f"{named(m)}: test {_or_na(m, test)}, prequential {_or_na(m, prequential)}"),
+        ("measure", f"{named(m)}: test {_or_na(m, test)}, prequential {_or_na(m, prequential)}{lately}"),
         (f"{cumulative_words(m)} so far", shown(m, cumulative) if cumulative is not None else NOT_MEASURED),
     ]
     if measure["baseline"] is not None:

@@ -84,6 +84,7 @@ def forget_measures() -> None:
         telemetry.CUMULATIVE_MEASURE,
         telemetry.BASELINE_MEASURE,
         telemetry.MEASURE_DETAIL,
+        telemetry.PREQUENTIAL_WINDOW_MEASURE,
     ):
         gauge.clear()
 
@@ -91,8 +92,9 @@ def forget_measures() -> None:
 @contextlib.contextmanager
 def metrics_of_a_team() -> Iterator[None]:
     """The registry as a team's stream leaves it: the families of the task's measure have series from a
-    stream's first chunk on, a binary task's every one (its baseline, its other measures)."""
-    MetricsObserver.show(team_record())
+    stream's first chunk on, a binary task's every one (its baseline, its other measures, the mean of
+    its last chunks)."""
+    MetricsObserver.show(team_record(prequential_window=0.6, model_age_chunks=0, model_age_seconds=0.0))
     try:
         yield
     finally:

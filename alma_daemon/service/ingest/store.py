@@ -6,15 +6,17 @@ which records are in Redis: the consumer seeks there and nothing is lost or stor
 
 ``queued_bytes`` in ``alma:{s}:ingest`` counts the bytes of complete chunks the engine has not
 consumed (what ingest pauses on).
-``refused_chunks`` there lists the chunks the assembler refused (ids, space-separated), so a
-restart keeps skipping their later parts. ``alma:{s}:completed`` holds the ids of the chunks
-completed within the order guard's window, so a restart still treats their re-sent parts as
-duplicates.
+``refused_chunks`` there lists the chunks the assembler refused or gave up as incomplete (ids,
+space-separated), so a restart keeps skipping their later parts. ``alma:{s}:completed`` holds the
+ids of the chunks completed within the order guard's window, so a restart still treats their
+re-sent parts as duplicates. A chunk's ``arrived_at`` is kept in its hash, so a restart ages an
+incomplete chunk from its first part, as an uninterrupted ingest does.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,9 +59,11 @@ class IngestBatch:
     #: (``alma:{s}:ingest`` fields), when the batch changed it.
     segments: list[Segment] = field(default_factory=list)
     open_chunk: dict[str, str] | None = None
+    #: When the batch was assembled (ingest's clock): a new chunk's ``arrived_at``.
+    at: float = field(default_factory=time.time)
 
     def __bool__(self) -> bool:
-        return bool(self.offsets) or self.open_chunk is not None
+        return bool(self.offsets) or self.open_chunk is not None or bool(self.abandoned)
 
     def abandon(self, chunk_id: int, progress: ChunkProgress, why: RejectedRecord) -> None:
         """Give up an incomplete chunk: its parts in this batch are not written, earlier ones are deleted.
@@ -114,9 +118,16 @@ class IngestStore:
         self.client.hset(self.keys.ingest, "queued_bytes", total)
         return total
 
-    def load_assembler(self, max_bytes: int | None = None, max_ahead: int | None = None) -> Assembler:
+    def load_assembler(
+        self,
+        max_bytes: int | None = None,
+        max_ahead: int | None = None,
+        max_age: float | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> Assembler:
         """The assembler as the last committed batch left it, its incomplete chunks within ``max_bytes``,
-        its chunk ids at most ``max_ahead`` above the newest completed one."""
+        its chunk ids at most ``max_ahead`` above the newest completed one, and each incomplete chunk
+        given up ``max_age`` seconds after its first part arrived, by ``clock`` (``Assembler.expire``)."""
         (refused,) = self.client.hmget(self.keys.ingest, ["refused_chunks"])
         completed = [int(c) for c in self.client.zrange(self.keys.completed, 0, -1)]
         in_progress = {}
@@ -129,6 +140,7 @@ class IngestStore:
                 got={int(k.removeprefix("got:")) for k in fields if k.startswith("got:")},
                 examples=int(fields.get("examples", 0)),
                 bytes=int(fields.get("bytes", 0)),
+                arrived_at=float(fields["arrived_at"]) if "arrived_at" in fields else clock(),
             )
         return Assembler(
             self.keys.stream,
@@ -137,6 +149,8 @@ class IngestStore:
             max_bytes,
             refused=(int(c) for c in (refused or b"").split()),
             max_ahead=max_ahead,
+            max_age=max_age,
+            clock=clock,
         )
 
     def commit(self, batch: IngestBatch) -> None:
@@ -151,7 +165,7 @@ class IngestStore:
     def _stage(self, pipe: Any, batch: IngestBatch) -> None:
         """Queue the writes of ``batch`` on ``pipe``, the abandoned chunks' deletions first."""
         keys = self.keys
-        now = f"{time.time():.3f}"
+        now = f"{batch.at:.3f}"
         for chunk_id, progress, why in batch.abandoned:
             pipe.zrem(keys.assembling, chunk_id)
             pipe.delete(keys.chunk(chunk_id), *(keys.part(chunk_id, i) for i in progress.got))

@@ -5,7 +5,9 @@ the two meet only in Redis (complete chunks in ``alma:{s}:ready``). A second thr
 transactions, in order, while the next poll is read. Memory stays bounded: at most
 ``MAX_IN_FLIGHT + 1`` polls of records are held, polling pauses while more than
 ``max_buffer_bytes`` of complete chunks wait for the engine, and the assembler bounds the parts of
-incomplete chunks.
+incomplete chunks. A chunk still incomplete ``incomplete_chunk_seconds`` after its first part arrived
+is given up (dead-lettered as ``incomplete``, its parts deleted) in a batch's transaction, once
+ingest has caught up with the transport: its missing parts are not waiting unread behind a backlog.
 
 Outages (docs/service.md, "Outages"): while Redis is unreachable the thread waits with backoff and
 then resyncs from what Redis holds; while the transport is, kafka-python reconnects on its own and
@@ -67,7 +69,12 @@ class IngestWorker:
         on_chunk_ready: Callable[[], None] = lambda: None,
         outages: OutageBoard | None = None,
         events: EventStream | None = None,
+        incomplete_chunk_seconds: float | None = None,
+        clock: Callable[[], float] = time.time,
+        lag_refresh_seconds: float = LAG_REFRESH_SECONDS,
     ):
+        """``clock`` stamps the chunks' arrival and ages them (``incomplete_chunk_seconds``; None: they
+        wait for ever); ``lag_refresh_seconds`` spaces the lag queries."""
         self.source = source
         #: Where this thread reports Redis and transport outages (the daemon's board).
         self.outages = outages or OutageBoard(limit_seconds=float("inf"))
@@ -77,6 +84,11 @@ class IngestWorker:
         self.schema = schema
         self.max_buffer_bytes = max_buffer_bytes
         self.max_chunks_ahead = max_chunks_ahead
+        self.incomplete_chunk_seconds = incomplete_chunk_seconds
+        self.clock = clock
+        self.lag_refresh_seconds = lag_refresh_seconds
+        #: Records the transport held unread at the last lag query; None while unknown (the transport down).
+        self.last_lag: int | None = None
         self.on_chunk_ready = on_chunk_ready
         #: Event streams (``stream.chunk_examples``/``chunk_seconds``): records are events, cut into chunks.
         self.events = events
@@ -89,7 +101,7 @@ class IngestWorker:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         # The first lag query waits one period: at start-up the gauge matters less than the first poll.
-        self._next_lag = time.monotonic() + LAG_REFRESH_SECONDS
+        self._next_lag = time.monotonic() + lag_refresh_seconds
         # A single committer thread runs the transactions one at a time, in submission order.
         self._committer = ThreadPoolExecutor(
             max_workers=1, thread_name_prefix=f"ingest-commit-{keys.stream}", initializer=run_beside_training
@@ -121,14 +133,17 @@ class IngestWorker:
 
     def _load_progress(self) -> None:
         """The chunks in progress as Redis holds them: the assembler's, or an event stream's open chunk."""
-        self.assembler = self.store.load_assembler(self.max_buffer_bytes, self.max_chunks_ahead)
+        self.assembler = self.store.load_assembler(
+            self.max_buffer_bytes, self.max_chunks_ahead, self.incomplete_chunk_seconds, self.clock
+        )
         self.collector: EventCollector | None = None
         if self.events is not None:
             self.collector = self.events.collector(self.schema, self.store.open_chunk_fields())
 
     def _assemble_batch(self, records: list[SourceRecord]) -> IngestBatch:
-        """Validate ``records`` and account for their parts: the batch that stores them."""
-        batch = IngestBatch()
+        """Validate ``records`` and account for their parts: the batch that stores them, and gives up
+        the chunks incomplete for too long."""
+        batch = IngestBatch(at=self.clock())
         refused = set(self.assembler.refused)
         for record in records:
             batch.offsets[record.position] = record.next_offset
@@ -146,6 +161,9 @@ class IngestWorker:
                 batch.parts.append((part, record))
             if outcome.completed is not None:
                 batch.completed[part.chunk_id] = outcome.completed
+        if self.caught_up:
+            for chunk_id, (progress, why) in self.assembler.expire().items():
+                batch.abandon(chunk_id, progress, why)
         if self.assembler.refused != refused:
             batch.refused = set(self.assembler.refused)
         if batch.completed:
@@ -164,6 +182,13 @@ class IngestWorker:
             raise
         self._report(batch)  # before a failing acknowledge could skip it: the batch is in Redis
         self.source.acknowledge(batch.offsets)
+
+    @property
+    def caught_up(self) -> bool:
+        """Whether the last lag query found every record of the transport read (and, on a Redis stream,
+        committed): a chunk still incomplete then is one whose parts were not sent, not parts waiting
+        unread behind a backlog (the daemon was stopped, or ingest paused)."""
+        return self.last_lag == 0
 
     def flush(self) -> None:
         """Wait until every submitted batch is committed; re-raises the first error (then call :meth:`resync`)."""
@@ -214,10 +239,11 @@ class IngestWorker:
         now = time.monotonic()
         if now < self._next_lag:
             return
-        self._next_lag = now + LAG_REFRESH_SECONDS
+        self._next_lag = now + self.lag_refresh_seconds
         # The lag query is also the transport's health probe: a Kafka consumer's poll returns nothing,
         # without an error, while the broker is down (kafka-python reconnects on its own).
         server = self.source.server
+        self.last_lag = None  # unknown until the transport answers
         try:
             lag = self.source.lag()
         except self.source.unreachable as exc:
@@ -229,6 +255,7 @@ class IngestWorker:
                 )
             self.outages.down(server, exc)
             return
+        self.last_lag = lag
         ended = self.outages.up(server)
         if ended is not None:
             log.log(
@@ -255,6 +282,7 @@ class IngestWorker:
                 )
         self._in_flight.clear()
         self._commit_failed = False
+        self.last_lag = None  # the source goes back to the stored offsets: caught up no longer
         self.store.follow_server()
         self._queued_bound = self.store.queued_bytes()
         self._load_progress()
