@@ -34,5 +34,5 @@ def test_a_tiny_long_stream_is_judged_by_its_served_measure(tmp_path: Path) -> N
     assert verdict["best"] in ("fixed w=1", "fixed w=4", "geometric 0.5")
     assert verdict["met"] == (verdict["difference"] <= 0 and verdict["flops_ratio"] <= 1.0)
     assert (tmp_path / "long-stream-tiny.png").is_file()
-    assert (tmp_path / "long-stream-tiny-hyperplane-served.png").is_file()
+    assert (tmp_path / "long-stream-tiny-served.png").is_file()
     assert "| adaptive, age <= 3 |" in out.with_suffix(".md").read_text()

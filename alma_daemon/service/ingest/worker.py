@@ -207,7 +207,8 @@ class IngestWorker:
         over = self._queued_bound > self.max_buffer_bytes
         if over != self.paused:
             self.paused = over
-            log.warning(
+            # Backpressure, not a fault: a producer ahead of training pauses ingest again and again.
+            log.info(
                 "ingest paused: buffer full" if over else "ingest resumed",
                 extra={"stream": self.keys.stream, "max_buffer_bytes": self.max_buffer_bytes},
             )
