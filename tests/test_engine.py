@@ -318,6 +318,7 @@ def test_a_writer_whose_engine_state_was_replaced_writes_the_new_series(tmp_path
     engine = run_stream(["policy.name=fixed", "policy.wait=1"], observers=[writer])
     for rows in (B, 3):  # as many rows as were written, then fewer
         engine.state.series = [dict(row, reason=f"restored {i}") for i, row in enumerate(engine.state.series[:rows])]
+        engine.state.chunks_seen = rows
         writer.write(engine)
         written = read_results(tmp_path)
         assert [row["reason"] for row in written["series"]] == [f"restored {i}" for i in range(rows)]
@@ -381,3 +382,11 @@ def test_a_stage_longer_than_the_bound_in_seconds_is_named_in_one_warning(caplog
         run_stream(["policy.wait=1", "policy.max_model_age_seconds=1e-6", "daemon.poll_seconds=1e-6"], chunks=1)
     (warning,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert re.match(r"policy.max_model_age_seconds=1e-06 is below the \d+ s stage 1 took: every chunk now", warning)
+
+
+def test_a_replay_set_smaller_than_a_chunk_is_named_once(caplog):
+    overrides = ["policy.wait=1", "stream.replay=true", "stream.replay_keep=window", "stream.replay_examples=10"]
+    with caplog.at_level("WARNING", logger="alma_daemon.core.engine"):
+        run_stream(overrides, chunks=2)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and warnings[0].startswith("stream.replay_examples=10 is smaller than chunk 1's 60")

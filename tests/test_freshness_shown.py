@@ -28,8 +28,9 @@ from tests.helpers.team_records import team_record
 def error_rows(prequential: list[float], trained: list[bool], test: float = 0.2) -> list[dict]:
     """The rows of a stream judged by the error rate: each chunk's prequential error, whether it
     trained, the same test error after each chunk; the mean of the last two chunks' as the windowed one."""
-    rows = []
+    rows, age = [], 0
     for t, (value, stage) in enumerate(zip(prequential, trained, strict=True), start=1):
+        age = 0 if stage else age + 1
         row = team_record(
             t,
             measure="error",
@@ -40,7 +41,7 @@ def error_rows(prequential: list[float], trained: list[bool], test: float = 0.2)
             test_measures={},
             prequential_measures={},
             prequential_window=sum(prequential[max(0, t - 2) : t]) / min(t, 2),
-            model_age_chunks=0,
+            model_age_chunks=age,
             model_age_seconds=0.0,
         ).as_row()
         rows.append(row | {"trained": stage})

@@ -59,3 +59,32 @@ def test_cutting_reads_back_across_blocks(tmp_path, rows) -> None:
     truncate_rows_after(history, rows // 2)
     kept = [json.loads(line)["t"] for line in history.read_text().splitlines()]
     assert kept == list(range(1, rows // 2 + 1))
+
+
+def test_a_torn_last_line_is_cut_even_when_it_reads_as_an_earlier_row(tmp_path) -> None:
+    csv = tmp_path / "series.csv"
+    csv.write_text("t,chunk\n56,56\n57,57\n5")  # row 58 cut after its first digit
+    truncate_rows_after(csv, 57)
+    assert csv.read_text() == "t,chunk\n56,56\n57,57\n"
+
+
+def test_resume_gives_the_history_the_committed_rows_it_lacks_and_an_older_folder_its_series(tmp_path) -> None:
+    writer = ResultsWriter(tmp_path, {}, history=True)
+    engine = engine_with(writer)
+    for i, part in enumerate(partition(separable_data(MNIST_TASK, 200, seed=1), 4, seed=0), start=1):
+        engine.on_chunk(Chunk(i, part))
+    rows = read_results(tmp_path)["series"]
+    # The machine went down before rows 3 and 4 reached the disk, though their steps committed.
+    truncate_rows_after(tmp_path / HISTORY_FILE, 2)
+    ResultsWriter(tmp_path, {}, history=True).resume(engine)
+    assert read_results(tmp_path)["series"] == rows
+
+    # A folder an older daemon wrote: its whole series in results.json, a CSV of fewer columns.
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "results.json").write_text(json.dumps({"series": rows, "summary": {}}))
+    (old / "series.csv").write_text("t,chunk\n1,1\n2,2\n3,3\n4,4\n")
+    ResultsWriter(old, {}, history=True).resume(engine)
+    assert [json.loads(line) for line in (old / HISTORY_FILE).read_text().splitlines()] == rows
+    lines = (old / "series.csv").read_text().splitlines()
+    assert lines[0].startswith("t,chunk,examples_seen") and [line.split(",")[0] for line in lines[1:]] == list("1234")

@@ -31,3 +31,11 @@ def test_the_longest_wait_counts_chunks_between_trained_steps():
     assert longest_wait(rows([0] * 10, trained={0, 3, 9})) == 5
     assert longest_wait(rows([0] * 4)) == 4
     assert longest_wait([]) == 0
+
+
+def test_the_longest_wait_counts_a_stage_between_chunks_where_rows_record_the_models_age():
+    # A stage between chunks (a schedule, the bound in seconds) has no row: its flags say nothing,
+    # the model's age after the next chunk does.
+    rows = [{"trained": False, "model_age_chunks": age} for age in (1, 2, 1, 2, 3)]
+    assert longest_wait(rows) == 3
+    assert longest_wait([{"trained": False}] * 5) == 5

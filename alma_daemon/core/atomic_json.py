@@ -39,6 +39,15 @@ def write_text_atomic(path: Path, text: str) -> None:
         raise
 
 
+def fsync_path(path: str | Path) -> None:
+    """Flush a file's data, or a folder's entries (a rename in it), to the disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def finite(value: Any) -> Any:
     """``value`` with every NaN or infinite float, at any depth, replaced by None."""
     if isinstance(value, float) and not math.isfinite(value):

@@ -25,7 +25,7 @@ import torch
 from safetensors.torch import load_file, load_model, save_file
 from torch import nn
 
-from alma_daemon.core.atomic_json import write_json_atomic
+from alma_daemon.core.atomic_json import fsync_path, write_json_atomic
 from alma_daemon.core.checkpoint_index import METRICS, SPEC, WEIGHTS, CheckpointIndex
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import Learner, learner_from_spec
@@ -59,10 +59,10 @@ class CheckpointStore(CheckpointIndex):
             # tensors.
             for name in (WEIGHTS, VALIDATION):
                 if (tmp / name).is_file():
-                    _fsync(tmp / name)
-            _fsync(tmp)
+                    fsync_path(tmp / name)
+            fsync_path(tmp)
             os.rename(tmp, target)
-            _fsync(self.folder)
+            fsync_path(self.folder)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -77,7 +77,7 @@ class CheckpointStore(CheckpointIndex):
             return
         trash = self.folder / f"{TRASH_PREFIX}{version}-{uuid.uuid4().hex[:8]}"
         os.rename(target, trash)
-        _fsync(self.folder)
+        fsync_path(self.folder)
         shutil.rmtree(trash)
 
     def sweep_trash(self) -> None:
@@ -131,12 +131,3 @@ def load_checkpoint(path: str | Path, device: str = "cpu") -> Learner:
     learner = learner_from_spec(json.loads((path / SPEC).read_text()))
     load_model(learner.model, str(path / WEIGHTS), device=str(device))
     return learner.to(device)
-
-
-def _fsync(path: Path) -> None:
-    """Flush a file's data, or a folder's entries, to the disk."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

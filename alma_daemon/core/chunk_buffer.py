@@ -39,11 +39,6 @@ class StageData:
         """The pending chunks the stage cap dropped untrained."""
         return self.choice.dropped
 
-    @property
-    def replayed(self) -> tuple[int, ...]:
-        """The kept chunks trained on again."""
-        return self.choice.replayed
-
 
 class ChunkBuffer(Protocol):
     """Chunks received and not yet discarded, split into train and validation parts."""

@@ -90,6 +90,7 @@ class Engine:
         self.clock = clock
         self.optimizer_name = resolve_optimizer_name(config.train, config.dataset.name)
         self.stage_plan = StagePlan.from_config(config)
+        self._warned_replay_room = False
         # A drifting stream (stream.drift) changes the test set from the first drifted chunk on, as the
         # source changes the chunks, so that CER measures the distribution the chunks come from.
         self.drift = build_drift(config.stream.drift, learner.task, config.stream.seed)
@@ -111,6 +112,7 @@ class Engine:
         stream = self.config.stream
         sample = prequential_sample(chunk, stream.prequential_examples, stream.seed)
         prequential, details = self.learner.assess(sample)
+        self._check_replay_room(chunk)
         self.buffer.add(split_chunk(chunk, stream.val_fraction, stream.seed))
         self.state.chunks_seen += 1
         self.state.last_chunk = max(chunk.index, self.state.last_chunk)
@@ -124,6 +126,18 @@ class Engine:
         baseline = self.task_measure.baseline(sample.y) if chunk_baseline else None
         return self.record_step(
             chunk, prequential.value, decision, stage, late=late, details=details, baseline=baseline
+        )
+
+    def _check_replay_room(self, chunk: Chunk) -> None:
+        """A window or reservoir smaller than a chunk keeps nothing: said once, when the first such chunk
+        comes (a stream of parts tells its chunks' size only then; an event stream's is checked at start-up)."""
+        room, examples = self.stage_plan.replay_examples, len(chunk)
+        if room is None or examples <= room or self._warned_replay_room:
+            return
+        self._warned_replay_room = True
+        log.warning(
+            f"stream.replay_examples={room} is smaller than chunk {chunk.index}'s {examples} examples: the "
+            f"replay set keeps no chunk that large; raise it above the chunks' size"
         )
 
     @property

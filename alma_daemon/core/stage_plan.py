@@ -96,9 +96,10 @@ class StagePlan:
 
     def replay_set(self, chunks: Iterable[int], examples: Mapping[int, int]) -> tuple[int, ...]:
         """The chunks of ``chunks`` (the kept ones and those a stage just trained) kept for replay,
-        ascending. Each rule keeps a function of the set it is given, in an order that does not depend
-        on what came before, so applying it to the last kept set plus a stage's chunks equals applying
-        it to every chunk trained so far: a restart needs nothing but the kept set."""
+        ascending. Each rule keeps a function of the set it is given, so a restart needs nothing but
+        the kept set, and the simulator and the daemon, which both apply it stage by stage, keep alike.
+        (With chunks of unequal sizes, stage by stage is not the same as once over every chunk: a small
+        chunk may fill room that a larger one left.)"""
         return KEEP_RULES[self.keep](self, sorted(set(chunks)), examples)
 
     def after_stage(
@@ -122,7 +123,8 @@ def _keep_window(plan: StagePlan, chunks: list[int], examples: Mapping[int, int]
 
 def _keep_reservoir(plan: StagePlan, chunks: list[int], examples: Mapping[int, int]) -> tuple[int, ...]:
     """A bottom-k sample: the chunks of lowest rank (a hash of (seed, chunk)) whose examples total at
-    most ``replay_examples``; with chunks of one size, a uniform sample of the stream's chunks."""
+    most ``replay_examples``; with chunks of one size, a uniform sample of the stream's chunks (with
+    sizes that differ, the small ones are a little likelier to stay)."""
     order = sorted(chunks, key=lambda chunk: _rank(plan.seed, "reservoir", chunk))
     return tuple(sorted(_prefix(order, examples, _budget(plan))))
 

@@ -41,7 +41,8 @@ def summarize_records(records: Sequence[StepRecord], wall_seconds: float, state:
     # Both carry model_version and the cumulative training FLOPs and seconds.
     totals: EngineState | StepRecord | None = state if state is not None else last
     summary = {
-        "chunks": len(records),
+        # A daemon's engine holds its newest rows only; its state counts every chunk.
+        "chunks": state.chunks_seen if state is not None else len(records),
         "stages": totals.model_version if totals else 0,
         "cumulative_train_flops": totals.cumulative_train_flops if totals else 0,
         "cumulative_parameters": last.cumulative_parameters if last else 0,
@@ -79,7 +80,9 @@ def measure_summary(records: Sequence[StepRecord], last: StepRecord) -> dict:
     served = judged_mean([r.prequential if r.measure == m else None for r in records])
     if served is not None:
         summary[f"served_{m}"] = served
-    summary["longest_wait_chunks"] = longest_untrained(r.trained for r in records)
+    summary["longest_wait_chunks"] = longest_untrained(
+        [r.trained for r in records], [r.model_age_chunks for r in records]
+    )
     summary["measure"] = m
     summary["higher_is_better"] = higher_is_better(m)
     if m in CUMULATIVE_MEASURES:
@@ -161,12 +164,34 @@ class ResultsWriter(EngineObserver):
         self.write(engine)
 
     def resume(self, engine: Engine) -> None:
-        """The engine was restored from its committed state: its rows are those already written, and
-        rows written after them (a step that never committed) are cut from the history files."""
-        self._encode(engine.state.series)
-        last = engine.state.series[-1]["t"] if engine.state.series else 0
-        for name in (HISTORY_FILE, "series.csv"):
-            truncate_rows_after(self.folder / name, last)
+        """The engine was restored from its committed state: the history files are made to end with its
+        last row. Rows after it (a step that never committed) are cut; committed rows they lack (appended
+        after the files' last sync when the machine went down) are appended from the engine's rows; a
+        folder written before the history files is given them, from its ``results.json``."""
+        series = engine.state.series
+        self._encode(series)
+        last = series[-1]["t"] if series else 0
+        history, csv_file = self.folder / HISTORY_FILE, self.folder / "series.csv"
+        if not history.exists():
+            self._start_history(history, last)
+        truncate_rows_after(history, last)
+        written = last_row_t(history)
+        missing = [line for row, line in zip(self._rows, self._json_lines, strict=True) if row["t"] > written]
+        append_lines(history, missing)
+        if _first_line(csv_file) != CSV_HEADER:
+            # Older columns, or none: the CSV is written again from the history, under today's header.
+            rows = read_history(history)
+            write_text_atomic(csv_file, CSV_HEADER + "".join(csv_line(row) for row in rows))
+        truncate_rows_after(csv_file, last)
+
+    def _start_history(self, history: Path, last: int) -> None:
+        """The rows an older daemon kept in ``results.json`` (its whole series) begin the history."""
+        try:
+            rows = json.loads((self.folder / "results.json").read_text()).get("series") or []
+        except (OSError, ValueError):
+            rows = []
+        append_lines(history, [json.dumps(finite(row)) for row in rows if row.get("t", 0) <= last])
+        history.touch()
 
     def write(self, engine: Engine) -> dict:
         new = self._encode(engine.state.series)
@@ -232,8 +257,9 @@ def truncate_rows_after(path: Path, last_t: int) -> None:
             for line in lines:
                 begins.append(offset)
                 offset += len(line) + 1
-            # Unless the file's start was read, the first piece may be the end of a longer line.
-            for i in range(len(lines) - 1, 0 if start else -1, -1):
+            # The last piece is a line cut short (or empty, after the final newline): never a row. Unless
+            # the file's start was read, the first piece may be the end of a longer line.
+            for i in range(len(lines) - 2, 0 if start else -1, -1):
                 t = _row_t(lines[i])
                 if t is not None and t <= last_t:
                     file.truncate(min(end, begins[i] + len(lines[i]) + 1))
@@ -241,6 +267,26 @@ def truncate_rows_after(path: Path, last_t: int) -> None:
         # No row at or before last_t: a CSV keeps its header only.
         header = lines[0] if lines and lines[0].startswith(b"t,") else None
         file.truncate(len(header) + 1 if header is not None else 0)
+
+
+def _first_line(path: Path) -> str | None:
+    if not path.exists():
+        return None
+    with path.open(encoding="utf-8", newline="") as file:
+        return file.readline()
+
+
+def last_row_t(path: Path) -> int:
+    """The step ``t`` of the last whole row of a history file (0 without one)."""
+    with path.open("rb") as file:
+        end = file.seek(0, 2)
+        file.seek(max(0, end - (1 << 16)))
+        lines = file.read().split(b"\n")
+    for line in reversed(lines[:-1]):
+        t = _row_t(line)
+        if t is not None:
+            return t
+    return 0
 
 
 def _row_t(line: bytes) -> int | None:
@@ -282,6 +328,10 @@ def read_results(path: str | Path) -> dict:
     history = results.pop("series_file", None)
     if history is not None and (path.parent / history).exists():
         results["series"] = read_history(path.parent / history)
+        records = read_rows(results["series"])
+        if records:
+            # The summary written beside the newest rows covered those only; its series' part is redone.
+            results["summary"].update(measure_summary(records, records[-1]), chunks=len(records))
     return results
 
 

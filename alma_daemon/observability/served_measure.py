@@ -12,7 +12,7 @@ so that the start, where every policy trains often, does not decide. ``alma repo
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 #: The share of a stream, from its end, whose prequential measure judges a policy.
@@ -36,12 +36,16 @@ def judged_mean(values: Sequence[float | None], share: float = JUDGED_SHARE) -> 
 
 
 def longest_wait(rows: Sequence[Mapping[str, Any]]) -> int:
-    """The most chunks that arrived in a row without a stage (a trained step ends a wait)."""
-    return longest_untrained(bool(row.get("trained")) for row in rows)
+    """The most chunks that arrived in a row without a stage."""
+    return longest_untrained([bool(row.get("trained")) for row in rows], [row.get("model_age_chunks") for row in rows])
 
 
-def longest_untrained(trained: Iterable[bool]) -> int:
-    """:func:`longest_wait` of the steps' ``trained`` flags, in order."""
+def longest_untrained(trained: Sequence[bool], ages: Sequence[int | None] = ()) -> int:
+    """:func:`longest_wait` of the steps' ``trained`` flags and model ages, in order. The ages, where
+    every step recorded one, count a stage trained between chunks (which has no step of its own) as
+    ending a wait; rows written before ages were recorded fall back on the flags."""
+    if ages and all(age is not None for age in ages):
+        return max(age for age in ages if age is not None)
     longest = current = 0
     for step_trained in trained:
         current = 0 if step_trained else current + 1

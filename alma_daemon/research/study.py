@@ -25,6 +25,7 @@ from alma_daemon.logs import error_text
 from alma_daemon.research.findings import F3_WAIT, FINDINGS, RunResult, judge_all
 from alma_daemon.research.grid import expand_grid
 from alma_daemon.research.run_pool import PoolRun, RunFolders, folder_results, resume, run_each, simulate_on_one_thread
+from alma_daemon.research.simulate import replayed
 
 
 @dataclass(frozen=True)
@@ -198,7 +199,8 @@ def plan_runs(experiments: list[Experiment], seeds: int, out: Path) -> list[Plan
                     set_dotted(data, key, value)
                 set_dotted(data, "seed", seed)
                 set_dotted(data, "stream.seed", seed)
-                config = to_dict(build_config(data))
+                # As the simulation writes it in its results (their config is the cache's key).
+                config = to_dict(replayed(build_config(data)))
                 folder = out / "runs" / experiment.name / f"{grid_run.name},seed={seed}"
                 params = {**experiment.fixed, **grid_run.overrides}
                 runs.append(PlannedRun(experiment.name, params, seed, folder, config))

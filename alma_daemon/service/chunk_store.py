@@ -25,6 +25,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from alma_daemon.config import Config, ConfigError
 from alma_daemon.config.masking import mask_url
+from alma_daemon.core.atomic_json import fsync_path
 from alma_daemon.data.streams import SplitChunk
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.logs import error_text
@@ -82,7 +83,7 @@ class ChunkStore:
             f.flush()
             os.fsync(f.fileno())
         self.fs.mv(tmp, path)
-        _fsync_folder(self.folder)
+        fsync_path(self.folder)
 
     def read(self, chunk_id: int) -> SplitChunk:
         path = self.path(chunk_id)
@@ -134,12 +135,3 @@ def _decode(chunk_id: int, blob: bytes) -> SplitChunk:
     return SplitChunk(
         chunk_id, LabeledData(tensors["train.x"], tensors["train.y"]), LabeledData(tensors["val.x"], tensors["val.y"])
     )
-
-
-def _fsync_folder(folder: str) -> None:
-    """Make a rename in ``folder`` durable (the checkpoints' and results' files are synced alike)."""
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -216,6 +216,8 @@ def follow_steps(config: Config) -> None:
         if engine is None:
             raise RuntimeError("rank 0 sent a chunk before its engine")
         engine.on_chunk(Chunk(header["index"], LabeledData(*tensors)))
+        # A follower records nothing (rank 0 does): its rows would only grow with the stream.
+        engine.state.series.clear()
 
 
 def follower_engine(
