@@ -384,9 +384,11 @@ def test_a_stage_longer_than_the_bound_in_seconds_is_named_in_one_warning(caplog
     assert re.match(r"policy.max_model_age_seconds=1e-06 is below the \d+ s stage 1 took: every chunk now", warning)
 
 
-def test_a_replay_set_smaller_than_a_chunk_is_named_once(caplog):
+def test_a_replay_set_or_stage_cap_smaller_than_a_chunk_is_named_once(caplog):
     overrides = ["policy.wait=1", "stream.replay=true", "stream.replay_keep=window", "stream.replay_examples=10"]
     with caplog.at_level("WARNING", logger="alma_daemon.core.engine"):
-        run_stream(overrides, chunks=2)
+        run_stream([*overrides, "train.max_stage_examples=20"], chunks=2)
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
-    assert len(warnings) == 1 and warnings[0].startswith("stream.replay_examples=10 is smaller than chunk 1's 60")
+    assert len(warnings) == 2
+    assert warnings[0].startswith("stream.replay_examples=10 is smaller than chunk 1's 60 examples: the replay set")
+    assert warnings[1].startswith("train.max_stage_examples=20 is smaller than chunk 1's 60 examples: a stage trains")

@@ -90,7 +90,8 @@ class Engine:
         self.clock = clock
         self.optimizer_name = resolve_optimizer_name(config.train, config.dataset.name)
         self.stage_plan = StagePlan.from_config(config)
-        self._warned_replay_room = False
+        #: The caps already named as smaller than a chunk (:meth:`_check_caps`).
+        self._caps_named: set[str] = set()
         # A drifting stream (stream.drift) changes the test set from the first drifted chunk on, as the
         # source changes the chunks, so that CER measures the distribution the chunks come from.
         self.drift = build_drift(config.stream.drift, learner.task, config.stream.seed)
@@ -112,7 +113,7 @@ class Engine:
         stream = self.config.stream
         sample = prequential_sample(chunk, stream.prequential_examples, stream.seed)
         prequential, details = self.learner.assess(sample)
-        self._check_replay_room(chunk)
+        self._check_caps(chunk)
         self.buffer.add(split_chunk(chunk, stream.val_fraction, stream.seed))
         self.state.chunks_seen += 1
         self.state.last_chunk = max(chunk.index, self.state.last_chunk)
@@ -128,17 +129,23 @@ class Engine:
             chunk, prequential.value, decision, stage, late=late, details=details, baseline=baseline
         )
 
-    def _check_replay_room(self, chunk: Chunk) -> None:
-        """A window or reservoir smaller than a chunk keeps nothing: said once, when the first such chunk
-        comes (a stream of parts tells its chunks' size only then; an event stream's is checked at start-up)."""
-        room, examples = self.stage_plan.replay_examples, len(chunk)
-        if room is None or examples <= room or self._warned_replay_room:
-            return
-        self._warned_replay_room = True
-        log.warning(
-            f"stream.replay_examples={room} is smaller than chunk {chunk.index}'s {examples} examples: the "
-            f"replay set keeps no chunk that large; raise it above the chunks' size"
-        )
+    def _check_caps(self, chunk: Chunk) -> None:
+        """A replay set or a stage cap smaller than a chunk is said once, when the first such chunk comes
+        (a stream of parts tells its chunks' size only then; an event stream's is checked at start-up):
+        the replay set keeps no chunk that large, and a stage trains on a sample of it."""
+        examples = len(chunk)
+        plan = self.stage_plan
+        for key, cap, consequence in (
+            ("stream.replay_examples", plan.replay_examples, "the replay set keeps no chunk that large"),
+            ("train.max_stage_examples", plan.max_stage_examples, "a stage trains on a sample of each"),
+        ):
+            if cap is None or examples <= cap or key in self._caps_named:
+                continue
+            self._caps_named.add(key)
+            log.warning(
+                f"{key}={cap} is smaller than chunk {chunk.index}'s {examples} examples: {consequence}; "
+                f"raise it above the chunks' size"
+            )
 
     @property
     def task_measure(self) -> Measure:
