@@ -380,6 +380,10 @@ def test_the_daemon_holds_its_newest_rows_and_its_files_every_row_once_after_a_c
     daemon = run_daemon(config, redis_db, until=5)
     assert [r["t"] for r in daemon.engine.state.series] == [4, 5]
     assert redis_db.llen(StreamKeys("rows").series) == 2
+    assert json.loads(redis_db.hget(StreamKeys("rows").daemon, "freshness_bound")) == {
+        "chunks": None,
+        "seconds": 86400.0,
+    }
     rows = read_results(config.daemon.state_dir)["series"]
     assert [r["t"] for r in rows] == [1, 2, 3, 4, 5]
     csv_lines = (Path(config.daemon.state_dir) / "series.csv").read_text().splitlines()

@@ -163,6 +163,11 @@ def test_alma_status_reads_the_models_age_and_the_windowed_measure_from_redis(re
     (measure,) = [line for line in shown if line.startswith("measure ")]
     assert measure.endswith("prequential 0.0501, last 15 chunks 0.0480")
 
+    # A running daemon recorded the bound it runs by: shown whatever config status itself is given.
+    redis_db.hset(keys.daemon, "freshness_bound", json.dumps({"chunks": 10, "seconds": None}))
+    assert main([*argv, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["freshness_bound"] == {"chunks": 10, "seconds": None}
+
 
 # -------------------------------------------------------------------------------------------- report
 

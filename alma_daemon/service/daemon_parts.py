@@ -75,7 +75,9 @@ class HeartbeatPart(DaemonPart):
     requires = ("engine",)
 
     def start(self) -> None:
-        start_step(self.daemon, self.daemon.heartbeat.started)
+        policy = self.daemon.config.policy
+        bound = {"chunks": policy.max_model_age_chunks, "seconds": policy.max_model_age_seconds}
+        start_step(self.daemon, lambda: self.daemon.heartbeat.started(bound))
 
     def stop(self) -> None:
         try:

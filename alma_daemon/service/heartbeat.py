@@ -38,8 +38,13 @@ class Heartbeat:
         self.since = time.time()
         self._last_wait = ("", self.since)
 
-    def started(self) -> None:
-        self.client.hset(self.keys.daemon, mapping={"pid": os.getpid(), "started_at": f"{time.time():.3f}"})
+    def started(self, bound: dict | None = None) -> None:
+        """The daemon started; ``bound`` is the freshness bound it runs by ({chunks, seconds}), which
+        ``alma status`` shows whatever config it is itself given."""
+        fields = {"pid": os.getpid(), "started_at": f"{time.time():.3f}"}
+        if bound is not None:
+            fields["freshness_bound"] = json.dumps(bound)
+        self.client.hset(self.keys.daemon, mapping=fields)
 
     def set_phase(self, phase: str, waiting_for: str = "", *, redis_down: bool = False) -> None:
         """Enter ``phase`` (``waiting_for`` says what a ``waiting`` phase waits for); staying in the

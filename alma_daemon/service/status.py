@@ -109,7 +109,8 @@ def read_status(
 ) -> dict:
     """Counters, buffer sizes, the engine's progress and the daemon's heartbeat, as plain data;
     ``serving`` (from :func:`serving_state`) adds the live version, ``bound`` (from
-    :func:`freshness_bound`) the freshness bound the model's age is held to."""
+    :func:`freshness_bound`) the freshness bound the model's age is held to, where the daemon has not
+    recorded the one it runs by."""
     ingest = text_hash(client, keys.ingest)
     daemon = text_hash(client, keys.daemon)
     engine = engine_counters(client, keys)
@@ -167,7 +168,10 @@ def read_status(
         "prequential_window": prequential_window(engine, last),
         "model_age_chunks": age_chunks,
         "model_age_seconds": age_seconds,
-        "freshness_bound": bound or {"chunks": None, "seconds": None},
+        # The bound the daemon runs by, as it recorded it at its start; else the config's.
+        "freshness_bound": json.loads(daemon["freshness_bound"])
+        if daemon.get("freshness_bound")
+        else bound or {"chunks": None, "seconds": None},
         "cumulative_train_flops": int(engine.get("cumulative_train_flops", 0)),
         "offsets": text_hash(client, keys.offsets),
     }
