@@ -122,6 +122,9 @@ class IngestWorker:
             self._stop.wait(min(timeout, 0.2))
             return 0
         records = self.source.poll(timeout, self.poll_records)
+        if records and self.outages.is_down(self.source.server):
+            # Records prove the transport is back before the next lag query does (every few seconds).
+            self._transport_answered()
         batch = self._assemble_batch(records) if self.collector is None else self.collector.collect(records)
         while len(self._in_flight) >= MAX_IN_FLIGHT or (self._in_flight and self._in_flight[0].done()):
             self._in_flight.popleft().result()
@@ -130,6 +133,16 @@ class IngestWorker:
             self._in_flight.append(self._committer.submit(self._commit, batch))
         self._refresh_lag()
         return len(records)
+
+    def _transport_answered(self) -> None:
+        """The transport answered (a lag query, or a poll that returned records): an outage of it ended."""
+        ended = self.outages.up(self.source.server)
+        if ended is not None:
+            log.log(
+                NOTICE,
+                f"{ended.describe()} answers again: ingest goes on",
+                extra={"server": self.source.server, "outage_seconds": round(time.time() - ended.since, 1)},
+            )
 
     def _load_progress(self) -> None:
         """The chunks in progress as Redis holds them: the assembler's, or an event stream's open chunk."""
@@ -257,13 +270,7 @@ class IngestWorker:
             self.outages.down(server, exc)
             return
         self.last_lag = lag
-        ended = self.outages.up(server)
-        if ended is not None:
-            log.log(
-                NOTICE,
-                f"{ended.describe()} answers again: ingest goes on",
-                extra={"server": server, "outage_seconds": round(time.time() - ended.since, 1)},
-            )
+        self._transport_answered()
         if lag is not None:
             telemetry.INGEST_LAG.set(lag)
 
