@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 
 # torch is pinned in pyproject.toml to 2.13.0 so pip takes the local CPU wheel, not CUDA builds.
 python -m pip install --quiet --upgrade pip
-python -m pip install --quiet -e ".[serving,test,river]"
+python -m pip install --quiet -e ".[serving,kserve,test,river]"
 
 if command -v apt-get >/dev/null 2>&1; then
   missing=()

@@ -10,10 +10,12 @@ Imports happen inside the factories: TorchServe workers import this package (thr
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from alma_daemon.config import Config
+    from alma_daemon.core.checkpoints import CheckpointStore
     from serving.background import BackgroundPublisher
     from serving.publisher import Publisher
 
@@ -22,31 +24,53 @@ def make_publisher(config: Config) -> Publisher | None:
     """The synchronous publisher for ``serving.kind`` over ``daemon.checkpoint_dir`` (None for ``none``)."""
     from alma_daemon.core.checkpoints import CheckpointStore
 
-    store = CheckpointStore(config.daemon.checkpoint_dir, config.serving.model_name)
-    if config.serving.kind == "local":
-        from serving.local_publisher import LocalPublisher
+    factory = PUBLISHERS.get(config.serving.kind)
+    if factory is None:
+        return None
+    return factory(config, CheckpointStore(config.daemon.checkpoint_dir, config.serving.model_name))
 
-        return LocalPublisher(
-            store,
-            config.serving.promotion_margin,
-            promotion_alpha=config.serving.promotion_alpha,
-            promotion_min_examples=config.serving.promotion_min_examples,
-            promotion_min_positives=config.serving.promotion_min_positives,
-            guard_positive_recall=config.serving.guard_positive_recall,
-            keep_checkpoints=config.daemon.keep_checkpoints,
-        )
-    if config.serving.kind == "torchserve":
-        from serving.torchserve_keys import TokenKeys, key_file_path
-        from serving.torchserve_publisher import TorchServeClient, TorchServePublisher
 
-        key_file = key_file_path(config)
-        client = TorchServeClient(
-            config.serving.management_url,
-            config.serving.inference_url,
-            TokenKeys(key_file) if key_file is not None else None,
-        )
-        return TorchServePublisher(store, config.serving, client, config.daemon.keep_checkpoints)
-    return None
+def _local(config: Config, store: CheckpointStore) -> Publisher:
+    from serving.local_publisher import LocalPublisher
+
+    serving = config.serving
+    return LocalPublisher(
+        store,
+        serving.promotion_margin,
+        promotion_alpha=serving.promotion_alpha,
+        promotion_min_examples=serving.promotion_min_examples,
+        promotion_min_positives=serving.promotion_min_positives,
+        guard_positive_recall=serving.guard_positive_recall,
+        keep_checkpoints=config.daemon.keep_checkpoints,
+    )
+
+
+def _torchserve(config: Config, store: CheckpointStore) -> Publisher:
+    from serving.torchserve_keys import TokenKeys, key_file_path
+    from serving.torchserve_publisher import TorchServeClient, TorchServePublisher
+
+    key_file = key_file_path(config)
+    client = TorchServeClient(
+        config.serving.management_url,
+        config.serving.inference_url,
+        TokenKeys(key_file) if key_file is not None else None,
+    )
+    return TorchServePublisher(store, config.serving, client, config.daemon.keep_checkpoints)
+
+
+def _kserve(config: Config, store: CheckpointStore) -> Publisher:
+    from serving.oip_client import OipClient
+    from serving.oip_publisher import OipPublisher
+
+    return OipPublisher(store, config.serving, OipClient(config.serving.inference_url), config.daemon.keep_checkpoints)
+
+
+#: ``serving.kind`` -> the publisher's factory (``none`` has none).
+PUBLISHERS: dict[str, Callable[[Config, CheckpointStore], Publisher]] = {
+    "local": _local,
+    "torchserve": _torchserve,
+    "kserve": _kserve,
+}
 
 
 def build_publisher(config: Config) -> BackgroundPublisher | None:

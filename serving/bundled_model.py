@@ -1,18 +1,22 @@
-"""A team's model module (``learner.model``) carried inside a model archive.
+"""A team's model module (``learner.model``) carried inside a model archive, or a checkpoint's folder.
 
-The archive bundles the module's source file when the daemon can find it, so a TorchServe worker
-serves the code that trained the checkpoint without the team's package installed; a package the
-daemon imports from a folder of several modules must be installed in the worker's environment too
-(docs/your-model.md). The worker registers the bundled file under the module's dotted name before
-it rebuilds the learner, so ``learner.model``'s import finds it.
+The archive (for KServe, the checkpoint's folder) bundles the module's source file when the daemon
+can find it, so a model server serves the code that trained the checkpoint without the team's
+package installed; a package the daemon imports from a folder of several modules must be installed
+in the server's environment too (docs/your-model.md). The server registers the bundled file under
+the module's dotted name before it rebuilds the learner, so ``learner.model``'s import finds it.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import shutil
 import sys
 from pathlib import Path
+
+from alma_daemon.core.checkpoint_index import SPEC as SPEC_FILE
 
 #: The bundled source's name in the archive (TorchServe flattens extra files into the model folder).
 BUNDLED_SOURCE = "learner_model.py"
@@ -45,3 +49,16 @@ def register_bundled_module(model_dir: str | Path, spec_file: str | Path) -> Non
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)
+
+
+def bundle_module_source(checkpoint: str | Path) -> None:
+    """Copy the source of the checkpoint's ``learner.model`` module into its folder, where a model
+    server that reads the folder itself (KServe's, :mod:`serving.kserve_model`) finds it; no-op
+    without one, or where it is there already. Written under a temporary name and renamed."""
+    target = Path(checkpoint) / BUNDLED_SOURCE
+    source = module_source(Path(checkpoint) / SPEC_FILE)
+    if source is None or target.is_file():
+        return
+    staging = target.with_name(f".{BUNDLED_SOURCE}.tmp")
+    shutil.copyfile(source, staging)
+    os.replace(staging, target)

@@ -127,9 +127,11 @@ class ExamplesCodec(Codec):
     def inputs(self, body: Any) -> torch.Tensor:
         """The validated batch of raw examples a request carries."""
         if isinstance(body, (bytes, bytearray)) and bytes(body).lstrip()[:1] not in (b"{", b"["):
-            x = self._from_safetensors(bytes(body))
-        else:
-            x = self._from_json(parse_json(body))
+            return self.checked(self._from_safetensors(bytes(body)))
+        return self.checked(self._from_json(parse_json(body)))
+
+    def checked(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` if it is a batch of valid examples in raw units; a RequestError saying why not otherwise."""
         shape = tuple(self.task.input_shape)
         if x.dim() != len(shape) + 1 or tuple(x.shape[1:]) != shape:
             raise RequestError(f"each example must have shape {list(shape)}; got a batch of shape {list(x.shape)}")
@@ -146,17 +148,18 @@ class ExamplesCodec(Codec):
 
     def _from_json(self, doc: Any) -> torch.Tensor:
         if isinstance(doc, dict) and ("instances" not in doc or "instances" in self.features):
-            return self._named([doc])
+            return self.named([doc])
         instances = instances_of({"instances": doc} if isinstance(doc, list) else doc)
         if any(isinstance(example, dict) for example in instances):
-            return self._named(instances)
+            return self.named(instances)
         try:
             return torch.tensor(instances, dtype=torch.float32)
         except (TypeError, ValueError) as err:
             raise RequestError(f"instances must be nested lists of numbers of one shape: {err}") from None
 
-    def _named(self, objects: list) -> torch.Tensor:
-        """The examples of named-feature objects, with the rules of an event's fields (data/events.py)."""
+    def named(self, objects: list) -> torch.Tensor:
+        """The examples of named-feature objects (each field one value, or a list of one per example),
+        with the rules of an event's fields (data/events.py)."""
         if not self.features:
             raise RequestError(
                 'this model names no features (stream.features): send {"instances": [example, ...]}, '

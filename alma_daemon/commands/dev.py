@@ -5,7 +5,8 @@ metrics port, on free loopback ports, from what ``scripts/setup.sh`` installed; 
 as its own process group, its data and log under ``<dir>/<server>/``. It records their pids and
 addresses in ``<dir>/stack.json``, writes ``<dir>/service.yaml`` (``examples/service.yaml``, or
 ``--config``, with the stack's addresses and a daemon folder of its own) and prints the command that
-uses it. ``status`` says which are up; ``down`` stops them by pid, and is safe when they are gone.
+uses it; ``--serving kserve`` also starts KServe's model server over the daemon's model store and
+points the daemon's publisher at it. ``status`` says which are up; ``down`` stops them by pid, and is safe when they are gone.
 
 The servers are the classes the integration tests start (alma_daemon/local_servers/).
 Every ``up`` starts afresh: the broker keeps its topics in memory, so a Redis or a daemon folder
@@ -41,7 +42,7 @@ CONFIG_FILE = "service.yaml"
 #: The config ``up`` points at the stack when no ``--config`` is given (where the file exists).
 EXAMPLE = Path("examples/service.yaml")
 #: The folders of an earlier stack that ``up`` empties: the servers' data and the daemon's.
-DATA_FOLDERS = ("redis", "kafka", "prometheus", "daemon")
+DATA_FOLDERS = ("redis", "kafka", "prometheus", "kserve", "daemon")
 
 
 def add_parser(subparsers) -> None:
@@ -66,6 +67,12 @@ def add_parser(subparsers) -> None:
         default=[],
         metavar="KEY=VALUE",
         help="set a key of the written config, e.g. --set stream.megabatches=20 (repeatable)",
+    )
+    up.add_argument(
+        "--serving",
+        choices=["kserve"],
+        help="also start a model server over the daemon's model store and publish to it: kserve (KServe's "
+        "model server, the kserve extra)",
     )
     status = actions.add_parser("status", help="say which of the stack's servers are up")
     down = actions.add_parser("down", help="stop the stack's servers (by their pids; safe when they are gone)")
@@ -126,11 +133,11 @@ def run_up(args: argparse.Namespace) -> int:
         )
         return 1
     source = Path(args.config) if args.config else (EXAMPLE if EXAMPLE.is_file() else None)
-    load_config(source, args.overrides)  # a bad file or --set fails here, before any server starts
+    config = load_config(source, args.overrides)  # a bad file or --set fails here, before any server starts
     check_no_daemon(folder / "daemon" / MODEL_STORE)
     for name in DATA_FOLDERS:
         shutil.rmtree(folder / name, ignore_errors=True)
-    stack = start_stack(folder)
+    stack = start_stack(folder, config.serving.model_name if args.serving == "kserve" else None)
     config_path = folder / CONFIG_FILE
     write_text_atomic(config_path, stack_config_text(stack, folder, source, args.overrides))
     load_config(config_path)  # what it wrote loads (it always should)
@@ -155,34 +162,38 @@ def check_no_daemon(model_store: Path) -> None:
             ) from None
 
 
-def start_stack(folder: Path) -> dict[str, Any]:
-    """Start the three servers detached, and record them in ``<folder>/stack.json``; on a failure,
-    stop those already started and raise."""
+def start_stack(folder: Path, kserve_model: str | None = None) -> dict[str, Any]:
+    """Start the servers detached (with KServe's model server serving ``kserve_model`` where one is
+    named), and record them in ``<folder>/stack.json``; on a failure, stop those already started and raise."""
+    from alma_daemon.config.sections import MODEL_STORE
+    from alma_daemon.local_servers.kserve import KServeServer
+
     metrics_port = free_port()  # the daemon's, for Prometheus to scrape (taken by `alma run` later)
     started: list[ServerProcess] = []
+    entries: list[dict[str, Any]] = []
     try:
         redis = RedisServer(folder / "redis")
         started.append(redis)
         redis.start_detached()
+        entries.append(server_entry("redis", redis, redis.url, redis.port))
         kafka = KafkaBroker(folder / "kafka")
         started.append(kafka)
         kafka.start_detached()
+        entries.append(server_entry("kafka", kafka, kafka.bootstrap_servers, kafka.port))
         prometheus = PrometheusServer(folder / "prometheus", [f"{LOOPBACK}:{metrics_port}"])
         started.append(prometheus)
         prometheus.start_detached()
+        entries.append(server_entry("prometheus", prometheus, prometheus.url, prometheus.port))
+        if kserve_model is not None:
+            kserve = KServeServer(folder / "kserve", folder / "daemon" / MODEL_STORE, kserve_model)
+            started.append(kserve)
+            kserve.start_detached()
+            entries.append(server_entry("kserve", kserve, kserve.inference_url, kserve.port))
     except BaseException:
         for server in reversed(started):
             server.stop()
         raise
-    stack = {
-        "servers": [
-            server_entry("redis", redis, redis.url, redis.port),
-            server_entry("kafka", kafka, kafka.bootstrap_servers, kafka.port),
-            server_entry("prometheus", prometheus, prometheus.url, prometheus.port),
-        ],
-        "metrics": f"{LOOPBACK}:{metrics_port}",
-        "config": str(folder / CONFIG_FILE),
-    }
+    stack = {"servers": entries, "metrics": f"{LOOPBACK}:{metrics_port}", "config": str(folder / CONFIG_FILE)}
     write_json_atomic(folder / STACK_FILE, stack)
     return stack
 
@@ -201,6 +212,11 @@ def stack_settings(stack: dict[str, Any], folder: Path) -> dict[str, Any]:
         "metrics.port": int(stack["metrics"].rsplit(":", 1)[1]),
         "daemon.state_dir": str(daemon),
         "daemon.checkpoint_dir": str(daemon / MODEL_STORE),
+        **(
+            {"serving.kind": "kserve", "serving.inference_url": servers["kserve"]["address"]}
+            if "kserve" in servers
+            else {}
+        ),
     }
 
 
@@ -226,6 +242,7 @@ def describe_up(stack: dict[str, Any], folder: Path, config_path: Path, source: 
         "redis": "",
         "kafka": "  (Tansu; topics in memory)",
         "prometheus": f"  (scrapes the daemon's metrics at {stack['metrics']})",
+        "kserve": "  (KServe's model server over the daemon's model store)",
     }
     rows = [f"  {name:<11} {entry['address']:<28} pid {entry['pid']}{notes[name]}" for name, entry in servers.items()]
     settings = stack_settings(stack, folder)

@@ -567,14 +567,22 @@ class DaemonConfig:
 
 @dataclass(config=SECTION)
 class ServingConfig:
-    kind: Literal["local", "torchserve", "none"] = Field(
+    kind: Literal["local", "torchserve", "kserve", "none"] = Field(
         default="local",
-        description='"local" (a model-store folder and a live pointer), "torchserve" or "none" (docs/serving.md).',
+        description='"local" (a model-store folder and a live pointer), "kserve" (KServe\'s model server, or any Open Inference Protocol v2 server), "torchserve" or "none" (docs/serving.md).',
     )
-    model_name: Str = Field(default="alma", description="Name of the model in the model store and in TorchServe.")
+    model_name: Str = Field(
+        default="alma",
+        description="Name of the model in the model store and on the model server (with kserve, the name clients call; versions load as <model_name>-v<N>).",
+    )
     management_url: Str = Field(default="http://127.0.0.1:8081", description="TorchServe's management API.")
-    inference_url: Str = Field(default="http://127.0.0.1:8080", description="TorchServe's inference API.")
-    keep_versions: Int = Field(default=2, ge=0, description="Registered versions kept besides the live one.")
+    inference_url: Str = Field(
+        default="http://127.0.0.1:8080",
+        description="TorchServe's inference API; with kserve, the Open Inference Protocol server's REST address (inference and model repository).",
+    )
+    keep_versions: Int = Field(
+        default=2, ge=0, description="Versions kept loaded (registered) on the model server besides the live one."
+    )
     promotion_margin: Float = Field(
         default=0.01,
         ge=0,

@@ -52,6 +52,12 @@ SERVER_KINDS: dict[str, ServerKind] = {
         "start it with `alma serve` (same --config), set serving.inference_url and serving.management_url "
         "to a running one, or serve in process with serving.kind: local",
     ),
+    "oip": ServerKind(
+        "Model server",
+        "serving.inference_url",
+        "start one with `alma serve --kind kserve` (same --config), set serving.inference_url to a running "
+        "Open Inference Protocol server (KServe, MLServer, Triton), or serve in process with serving.kind: local",
+    ),
     "metrics": ServerKind(
         "Metrics exporter",
         "metrics.port",

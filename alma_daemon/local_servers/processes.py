@@ -10,6 +10,7 @@ running to be stopped later by its pid (:func:`stop_group`).
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import signal
 import socket
@@ -19,6 +20,8 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 LOOPBACK = "127.0.0.1"
 
@@ -420,3 +423,74 @@ class ServerProcess:
 
     def _fail(self, reason: str) -> None:
         raise ServerStartError(f"{self.name} {reason}\n--- {self.log_path} (tail) ---\n{self.log_tail()}")
+
+
+class RecordedServer(ServerProcess):
+    """A server that records its process group in ``<workdir>/<pid_file>``, so that another process
+    finds it there and stops it (``alma serve --stop``), and that may run at a lower priority
+    (``niceness``) than the training it shares a machine with."""
+
+    pid_file = "server.pid"
+
+    def __init__(self, workdir: Path, ports: Sequence[int], *, choose_ports: bool = False, niceness: int = 0) -> None:
+        super().__init__(workdir, ports, choose_ports=choose_ports)
+        self.pid_path = self.workdir / self.pid_file
+        self.niceness = niceness
+
+    def niced(self, command: list[str]) -> list[str]:
+        """``command`` under ``nice`` at :attr:`niceness` (inherited by every process it starts)."""
+        return ["nice", "-n", str(self.niceness), *command] if self.niceness else command
+
+    def spawned(self, pid: int) -> None:
+        self.pid_path.write_text(str(pid))
+        if self.niceness:
+            yield_to_training(pid, self.niceness)
+
+    def recorded_pid(self) -> int | None:
+        """The process group recorded in the pid file, if a process of it still runs from this folder."""
+        try:
+            pgid = int(self.pid_path.read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+        # A stale pid file may name a group id the system has since given to something else.
+        return pgid if any(str(self.workdir) in " ".join(command) for command in group_commands(pgid)) else None
+
+    def refuse_second_start(self, what: str, stop_command: str) -> None:
+        """Raise where ``what`` (the server, as messages name it) already runs from this folder."""
+        running = self.recorded_pid()
+        if running is not None:
+            raise RuntimeError(
+                f"{what} already runs from {self.workdir} (process group {running}); stop it with `{stop_command}`"
+            )
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """Stop the server this object started or else the one the pid file records (another process's)."""
+        if self.pid is not None:
+            super().stop(timeout)
+            return
+        recorded = self.recorded_pid()
+        if recorded is not None:
+            stop_group(recorded, self.stop_signal, timeout)
+        self.pid_path.unlink(missing_ok=True)
+
+    def kill(self) -> None:
+        if self.pid is not None:
+            self.pid_path.unlink(missing_ok=True)
+        super().kill()
+
+
+def yield_to_training(pid: int, niceness: int) -> None:
+    """Lower the scheduling priority of the session that ``pid`` leads (a model server's, with ``nice``).
+
+    Linux's autogroup scheduling (on by default) shares the CPU fairly between sessions first and
+    applies nice values only within one, so a server, which runs in a session of its own, would
+    still take half of the cores from training during each swap however nice its processes are.
+    The session's own nice value, in ``/proc/<pid>/autogroup``, is what counts between sessions.
+    """
+    try:
+        Path(f"/proc/{pid}/autogroup").write_text(f"{niceness}\n")
+    except OSError as err:
+        log.info(
+            "no autogroup scheduling here: only the server's own nice value yields to training",
+            extra={"pid": pid, "error": str(err)},
+        )

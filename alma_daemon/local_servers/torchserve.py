@@ -29,13 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from alma_daemon.config import Config, ServingConfig
-from alma_daemon.local_servers.processes import (
-    LOOPBACK,
-    ServerProcess,
-    free_ports,
-    group_commands,
-    stop_group,
-)
+from alma_daemon.local_servers.processes import LOOPBACK, RecordedServer, free_ports
 from serving.torchserve_keys import KEY_FILE, TokenKeys, torchserve_folder
 
 log = logging.getLogger(__name__)
@@ -52,7 +46,7 @@ def _silent(line: str) -> None:
     pass
 
 
-class TorchServeServer(ServerProcess):
+class TorchServeServer(RecordedServer):
     """TorchServe (``--foreground --ncs``) run from one folder, on the addresses of a ``serving`` section.
 
     Given the section (:meth:`for_config`: ``alma serve``), it listens where the section says, at its
@@ -65,17 +59,17 @@ class TorchServeServer(ServerProcess):
     """
 
     name = "torchserve"
+    pid_file = PID_FILE
     start_timeout = START_TIMEOUT_SECONDS
 
     def __init__(
         self, folder: Path, serving: ServingConfig | None = None, report: Callable[[str], None] = _silent
     ) -> None:
-        super().__init__(folder, [], choose_ports=serving is None)
         self.serving = serving if serving is not None else ServingConfig(niceness=0)
+        super().__init__(folder, [], choose_ports=serving is None, niceness=self.serving.niceness)
         self.report = report
         self.model_store = self.workdir / "model_store"
         self.config_path = self.workdir / "config.properties"
-        self.pid_path = self.workdir / PID_FILE
         #: TorchServe writes its keys into its working directory, this folder.
         self.key_path = self.workdir / KEY_FILE
         if serving is None:
@@ -151,11 +145,9 @@ class TorchServeServer(ServerProcess):
             "--model-store", str(self.model_store),
             "--ts-config", str(self.config_path),
         ]  # fmt: skip
-        if self.serving.niceness:
-            # Inherited by the JVM and every worker it forks: on a machine it shares with training,
-            # serving (and the model loads of each swap) yields the cores (docs/serving.md).
-            command = ["nice", "-n", str(self.serving.niceness), *command]
-        return command
+        # Inherited by the JVM and every worker it forks: on a machine it shares with training,
+        # serving (and the model loads of each swap) yields the cores (docs/serving.md).
+        return self.niced(command)
 
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -166,24 +158,10 @@ class TorchServeServer(ServerProcess):
         env.update(LOG_LOCATION=logs, METRICS_LOCATION=logs)
         return env
 
-    def recorded_pid(self) -> int | None:
-        """The process group recorded in the pid file, if a process of it still runs from this folder."""
-        try:
-            pgid = int(self.pid_path.read_text())
-        except (FileNotFoundError, ValueError):
-            return None
-        # A stale pid file may name a group id the system has since given to something else.
-        return pgid if any(str(self.workdir) in " ".join(command) for command in group_commands(pgid)) else None
-
     def start(self) -> None:
         """Start TorchServe and wait until it answers ``/ping``; refused while one runs from this folder."""
         require_torchserve()
-        running = self.recorded_pid()
-        if running is not None:
-            raise RuntimeError(
-                f"TorchServe already runs from {self.workdir} (process group {running}); "
-                "stop it with `alma serve --stop`"
-            )
+        self.refuse_second_start("TorchServe", "alma serve --stop")
         if urllib.parse.urlsplit(self.management_url).hostname not in _LOOPBACK_HOSTS:
             log.warning(
                 "TorchServe's management API will listen beyond loopback", extra={"management_url": self.management_url}
@@ -193,11 +171,6 @@ class TorchServeServer(ServerProcess):
         self.key_path.unlink(missing_ok=True)
         self.report(f"starting TorchServe (niceness {self.serving.niceness}; its log: {self.log_path})")
         super().start()
-
-    def spawned(self, pid: int) -> None:
-        self.pid_path.write_text(str(pid))
-        if self.serving.niceness:
-            yield_to_training(pid, self.serving.niceness)
 
     def wait_ready(self, deadline: float) -> None:
         began = next_report = time.monotonic()
@@ -232,20 +205,8 @@ class TorchServeServer(ServerProcess):
             return False
 
     def stop(self, timeout: float = STOP_TIMEOUT_SECONDS) -> None:
-        """Stop the TorchServe this object started or else the one the pid file records (another
-        process's ``alma serve``): the JVM and workers, then the launcher; SIGKILL after ``timeout``."""
-        if self.pid is not None:
-            super().stop(timeout)
-            return
-        recorded = self.recorded_pid()
-        if recorded is not None:
-            stop_group(recorded, self.stop_signal, timeout)
-        self.pid_path.unlink(missing_ok=True)
-
-    def kill(self) -> None:
-        if self.pid is not None:
-            self.pid_path.unlink(missing_ok=True)
-        super().kill()
+        """Stop the JVM and workers, then the launcher; SIGKILL after ``timeout``."""
+        super().stop(timeout)
 
 
 def _port(url: str) -> int:
@@ -266,20 +227,3 @@ def require_torchserve() -> None:
         raise RuntimeError("TorchServe is not installed: pip install torchserve==0.12.0 torch-model-archiver==0.12.0")
     if not java_available():
         raise RuntimeError("TorchServe needs Java 17: no java on PATH or in $JAVA_HOME/bin")
-
-
-def yield_to_training(pid: int, niceness: int) -> None:
-    """Lower the scheduling priority of the session that ``pid`` leads (TorchServe's, with ``nice``).
-
-    Linux's autogroup scheduling (on by default) shares the CPU fairly between sessions first and
-    applies nice values only within one, so TorchServe, which runs in a session of its own, would
-    still take half of the cores from training during each swap however nice its processes are.
-    The session's own nice value, in ``/proc/<pid>/autogroup``, is what counts between sessions.
-    """
-    try:
-        Path(f"/proc/{pid}/autogroup").write_text(f"{niceness}\n")
-    except OSError as err:
-        log.info(
-            "no autogroup scheduling here: only TorchServe's own nice value yields to training",
-            extra={"pid": pid, "error": str(err)},
-        )

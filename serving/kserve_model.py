@@ -1,0 +1,162 @@
+"""KServe's model server over a model store: the server side of ``serving.kind: kserve``.
+
+:class:`CheckpointRepository` is KServe's model repository (the protocol's load and unload) for one
+model of the store, with the names of :mod:`serving.oip_names`: loading ``<model>-v<N>`` rebuilds
+checkpoint N from its folder (``spec.json`` and ``weights.safetensors``, no pickle; a team's
+``learner.model`` module bundled beside them), loading ``<model>`` serves, under that name too,
+the version the default file names: the same object, so the switch costs no load and a request
+sees the old version or the new one, never neither. :class:`CheckpointModel` answers the protocol's
+infer requests with the task's codec (:mod:`serving.oip_codec`); a malformed request gets a 400 of its
+own. This module imports KServe: only the server's process (:mod:`serving.kserve_server`) imports it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from pathlib import Path
+from typing import Any
+
+import kserve
+import torch
+from kserve.errors import InvalidInput
+from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse
+
+from alma_daemon.core.checkpoint_index import SPEC, CheckpointIndex
+from alma_daemon.core.checkpoints import load_checkpoint
+from alma_daemon.learners import Learner
+from serving.bundled_model import register_bundled_module
+from serving.codecs import RequestError
+from serving.oip_codec import OipCodec, oip_codec_for
+from serving.oip_names import read_default, version_of, versioned_name
+
+log = logging.getLogger(__name__)
+
+
+class CheckpointModel(kserve.Model):
+    """One checkpoint version's learner, answering the protocol's infer requests."""
+
+    def __init__(self, name: str, version: int, learner: Learner):
+        super().__init__(name)
+        self.version = version
+        self.learner = learner
+        self.codec: OipCodec = oip_codec_for(learner.task)
+        self.ready = True
+
+    async def predict(
+        self, payload: InferRequest, headers: dict[str, str] | None = None, response_headers: Any = None
+    ) -> InferResponse:
+        try:
+            inputs = {tensor.name: tensor.as_numpy() for tensor in payload.inputs}
+        except (TypeError, ValueError) as err:
+            raise InvalidInput(f"an input does not fit its shape and datatype: {err}") from None
+        parameters = dict(payload.parameters or {})
+        try:
+            # The forward pass runs beside the event loop, which keeps taking requests meanwhile.
+            outputs = await asyncio.to_thread(self.codec.answer, self.learner, inputs, parameters)
+        except RequestError as err:
+            raise InvalidInput(str(err)) from None
+        answers = []
+        for tensor in outputs:
+            answer = InferOutput(tensor.name, list(tensor.data.shape), tensor.datatype)
+            answer.set_data_from_numpy(tensor.data, binary_data=False)
+            answers.append(answer)
+        return InferResponse(
+            response_id=payload.id or str(uuid.uuid4()),
+            model_name=payload.model_name or self.name,
+            infer_outputs=answers,
+            model_version=str(self.version),
+        )
+
+
+class CheckpointRepository(kserve.ModelRepository):
+    """The versions of one model of a model store, loaded by name (module docstring).
+
+    One writer (the daemon's publisher, under its serving lock) loads and unloads; inference reads
+    the registry at any time, and a name is replaced in one dictionary assignment.
+    """
+
+    def __init__(self, store_root: Path, model: str, device: str):
+        super().__init__(models_dir=str(store_root))
+        self.store = CheckpointIndex(store_root, model)
+        self.model = model
+        self.device = device
+
+    async def load(self, name: str) -> bool:
+        if name == self.model:
+            self.serve_default(await self._loaded_default())
+            return True
+        version = version_of(self.model, name)
+        if version is None:
+            raise ValueError(
+                f"no model {name!r} here: this server serves {self.model!r} and {self.model!r}-v<N>, "
+                f"the versions in {self.store.folder}"
+            )
+        self.update(await asyncio.get_running_loop().run_in_executor(None, self.build, version))
+        return True
+
+    def load_default_at_start(self) -> None:
+        """Serve the recorded default version, if any is recorded and still on disk (a restart)."""
+        try:
+            version = read_default(self.store.folder)
+        except ValueError as err:
+            log.warning("the default version cannot be read; serving none until the daemon sets one: %s", err)
+            return
+        if version is None:
+            return
+        if not self.store.path(version).is_dir():
+            log.warning("the default version %d is no longer on disk; serving none until the daemon sets one", version)
+            return
+        model = self.build(version)
+        self.update(model)
+        self.serve_default(model)
+
+    def serve_default(self, model: CheckpointModel) -> None:
+        self.update(model, name=self.model)
+        log.info("%s serves version %d", self.model, model.version)
+
+    async def _loaded_default(self) -> CheckpointModel:
+        version = read_default(self.store.folder)
+        if version is None:
+            raise ValueError(f"no default version recorded in {self.store.folder}: load {self.model}-v<N> first")
+        loaded = self.get_model(versioned_name(self.model, version))
+        if isinstance(loaded, CheckpointModel) and loaded.ready:
+            return loaded
+        model = await asyncio.get_running_loop().run_in_executor(None, self.build, version)
+        self.update(model)
+        return model
+
+    def build(self, version: int) -> CheckpointModel:
+        """Checkpoint ``version`` rebuilt from its folder, ready to answer."""
+        folder = self.store.path(version)
+        if not (folder / SPEC).is_file():
+            raise FileNotFoundError(f"no checkpoint version {version} in {self.store.folder}")
+        register_bundled_module(folder, folder / SPEC)
+        learner = load_checkpoint(folder, self.device)
+        learner.model.eval()
+        return CheckpointModel(versioned_name(self.model, version), version, learner)
+
+
+def serve(store_root: Path, model: str, http_port: int, device: str) -> None:
+    """Run KServe's model server on ``http_port`` over ``store_root``'s ``model`` until SIGTERM."""
+    if device.startswith("cuda"):
+        # The publisher's probe compares served answers with the checkpoint's answers in fp32 on the
+        # CPU; TF32 would differ by up to about 1e-2.
+        torch.backends.cudnn.allow_tf32 = False
+        torch.set_float32_matmul_precision("highest")
+    repository = CheckpointRepository(store_root, model, device)
+    repository.load_default_at_start()
+    server = kserve.ModelServer(
+        http_port=http_port,
+        enable_grpc=False,
+        workers=1,  # one registry: KServe's extra workers are processes that would each hold their own
+        registered_models=repository,
+        enable_latency_logging=False,
+        grace_period=5,
+    )
+    # Lines for every request (access log, KServe's timings) would drown the server's log and
+    # grow it without end.
+    for name in ("uvicorn.access", "kserve.trace"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    server.start([])

@@ -1,0 +1,263 @@
+"""Requests and responses of the Open Inference Protocol v2 (OIP, "KServe v2"), one codec per task kind.
+
+The protocol carries named tensors: a request ``{"inputs": [{"name", "shape", "datatype", "data"}]}``,
+a response ``{"model_name", "model_version", "outputs": [...]}``, ``data`` flat in row-major order.
+The same roles as :mod:`serving.codecs` (which this reuses for validation, so both servers refuse
+the same inputs with the same words): server side (:mod:`serving.kserve_model`), :meth:`OipCodec.answer`
+turns a request's tensors into output tensors with the learner; client side (the publisher's probe,
+tests, benchmarks), :meth:`OipCodec.encode_request` and :meth:`OipCodec.decode_response`.
+
+What each task kind takes and gives (docs/serving.md has the bodies side by side with TorchServe's):
+
+- classification, regression: one input (``x`` by convention) of shape ``[N, *input_shape]`` in raw
+  units, UINT8 or any number type; or, where the stream names its features, one input per feature,
+  shape ``[N]``. Classification answers ``probabilities`` (FP32 ``[N, C]``) and, where the task
+  names its classes, ``class`` (BYTES ``[N]``, the most probable); regression ``predictions`` (FP32 ``[N]``).
+- language model: ``text`` (BYTES ``[N]``), the request parameter ``top_k`` (default 10); answers
+  ``tokens`` (INT64 ``[N, k]``), ``probabilities`` (FP32 ``[N, k]``) and ``texts`` (BYTES ``[N, k]``),
+  most likely first.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from alma_daemon.data.datasets import TaskInfo
+from alma_daemon.learners import Learner
+from serving.codecs import ExamplesCodec, LanguageModelCodec, RequestError, codec_for
+
+#: The protocol's tensor data types and the numpy types they are read as.
+DATATYPES: dict[str, Any] = {
+    "BOOL": np.bool_,
+    "UINT8": np.uint8,
+    "UINT16": np.uint16,
+    "UINT32": np.uint32,
+    "UINT64": np.uint64,
+    "INT8": np.int8,
+    "INT16": np.int16,
+    "INT32": np.int32,
+    "INT64": np.int64,
+    "FP16": np.float16,
+    "FP32": np.float32,
+    "FP64": np.float64,
+    "BYTES": np.object_,
+}
+
+OIP_CODECS: dict[str, type[OipCodec]] = {}
+
+
+@dataclass(frozen=True)
+class OipTensor:
+    """One named tensor of a request or a response; ``data``'s shape is the tensor's."""
+
+    name: str
+    datatype: str
+    data: np.ndarray
+
+    def to_json(self) -> dict:
+        """The tensor as the protocol's JSON carries it (``data`` flat, text as UTF-8 strings)."""
+        flat = self.data.reshape(-1).tolist()
+        if self.datatype == "BYTES":
+            flat = [v.decode() if isinstance(v, bytes) else str(v) for v in flat]
+        return {"name": self.name, "datatype": self.datatype, "shape": list(self.data.shape), "data": flat}
+
+
+def tensors_of(entries: Any, where: str) -> dict[str, np.ndarray]:
+    """The named tensors of a JSON ``inputs`` or ``outputs`` list, each checked against its shape and type."""
+    if not isinstance(entries, list) or not entries:
+        raise RequestError(f'expected "{where}": a list of tensors {{"name", "shape", "datatype", "data"}}')
+    tensors: dict[str, np.ndarray] = {}
+    for entry in entries:
+        if not isinstance(entry, dict) or not {"name", "shape", "datatype", "data"} <= entry.keys():
+            raise RequestError(f'each of "{where}" needs "name", "shape", "datatype" and "data"')
+        name, shape, datatype = entry["name"], entry["shape"], entry["datatype"]
+        if datatype not in DATATYPES:
+            raise RequestError(f"tensor {name!r}: unknown datatype {datatype!r} (known: {', '.join(DATATYPES)})")
+        if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+            raise RequestError(f"tensor {name!r}: shape must be a list of sizes; got {shape!r}")
+        try:
+            array = np.array(entry["data"], dtype=DATATYPES[datatype])
+            tensors[name] = array.reshape(shape)
+        except (TypeError, ValueError) as err:
+            raise RequestError(f"tensor {name!r}: data does not fit shape {shape} of {datatype}: {err}") from None
+    return tensors
+
+
+def request_body(*tensors: OipTensor, parameters: Mapping[str, Any] | None = None) -> dict:
+    """The JSON request holding ``tensors``."""
+    body: dict[str, Any] = {"inputs": [t.to_json() for t in tensors]}
+    if parameters:
+        body["parameters"] = dict(parameters)
+    return body
+
+
+def register_oip_codec(kind: str) -> Callable[[type[OipCodec]], type[OipCodec]]:
+    """Class decorator: serve tasks of ``kind`` over the protocol with this codec."""
+
+    def register(cls: type[OipCodec]) -> type[OipCodec]:
+        if kind in OIP_CODECS:
+            raise ValueError(f"an OIP codec for task kind {kind!r} is registered twice")
+        OIP_CODECS[kind] = cls
+        return cls
+
+    return register
+
+
+def oip_codec_for(task: TaskInfo) -> OipCodec:
+    """The codec that serves ``task`` over the protocol; a clear error for a kind nobody registered."""
+    if task.kind not in OIP_CODECS:
+        raise KeyError(f"no OIP codec for task kind {task.kind!r}; known: {', '.join(sorted(OIP_CODECS))}")
+    return OIP_CODECS[task.kind](task)
+
+
+class OipCodec(ABC):
+    """How one kind of task is asked and answered in the protocol's tensors."""
+
+    def __init__(self, task: TaskInfo):
+        self.task = task
+
+    @abstractmethod
+    def answer(
+        self, learner: Learner, inputs: Mapping[str, np.ndarray], parameters: Mapping[str, Any]
+    ) -> list[OipTensor]:
+        """The output tensors for a request's input tensors and parameters; raises RequestError."""
+
+    @abstractmethod
+    def encode_request(self, x: torch.Tensor) -> dict:
+        """A JSON request asking about ``x``, examples as stored in a validation sample."""
+
+    @abstractmethod
+    def decode_response(self, payload: dict) -> torch.Tensor:
+        """The numbers a JSON response carries, as a float tensor (one row per instance)."""
+
+    def answered_in_process(self, learner: Learner, request: dict) -> torch.Tensor:
+        """The answer a server gives to the JSON ``request`` with ``learner``, computed here and decoded."""
+        outputs = self.answer(learner, tensors_of(request.get("inputs"), "inputs"), request.get("parameters") or {})
+        return self.decode_response({"outputs": [t.to_json() for t in outputs]})
+
+    def outputs(self, payload: dict) -> dict[str, np.ndarray]:
+        """A JSON response's output tensors, by name."""
+        if not isinstance(payload, dict):
+            raise RequestError("a response must be a JSON object")
+        return tensors_of(payload.get("outputs"), "outputs")
+
+
+class ExamplesOipCodec(OipCodec):
+    """Fixed-shape inputs in raw units: one tensor of examples, or one tensor per named feature."""
+
+    def __init__(self, task: TaskInfo):
+        super().__init__(task)
+        codec = codec_for(task)
+        assert isinstance(codec, ExamplesCodec)  # classification and regression ask with examples
+        self.examples = codec
+
+    def inputs(self, inputs: Mapping[str, np.ndarray]) -> torch.Tensor:
+        """The validated batch of raw examples a request's tensors carry."""
+        features = set(self.examples.features)
+        if features and (len(inputs) > 1 or set(inputs) <= features):
+            return self._named(inputs)
+        if len(inputs) != 1:
+            raise RequestError(
+                f"expected one input tensor of examples, shape [N, {', '.join(map(str, self.task.input_shape))}]; "
+                f"got {len(inputs)}: {sorted(inputs)[:8]}"
+            )
+        (array,) = inputs.values()
+        if array.dtype == np.object_:
+            raise RequestError("examples must be numbers, not BYTES")
+        x = torch.from_numpy(np.ascontiguousarray(array, dtype=np.uint8 if array.dtype == np.uint8 else np.float32))
+        return self.examples.checked(x)
+
+    def _named(self, inputs: Mapping[str, np.ndarray]) -> torch.Tensor:
+        sizes = {array.shape[0] if array.ndim else None for array in inputs.values()}
+        if len(sizes) != 1 or None in sizes or any(array.ndim > 2 for array in inputs.values()):
+            raise RequestError("each feature's tensor must have shape [N], the same N for all")
+        if any(array.dtype == np.object_ for array in inputs.values()):
+            raise RequestError("features must be numbers, not BYTES")
+        return self.examples.named([{name: array.reshape(len(array)).tolist() for name, array in inputs.items()}])
+
+    def encode_request(self, x: torch.Tensor) -> dict:
+        if x.dtype == torch.uint8:
+            return request_body(OipTensor("x", "UINT8", x.numpy()))
+        return request_body(OipTensor("x", "FP32", x.float().numpy()))
+
+
+@register_oip_codec("classification")
+class ClassificationOipCodec(ExamplesOipCodec):
+    """Examples -> ``probabilities`` (FP32 ``[N, C]``), and ``class`` (BYTES ``[N]``) where classes are named."""
+
+    def answer(
+        self, learner: Learner, inputs: Mapping[str, np.ndarray], parameters: Mapping[str, Any]
+    ) -> list[OipTensor]:
+        probabilities = learner.predict_proba(self.inputs(inputs)).float()
+        outputs = [OipTensor("probabilities", "FP32", probabilities.numpy())]
+        if self.task.classes:
+            names = np.array([self.task.classes[i] for i in probabilities.argmax(1).tolist()], dtype=np.object_)
+            outputs.append(OipTensor("class", "BYTES", names))
+        return outputs
+
+    def decode_response(self, payload: dict) -> torch.Tensor:
+        return torch.from_numpy(_output(self.outputs(payload), "probabilities").astype(np.float32))
+
+
+@register_oip_codec("regression")
+class RegressionOipCodec(ExamplesOipCodec):
+    """Examples -> ``predictions`` (FP32 ``[N]``)."""
+
+    def answer(
+        self, learner: Learner, inputs: Mapping[str, np.ndarray], parameters: Mapping[str, Any]
+    ) -> list[OipTensor]:
+        return [OipTensor("predictions", "FP32", learner.predict_outputs(self.inputs(inputs)).float().numpy())]
+
+    def decode_response(self, payload: dict) -> torch.Tensor:
+        return torch.from_numpy(_output(self.outputs(payload), "predictions").astype(np.float32))
+
+
+@register_oip_codec("language_model")
+class LanguageModelOipCodec(OipCodec):
+    """``text`` (BYTES ``[N]``) -> the top-k next tokens: ``tokens``, ``probabilities``, ``texts`` (``[N, k]``)."""
+
+    def __init__(self, task: TaskInfo):
+        super().__init__(task)
+        codec = codec_for(task)
+        assert isinstance(codec, LanguageModelCodec)
+        self.text = codec
+
+    def answer(
+        self, learner: Learner, inputs: Mapping[str, np.ndarray], parameters: Mapping[str, Any]
+    ) -> list[OipTensor]:
+        if set(inputs) != {"text"} or inputs["text"].ndim != 1:
+            raise RequestError(f'expected one input tensor "text", BYTES of shape [N]; got {sorted(inputs)[:8]}')
+        texts = [t.decode(errors="replace") if isinstance(t, bytes) else t for t in inputs["text"].tolist()]
+        if not all(isinstance(t, str) for t in texts):
+            raise RequestError('"text" must hold strings (datatype BYTES)')
+        request = {"instances": texts, **({"top_k": parameters["top_k"]} if "top_k" in parameters else {})}
+        predictions = self.text.answer(learner, request)["predictions"]
+        return [
+            OipTensor("tokens", "INT64", np.array([p["tokens"] for p in predictions], dtype=np.int64)),
+            OipTensor("probabilities", "FP32", np.array([p["probabilities"] for p in predictions], dtype=np.float32)),
+            OipTensor("texts", "BYTES", np.array([p["texts"] for p in predictions], dtype=np.object_)),
+        ]
+
+    def encode_request(self, x: torch.Tensor) -> dict:
+        texts = self.text.encode_request(x)["instances"]
+        return request_body(OipTensor("text", "BYTES", np.array(texts, dtype=np.object_)))
+
+    def decode_response(self, payload: dict) -> torch.Tensor:
+        """One row per text over the whole vocabulary: the top-k probabilities, zeros elsewhere."""
+        outputs = self.outputs(payload)
+        tokens, probabilities = _output(outputs, "tokens"), _output(outputs, "probabilities")
+        dense = torch.zeros(len(tokens), self.task.num_classes)
+        dense.scatter_(1, torch.from_numpy(tokens.astype(np.int64)), torch.from_numpy(probabilities.astype(np.float32)))
+        return dense
+
+
+def _output(outputs: Mapping[str, np.ndarray], name: str) -> np.ndarray:
+    if name not in outputs:
+        raise RequestError(f"the response has no output {name!r} (has {sorted(outputs)})")
+    return outputs[name]
