@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse
 from alma_daemon.core.checkpoint_index import SPEC, CheckpointIndex
 from alma_daemon.core.checkpoints import load_checkpoint
 from alma_daemon.learners import Learner
+from alma_daemon.logs import NOTICE
 from serving.bundled_model import register_bundled_module
 from serving.codecs import RequestError
 from serving.oip_codec import OipCodec, oip_codec_for
@@ -49,7 +51,7 @@ class CheckpointModel(kserve.Model):
     ) -> InferResponse:
         try:
             inputs = {tensor.name: tensor.as_numpy() for tensor in payload.inputs}
-        except (TypeError, ValueError) as err:
+        except (TypeError, ValueError, OverflowError) as err:  # numpy: OverflowError for 300 as UINT8
             raise InvalidInput(f"an input does not fit its shape and datatype: {err}") from None
         parameters = dict(payload.parameters or {})
         try:
@@ -101,12 +103,12 @@ class CheckpointRepository(kserve.ModelRepository):
         try:
             version = read_default(self.store.folder)
         except ValueError as err:
-            log.warning("the default version cannot be read; serving none until the daemon sets one: %s", err)
+            log.warning(f"the default version cannot be read; serving none until the daemon sets one: {err}")
             return
         if version is None:
             return
         if not self.store.path(version).is_dir():
-            log.warning("the default version %d is no longer on disk; serving none until the daemon sets one", version)
+            log.warning(f"the default version {version} is no longer on disk; serving none until the daemon sets one")
             return
         model = self.build(version)
         self.update(model)
@@ -114,7 +116,7 @@ class CheckpointRepository(kserve.ModelRepository):
 
     def serve_default(self, model: CheckpointModel) -> None:
         self.update(model, name=self.model)
-        log.info("%s serves version %d", self.model, model.version)
+        log.log(NOTICE, f"{self.model} serves version {model.version}", extra={"version": model.version})
 
     async def _loaded_default(self) -> CheckpointModel:
         version = read_default(self.store.folder)
@@ -159,4 +161,6 @@ def serve(store_root: Path, model: str, http_port: int, device: str) -> None:
     # grow it without end.
     for name in ("uvicorn.access", "kserve.trace"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    # KServe 0.21 answers through a response class FastAPI deprecates: a warning per route, not ours to fix.
+    warnings.filterwarnings("ignore", message="ORJSONResponse is deprecated")
     server.start([])

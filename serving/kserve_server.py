@@ -19,6 +19,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--http-port", type=int, default=8080, help="the protocol's REST port (all interfaces)")
     parser.add_argument("--device", default="auto", help="auto (CUDA where present), cpu, cuda, cuda:1, ...")
     args = parser.parse_args(argv)
+    from alma_daemon.logs import configure_logging
+
+    configure_logging()
     device = args.device
     if device == "auto":
         import torch

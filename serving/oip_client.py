@@ -43,6 +43,8 @@ class OipClient:
 
     def __init__(self, base_url: str):
         self.base_url = base_url.rstrip("/")
+        #: Whether the server answers the repository index (None: not asked yet); KServe's does not.
+        self._has_index: bool | None = None
 
     def live(self) -> bool:
         try:
@@ -70,12 +72,15 @@ class OipClient:
 
     def models(self) -> list[str]:
         """The names of the models the server holds, ready or not."""
-        try:
-            index = self._call("POST", "/v2/repository/index", body=b"{}")
-            return [entry["name"] for entry in index]
-        except OipError as err:
-            if err.status not in (404, 405):
-                raise
+        if self._has_index is not False:
+            try:
+                index = self._call("POST", "/v2/repository/index", body=b"{}")
+                self._has_index = True
+                return [entry["name"] for entry in index]
+            except OipError as err:
+                if err.status not in (404, 405):
+                    raise
+                self._has_index = False
         return list(self._call("GET", "/v2/models")["models"])
 
     def infer(self, name: str, request: dict) -> dict:

@@ -84,7 +84,7 @@ def tensors_of(entries: Any, where: str) -> dict[str, np.ndarray]:
         try:
             array = np.array(entry["data"], dtype=DATATYPES[datatype])
             tensors[name] = array.reshape(shape)
-        except (TypeError, ValueError) as err:
+        except (TypeError, ValueError, OverflowError) as err:  # numpy: OverflowError for 300 as UINT8
             raise RequestError(f"tensor {name!r}: data does not fit shape {shape} of {datatype}: {err}") from None
     return tensors
 
@@ -175,11 +175,13 @@ class ExamplesOipCodec(OipCodec):
 
     def _named(self, inputs: Mapping[str, np.ndarray]) -> torch.Tensor:
         sizes = {array.shape[0] if array.ndim else None for array in inputs.values()}
-        if len(sizes) != 1 or None in sizes or any(array.ndim > 2 for array in inputs.values()):
+        # [N, 1] is taken as [N]; one value per example either way.
+        if len(sizes) != 1 or None in sizes or any(array.shape[1:] not in ((), (1,)) for array in inputs.values()):
             raise RequestError("each feature's tensor must have shape [N], the same N for all")
         if any(array.dtype == np.object_ for array in inputs.values()):
             raise RequestError("features must be numbers, not BYTES")
-        return self.examples.named([{name: array.reshape(len(array)).tolist() for name, array in inputs.items()}])
+        columns = {name: array.reshape(len(array)).tolist() for name, array in inputs.items()}
+        return self.examples.checked(self.examples.named([columns]))
 
     def encode_request(self, x: torch.Tensor) -> dict:
         if x.dtype == torch.uint8:

@@ -27,7 +27,7 @@ from serving.bundled_model import bundle_module_source
 from serving.codecs import max_abs_difference
 from serving.oip_client import LOAD_TIMEOUT_SECONDS, OipClient, OipError
 from serving.oip_codec import oip_codec_for
-from serving.oip_names import version_of, versioned_name, write_default
+from serving.oip_names import read_default, version_of, versioned_name, write_default
 from serving.publisher import PROBE_EXAMPLES, Candidate, Publisher, PublishError, failing_as
 
 log = logging.getLogger(__name__)
@@ -68,6 +68,11 @@ class OipPublisher(Publisher):
         if not self.client.model_ready(versioned_name(self.model, live)):
             log.warning("live version not loaded; loading it again", extra={"version": live})
             self.stage(self.load_candidate(live))
+        # The server loads the default file's version at its start, and only this publisher loads
+        # the name: a file naming the live version and a ready name mean the name serves it.
+        with failing_as("set_default"):
+            if read_default(self.store.folder) == live and self.client.model_ready(self.model):
+                return
         self.make_default(live)
 
     def stage(self, candidate: Candidate) -> None:
