@@ -24,14 +24,13 @@ import torch
 from kserve.errors import InvalidInput
 from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse
 
-from alma_daemon.core.checkpoint_index import SPEC, CheckpointIndex
-from alma_daemon.core.checkpoints import load_checkpoint
+from alma_daemon.core.checkpoint_index import CheckpointIndex
 from alma_daemon.learners import Learner
 from alma_daemon.logs import NOTICE
-from serving.bundled_model import register_bundled_module
 from serving.codecs import RequestError
-from serving.oip_codec import OipCodec, oip_codec_for
+from serving.oip_codec import OipCodec, check_datatype, oip_codec_for
 from serving.oip_names import read_default, version_of, versioned_name
+from serving.served_checkpoint import served_learner
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +48,11 @@ class CheckpointModel(kserve.Model):
     async def predict(
         self, payload: InferRequest, headers: dict[str, str] | None = None, response_headers: Any = None
     ) -> InferResponse:
+        try:
+            for tensor in payload.inputs:
+                check_datatype(tensor.name, tensor.datatype)  # KServe's own message names no datatype
+        except RequestError as err:
+            raise InvalidInput(str(err)) from None
         try:
             inputs = {tensor.name: tensor.as_numpy() for tensor in payload.inputs}
         except (TypeError, ValueError, OverflowError) as err:  # numpy: OverflowError for 300 as UINT8
@@ -131,13 +135,21 @@ class CheckpointRepository(kserve.ModelRepository):
 
     def build(self, version: int) -> CheckpointModel:
         """Checkpoint ``version`` rebuilt from its folder, ready to answer."""
-        folder = self.store.path(version)
-        if not (folder / SPEC).is_file():
-            raise FileNotFoundError(f"no checkpoint version {version} in {self.store.folder}")
-        register_bundled_module(folder, folder / SPEC)
-        learner = load_checkpoint(folder, self.device)
-        learner.model.eval()
-        return CheckpointModel(versioned_name(self.model, version), version, learner)
+        return CheckpointModel(
+            versioned_name(self.model, version), version, served_learner(self.store, version, self.device)
+        )
+
+
+class BadRequestsOnOneLine(logging.Filter):
+    """KServe logs each request it refuses with a traceback, at ERROR: a client's bad input is not a
+    fault of the server, and gets one warning line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, InvalidInput):
+            record.msg, record.args, record.exc_info, record.exc_text = f"bad request: {error}", (), None, None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
 
 
 def serve(store_root: Path, model: str, http_port: int, device: str) -> None:
@@ -161,6 +173,7 @@ def serve(store_root: Path, model: str, http_port: int, device: str) -> None:
     # grow it without end.
     for name in ("uvicorn.access", "kserve.trace"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    logging.getLogger("kserve").addFilter(BadRequestsOnOneLine())
     # KServe 0.21 answers through a response class FastAPI deprecates: a warning per route, not ours to fix.
     warnings.filterwarnings("ignore", message="ORJSONResponse is deprecated")
     server.start([])

@@ -39,12 +39,11 @@ from mlserver.settings import ModelParameters, ModelSettings
 from mlserver.types import InferenceRequest, InferenceResponse, ResponseOutput
 
 from alma_daemon.core.checkpoint_index import SPEC, CheckpointIndex
-from alma_daemon.core.checkpoints import load_checkpoint
 from alma_daemon.learners import Learner
-from serving.bundled_model import register_bundled_module
 from serving.codecs import RequestError
 from serving.oip_codec import OipCodec, oip_codec_for, tensors_of
 from serving.oip_names import read_default, version_of, versioned_name
+from serving.served_checkpoint import served_learner
 
 #: Under MLServer's logger, whose handler writes the server's log.
 log = logging.getLogger("mlserver.checkpoints")
@@ -99,18 +98,15 @@ HELD = HeldVersions()
 
 def build_learner(store: CheckpointIndex, version: int, device: str) -> Learner:
     """Checkpoint ``version`` of ``store``, ready to answer."""
-    folder = store.path(version)
-    if not (folder / SPEC).is_file():
-        raise MLServerError(f"no checkpoint version {version} in {store.folder}", NOT_FOUND)
     try:
-        register_bundled_module(folder, folder / SPEC)
-        learner = load_checkpoint(folder, device)
+        learner = served_learner(store, version, device)
+    except FileNotFoundError as err:
+        raise MLServerError(str(err), NOT_FOUND) from err
     except Exception as err:
         # MLServer answers any other exception with a bare "Internal Server Error": the publisher's
         # error would not say what failed.
         raise MLServerError(f"checkpoint version {version} in {store.folder} cannot be loaded: {err}", 500) from err
-    learner.model.eval()
-    log.info("checkpoint version %d read from %s", version, folder)
+    log.info("checkpoint version %d read from %s", version, store.path(version))
     return learner
 
 

@@ -71,10 +71,12 @@ class OipClient:
         self._call("POST", f"/v2/repository/models/{_quoted(name)}/unload", body=b"{}")
 
     def models(self) -> list[str]:
-        """The names of the models the server holds, ready or not."""
+        """The names of the models the server has loaded."""
         if self._has_index is not False:
             try:
-                index = self._call("POST", "/v2/repository/index", body=b"{}")
+                # Triton's index lists every folder of its repository, loaded or not, unless asked for
+                # the ready ones; MLServer honours the flag too.
+                index = self._call("POST", "/v2/repository/index", body=b'{"ready": true}')
                 self._has_index = True
                 return [entry["name"] for entry in index]
             except OipError as err:

@@ -68,6 +68,12 @@ class OipTensor:
         return {"name": self.name, "datatype": self.datatype, "shape": list(self.data.shape), "data": flat}
 
 
+def check_datatype(name: str, datatype: Any) -> None:
+    """Raise a RequestError naming the tensor where ``datatype`` is not one of the protocol's."""
+    if datatype not in DATATYPES:
+        raise RequestError(f"tensor {name!r}: unknown datatype {datatype!r} (known: {', '.join(DATATYPES)})")
+
+
 def tensors_of(entries: Any, where: str) -> dict[str, np.ndarray]:
     """The named tensors of a JSON ``inputs`` or ``outputs`` list, each checked against its shape and type."""
     if not isinstance(entries, list) or not entries:
@@ -77,8 +83,7 @@ def tensors_of(entries: Any, where: str) -> dict[str, np.ndarray]:
         if not isinstance(entry, dict) or not {"name", "shape", "datatype", "data"} <= entry.keys():
             raise RequestError(f'each of "{where}" needs "name", "shape", "datatype" and "data"')
         name, shape, datatype = entry["name"], entry["shape"], entry["datatype"]
-        if datatype not in DATATYPES:
-            raise RequestError(f"tensor {name!r}: unknown datatype {datatype!r} (known: {', '.join(DATATYPES)})")
+        check_datatype(name, datatype)
         if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
             raise RequestError(f"tensor {name!r}: shape must be a list of sizes; got {shape!r}")
         try:

@@ -177,16 +177,15 @@ def group_members(pgid: int) -> list[int]:
     return members
 
 
-def group_commands(pgid: int) -> list[list[str]]:
-    """Command lines of the live members of process group ``pgid`` (see :func:`group_members`)."""
-    commands = []
+def group_folders(pgid: int) -> set[str]:
+    """Working directories of the live members of process group ``pgid`` (see :func:`group_members`)."""
+    folders = set()
     for pid in group_members(pgid):
         try:
-            arguments = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            folders.add(os.readlink(f"/proc/{pid}/cwd"))
         except OSError:
-            continue  # exited meanwhile
-        commands.append([argument.decode(errors="replace") for argument in arguments if argument])
-    return commands
+            continue  # exited meanwhile, or another user's
+    return folders
 
 
 def _signal(pid: int, sig: int) -> None:
@@ -452,8 +451,9 @@ class RecordedServer(ServerProcess):
             pgid = int(self.pid_path.read_text())
         except (FileNotFoundError, ValueError):
             return None
-        # A stale pid file may name a group id the system has since given to something else.
-        return pgid if any(str(self.workdir) in " ".join(command) for command in group_commands(pgid)) else None
+        # A stale pid file may name a group id the system has since given to something else: the
+        # server runs in this folder (ServerProcess starts it there), another process hardly does.
+        return pgid if str(self.workdir) in group_folders(pgid) else None
 
     def refuse_second_start(self, what: str, stop_command: str) -> None:
         """Raise where ``what`` (the server, as messages name it) already runs from this folder."""

@@ -1,19 +1,20 @@
-"""Pytest plugin: real Redis, Kafka (Tansu), Prometheus and TorchServe on free loopback ports.
+"""Pytest plugin: real Redis, Kafka (Tansu), Prometheus, TorchServe and KServe on free loopback ports.
 
 Load it with ``pytest_plugins = ["tests.helpers.servers"]`` in ``tests/conftest.py`` or with
 ``-p tests.helpers.servers``.
-Redis, the Kafka broker, Prometheus and TorchServe are the package's own (alma_daemon/local_servers/),
-the implementation ``alma dev up`` and ``alma serve`` start too; here are the fixtures over them, and
-what only the tests use: a test CA, a TLS proxy in front of Tansu. Every server runs as its own
-process group (``start_new_session=True``) with its output in a log file in its temporary
-directory, listens on 127.0.0.1 only, and is killed, whole group, at teardown whatever the test's
-outcome. See ``docs/test-servers.md``.
+Redis, the Kafka broker, Prometheus, TorchServe and KServe's model server are the package's own
+(alma_daemon/local_servers/), the implementation ``alma dev up`` and ``alma serve`` start too; here
+are the fixtures over them, and what only the tests use: a test CA, a TLS proxy in front of Tansu.
+Every server runs as its own process group (``start_new_session=True``) with its output in a log
+file in its temporary directory, listens on 127.0.0.1 only (KServe's binds every interface), and is
+killed, whole group, at teardown whatever the test's outcome. See ``docs/test-servers.md``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import http.server
+import importlib.util
 import secrets
 import shutil
 import subprocess
@@ -25,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from alma_daemon.local_servers.kserve import KServeServer
 from alma_daemon.local_servers.processes import (
     LOOPBACK,
     PortTakenError,
@@ -41,6 +43,7 @@ from alma_daemon.local_servers.torchserve import TorchServeServer, java_availabl
 
 __all__ = [
     "LOOPBACK",
+    "KServeServer",
     "KafkaBroker",
     "PortTakenError",
     "PrometheusServer",
@@ -70,12 +73,15 @@ SERVER_FIXTURES = frozenset(
         "kafka_tls",
         "prometheus_server",
         "torchserve_server",
+        "kserve_server",
     }
 )
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "integration: starts real servers (Redis, Kafka, Prometheus, TorchServe); slow")
+    config.addinivalue_line(
+        "markers", "integration: starts real servers (Redis, Kafka, Prometheus, TorchServe, KServe); slow"
+    )
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -366,6 +372,27 @@ def torchserve_server(
 
     def make() -> TorchServeServer:
         server = TorchServeServer(tmp_path_factory.mktemp("torchserve"))
+        started.append(server)
+        server.start()
+        return server
+
+    yield make
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture
+def kserve_server(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Callable[..., KServeServer]]:
+    """Factory: ``kserve_server(store_root, model="alma")`` -> a started KServeServer over that model
+    store on a free port. Skips the test if ``kserve`` is not installed."""
+    if importlib.util.find_spec("kserve") is None:
+        pytest.skip("KServe's model server is not installed: pip install 'alma-daemon[kserve]'")
+    started: list[KServeServer] = []
+
+    def make(store_root: Path, model: str = "alma") -> KServeServer:
+        server = KServeServer(tmp_path_factory.mktemp("kserve"), store_root, model, device="cpu")
         started.append(server)
         server.start()
         return server
