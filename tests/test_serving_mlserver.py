@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -20,39 +19,16 @@ from alma_daemon.cli import main
 from alma_daemon.config import build_config
 from alma_daemon.core.checkpoint_index import WEIGHTS
 from alma_daemon.learners import Learner
-from alma_daemon.local_servers.mlserver import PYTHON_ENV, MLServerServer, mlserver_python
+from alma_daemon.local_servers.mlserver import MLServerServer
 from serving import make_publisher
 from serving.oip_client import OipClient, OipError
 from serving.oip_codec import ClassificationOipCodec
 from serving.oip_publisher import OipPublisher
 from tests.helpers.serving import metric_value, new_learner, save_version
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(
-        not mlserver_python().is_file(),
-        reason=f"MLServer's virtualenv is missing: no {mlserver_python()} (run scripts/setup_mlserver.sh, "
-        f"or set {PYTHON_ENV} to its interpreter)",
-    ),
-]
+pytestmark = pytest.mark.integration
 
 MODEL = "alma"
-
-
-@pytest.fixture
-def mlserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[Path], MLServerServer]]:
-    """Factory: ``mlserver(store_root)`` -> a started MLServer over that model store, on the CPU."""
-    started: list[MLServerServer] = []
-
-    def make(store_root: Path) -> MLServerServer:
-        server = MLServerServer(tmp_path_factory.mktemp("mlserver"), store_root, MODEL, device="cpu")
-        started.append(server)
-        server.start()
-        return server
-
-    yield make
-    for server in started:
-        server.stop()
 
 
 def config_args(server: MLServerServer, store_root: Path, **serving) -> dict:
@@ -75,9 +51,9 @@ def served(client: OipClient, name: str, x: torch.Tensor, learner: Learner) -> t
     return codec.decode_response(answer), answer["model_version"]
 
 
-def test_published_version_answers_like_the_learner_in_process(mlserver, tmp_path, good_and_bad):
+def test_published_version_answers_like_the_learner_in_process(mlserver_server, tmp_path, good_and_bad):
     good, _, sample = good_and_bad
-    server = mlserver(tmp_path / "ms")
+    server = mlserver_server(tmp_path / "ms")
     publisher = publisher_for(server, tmp_path / "ms")
     save_version(publisher.store, 1, good, sample)
     assert publisher.publish(1).action == "promoted"
@@ -104,9 +80,9 @@ def test_published_version_answers_like_the_learner_in_process(mlserver, tmp_pat
     assert err.value.status == 404
 
 
-def test_guard_refuses_a_worse_version_which_is_never_served(mlserver, tmp_path, good_and_bad):
+def test_guard_refuses_a_worse_version_which_is_never_served(mlserver_server, tmp_path, good_and_bad):
     good, bad, sample = good_and_bad
-    server = mlserver(tmp_path / "ms")
+    server = mlserver_server(tmp_path / "ms")
     publisher = publisher_for(server, tmp_path / "ms", promotion_margin=0.05)
     save_version(publisher.store, 1, good, sample)
     save_version(publisher.store, 2, bad, sample)
@@ -119,9 +95,11 @@ def test_guard_refuses_a_worse_version_which_is_never_served(mlserver, tmp_path,
     assert metric_value("alma_promotions_refused_total") == refused_before + 1
 
 
-def test_rollback_loads_an_unloaded_version_again_and_versions_lists_it_live(mlserver, tmp_path, good_and_bad, capsys):
+def test_rollback_loads_an_unloaded_version_again_and_versions_lists_it_live(
+    mlserver_server, tmp_path, good_and_bad, capsys
+):
     good, bad, sample = good_and_bad
-    server = mlserver(tmp_path / "ms")
+    server = mlserver_server(tmp_path / "ms")
     publisher = publisher_for(server, tmp_path / "ms", keep_versions=0, promotion_margin=1.0)
     save_version(publisher.store, 1, good, sample)
     save_version(publisher.store, 2, bad, sample)
@@ -151,9 +129,9 @@ def test_rollback_loads_an_unloaded_version_again_and_versions_lists_it_live(mls
     assert [(r["version"], r["live"], r["registered"]) for r in rows] == [(1, True, True), (2, False, False)]
 
 
-def test_clients_see_no_failure_during_ten_swaps(mlserver, tmp_path, good_and_bad):
+def test_clients_see_no_failure_during_ten_swaps(mlserver_server, tmp_path, good_and_bad):
     _, _, sample = good_and_bad
-    server = mlserver(tmp_path / "ms")
+    server = mlserver_server(tmp_path / "ms")
     # keep_versions=0: each demoted version is unloaded right away, the riskiest case.
     publisher = publisher_for(server, tmp_path / "ms", keep_versions=0, promotion_margin=1.0)
     learners = {version: new_learner(seed=version) for version in range(1, 12)}
@@ -192,9 +170,9 @@ def test_clients_see_no_failure_during_ten_swaps(mlserver, tmp_path, good_and_ba
     assert served(publisher.client, MODEL, x, learners[11])[1] == "11"
 
 
-def test_versions_beyond_keep_versions_are_unloaded(mlserver, tmp_path, good_and_bad):
+def test_versions_beyond_keep_versions_are_unloaded(mlserver_server, tmp_path, good_and_bad):
     good, _, sample = good_and_bad
-    server = mlserver(tmp_path / "ms")
+    server = mlserver_server(tmp_path / "ms")
     publisher = publisher_for(server, tmp_path / "ms", keep_versions=1, promotion_margin=0.0)
     swaps_before = metric_value("alma_swaps_total")
     seen = []
@@ -209,10 +187,10 @@ def test_versions_beyond_keep_versions_are_unloaded(mlserver, tmp_path, good_and
     assert metric_value("alma_swaps_total") == swaps_before + 3
 
 
-def test_the_default_name_takes_the_loaded_version_without_reading_its_weights(mlserver, tmp_path, good_and_bad):
+def test_the_default_name_takes_the_loaded_version_without_reading_its_weights(mlserver_server, tmp_path, good_and_bad):
     """Making a loaded version the default again reads nothing from disk: its weights file may be gone."""
     good, bad, sample = good_and_bad
-    server = mlserver(tmp_path / "ms")
+    server = mlserver_server(tmp_path / "ms")
     publisher = publisher_for(server, tmp_path / "ms", keep_versions=1, promotion_margin=1.0)
     save_version(publisher.store, 1, good, sample)
     save_version(publisher.store, 2, bad, sample)
@@ -228,9 +206,11 @@ def test_the_default_name_takes_the_loaded_version_without_reading_its_weights(m
         publisher.client.load(f"{MODEL}-v1")  # a versioned name is always read again
 
 
-def test_a_restarted_mlserver_serves_the_recorded_default_before_anything_is_asked(mlserver, tmp_path, good_and_bad):
+def test_a_restarted_mlserver_serves_the_recorded_default_before_anything_is_asked(
+    mlserver_server, tmp_path, good_and_bad
+):
     good, bad, sample = good_and_bad
-    server = mlserver(tmp_path / "ms")
+    server = mlserver_server(tmp_path / "ms")
     publisher = publisher_for(server, tmp_path / "ms", keep_versions=1, promotion_margin=1.0)
     save_version(publisher.store, 1, bad, sample)
     save_version(publisher.store, 2, good, sample)

@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 
 from alma_daemon.local_servers.kserve import KServeServer
+from alma_daemon.local_servers.mlserver import PYTHON_ENV, MLServerServer, mlserver_python
 from alma_daemon.local_servers.processes import (
     LOOPBACK,
     PortTakenError,
@@ -45,6 +46,7 @@ __all__ = [
     "LOOPBACK",
     "KServeServer",
     "KafkaBroker",
+    "MLServerServer",
     "PortTakenError",
     "PrometheusServer",
     "RedisServer",
@@ -74,6 +76,7 @@ SERVER_FIXTURES = frozenset(
         "prometheus_server",
         "torchserve_server",
         "kserve_server",
+        "mlserver_server",
     }
 )
 
@@ -393,6 +396,31 @@ def kserve_server(
 
     def make(store_root: Path, model: str = "alma") -> KServeServer:
         server = KServeServer(tmp_path_factory.mktemp("kserve"), store_root, model, device="cpu")
+        started.append(server)
+        server.start()
+        return server
+
+    yield make
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture
+def mlserver_server(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Callable[..., MLServerServer]]:
+    """Factory: ``mlserver_server(store_root, model="alma")`` -> a started MLServer over that model store,
+    on the CPU. Skips the test where MLServer's virtualenv (scripts/setup_mlserver.sh) is missing: its
+    pins conflict with KServe's, so it cannot share the package's environment."""
+    if not mlserver_python().is_file():
+        pytest.skip(
+            f"MLServer's virtualenv is missing: no {mlserver_python()} (run scripts/setup_mlserver.sh, "
+            f"or set {PYTHON_ENV} to its interpreter)"
+        )
+    started: list[MLServerServer] = []
+
+    def make(store_root: Path, model: str = "alma") -> MLServerServer:
+        server = MLServerServer(tmp_path_factory.mktemp("mlserver"), store_root, model, device="cpu")
         started.append(server)
         server.start()
         return server
