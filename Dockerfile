@@ -1,9 +1,10 @@
 # syntax=docker/dockerfile:1
 #
 # One image for every alma process: the daemon (`alma run`, the default command), the producer
-# (`alma replay`) and the model server (`alma serve`). TorchServe's workers import alma_daemon to
-# rebuild a learner from spec.json, so the server needs this package and the very torch the
-# trainer used; one image guarantees both (deploy/docker-compose.yml, docs/deploy.md).
+# (`alma replay`) and the model server (`alma serve`: TorchServe, or KServe's model server with
+# --kind kserve). Either server imports alma_daemon to rebuild a learner from spec.json, so it needs
+# this package and the very torch the trainer used; one image guarantees both
+# (deploy/docker-compose.yml, deploy/docker-compose.kserve.yml, docs/deploy.md).
 #
 #   docker build -t alma-daemon .                                     # CPU
 #   docker build -t alma-daemon:cuda \
@@ -29,8 +30,10 @@ COPY pyproject.toml README.md /src/
 COPY alma_daemon /src/alma_daemon
 COPY policies /src/policies
 COPY serving /src/serving
-# A regular (non-editable) install: the runtime stage copies the virtual environment only.
-RUN pip install "/src[serving]"
+# A regular (non-editable) install: the runtime stage copies the virtual environment only. Both
+# servers' extras (serving: TorchServe; kserve: KServe's model server): one image for either
+# serving.kind.
+RUN pip install "/src[serving,kserve]"
 
 
 FROM ${PYTHON_IMAGE}
@@ -67,7 +70,8 @@ WORKDIR /var/lib/alma
 USER 10001:10001
 
 # 9464: the daemon's exporter (metrics.port); 8080/8081/8082: TorchServe inference, management,
-# metrics when the image runs `alma serve`.
+# metrics when the image runs `alma serve`; 8080 alone with `alma serve --kind kserve` (KServe's
+# inference, model repository and metrics on one port).
 EXPOSE 9464 8080 8081 8082
 
 # Liveness of `alma run` (the default command): its exporter answers /healthz while the process
@@ -78,8 +82,9 @@ HEALTHCHECK --interval=30s --timeout=5s --start-period=120s --retries=3 \
     CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:9464/healthz', timeout=4)"]
 
 # tini as PID 1: the kernel gives PID 1 no default signal actions, so a bare Python there ignores
-# SIGTERM until alma installs its handlers (during a restore, while `alma serve` starts TorchServe)
+# SIGTERM until alma installs its handlers (during a restore, while `alma serve` starts its server)
 # and a stop waits out the grace period; tini forwards signals and reaps the workers TorchServe
-# forks, in compose and in Kubernetes alike (both pass only arguments: deploy/).
+# forks, in compose and in Kubernetes alike (both pass only arguments: deploy/; a KServe
+# InferenceService, which replaces the command, names tini itself: deploy/k8s/kserve/).
 ENTRYPOINT ["tini", "--", "alma"]
 CMD ["run", "--config", "/etc/alma/config.yaml"]

@@ -45,9 +45,17 @@ class CheckpointModel(kserve.Model):
         self.codec: OipCodec = oip_codec_for(learner.task)
         self.ready = True
 
+    def get_input_types(self) -> list[dict]:
+        return self.codec.signature()[0]
+
+    def get_output_types(self) -> list[dict]:
+        return self.codec.signature()[1]
+
     async def predict(
         self, payload: InferRequest, headers: dict[str, str] | None = None, response_headers: Any = None
     ) -> InferResponse:
+        if not isinstance(payload, InferRequest):
+            raise InvalidInput("this server answers the Open Inference Protocol v2 only: POST /v2/models/<name>/infer")
         try:
             for tensor in payload.inputs:
                 check_datatype(tensor.name, tensor.datatype)  # KServe's own message names no datatype
@@ -96,11 +104,21 @@ class CheckpointRepository(kserve.ModelRepository):
         version = version_of(self.model, name)
         if version is None:
             raise ValueError(
-                f"no model {name!r} here: this server serves {self.model!r} and {self.model!r}-v<N>, "
+                f"no model {name!r} here: this server serves '{self.model}' and '{self.model}-v<N>', "
                 f"the versions in {self.store.folder}"
             )
         self.update(await asyncio.get_running_loop().run_in_executor(None, self.build, version))
         return True
+
+    def unload(self, name: str) -> None:
+        """Forget ``name``; stop its model only where no other name serves it (the default's name and
+        its version's are one object)."""
+        model = self.get_model(name)
+        if model is None:
+            raise KeyError(f"model with name {name} does not exist")  # KServe answers 404 for it
+        del self.models[name]
+        if all(other is not model for other in self.models.values()):
+            model.stop()
 
     def load_default_at_start(self) -> None:
         """Serve the recorded default version, if any is recorded and still on disk (a restart)."""

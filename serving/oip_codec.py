@@ -141,6 +141,10 @@ class OipCodec(ABC):
     def decode_response(self, payload: dict) -> torch.Tensor:
         """The numbers a JSON response carries, as a float tensor (one row per instance)."""
 
+    @abstractmethod
+    def signature(self) -> tuple[list[dict], list[dict]]:
+        """The input and output tensors as the protocol's model metadata lists them (``-1``: any size)."""
+
     def answered_in_process(self, learner: Learner, request: dict) -> torch.Tensor:
         """The answer a server gives to the JSON ``request`` with ``learner``, computed here and decoded."""
         outputs = self.answer(learner, tensors_of(request.get("inputs"), "inputs"), request.get("parameters") or {})
@@ -188,6 +192,11 @@ class ExamplesOipCodec(OipCodec):
         columns = {name: array.reshape(len(array)).tolist() for name, array in inputs.items()}
         return self.examples.checked(self.examples.named([columns]))
 
+    def input_signature(self) -> list[dict]:
+        if self.examples.features:
+            return [_described(name, "FP32", -1) for name in self.examples.features]
+        return [_described("x", "FP32", -1, *self.task.input_shape)]
+
     def encode_request(self, x: torch.Tensor) -> dict:
         if x.dtype == torch.uint8:
             return request_body(OipTensor("x", "UINT8", x.numpy()))
@@ -208,6 +217,12 @@ class ClassificationOipCodec(ExamplesOipCodec):
             outputs.append(OipTensor("class", "BYTES", names))
         return outputs
 
+    def signature(self) -> tuple[list[dict], list[dict]]:
+        outputs = [_described("probabilities", "FP32", -1, self.task.num_classes)]
+        if self.task.classes:
+            outputs.append(_described("class", "BYTES", -1))
+        return self.input_signature(), outputs
+
     def decode_response(self, payload: dict) -> torch.Tensor:
         return torch.from_numpy(_output(self.outputs(payload), "probabilities").astype(np.float32))
 
@@ -220,6 +235,9 @@ class RegressionOipCodec(ExamplesOipCodec):
         self, learner: Learner, inputs: Mapping[str, np.ndarray], parameters: Mapping[str, Any]
     ) -> list[OipTensor]:
         return [OipTensor("predictions", "FP32", learner.predict_outputs(self.inputs(inputs)).float().numpy())]
+
+    def signature(self) -> tuple[list[dict], list[dict]]:
+        return self.input_signature(), [_described("predictions", "FP32", -1)]
 
     def decode_response(self, payload: dict) -> torch.Tensor:
         return torch.from_numpy(_output(self.outputs(payload), "predictions").astype(np.float32))
@@ -251,6 +269,10 @@ class LanguageModelOipCodec(OipCodec):
             OipTensor("texts", "BYTES", np.array([p["texts"] for p in predictions], dtype=np.object_)),
         ]
 
+    def signature(self) -> tuple[list[dict], list[dict]]:
+        outputs = [_described("tokens", "INT64", -1, -1), _described("probabilities", "FP32", -1, -1)]
+        return [_described("text", "BYTES", -1)], [*outputs, _described("texts", "BYTES", -1, -1)]
+
     def encode_request(self, x: torch.Tensor) -> dict:
         texts = self.text.encode_request(x)["instances"]
         return request_body(OipTensor("text", "BYTES", np.array(texts, dtype=np.object_)))
@@ -268,3 +290,7 @@ def _output(outputs: Mapping[str, np.ndarray], name: str) -> np.ndarray:
     if name not in outputs:
         raise RequestError(f"the response has no output {name!r} (has {sorted(outputs)})")
     return outputs[name]
+
+
+def _described(name: str, datatype: str, *shape: int) -> dict:
+    return {"name": name, "datatype": datatype, "shape": list(shape)}

@@ -10,9 +10,9 @@ keeping ``serving.keep_versions`` besides the live one; a request already runnin
 on it (the server frees a model once nothing holds it), so no drain is needed.
 
 Every request is the protocol's, so the same publisher drives another OIP server whose model
-repository maps the two kinds of name to checkpoints this way. The server reads the checkpoints and
-the default file from the model store: it must see the model store at the same path as the daemon
-(one machine, or one shared volume), as with TorchServe.
+repository maps the two kinds of name to checkpoints this way (MLServer: :mod:`serving.mlserver_runtime`).
+The server reads the checkpoints and the default file from the model store: it must see the files
+the daemon writes (one machine, or one shared volume, at any path), as TorchServe must.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The deployment files fit together: Dockerfile, deploy/docker-compose.yml, deploy/k8s/.
+"""The deployment files fit together: Dockerfile, deploy/docker-compose.yml (with the files laid over
+it), deploy/k8s/ (with TorchServe, and with KServe's model server: deploy/k8s/kserve/).
 
 No container is started (there is no Docker engine in CI): these tests read the files and check
 what would otherwise fail only at `docker compose up` or `kubectl apply` time. Configs load with
@@ -13,7 +14,10 @@ import base64
 import fnmatch
 import re
 import shlex
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
@@ -28,7 +32,12 @@ DEPLOY = ROOT / "deploy"
 COMPOSE_FILE = DEPLOY / "docker-compose.yml"
 COMPOSE_CONFIG = DEPLOY / "config.compose.yaml"
 COMPOSE_SECRETS = DEPLOY / "docker-compose.secrets.yml"
+COMPOSE_KSERVE = DEPLOY / "docker-compose.kserve.yml"
+COMPOSE_KSERVE_CONFIG = DEPLOY / "config.compose.kserve.yaml"
 K8S = DEPLOY / "k8s"
+#: KServe's model server in place of TorchServe: kserve/10-config.yaml instead of 10-config.yaml, and
+#: kserve/30-kserve.yaml or kserve/inferenceservice.yaml instead of 30-torchserve.yaml.
+K8S_KSERVE = K8S / "kserve"
 #: Where every alma container reads its config.
 CONFIG_IN_CONTAINER = "/etc/alma/config.yaml"
 
@@ -40,6 +49,46 @@ def compose() -> dict:
 
 def services() -> dict[str, dict]:
     return compose()["services"]
+
+
+#: Compose's ``!reset`` tag: the key is removed from what the files before set.
+RESET = object()
+
+
+class ComposeLoader(yaml.SafeLoader):
+    """YAML with compose's ``!reset`` tag, which a file laid over the stack uses."""
+
+
+ComposeLoader.add_constructor("!reset", lambda loader, node: RESET)
+
+
+def layered(base: Any, layer: Any, key: str = "") -> Any:
+    """``layer`` laid over ``base`` by compose's merge rules, those the files here rely on: mappings
+    merge, ``!reset`` removes a key, a service's volumes are merged by their target, ``command`` and
+    a health check's ``test`` are replaced, other sequences appended."""
+    if isinstance(base, dict) and isinstance(layer, dict):
+        merged = dict(base)
+        for name, value in layer.items():
+            if value is RESET:
+                merged.pop(name, None)
+            else:
+                merged[name] = layered(merged[name], value, name) if name in merged else value
+        return merged
+    if isinstance(base, list) and isinstance(layer, list) and key not in ("command", "test"):
+        if key == "volumes":
+            return list({parse_mount(mount)[1]: mount for mount in base + layer}.values())
+        return base + layer
+    return layer
+
+
+def kserve_compose() -> dict:
+    """The stack with deploy/docker-compose.kserve.yml laid over it."""
+    return layered(compose(), yaml.load(COMPOSE_KSERVE.read_text(), Loader=ComposeLoader))
+
+
+def started(stack: dict) -> dict[str, dict]:
+    """The services ``docker compose up`` starts: those without a profile."""
+    return {name: service for name, service in stack["services"].items() if not service.get("profiles")}
 
 
 def port_of(url: str) -> int:
@@ -76,15 +125,17 @@ def interpolate(text: str) -> str:
 def short_mounts(service: dict) -> list[tuple[str, str, str]]:
     """(source, target, mode) of a compose service's volumes in the short syntax; a source the user
     sets through a variable keeps its ``$`` form, so callers can tell it from a repository path."""
-    mounts = []
-    for volume in service.get("volumes", []):
-        assert isinstance(volume, str), f"use the short syntax for volumes, not {volume!r}"
-        variable = re.match(r"\$\{[^}]*\}", volume)
-        rest = volume[variable.end() :] if variable else volume
-        parts = rest.split(":")
-        source = variable.group(0) + parts[0] if variable else parts[0]
-        mounts.append((source, parts[1], parts[2] if len(parts) > 2 else "rw"))
-    return mounts
+    return [parse_mount(volume) for volume in service.get("volumes", [])]
+
+
+def parse_mount(volume: str) -> tuple[str, str, str]:
+    """(source, target, mode) of one volume in the short syntax."""
+    assert isinstance(volume, str), f"use the short syntax for volumes, not {volume!r}"
+    variable = re.match(r"\$\{[^}]*\}", volume)
+    rest = volume[variable.end() :] if variable else volume
+    parts = rest.split(":")
+    source = variable.group(0) + parts[0] if variable else parts[0]
+    return source, parts[1], parts[2] if len(parts) > 2 else "rw"
 
 
 def is_bind(source: str) -> bool:
@@ -113,24 +164,40 @@ def compose_config_mounts(service: dict) -> dict[str, Path]:
     }
 
 
-def k8s_documents() -> list[tuple[Path, dict]]:
+def torchserve_manifests() -> list[Path]:
+    """Every manifest of the stack with TorchServe: all of deploy/k8s/ but kserve/."""
+    return [path for path in sorted(K8S.rglob("*.yaml")) if K8S_KSERVE not in path.parents]
+
+
+def kserve_manifests(server: str = "30-kserve.yaml") -> list[Path]:
+    """The stack with KServe's model server: kserve/'s config and ``server`` in place of TorchServe's."""
+    replaced = {K8S / "10-config.yaml", K8S / "30-torchserve.yaml"}
+    return [p for p in torchserve_manifests() if p not in replaced] + [
+        K8S_KSERVE / "10-config.yaml",
+        K8S_KSERVE / server,
+    ]
+
+
+def k8s_documents(paths: list[Path] | None = None) -> list[tuple[Path, dict]]:
+    """The documents of ``paths`` (every manifest under deploy/k8s/ by default)."""
     docs = []
-    for path in sorted(K8S.rglob("*.yaml")):
+    for path in sorted(K8S.rglob("*.yaml")) if paths is None else paths:
         docs.extend((path, doc) for doc in yaml.safe_load_all(path.read_text()) if doc is not None)
     return docs
 
 
-def k8s_objects(kind: str) -> list[dict]:
-    return [doc for _, doc in k8s_documents() if doc["kind"] == kind]
+def k8s_objects(kind: str, paths: list[Path] | None = None) -> list[dict]:
+    """The objects of ``kind`` in ``paths`` (the stack with TorchServe by default)."""
+    return [doc for _, doc in k8s_documents(paths or torchserve_manifests()) if doc["kind"] == kind]
 
 
-def k8s_config_data() -> dict:
-    (configmap,) = [c for c in k8s_objects("ConfigMap") if c["metadata"]["name"] == "alma-config"]
+def k8s_config_data(paths: list[Path] | None = None) -> dict:
+    (configmap,) = [c for c in k8s_objects("ConfigMap", paths) if c["metadata"]["name"] == "alma-config"]
     return yaml.safe_load(configmap["data"]["config.yaml"])
 
 
-def k8s_config() -> Config:
-    return build_config(k8s_config_data())
+def k8s_config(paths: list[Path] | None = None) -> Config:
+    return build_config(k8s_config_data(paths))
 
 
 def mounts_configmap(pod_spec: dict, path: str) -> bool:
@@ -156,8 +223,8 @@ def secret_behind(pod_spec: dict, path: str) -> str | None:
     return None
 
 
-def k8s_container(kind: str, name: str) -> dict:
-    (workload,) = [w for w in k8s_objects(kind) if w["metadata"]["name"] == name]
+def k8s_container(kind: str, name: str, paths: list[Path] | None = None) -> dict:
+    (workload,) = [w for w in k8s_objects(kind, paths) if w["metadata"]["name"] == name]
     (container,) = workload["spec"]["template"]["spec"]["containers"]
     return container
 
@@ -332,6 +399,82 @@ def test_compose_secrets_override_gives_redis_and_the_daemon_one_password_file()
         assert f"deploy/{folder}/" in (ROOT / ignore).read_text().split(), f"{ignore} should list deploy/{folder}/"
 
 
+def test_compose_kserve_override_starts_kserve_in_place_of_torchserve():
+    stack = kserve_compose()
+    found, running = stack["services"], started(stack)
+    assert "torchserve" not in running and "kserve" in running, "TorchServe is off with KServe"
+    assert {"kafka", "redis", "daemon", "prometheus", "grafana"} <= set(running)
+    for name, service in running.items():
+        for dependency, condition in (service.get("depends_on") or {}).items():
+            assert dependency in running, f"{name} depends on {dependency}, which this stack does not start"
+            if condition["condition"] == "service_healthy":
+                assert "healthcheck" in found[dependency] or found[dependency].get("build")
+    assert found["daemon"]["depends_on"]["kserve"]["condition"] == "service_healthy"
+    # The anchor of docker-compose.yml does not reach into another file: the same image, spelled out.
+    base = compose()["x-alma-image"]
+    assert found["kserve"]["image"] == base["image"] and found["kserve"]["build"] == base["build"]
+    declared = set(stack.get("volumes") or {})
+    for name, service in running.items():
+        for source, _, _ in short_mounts(service):
+            if not is_bind(source):
+                assert source in declared, f"{name} mounts undeclared volume {source}"
+            elif "$" not in source:
+                assert (DEPLOY / source).exists(), f"{name} mounts {source}, which does not exist"
+    assert all(p.startswith("127.0.0.1:") for s in running.values() for p in s.get("ports", []))
+
+
+def test_compose_kserve_commands_parse_and_the_daemon_reaches_kserve_where_it_listens():
+    found = kserve_compose()["services"]
+    daemon = container_config(found["daemon"]["command"], compose_config_mounts(found["daemon"]))
+    args = parse_alma(found["kserve"]["command"])
+    assert (args.command, args.kind, args.foreground) == ("serve", "kserve", True)
+    served = container_config(found["kserve"]["command"], compose_config_mounts(found["kserve"]))
+    assert daemon.serving.kind == served.serving.kind == "kserve"
+    assert urlsplit(daemon.serving.inference_url).hostname == "kserve"
+    # `alma serve --kind kserve` listens on the port of serving.inference_url (all interfaces).
+    port = port_of(served.serving.inference_url)
+    assert port == port_of(daemon.serving.inference_url)
+    assert f"127.0.0.1:{port}:{port}" in found["kserve"]["ports"]
+    assert f"127.0.0.1:{port}/v2/health/live" in " ".join(found["kserve"]["healthcheck"]["test"])
+    # The server reads the versions and the default-version file where the daemon writes them.
+    assert served.serving.model_name == daemon.serving.model_name
+    assert served.daemon.checkpoint_dir == daemon.daemon.checkpoint_dir
+    mounts = {
+        name: {target: source for source, target, _ in short_mounts(found[name])} for name in ("daemon", "kserve")
+    }
+    assert mounts["daemon"][daemon.daemon.checkpoint_dir] == mounts["kserve"][daemon.daemon.checkpoint_dir]
+    assert served.daemon.state_dir in mounts["kserve"], "the server's log and pid file need a writable folder"
+
+
+def test_compose_kserve_config_is_the_compose_config_but_for_serving():
+    """Two copies of one config: a key changed in one must be changed in the other."""
+    torchserve, kserve = (yaml.safe_load(path.read_text()) for path in (COMPOSE_CONFIG, COMPOSE_KSERVE_CONFIG))
+    assert {k: v for k, v in torchserve.items() if k != "serving"} == {
+        k: v for k, v in kserve.items() if k != "serving"
+    }
+    assert load_config(COMPOSE_KSERVE_CONFIG).serving.kind == "kserve"
+
+
+def test_prometheus_scrapes_kserve_in_the_kserve_stack():
+    running = started(kserve_compose())
+    base, variant = (
+        yaml.safe_load((DEPLOY / name).read_text()) for name in ("prometheus.yml", "prometheus.kserve.yml")
+    )
+    assert {k: v for k, v in base.items() if k != "scrape_configs"} == {
+        k: v for k, v in variant.items() if k != "scrape_configs"
+    }, "the same alerts and intervals"
+    jobs = {job["job_name"]: job for job in variant["scrape_configs"]}
+    assert {name: job for name, job in jobs.items() if name != "kserve"} == {
+        job["job_name"]: job for job in base["scrape_configs"] if job["job_name"] != "torchserve"
+    }
+    targets = [t for job in jobs.values() for c in job["static_configs"] for t in c["targets"]]
+    assert all(t.startswith("localhost:") or t.rsplit(":", 1)[0] in running for t in targets), targets
+    served = container_config(running["kserve"]["command"], compose_config_mounts(running["kserve"]))
+    assert jobs["kserve"]["static_configs"][0]["targets"] == [f"kserve:{port_of(served.serving.inference_url)}"]
+    mounts = {target: source for source, target, _ in short_mounts(running["prometheus"])}
+    assert mounts["/etc/prometheus/prometheus.yml"] == "./prometheus.kserve.yml"
+
+
 def test_kafka_cluster_id_is_a_base64_uuid():
     """KRaft's storage format refuses any other id, and the broker never starts."""
     cluster_id = str(services()["kafka"]["environment"]["CLUSTER_ID"])
@@ -409,12 +552,16 @@ def test_k8s_daemon_is_a_probed_singleton_with_persistent_state():
     assert config.daemon.checkpoint_dir in mounts and "/data" in mounts and "/etc/alma" in mounts
 
 
-def test_k8s_commands_parse_and_volumes_exist():
-    configmaps = {c["metadata"]["name"] for c in k8s_objects("ConfigMap")}
-    claims = {c["metadata"]["name"] for c in k8s_objects("PersistentVolumeClaim")}
-    daemon_config = k8s_config()
-    for kind, name in (("StatefulSet", "alma-daemon"), ("Deployment", "alma-torchserve")):
-        (workload,) = [w for w in k8s_objects(kind) if w["metadata"]["name"] == name]
+@pytest.mark.parametrize(
+    "manifests,server", [(torchserve_manifests, "alma-torchserve"), (kserve_manifests, "alma-kserve")]
+)
+def test_k8s_commands_parse_and_volumes_exist(manifests, server):
+    paths = manifests()
+    configmaps = {c["metadata"]["name"] for c in k8s_objects("ConfigMap", paths)}
+    claims = {c["metadata"]["name"] for c in k8s_objects("PersistentVolumeClaim", paths)}
+    daemon_config = k8s_config(paths)
+    for kind, name in (("StatefulSet", "alma-daemon"), ("Deployment", server)):
+        (workload,) = [w for w in k8s_objects(kind, paths) if w["metadata"]["name"] == name]
         spec = workload["spec"]["template"]["spec"]
         templates = {t["metadata"]["name"] for t in workload["spec"].get("volumeClaimTemplates", [])}
         volumes = {v["name"]: v for v in spec.get("volumes", [])}
@@ -439,13 +586,75 @@ def test_k8s_commands_parse_and_volumes_exist():
         args = parse_alma(argv)
         assert args.config == CONFIG_IN_CONTAINER
         assert mounts_configmap(spec, CONFIG_IN_CONTAINER)
-        config = build_config(k8s_config_data(), args.overrides)
-        if args.command == "serve":
+        config = build_config(k8s_config_data(paths), args.overrides)
+        if args.command != "serve":
+            assert args.command == "run"
+        elif args.kind == "kserve":
+            # `alma serve --kind kserve` listens on serving.inference_url's port, all interfaces.
+            assert config.serving.kind == "kserve" and args.foreground
+            ports = {p["containerPort"] for p in container["ports"]}
+            assert port_of(config.serving.inference_url) == port_of(daemon_config.serving.inference_url)
+            assert port_of(config.serving.inference_url) in ports
+        else:
             for key in ("management_url", "inference_url", "metrics_url"):
                 assert urlsplit(getattr(config.serving, key)).hostname == "0.0.0.0"
                 assert port_of(getattr(config.serving, key)) == port_of(getattr(daemon_config.serving, key))
-        else:
-            assert args.command == "run"
+
+
+def test_k8s_kserve_config_is_the_config_but_for_serving_and_points_at_the_kserve_service():
+    torchserve, kserve = k8s_config_data(), k8s_config_data(kserve_manifests())
+    assert {k: v for k, v in torchserve.items() if k != "serving"} == {
+        k: v for k, v in kserve.items() if k != "serving"
+    }
+    config = build_config(kserve)
+    assert config.serving.kind == "kserve"
+    (service,) = [s for s in k8s_objects("Service", kserve_manifests()) if s["metadata"]["name"] == "alma-kserve"]
+    assert urlsplit(config.serving.inference_url).hostname == "alma-kserve.alma.svc.cluster.local"
+    assert port_of(config.serving.inference_url) in {p["port"] for p in service["spec"]["ports"]}
+    (deployment,) = k8s_objects("Deployment", kserve_manifests())
+    assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"]["type"] == "Recreate"
+    # The server's probes: the server's health, not the model's (the daemon publishes through the Service).
+    container = k8s_container("Deployment", "alma-kserve", kserve_manifests())
+    for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+        assert container[probe]["httpGet"]["path"] in ("/v2/health/live", "/v2/health/ready")
+
+
+def test_k8s_inferenceservice_runs_the_kserve_server_over_the_daemons_model_store():
+    paths = kserve_manifests("inferenceservice.yaml")
+    (service,) = k8s_objects("InferenceService", paths)
+    assert service["apiVersion"] == "serving.kserve.io/v1beta1"
+    assert service["metadata"]["annotations"]["serving.kserve.io/deploymentMode"] == "Standard"
+    predictor = service["spec"]["predictor"]
+    assert predictor["minReplicas"] == predictor["maxReplicas"] == 1, "one server holds what the daemon loaded"
+    (container,) = predictor["containers"]
+    assert container["name"] == "kserve-container"
+    assert container["command"] == ["tini", "--", "python", "-m", "serving.kserve_server"]
+    options = dict(zip(container["args"][::2], container["args"][1::2], strict=True))
+    usage = subprocess.run(
+        [sys.executable, "-m", "serving.kserve_server", "--help"], capture_output=True, text=True, cwd=ROOT, check=True
+    ).stdout
+    assert all(option in usage.split() for option in options), f"{sorted(options)} against:\n{usage}"
+    config = k8s_config(paths)
+    assert options["--model-name"] == config.serving.model_name
+    (port,) = container["ports"]
+    assert int(options["--http-port"]) == port["containerPort"]
+    for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+        assert container[probe]["httpGet"]["port"] == port["containerPort"]
+    # The model store the daemon writes, at the same path, from the same ReadWriteMany claim.
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in predictor["volumes"]}
+    claim = volumes[mounts[options["--model-store"]]]["persistentVolumeClaim"]["claimName"]
+    assert options["--model-store"] == config.daemon.checkpoint_dir
+    daemon = k8s_container("StatefulSet", "alma-daemon", paths)
+    (statefulset,) = k8s_objects("StatefulSet", paths)
+    daemon_volumes = {v["name"]: v for v in statefulset["spec"]["template"]["spec"]["volumes"]}
+    daemon_mount = next(m for m in daemon["volumeMounts"] if m["mountPath"] == config.daemon.checkpoint_dir)
+    assert daemon_volumes[daemon_mount["name"]]["persistentVolumeClaim"]["claimName"] == claim
+    (pvc,) = [c for c in k8s_objects("PersistentVolumeClaim", paths) if c["metadata"]["name"] == claim]
+    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+    # The daemon reaches it at KServe's predictor Service, which the config names for this case.
+    predictor_url = f"http://{service['metadata']['name']}-predictor.alma.svc.cluster.local"
+    assert f"inference_url: {predictor_url}\n" in (K8S_KSERVE / "10-config.yaml").read_text()
 
 
 def test_k8s_daemon_reads_its_passwords_from_mounted_secrets():

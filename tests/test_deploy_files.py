@@ -435,20 +435,28 @@ def test_the_share_of_time_training_averages_over_the_longest_stage_the_histogra
 
 
 def test_k8s_pods_with_a_metrics_port_ask_to_be_scraped_on_it():
-    """Compose's Prometheus scrapes the daemon and TorchServe; the pods say the same to a Prometheus
-    that discovers pods by annotation, on the port the container names for metrics."""
+    """Compose's Prometheus scrapes the daemon and the model server; the pods say the same to a
+    Prometheus that discovers pods by annotation, on the port the container names for metrics, or,
+    for KServe's model server (its /metrics beside inference), on its one port."""
     scraped = set()
-    for path in sorted((ROOT / "deploy" / "k8s").glob("*.yaml")):
+    for path in sorted((ROOT / "deploy" / "k8s").rglob("*.yaml")):
         for doc in yaml.safe_load_all(path.read_text()):
-            if not doc or doc["kind"] not in ("Deployment", "StatefulSet"):
+            if not doc or doc["kind"] not in ("Deployment", "StatefulSet", "InferenceService"):
                 continue
-            template = doc["spec"]["template"]
-            (container,) = template["spec"]["containers"]
+            if doc["kind"] == "InferenceService":  # a pod template of KServe's own shape
+                pod, annotations = doc["spec"]["predictor"], doc["spec"]["predictor"].get("annotations", {})
+            else:
+                pod, annotations = (
+                    doc["spec"]["template"]["spec"],
+                    doc["spec"]["template"]["metadata"].get("annotations", {}),
+                )
+            (container,) = pod["containers"]
             ports = {p["name"]: p["containerPort"] for p in container["ports"] if p["name"].endswith("metrics")}
-            annotations = template["metadata"].get("annotations", {})
+            if not ports:
+                ports = {p["name"]: p["containerPort"] for p in container["ports"]}
             assert len(ports) == 1, f"{doc['metadata']['name']}: metrics ports {ports}"
             assert annotations.get("prometheus.io/scrape") == "true", doc["metadata"]["name"]
             assert annotations["prometheus.io/port"] == str(*ports.values()), doc["metadata"]["name"]
             assert annotations.get("prometheus.io/path", "/metrics") == "/metrics"
             scraped.add(doc["metadata"]["name"])
-    assert scraped == {"alma-daemon", "alma-torchserve"}
+    assert scraped == {"alma-daemon", "alma-torchserve", "alma-kserve", "alma"}

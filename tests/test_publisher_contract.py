@@ -97,7 +97,9 @@ def test_a_backend_that_serves_another_version_fails_the_contract(tmp_path, good
     backend = local_backend(tmp_path)
     first_only = Backend("first-only", backend.make, lambda p, x: load_checkpoint(p.store.path(1)).predict_proba(x))
     (check,) = [
-        c for c in yield_publisher_checks(first_only, *good_and_bad) if c.name == "a_better_version_replaces_the_live_one"
+        c
+        for c in yield_publisher_checks(first_only, *good_and_bad)
+        if c.name == "a_better_version_replaces_the_live_one"
     ]
     with pytest.raises(ContractError, match="not answered by the promoted version"):
         check()

@@ -210,6 +210,37 @@ def test_publish_loads_each_version_under_its_name_makes_it_the_default_and_unlo
     assert metric_value("alma_swaps_total") == swaps_before + 3
 
 
+def test_metadata_names_the_tensors_a_v1_request_is_told_the_route_and_one_name_unloaded_leaves_the_other(
+    kserve_server, tmp_path, good_and_bad
+):
+    good, _, sample = good_and_bad
+    server, publisher = started(kserve_server, tmp_path)
+    save_version(publisher.store, 1, good, sample)
+    publisher.publish(1)
+
+    status, body = http_request("GET", f"{server.inference_url}/v2/models/{MODEL}")
+    metadata = json.loads(body)
+    assert status == 200
+    assert metadata["inputs"] == [{"name": "x", "datatype": "FP32", "shape": [-1, 28, 28]}]
+    assert metadata["outputs"] == [{"name": "probabilities", "datatype": "FP32", "shape": [-1, 10]}]
+
+    status, body = http_request(
+        "POST",
+        f"{server.inference_url}/v1/models/{MODEL}:predict",
+        json.dumps({"instances": sample.x[:1].tolist()}).encode(),
+        {"Content-Type": "application/json"},
+    )
+    assert status == 400 and "POST /v2/models/<name>/infer" in json.loads(body)["error"]
+
+    # The default and its version are one object: unloading either name leaves the other answering.
+    publisher.client.unload(MODEL)
+    assert ready(server, f"{MODEL}-v1") == 200
+    publisher.resync()
+    publisher.client.unload(f"{MODEL}-v1")
+    assert ready(server, MODEL) == 200
+    assert served_answer(server, sample.x[:2])[0] == "1"
+
+
 def test_guard_refuses_a_worse_version_which_is_never_loaded(kserve_server, tmp_path, good_and_bad):
     good, bad, sample = good_and_bad
     server, publisher = started(kserve_server, tmp_path, promotion_margin=0.05)

@@ -613,7 +613,7 @@ class ServingConfig:
         default=19,
         ge=0,
         le=19,
-        description="Nice value (0-19) of the TorchServe that `alma serve` starts: 19 lets training keep the cores of a machine it shares with serving (swaps take longer); 0 for a machine that only serves.",
+        description="Nice value (0-19) of the model server that `alma serve` starts (TorchServe or KServe's): 19 lets training keep the cores of a machine it shares with serving (swaps take longer); 0 for a machine that only serves.",
     )
     metrics_url: Str = Field(
         default="http://127.0.0.1:8082",
