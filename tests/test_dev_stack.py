@@ -150,3 +150,37 @@ def test_up_refuses_to_empty_the_folder_of_a_daemon_that_still_runs_on_it(tmp_pa
         assert main(["dev", "up", "--dir", str(tmp_path)]) == 1
     assert "stop that daemon first" in capsys.readouterr().err
     assert (store.folder / "1").is_dir() and not (tmp_path / STACK_FILE).exists()
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_dev_up_with_kserve_points_the_daemon_s_publisher_at_it_and_down_stops_it(tmp_path, good_and_bad) -> None:
+    from serving import make_publisher
+    from tests.helpers.serving import save_version
+
+    folder = tmp_path / "dev"
+    up = alma("dev", "up", "--dir", str(folder), "--serving", "kserve")
+    assert up.returncode == 0, up.stderr
+    stack = json.loads((folder / STACK_FILE).read_text())
+    try:
+        servers = {entry["name"]: entry for entry in stack["servers"]}
+        assert list(servers) == ["redis", "kafka", "prometheus", "kserve"]
+        config = load_config(folder / "service.yaml")
+        assert (config.serving.kind, config.serving.inference_url) == ("kserve", servers["kserve"]["address"])
+        # The server serves the daemon's model store: a version published there answers.
+        good, _, sample = good_and_bad
+        publisher = make_publisher(config)
+        assert publisher is not None
+        save_version(publisher.store, 1, good, sample)
+        assert publisher.publish(1).action == "promoted"
+        status, _ = http_request("GET", f"{servers['kserve']['address']}/v2/models/{config.serving.model_name}/ready")
+        assert status == 200
+
+        down = alma("dev", "down", "--dir", str(folder))
+        assert down.returncode == 0, down.stderr
+        assert f"stopped kserve (pid {servers['kserve']['pid']})" in down.stdout
+        assert all(gone(entry["pid"]) for entry in servers.values())
+    finally:
+        for entry in stack["servers"]:
+            if alive(entry):
+                os.killpg(entry["pid"], signal.SIGKILL)
