@@ -32,15 +32,13 @@ def make_publisher(config: Config) -> Publisher | None:
 
 def _local(config: Config, store: CheckpointStore) -> Publisher:
     from serving.local_publisher import LocalPublisher
+    from serving.publisher import guard_settings
 
     serving = config.serving
     return LocalPublisher(
         store,
         serving.promotion_margin,
-        promotion_alpha=serving.promotion_alpha,
-        promotion_min_examples=serving.promotion_min_examples,
-        promotion_min_positives=serving.promotion_min_positives,
-        guard_positive_recall=serving.guard_positive_recall,
+        **guard_settings(serving),
         keep_checkpoints=config.daemon.keep_checkpoints,
     )
 

@@ -28,7 +28,7 @@ from serving.codecs import max_abs_difference
 from serving.oip_client import LOAD_TIMEOUT_SECONDS, OipClient, OipError
 from serving.oip_codec import oip_codec_for
 from serving.oip_names import read_default, version_of, versioned_name, write_default
-from serving.publisher import PROBE_EXAMPLES, Candidate, Publisher, PublishError, failing_as
+from serving.publisher import PROBE_EXAMPLES, Candidate, Publisher, PublishError, failing_as, guard_settings
 
 log = logging.getLogger(__name__)
 
@@ -52,10 +52,7 @@ class OipPublisher(Publisher):
         super().__init__(
             store,
             serving.promotion_margin,
-            promotion_alpha=serving.promotion_alpha,
-            promotion_min_examples=serving.promotion_min_examples,
-            promotion_min_positives=serving.promotion_min_positives,
-            guard_positive_recall=serving.guard_positive_recall,
+            **guard_settings(serving),
             keep_checkpoints=keep_checkpoints,
         )
         self.client = client

@@ -34,9 +34,11 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
+from typing import Any
 
 import torch
 
+from alma_daemon.config import ServingConfig
 from alma_daemon.core.checkpoints import CheckpointStore
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import Learner
@@ -129,6 +131,17 @@ class Outcome:
     positives: int | None = None
     #: The guard's one line: the measure's values, its tests, and why the version is refused or promoted.
     reason: str | None = None
+
+
+def guard_settings(serving: ServingConfig) -> dict[str, Any]:
+    """The guard's keyword arguments of :class:`Publisher` as the ``serving`` section sets them (its
+    margin is the one positional argument)."""
+    return {
+        "promotion_alpha": serving.promotion_alpha,
+        "promotion_min_examples": serving.promotion_min_examples,
+        "promotion_min_positives": serving.promotion_min_positives,
+        "guard_positive_recall": serving.guard_positive_recall,
+    }
 
 
 class Publisher(ABC):

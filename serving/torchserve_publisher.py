@@ -28,7 +28,7 @@ from alma_daemon.logs import NOTICE
 from alma_daemon.observability.progress import told_while
 from serving.archiver import ARCHIVES, archive_name, build_archive, checkpoint_digest
 from serving.codecs import codec_for, max_abs_difference
-from serving.publisher import Candidate, Publisher, PublishError, failing_as
+from serving.publisher import Candidate, Publisher, PublishError, failing_as, guard_settings
 from serving.torchserve_keys import TokenKeys
 
 log = logging.getLogger(__name__)
@@ -186,10 +186,7 @@ class TorchServePublisher(Publisher):
         super().__init__(
             store,
             serving.promotion_margin,
-            promotion_alpha=serving.promotion_alpha,
-            promotion_min_examples=serving.promotion_min_examples,
-            promotion_min_positives=serving.promotion_min_positives,
-            guard_positive_recall=serving.guard_positive_recall,
+            **guard_settings(serving),
             keep_checkpoints=keep_checkpoints,
         )
         self.client = client

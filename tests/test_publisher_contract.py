@@ -14,11 +14,11 @@ import pytest
 import torch
 
 from alma_daemon.config import build_config
-from alma_daemon.core.checkpoints import load_checkpoint
+from alma_daemon.core.checkpoints import CheckpointStore, load_checkpoint
 from alma_daemon.testing import Backend, ContractError, yield_publisher_checks
 from serving import make_publisher
 from serving.local_publisher import LocalPublisher
-from serving.publisher import Publisher
+from serving.publisher import Publisher, guard_settings
 
 CHECKS = [
     "first_version_is_promoted_unguarded_and_served",
@@ -38,10 +38,12 @@ def local_backend(root: Path, publisher_class: type[LocalPublisher] = LocalPubli
         config = build_config(
             {"daemon": {"checkpoint_dir": str(root / f"store{next(stores)}")}, "serving": {"kind": "local", **serving}}
         )
-        publisher = make_publisher(config)
-        assert isinstance(publisher, LocalPublisher)
-        publisher.__class__ = publisher_class
-        return publisher
+        if publisher_class is LocalPublisher:  # the product's own factory
+            publisher = make_publisher(config)
+            assert isinstance(publisher, LocalPublisher)
+            return publisher
+        store = CheckpointStore(config.daemon.checkpoint_dir, config.serving.model_name)
+        return publisher_class(store, config.serving.promotion_margin, **guard_settings(config.serving))
 
     def served(publisher: Publisher, x: torch.Tensor) -> torch.Tensor:
         # What a process serving the local pointer does: load the version it names.
