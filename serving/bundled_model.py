@@ -39,16 +39,33 @@ def module_source(spec_file: str | Path) -> Path | None:
 
 
 def register_bundled_module(model_dir: str | Path, spec_file: str | Path) -> None:
-    """Make the bundled source importable as the spec's ``learner.model`` module (no-op without one)."""
+    """Make the bundled source importable as the spec's ``learner.model`` module (no-op without one).
+
+    A server that builds every version in one process (KServe's, MLServer) registers the module again
+    where a version bundles other source than the module it holds: a team that changed its network's
+    code gets the new code for the versions trained with it, while the versions built before keep
+    the classes they were built from.
+    """
     source = Path(model_dir) / BUNDLED_SOURCE
     name = model_module(json.loads(Path(spec_file).read_text()))
-    if name is None or not source.is_file() or name in sys.modules:
+    if name is None or not source.is_file() or _holds_source(sys.modules.get(name), source):
         return
     spec = importlib.util.spec_from_file_location(name, source)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)
+
+
+def _holds_source(module: object, source: Path) -> bool:
+    """Whether ``module`` (None: not imported) was made from a file that reads as ``source`` does."""
+    origin = getattr(module, "__file__", None)
+    if module is None or origin is None:
+        return module is not None  # a module with no file (built in, or made in memory) is kept
+    try:
+        return Path(origin).read_bytes() == source.read_bytes()
+    except OSError:
+        return False  # its file is gone (a deleted version's): the bundled source replaces it
 
 
 def bundle_module_source(checkpoint: str | Path) -> None:
