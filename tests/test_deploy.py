@@ -56,7 +56,8 @@ RESET = object()
 
 
 class ComposeLoader(yaml.SafeLoader):
-    """YAML with compose's ``!reset`` tag, which a file laid over the stack uses."""
+    """YAML's safe loader (plain data only, as ``yaml.safe_load``) with compose's ``!reset`` tag, which
+    a file laid over the stack uses."""
 
 
 ComposeLoader.add_constructor("!reset", lambda loader, node: RESET)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import threading
 import time
 from pathlib import Path
 
@@ -32,7 +31,7 @@ from serving.oip_publisher import OipPublisher
 from tests.helpers.configs import learner_settings
 from tests.helpers.data import separable_data
 from tests.helpers.servers import KServeServer, free_port, http_request
-from tests.helpers.serving import metric_value, new_learner, quick_trainer, save_version
+from tests.helpers.serving import clients_during, metric_value, new_learner, quick_trainer, save_version
 from tests.helpers.user_models import FEATURES, feature_data
 
 pytestmark = pytest.mark.integration
@@ -300,31 +299,20 @@ def test_clients_see_no_failure_during_ten_swaps(kserve_server, tmp_path, good_a
         save_version(publisher.store, version, new_learner(seed=version), sample)
     publisher.publish(1)
     request = oip_codec_for(MNIST_TASK).encode_request(sample.x[:4])
-    stop = threading.Event()
-    answers: list[list[str]] = [[] for _ in range(4)]
     versions: list[list[int]] = [[] for _ in range(4)]
 
-    def client(log: list[str], seen: list[int]) -> None:
-        while not stop.is_set():
-            try:
-                status, answer = infer(server, request)
-                shapes = [o["shape"] for o in answer.get("outputs", [])]
-                log.append("ok" if status == 200 and shapes == [[4, 10]] else f"{status}: {answer}")
-                if status == 200:
-                    seen.append(int(answer["model_version"]))
-            except Exception as err:
-                log.append(f"no answer: {err!r}")
+    def ask(client: int) -> str:
+        status, answer = infer(server, request)
+        shapes = [o["shape"] for o in answer.get("outputs", [])]
+        if status == 200:
+            versions[client].append(int(answer["model_version"]))
+        return "ok" if status == 200 and shapes == [[4, 10]] else f"{status}: {answer}"
 
-    threads = [threading.Thread(target=client, args=pair) for pair in zip(answers, versions)]
-    for thread in threads:
-        thread.start()
-    try:
+    def swaps() -> None:
         for version in range(2, 12):
             assert publisher.publish(version).action == "promoted"
-    finally:
-        stop.set()
-        for thread in threads:
-            thread.join()
+
+    answers = clients_during(ask, swaps)
     failures = [a for log in answers for a in log if a != "ok"]
     assert failures == []
     assert all(len(log) > 0 for log in answers)

@@ -9,7 +9,6 @@ starts its own MLServer.
 from __future__ import annotations
 
 import json
-import threading
 from pathlib import Path
 
 import pytest
@@ -24,7 +23,7 @@ from serving import make_publisher
 from serving.oip_client import OipClient, OipError
 from serving.oip_codec import ClassificationOipCodec
 from serving.oip_publisher import OipPublisher
-from tests.helpers.serving import metric_value, new_learner, save_version
+from tests.helpers.serving import clients_during, metric_value, new_learner, save_version
 
 pytestmark = pytest.mark.integration
 
@@ -140,29 +139,18 @@ def test_clients_see_no_failure_during_ten_swaps(mlserver_server, tmp_path, good
     publisher.publish(1)
     x = sample.x[:4]
     expected = {str(version): learner.predict_proba(x) for version, learner in learners.items()}
-    stop = threading.Event()
-    answers: list[list[str]] = [[] for _ in range(4)]
+    clients = [OipClient(server.inference_url) for _ in range(4)]
 
-    def client(log: list[str]) -> None:
-        own = OipClient(server.inference_url)
-        while not stop.is_set():
-            try:
-                probabilities, version = served(own, MODEL, x, learners[1])
-                right = version in expected and torch.allclose(probabilities, expected[version], rtol=0, atol=1e-5)
-                log.append("ok" if right else f"version {version} answered {probabilities.tolist()}")
-            except Exception as err:
-                log.append(f"no answer: {err!r}")
+    def ask(client: int) -> str:
+        probabilities, version = served(clients[client], MODEL, x, learners[1])
+        right = version in expected and torch.allclose(probabilities, expected[version], rtol=0, atol=1e-5)
+        return "ok" if right else f"version {version} answered {probabilities.tolist()}"
 
-    threads = [threading.Thread(target=client, args=(log,)) for log in answers]
-    for thread in threads:
-        thread.start()
-    try:
+    def swaps() -> None:
         for version in range(2, 12):
             assert publisher.publish(version).action == "promoted"
-    finally:
-        stop.set()
-        for thread in threads:
-            thread.join()
+
+    answers = clients_during(ask, swaps)
     failures = [a for log in answers for a in log if a != "ok"]
     assert failures == []
     assert all(len(log) > 0 for log in answers)

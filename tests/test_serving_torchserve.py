@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
-import threading
 import time
 from pathlib import Path
 
@@ -32,7 +31,7 @@ from serving.torchserve_publisher import TorchServePublisher
 from tests.helpers.configs import learner_settings
 from tests.helpers.data import separable_data
 from tests.helpers.servers import TorchServeServer, free_ports, http_request, java_available
-from tests.helpers.serving import metric_value, new_learner, quick_trainer, save_version
+from tests.helpers.serving import clients_during, metric_value, new_learner, quick_trainer, save_version
 from tests.helpers.user_models import FEATURES, feature_data
 
 pytestmark = pytest.mark.integration
@@ -240,27 +239,16 @@ def test_clients_see_no_failure_during_ten_swaps(torchserve_server, tmp_path, go
         save_version(publisher.store, version, new_learner(seed=version), sample)
     publisher.publish(1)
     body = json.dumps({"instances": sample.x[:4].tolist()}).encode()
-    stop = threading.Event()
-    answers: list[list[str]] = [[] for _ in range(4)]
 
-    def client(log: list[str]) -> None:
-        while not stop.is_set():
-            try:
-                status, answer = predict(server, body)
-                log.append("ok" if status == 200 and len(answer["predictions"]) == 4 else f"{status}: {answer}")
-            except Exception as err:
-                log.append(f"no answer: {err!r}")
+    def ask(client: int) -> str:
+        status, answer = predict(server, body)
+        return "ok" if status == 200 and len(answer["predictions"]) == 4 else f"{status}: {answer}"
 
-    threads = [threading.Thread(target=client, args=(log,)) for log in answers]
-    for thread in threads:
-        thread.start()
-    try:
+    def swaps() -> None:
         for version in range(2, 12):
             assert publisher.publish(version).action == "promoted"
-    finally:
-        stop.set()
-        for thread in threads:
-            thread.join()
+
+    answers = clients_during(ask, swaps)
     failures = [a for log in answers for a in log if a != "ok"]
     assert failures == []
     assert all(len(log) > 0 for log in answers)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -46,3 +48,28 @@ def good_and_bad() -> tuple[Learner, Learner, LabeledData]:
 
 def metric_value(name: str, **labels: str) -> float:
     return telemetry.REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def clients_during(ask: Callable[[int], str], work: Callable[[], None], clients: int = 4) -> list[list[str]]:
+    """Run ``work`` while ``clients`` threads call ``ask(client)`` in a loop, each as fast as it is
+    answered; each thread's answers, in order ("ok", or what went wrong; an exception is "no answer")."""
+    stop = threading.Event()
+    answers: list[list[str]] = [[] for _ in range(clients)]
+
+    def client(index: int) -> None:
+        while not stop.is_set():
+            try:
+                answers[index].append(ask(index))
+            except Exception as err:
+                answers[index].append(f"no answer: {err!r}")
+
+    threads = [threading.Thread(target=client, args=(index,)) for index in range(clients)]
+    for thread in threads:
+        thread.start()
+    try:
+        work()
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+    return answers
