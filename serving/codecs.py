@@ -31,6 +31,7 @@ from alma_daemon.data.events import named_features
 from alma_daemon.data.text import tokenizer_from_task
 from alma_daemon.data.wire import RejectedRecord
 from alma_daemon.learners import Learner
+from alma_daemon.measures import target_of
 
 #: Content type of a safetensors request body (the same as the wire format's records).
 SAFETENSORS_CONTENT_TYPE = "application/vnd.alma.safetensors"
@@ -209,14 +210,17 @@ class ClassificationCodec(ExamplesCodec):
     def answer(self, learner: Learner, body: Any) -> dict:
         probabilities = learner.predict_proba(self.inputs(body))
         names = self.task.classes
+        # The version's decision: the positive class from this probability on (task.decision).
+        decision = {} if self.task.threshold is None else {"threshold": self.task.threshold}
         if not names:
-            return {"predictions": probabilities.tolist()}
-        best = probabilities.argmax(1).tolist()
+            return {"predictions": probabilities.tolist(), **decision}
+        best = target_of(self.task).decide(probabilities).tolist()
         return {
             "predictions": [
                 {"class": names[i], "probabilities": dict(zip(names, row))}
                 for i, row in zip(best, probabilities.tolist())
-            ]
+            ],
+            **decision,
         }
 
     def decode_response(self, payload: dict) -> torch.Tensor:

@@ -30,6 +30,7 @@ import torch
 
 from alma_daemon.data.datasets import TaskInfo
 from alma_daemon.learners import Learner
+from alma_daemon.measures import target_of
 from serving.codecs import ExamplesCodec, LanguageModelCodec, RequestError, codec_for
 
 #: The protocol's tensor data types and the numpy types they are read as.
@@ -205,7 +206,8 @@ class ExamplesOipCodec(OipCodec):
 
 @register_oip_codec("classification")
 class ClassificationOipCodec(ExamplesOipCodec):
-    """Examples -> ``probabilities`` (FP32 ``[N, C]``), and ``class`` (BYTES ``[N]``) where classes are named."""
+    """Examples -> ``probabilities`` (FP32 ``[N, C]``), ``class`` (BYTES ``[N]``) where classes are named (the
+    version's decision), and ``threshold`` (FP32 ``[1]``) where a binary task's decision has one."""
 
     def answer(
         self, learner: Learner, inputs: Mapping[str, np.ndarray], parameters: Mapping[str, Any]
@@ -213,14 +215,20 @@ class ClassificationOipCodec(ExamplesOipCodec):
         probabilities = learner.predict_proba(self.inputs(inputs)).float()
         outputs = [OipTensor("probabilities", "FP32", probabilities.numpy())]
         if self.task.classes:
-            names = np.array([self.task.classes[i] for i in probabilities.argmax(1).tolist()], dtype=np.object_)
+            decided = target_of(self.task).decide(probabilities).tolist()
+            names = np.array([self.task.classes[i] for i in decided], dtype=np.object_)
             outputs.append(OipTensor("class", "BYTES", names))
+        if self.task.threshold is not None:
+            # The version's decision: the positive class from this probability on (task.decision).
+            outputs.append(OipTensor("threshold", "FP32", np.array([self.task.threshold], dtype=np.float32)))
         return outputs
 
     def signature(self) -> tuple[list[dict], list[dict]]:
         outputs = [_described("probabilities", "FP32", -1, self.task.num_classes)]
         if self.task.classes:
             outputs.append(_described("class", "BYTES", -1))
+        if self.task.threshold is not None:
+            outputs.append(_described("threshold", "FP32", 1))
         return self.input_signature(), outputs
 
     def decode_response(self, payload: dict) -> torch.Tensor:

@@ -427,7 +427,16 @@ def test_every_registered_policy_is_in_the_readme_and_has_its_section_in_the_pol
             ],
             "stream.replay_examples: 99 is smaller than one chunk",
         ),
-        (["stream.replay_keep=window"], "stream.replay_keep: window, but stream.replay is false"),
+        (
+            ["stream.replay=false", "stream.replay_keep=window"],
+            "stream.replay_keep: window, but stream.replay is false",
+        ),
+        (["stream.replay_keep=window"], "stream.replay_examples: stream.replay_keep window needs"),
+        (["stream.replay=true", "stream.replay_examples=100"], "stream.replay_examples: set, but stream.replay true"),
+        (["task.decision=recall"], "task.decision_target: task.decision recall needs"),
+        (["task.decision=threshold", "task.decision_target=1.5"], "task.decision_target: 1.5 is outside (0, 1)"),
+        (["task.decision_target=0.3"], "task.decision_target: set, but task.decision auto reads none"),
+        (["task.decision=cost"], "task.decision: cost reads task.false_negative_cost"),
         (
             ["stream.replay=true", "stream.replay_keep=reservoir"],
             "stream.replay_examples: stream.replay_keep reservoir needs",

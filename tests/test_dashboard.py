@@ -48,7 +48,12 @@ NAN_PANELS = {
 #: The row of the task's measure (task.measure): its panels show any measure, the error rate's too.
 MEASURE_ROW = "The task's measure (task.measure)"
 #: Queries (panel, refId) allowed to hold only NaN on the paper's stream: its task records no baseline.
-PAPER_NAN_QUERIES = {("The task's measure and its baseline", "C")}
+PAPER_NAN_QUERIES = {
+    ("The task's measure and its baseline", "C"),
+    # The paper's images have no reference learner (docs/results.md, "The reference learner").
+    ("Prequential measure, latest chunk and last chunks", "C"),
+    ("Prequential measure, latest chunk and last chunks", "D"),
+}
 #: The row of an endless stream's freshness: what users saw lately, the model's age and its bound.
 FRESHNESS_ROW = "Freshness: what users saw lately, the model's age"
 #: The scraped paper stream's freshness bound in chunks, so that its line has numbers (unset by default).
@@ -437,3 +442,6 @@ def test_the_panels_of_the_task_measure_show_a_teams_measure_baseline_and_detail
     # The paper's families hold the error rate only: a recall is not a CER.
     assert math.isnan(history("alma_cumulative_error")[-1])
     assert math.isnan(history('alma_error_ratio{set="test"}')[-1])
+    # The reference learner's line beside the network's: its last chunk's recall, as the results have it.
+    reference = history('alma_reference_prequential_measure{measure="recall"}')
+    assert reference[-1] == pytest.approx(series[-1]["reference_recall"])

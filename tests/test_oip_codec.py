@@ -126,6 +126,19 @@ def test_named_features_one_tensor_each_in_any_order_answer_with_class_names():
     torch.testing.assert_close(codec.answered_in_process(learner, codec.encode_request(x)), expected, rtol=0, atol=1e-6)
 
 
+def test_a_binary_versions_threshold_decides_the_class_and_is_answered_beside_it():
+    task = dataclasses.replace(FEATURE_TASK, num_classes=2, classes=("ok", "fraud"))
+    learner = build_learner("sm", task, learner_settings("sm", {"width": 8}), 0)
+    x = feature_data(6, seed=3).x
+    low = float(learner.predict_proba(x)[:, 1].min())
+    learner.task = dataclasses.replace(task, decision="threshold", decision_target=low, threshold=low)
+    outputs = outputs_by_name(answer_json(learner, by_feature(x)))
+    assert outputs["class"]["data"] == ["fraud"] * 6  # every probability reaches the lowest one
+    assert outputs["threshold"]["data"] == pytest.approx([low])
+    signature = {o["name"]: o for o in oip_codec_for(learner.task).signature()[1]}
+    assert signature["threshold"] == {"name": "threshold", "datatype": "FP32", "shape": [1]}
+
+
 def test_a_regression_answers_one_prediction_per_example():
     sample = linear_data(50, 1)
     learner = build_learner("sm", REGRESSION_TASK, learner_settings("sm", {"width": 8}), 0)

@@ -87,6 +87,17 @@ def test_without_class_names_the_answer_keeps_its_rows_of_probabilities() -> Non
     assert torch.equal(codec.decode_response(answer), torch.tensor(answer["predictions"]))
 
 
+def test_a_versions_threshold_decides_the_served_class_and_is_in_the_answer() -> None:
+    # FixedAnswers: 0.9 fraud for the first example, 0.1 for the second; from 0.05 on, both are flagged.
+    codec = codec_for(replace(FRAUD, decision="cost", threshold=0.05, calibration=(1.0, 0.0)))
+    answer = codec.answer(FixedAnswers(), bodies()["a list of objects"])
+    assert [row["class"] for row in answer["predictions"]] == ["fraud", "fraud"]
+    assert answer["threshold"] == 0.05
+    unnamed = codec_for(replace(FRAUD, classes=(), threshold=0.05)).answer(FixedAnswers(), bodies()["arrays"])
+    assert unnamed["threshold"] == 0.05 and len(unnamed["predictions"]) == 2
+    assert "threshold" not in codec_for(FRAUD).answer(FixedAnswers(), bodies()["arrays"])
+
+
 def test_a_regression_answers_one_number_per_example() -> None:
     codec = codec_for(AMOUNT)
     answer = codec.answer(FixedAnswers(), bodies()["columns"])

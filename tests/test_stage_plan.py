@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from alma_daemon.config import ConfigError, build_config
+from alma_daemon.config.sections import DEFAULT_REPLAY_EXAMPLES
 from alma_daemon.core.chunk_buffer import MemoryBuffer, cut_split
 from alma_daemon.core.engine import Engine, EngineObserver
 from alma_daemon.core.stage_plan import StageChoice, StagePlan
@@ -44,9 +45,18 @@ def test_the_plan_follows_the_config() -> None:
             "train": {"max_stage_examples": 200},
         }
     )
-    assert StagePlan.from_config(config) == StagePlan("reservoir", 500, 200, 7)
-    assert StagePlan.from_config(build_config({})) == StagePlan("none", None, None, 0)
-    assert StagePlan.from_config(build_config({"stream": {"replay": True}})).keep == "all"
+
+    def plan(config, team_task: bool = False) -> StagePlan:
+        return StagePlan.from_config(config, config.stream.recipe(team_task))
+
+    assert plan(config) == plan(config, team_task=True) == StagePlan("reservoir", 500, 200, 7)
+    assert plan(build_config({})) == StagePlan("none", None, None, 0)
+    assert plan(build_config({"stream": {"replay": True}})).keep == "all"
+    # A team's task replays a class-stratified sample of examples, kept by the engine, not chunks.
+    assert plan(build_config({}), team_task=True) == StagePlan("classes", DEFAULT_REPLAY_EXAMPLES, None, 0)
+    assert plan(build_config({"stream": {"replay": False}}), team_task=True).keep == "none"
+    assert plan(build_config({"stream": {"replay_keep": "window", "replay_examples": 9}})).keep == "window"
+    assert StagePlan("classes", 100).replay_set([1, 2], {1: 5, 2: 5}) == ()
     with pytest.raises(ConfigError, match="stream.replay_examples"):
         build_config({"stream": {"replay": True, "replay_keep": "window"}})
     with pytest.raises(ValueError, match="needs replay_examples"):

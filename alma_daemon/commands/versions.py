@@ -72,6 +72,8 @@ def version_rows(
         }
         if "val_perplexity" in metrics:
             row["validation_perplexity"] = metrics["val_perplexity"]
+        if metrics.get("threshold") is not None:
+            row["threshold"] = metrics["threshold"]
         if registers:
             row["registered"] = version in served if served is not None else None
         rows.append(row)
@@ -96,7 +98,16 @@ def served_versions(config: Config) -> list[int] | None:
 def format_table(rows: list[dict]) -> str:
     columns = [
         c
-        for c in ("version", "live", "validation_error", "validation_perplexity", "parameters", "kind", "registered")
+        for c in (
+            "version",
+            "live",
+            "validation_error",
+            "validation_perplexity",
+            "threshold",
+            "parameters",
+            "kind",
+            "registered",
+        )
         if any(c in row for row in rows)
     ]
     cells = [[_cell(row.get(c)) for c in columns] for row in rows]

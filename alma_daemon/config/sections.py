@@ -153,6 +153,27 @@ class DatasetConfig:
 
 
 #: The task measures (alma_daemon/measures/, one class each; a test keeps the two lists equal).
+#: The replay set a team's task keeps by default (stream.replay_keep classes), in examples.
+DEFAULT_REPLAY_EXAMPLES = 4000
+#: The pooled validation set of a team's task by default (stream.validation_examples).
+DEFAULT_VALIDATION_EXAMPLES = 2000
+#: Chunks over which the reservoirs' examples count half as much by default (stream.reservoir_half_life).
+DEFAULT_HALF_LIFE = 1.0
+
+
+@dataclass(frozen=True)
+class StageRecipe:
+    """What a stage trains and validates on, the task's defaults applied (:meth:`StreamConfig.recipe`)."""
+
+    #: The replay rule: none, all, window, reservoir or classes.
+    keep: str
+    replay_examples: int | None
+    #: The pooled validation set's size; 0 = each stage's own chunks' share.
+    validation_examples: int
+    #: Chunks over which a reservoir's examples count half as much (None: a uniform sample).
+    half_life: float | None
+
+
 MEASURE_NAMES = (
     "error",
     "log_loss",
@@ -219,6 +240,19 @@ class TaskConfig:
         description='A JSON file {"mean": [...], "std": [...]} of the per-feature statistics (instead of '
         "task.feature_mean and feature_std).",
     )
+    decision: Literal["auto", "argmax", "cost", "precision", "recall", "threshold"] = Field(
+        default="auto",
+        description='Binary tasks: how a probability becomes the served class (docs/measures.md, "The decision"). '
+        "cost: the least expected cost, the positive class from c_fp / (c_fp + c_fn) of calibrated probability; "
+        "precision or recall: the threshold at which the pooled validation set's precision or recall meets "
+        "task.decision_target; threshold: task.decision_target as the threshold; argmax: the most probable class. "
+        "auto = cost with task.measure cost, else argmax. Chosen after every stage, saved with the version.",
+    )
+    decision_target: Float | None = Field(
+        default=None,
+        description="task.decision precision or recall: the rate to meet, in (0, 1); threshold: the positive "
+        "class's probability from which an example is flagged, in (0, 1).",
+    )
 
     def __post_init__(self) -> None:
         if bool(self.feature_mean) != bool(self.feature_std):
@@ -240,6 +274,23 @@ class TaskConfig:
                     raise ConfigError(f"task.{key}: a regression task has no classes")
             if self.positive_class is not None:
                 raise ConfigError("task.positive_class: a regression task has no classes")
+            if self.decision not in ("auto", "argmax"):
+                raise ConfigError(f"task.decision: {self.decision} decides between two classes; a regression has none")
+        targeted = self.decision in ("precision", "recall", "threshold")
+        if targeted and self.decision_target is None:
+            raise ConfigError(f"task.decision_target: task.decision {self.decision} needs the value to meet, in (0, 1)")
+        if targeted and self.decision_target is not None and not 0.0 < self.decision_target < 1.0:
+            raise ConfigError(f"task.decision_target: {self.decision_target:g} is outside (0, 1)")
+        if not targeted and self.decision_target is not None:
+            raise ConfigError(
+                f"task.decision_target: set, but task.decision {self.decision} reads none "
+                "(set task.decision precision, recall or threshold)"
+            )
+        if self.decision == "cost" and self.measure != "cost":
+            raise ConfigError(
+                "task.decision: cost reads task.false_negative_cost and false_positive_cost, which task.measure: "
+                "cost sets; set it, or choose another decision"
+            )
 
 
 @dataclass(config=SECTION)
@@ -283,20 +334,45 @@ class StreamConfig:
         gt=0,
         description="B, the number of mega-batches the training set is partitioned into (paper: 500 MNIST, 100 CIFAR).",
     )
-    replay: Bool = Field(
-        default=False,
-        description="Train on every chunk seen so far instead of only the ones accumulated since the last stage.",
+    replay: Bool | None = Field(
+        default=None,
+        description="Train on earlier examples too (a replay set, stream.replay_keep) instead of only the chunks "
+        'accumulated since the last stage. None = by the task (docs/policies.md, "What a stage trains on"): on for '
+        "a team's task (task.measure set, two classes, a regression), as classes with "
+        f"{DEFAULT_REPLAY_EXAMPLES} examples; off for the paper's, whose series stay as published.",
     )
-    replay_keep: Literal["all", "window", "reservoir"] = Field(
-        default="all",
-        description="With stream.replay: the chunks kept for replay. all (every chunk, the paper's), window (the most "
-        "recent, up to stream.replay_examples examples) or reservoir (a seeded uniform sample of the whole stream, up "
-        "to stream.replay_examples examples, the same after a restart). Chunks no replay set holds are deleted.",
+    replay_keep: Literal["all", "window", "reservoir", "classes"] | None = Field(
+        default=None,
+        description="With stream.replay: what is kept for replay. all (every chunk, the paper's), window (the most "
+        "recent chunks, up to stream.replay_examples examples), reservoir (a seeded uniform sample of the stream's "
+        "chunks, up to stream.replay_examples examples, the same after a restart) or classes (a seeded sample of "
+        "the stream's training examples, up to stream.replay_examples, weighted to recent chunks "
+        "(stream.reservoir_half_life), in the stream's class mix with at least serving.promotion_min_positives "
+        "of each class so that a rare class's examples stay; one stratum for a regression; a stage replays as "
+        "many of them as it has new examples; saved with each model version). Chunks no replay set holds are "
+        "deleted. None = all with stream.replay true, classes where the task turns replay on.",
     )
     replay_examples: Int | None = Field(
         default=None,
         gt=0,
-        description="stream.replay_keep window or reservoir: the examples the replay set holds at most.",
+        description="stream.replay_keep window, reservoir or classes: the examples the replay set holds at most "
+        f"(None with classes: {DEFAULT_REPLAY_EXAMPLES}).",
+    )
+    reservoir_half_life: Float | None = Field(
+        default=DEFAULT_HALF_LIFE,
+        gt=0,
+        description="The pooled validation set and the classes replay set sample the stream with an example counting "
+        "half as much every this many chunks (a weighted reservoir: recent chunks dominate, a rare class's older "
+        "examples stay while its quota has room). None = a uniform sample of the whole stream.",
+    )
+    validation_examples: Int | None = Field(
+        default=None,
+        ge=0,
+        description="The pooled validation set: the examples held out of every chunk (stream.val_fraction) feed one "
+        "seeded sample of at most this many that persists across stages, in the stream's class mix with at least "
+        "serving.promotion_min_positives positives where the stream has had them; early stopping, the decision's "
+        "threshold and the promotion guard read it. 0 = each stage validates on its own chunks' share (the "
+        f"paper's). None = by the task: {DEFAULT_VALIDATION_EXAMPLES} for a team's task, 0 for the paper's.",
     )
     prequential_window: Int = Field(
         default=50,
@@ -348,15 +424,22 @@ class StreamConfig:
         return value
 
     def __post_init__(self) -> None:
-        bounded = self.replay_keep != "all"
-        if bounded and not self.replay:
+        if self.replay_keep is not None and self.replay is False:
             raise ConfigError(f"stream.replay_keep: {self.replay_keep}, but stream.replay is false, so nothing is kept")
-        if bounded and self.replay_examples is None:
+        if self.replay_keep in ("window", "reservoir") and self.replay_examples is None:
             raise ConfigError(
                 f"stream.replay_examples: stream.replay_keep {self.replay_keep} needs the replay set's size"
             )
-        if self.replay_examples is not None and not bounded:
-            raise ConfigError("stream.replay_examples: set, but stream.replay_keep is all (set window or reservoir)")
+        if self.replay_examples is not None and (self.replay_keep == "all" or self.replay is False):
+            raise ConfigError(
+                "stream.replay_examples: set, but nothing bounded is kept (set stream.replay_keep window, reservoir "
+                "or classes)"
+            )
+        if self.replay_examples is not None and self.replay is True and self.replay_keep is None:
+            raise ConfigError(
+                "stream.replay_examples: set, but stream.replay true keeps every chunk (set stream.replay_keep "
+                "window, reservoir or classes)"
+            )
         if self.features and self.chunk_examples is None and self.chunk_seconds is None:
             raise ConfigError(
                 "stream.features: names the fields of events, but the stream is not an event stream "
@@ -368,6 +451,27 @@ class StreamConfig:
                 f"stream.drift.at: chunk {self.drift.at} never comes, the stream has "
                 f"stream.megabatches={self.megabatches} chunks"
             )
+
+    def recipe(self, team_task: bool) -> StageRecipe:
+        """The replay rule and the pooled validation set, the defaults resolved: a team's task (its own
+        measure, two classes, a regression) replays a class-aware sample and validates on a pool; the
+        paper's tasks keep their published recipe."""
+        replay = self.replay if self.replay is not None else (team_task or self.replay_keep is not None)
+        if not replay:
+            keep = "none"
+        elif self.replay_keep is not None:
+            keep = self.replay_keep
+        else:
+            keep = "all" if self.replay else "classes"
+        examples = self.replay_examples
+        if keep == "classes" and examples is None:
+            examples = DEFAULT_REPLAY_EXAMPLES
+        validation = self.validation_examples
+        if validation is None:
+            validation = DEFAULT_VALIDATION_EXAMPLES if team_task else 0
+        return StageRecipe(
+            keep=keep, replay_examples=examples, validation_examples=validation, half_life=self.reservoir_half_life
+        )
 
 
 @dataclass(config=SECTION)
@@ -629,6 +733,23 @@ class ServingConfig:
     )
 
 
+#: The datasets whose examples are not flat numeric features: a linear reference has none (reference.kind).
+_NOT_FLAT = {"mnist": "images", "cifar10": "images", "ptb": "text", "text": "text"}
+
+
+@dataclass(config=SECTION)
+class ReferenceConfig:
+    kind: Literal["auto", "linear", "none"] = Field(
+        default="auto",
+        description="A reference learner trained prequentially on the same stream, beside the network, so that "
+        "results, reports, alma status and the metrics show when the network is behind a linear model "
+        "(docs/results.md#the-reference-learner). linear: River's StandardScaler | LogisticRegression (two "
+        "classes), OneVsRestClassifier(LogisticRegression) (more), LinearRegression (a regression), on flat "
+        "numeric features only (tables, River streams, arrays of one axis); refused on images and text, and "
+        "without River. auto: linear where it fits (at most 256 features) and River is installed, else none.",
+    )
+
+
 @dataclass(config=SECTION)
 class MetricsConfig:
     port: Int = Field(
@@ -678,6 +799,10 @@ class Config:
     metrics: MetricsConfig = Field(
         default_factory=MetricsConfig, description="The Prometheus exporter (docs/observability.md)."
     )
+    reference: ReferenceConfig = Field(
+        default_factory=ReferenceConfig,
+        description="A linear model learnt on the same stream, the network's reference (docs/results.md).",
+    )
     seed: Int = Field(default=0, description="Seed of model initialization and of every training stage's randomness.")
     device: Str = Field(default="auto", description='"auto" (CUDA when available), "cpu", "cuda" or "cuda:N".')
 
@@ -703,3 +828,14 @@ class Config:
         ):
             if chunk is not None and cap is not None and cap < chunk:
                 raise ConfigError(f"{key}: {cap} is smaller than one chunk (stream.chunk_examples={chunk})")
+        # What the dataset's name (or an arrays' shape) says of its examples; the task itself, and River, are
+        # checked at start-up (alma_daemon/core/reference.py).
+        dataset = self.dataset
+        examples = _NOT_FLAT.get(dataset.name)
+        if dataset.name == "arrays" and len(dataset.input_shape) > 1:
+            examples = f"arrays of shape {dataset.input_shape}"
+        if self.reference.kind == "linear" and examples is not None:
+            raise ConfigError(
+                f"reference.kind: linear needs flat numeric features, and dataset.name={dataset.name} streams "
+                f"{examples}; set reference.kind: auto or none"
+            )

@@ -3,7 +3,8 @@
 Both front doors call :func:`assemble_engine`: ``alma simulate`` (``research/simulate.py``) over an
 in-memory buffer, starting fresh; the daemon (``service/bootstrap.py``) over its Redis buffer,
 resumed from its committed state, the checkpoint of that state's model version and the policy's
-saved state. The learner, the policy and the device come from the config the same way for both.
+saved state. The learner, the policy and the device come from the config the same way for both, and the
+reference learner (``reference.kind``, core/reference.py) from the config and the state's JSON.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from alma_daemon.config import Config, ConfigError
 from alma_daemon.core.checkpoints import CheckpointStore
 from alma_daemon.core.chunk_buffer import ChunkBuffer
 from alma_daemon.core.engine import Engine, EngineObserver, EngineState
+from alma_daemon.core.example_reservoir import ExampleReservoir
+from alma_daemon.core.reference import build_reference
 from alma_daemon.data.datasets import TaskInfo
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import Learner, build_learner
@@ -42,6 +45,8 @@ def assemble_engine(
     ``checkpoints``; otherwise the learner is built from ``config.learner`` and ``config.seed``.
     """
     check_measure(task)
+    # reference.kind: linear on a task it cannot learn is refused here, before anything is built.
+    reference = build_reference(config.reference.kind, task, state.reference if state is not None else None)
     device = resolve_device(config.device)
     version = state.model_version if state is not None else 0
     if version:
@@ -56,7 +61,7 @@ def assemble_engine(
     policy = build_policy(config.policy)
     if policy_state is not None:
         policy.load_state_dict(policy_state)
-    return Engine(
+    engine = Engine(
         learner,
         policy,
         buffer,
@@ -67,6 +72,20 @@ def assemble_engine(
         observers=observers,
         state=state,
     )
+    if version and checkpoints is not None:
+        restore_reservoirs(engine, checkpoints, version)
+    engine.reference = reference
+    return engine
+
+
+def restore_reservoirs(engine: Engine, checkpoints: CheckpointStore, version: int) -> None:
+    """The pooled validation set and the replay set as the stage of ``version`` left them."""
+    pool, replay = (checkpoints.reservoir(version, name) for name in ("validation", "replay"))
+    recipe = engine.recipe
+    if recipe.validation_examples and pool is not None:
+        engine.validation_pool = ExampleReservoir.from_tensors(pool)
+    if recipe.keep == "classes" and replay is not None:
+        engine.replay_reservoir = ExampleReservoir.from_tensors(replay)
 
 
 def check_measure(task: TaskInfo) -> None:

@@ -30,9 +30,14 @@ from alma_daemon.core.checkpoint_index import METRICS, SPEC, WEIGHTS, Checkpoint
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import Learner, learner_from_spec
 
-#: A sample of the stage's validation data (``x``, ``y``) for the serving probe and promotion guard.
+#: A sample of the stage's validation data (``x``, ``y``) for the serving probe and promotion guard; with a
+#: pooled validation set, the whole pool (and its ``ranks`` and ``seen``: core/example_reservoir.py).
 VALIDATION = "validation.safetensors"
 VALIDATION_SAMPLE = 512
+#: The class-aware replay set the version's stage left (``stream.replay_keep: classes``).
+REPLAY = "replay.safetensors"
+#: A reservoir's name -> its file in a version's folder.
+RESERVOIR_FILES = {"validation": VALIDATION, "replay": REPLAY}
 #: The name a version's folder is renamed to before it is deleted: ``.trash-<version>-<random>``.
 TRASH_PREFIX = ".trash-"
 
@@ -40,8 +45,17 @@ TRASH_PREFIX = ".trash-"
 class CheckpointStore(CheckpointIndex):
     """The versions of one model under a model-store folder: writing and loading them too."""
 
-    def save(self, learner: Learner, version: int, metrics: dict, validation: LabeledData | None = None) -> Path:
-        """Write ``version`` atomically; refuses to overwrite an existing version."""
+    def save(
+        self,
+        learner: Learner,
+        version: int,
+        metrics: dict,
+        validation: LabeledData | None = None,
+        reservoirs: dict[str, dict[str, torch.Tensor]] | None = None,
+    ) -> Path:
+        """Write ``version`` atomically; refuses to overwrite an existing version. ``reservoirs`` (by
+        name, :data:`RESERVOIR_FILES`) are the stage's example reservoirs; a validation reservoir is
+        saved instead of the sample of ``validation``."""
         target = self.path(version)
         if target.exists():
             raise FileExistsError(f"checkpoint version {version} already exists at {target}")
@@ -51,13 +65,16 @@ class CheckpointStore(CheckpointIndex):
             save_weights(learner.model, tmp / WEIGHTS)
             write_json_atomic(tmp / SPEC, learner.spec(), indent=2, sort_keys=True)
             write_json_atomic(tmp / METRICS, {"version": version, **metrics}, indent=2, sort_keys=True)
-            if validation is not None and len(validation):
+            reservoirs = reservoirs or {}
+            if validation is not None and len(validation) and "validation" not in reservoirs:
                 sample = validation.subset(slice(0, VALIDATION_SAMPLE))
                 save_file({"x": sample.x.contiguous().cpu(), "y": sample.y.contiguous().cpu()}, str(tmp / VALIDATION))
+            for name, tensors in reservoirs.items():
+                save_file(tensors, str(tmp / RESERVOIR_FILES[name]))
             # safetensors writes without fsync; the JSON files are synced by write_json_atomic. Without
             # this a power loss could leave the renamed folder, counted by versions(), with truncated
             # tensors.
-            for name in (WEIGHTS, VALIDATION):
+            for name in (WEIGHTS, VALIDATION, REPLAY):
                 if (tmp / name).is_file():
                     fsync_path(tmp / name)
             fsync_path(tmp)
@@ -96,6 +113,15 @@ class CheckpointStore(CheckpointIndex):
             return None
         tensors = load_file(str(path))
         return LabeledData(tensors["x"], tensors["y"])
+
+    def reservoir(self, version: int, name: str) -> dict[str, torch.Tensor] | None:
+        """The tensors of reservoir ``name`` saved with ``version`` (:data:`RESERVOIR_FILES`), or None where
+        it saved none (a validation sample without ranks is no reservoir)."""
+        path = self.path(version) / RESERVOIR_FILES[name]
+        if not path.is_file():
+            return None
+        tensors = load_file(str(path))
+        return tensors if "ranks" in tensors else None
 
 
 def save_weights(model: nn.Module, path: Path) -> None:

@@ -28,6 +28,8 @@ class StageData:
     train: LabeledData
     val: LabeledData
     choice: StageChoice
+    #: The pending chunks trained on, as split (and cut): what the example reservoirs are offered.
+    fresh: tuple[SplitChunk, ...] = ()
 
     @property
     def trained(self) -> tuple[int, ...]:
@@ -83,7 +85,9 @@ def stage_data(
     if choice.cut is not None:
         chunk_id, keep = choice.cut
         splits = [cut_split(s, keep, plan.seed, stage) if s.index == chunk_id else s for s in splits]
-    return StageData(LabeledData.concat([s.train for s in splits]), LabeledData.concat([s.val for s in splits]), choice)
+    fresh = tuple(s for s in splits if s.index in choice.trained)
+    train, val = LabeledData.concat([s.train for s in splits]), LabeledData.concat([s.val for s in splits])
+    return StageData(train, val, choice, fresh)
 
 
 def cut_split(split: SplitChunk, examples: int, seed: int, stage: int) -> SplitChunk:

@@ -35,5 +35,10 @@ class EngineState:
     last_stage_at: float | None = None
     #: The prequential measures of the newest chunks (stream.prequential_window of them), for the windowed measure.
     recent_prequential: list[float] = field(default_factory=list)
+    #: The reference learner (reference.kind, core/reference.py): its state as JSON (None: no reference, or a
+    #: state written before there was one), the sum of its prequential measures and its newest ones.
+    reference: dict | None = None
+    cumulative_reference: float = 0.0
+    recent_reference: list[float] = field(default_factory=list)
     #: The steps' records as rows (:meth:`StepRecord.as_row`), the form results files and Redis hold.
     series: list[dict] = field(default_factory=list)

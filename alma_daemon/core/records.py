@@ -107,6 +107,9 @@ class StageRecord:
     chunks: list[int] | None = column(default=None)
     examples: int | None = column(default=None)
     skipped: list[int] | None = column(default=None)
+    #: A binary task's decision for the version: the positive class's calibrated probability from which
+    #: it is served (``task.decision``; None: the most probable class).
+    threshold: float | None = column(default=None, in_step=True, only_if_set=True)
     train_flops: int = column()
     train_seconds: float = column()
     model_version: int = column()
@@ -193,6 +196,15 @@ class StepRecord:
     #: on the chunk: what the model must beat. Recorded for the tasks of a team (a measure, a binary or
     #: a regression task), not for the paper's.
     baseline: float | None = column("baseline_{measure}", default=None, only_if_set=True)
+    #: The reference learner (reference.kind: a linear model learnt on the same stream, core/reference.py):
+    #: its prequential measure on the chunk's sample the network's is taken on, before it learns the chunk;
+    #: the running sum; the mean over the last stream.prequential_window chunks. None without a reference
+    #: (images, text, reference.kind none) and in rows written before there was one.
+    reference: float | None = column(
+        "reference_{measure}", default=None, only_if_set=True, csv=True, measures=CUMULATIVE_MEASURES
+    )
+    cumulative_reference: float | None = column("cumulative_reference_{measure}", default=None, only_if_set=True)
+    reference_window: float | None = column("reference_window_{measure}", default=None, only_if_set=True)
     #: The chunk completed after a later chunk was taken (service/reorder.py): it trained as this step.
     #: Only such a step's row has the key, so in-order rows, every simulated one, have no ``late``.
     late: bool = column(default=False, only_if_true=True)

@@ -23,9 +23,11 @@ from dataclasses import dataclass
 from typing import Literal
 
 from alma_daemon.config import Config
+from alma_daemon.config.sections import StageRecipe
 
-#: ``stream.replay_keep`` with ``stream.replay``; ``none`` without replay.
-ReplayKeep = Literal["none", "all", "window", "reservoir"]
+#: ``stream.replay_keep`` with replay; ``none`` without. ``classes`` keeps examples, not chunks: the
+#: engine's class-aware reservoir (``core/example_reservoir.py``) holds them, so no chunk stays.
+ReplayKeep = Literal["none", "all", "window", "reservoir", "classes"]
 
 
 @dataclass(frozen=True)
@@ -65,13 +67,13 @@ class StagePlan:
             raise ValueError(f"replay keep {self.keep} needs replay_examples")
 
     @classmethod
-    def from_config(cls, config: Config) -> StagePlan:
-        stream = config.stream
+    def from_config(cls, config: Config, recipe: StageRecipe) -> StagePlan:
+        """The plan of ``config`` with the replay rule of ``recipe`` (``StreamConfig.recipe``)."""
         return cls(
-            keep=stream.replay_keep if stream.replay else "none",
-            replay_examples=stream.replay_examples,
+            keep=recipe.keep,  # type: ignore[arg-type]  # the recipe's rule is one of ReplayKeep
+            replay_examples=recipe.replay_examples,
             max_stage_examples=config.train.max_stage_examples,
-            seed=stream.seed,
+            seed=config.stream.seed,
         )
 
     def choose(
@@ -135,6 +137,7 @@ KEEP_RULES: dict[str, Callable[[StagePlan, list[int], Mapping[int, int]], tuple[
     "all": lambda plan, chunks, examples: tuple(chunks),
     "window": _keep_window,
     "reservoir": _keep_reservoir,
+    "classes": lambda plan, chunks, examples: (),
 }
 
 

@@ -65,6 +65,15 @@ class TaskInfo:
     #: learner answers in the target's units; None until taken from the stream's first chunk.
     target_mean: float | None = None
     target_std: float | None = None
+    #: A binary task's decision rule (``task.decision``): "" (the most probable class), cost, precision,
+    #: recall or threshold; ``decision_target`` is the precision, recall or threshold it names.
+    decision: str = ""
+    decision_target: float | None = None
+    #: (slope, intercept) mapping the positive class's log-odds to calibrated ones, and the threshold on
+    #: the calibrated probability: chosen on the pooled validation set after each stage
+    #: (alma_daemon/measures/decision.py), saved with the version.
+    calibration: tuple[float, float] | None = None
+    threshold: float | None = None
 
     def __post_init__(self) -> None:
         if self.normalization not in NORMALIZATIONS:
@@ -80,6 +89,13 @@ class TaskInfo:
         if self.kind == "classification":
             return "binary" if self.num_classes == 2 else "multiclass"
         return self.kind
+
+    @property
+    def is_team_task(self) -> bool:
+        """A team's task (its own measure, two classes, a regression), as opposed to the paper's balanced
+        classes and language models: the stage recipe, the baseline and the reference follow the team's
+        terms, while the paper's series stay as published."""
+        return (bool(self.measure) or self.target_kind in ("binary", "regression")) and self.kind != "language_model"
 
     def class_name(self, index: int) -> str:
         """A class's name (``task.classes``), else its index as text."""
@@ -139,6 +155,10 @@ class TaskInfo:
             "class_weights": list(self.class_weights),
             "target_mean": self.target_mean,
             "target_std": self.target_std,
+            "decision": self.decision,
+            "decision_target": self.decision_target,
+            "calibration": None if self.calibration is None else list(self.calibration),
+            "threshold": self.threshold,
         }
 
     @classmethod
@@ -161,6 +181,10 @@ class TaskInfo:
             class_weights=tuple(float(w) for w in data.get("class_weights", ())),
             target_mean=None if data.get("target_mean") is None else float(data["target_mean"]),
             target_std=None if data.get("target_std") is None else float(data["target_std"]),
+            decision=str(data.get("decision", "")),
+            decision_target=None if data.get("decision_target") is None else float(data["decision_target"]),
+            calibration=None if data.get("calibration") is None else _pair(data["calibration"]),
+            threshold=None if data.get("threshold") is None else float(data["threshold"]),
         )
 
 
@@ -174,7 +198,16 @@ _TARGET_DEFAULTS = {
     "class_weights": [],
     "target_mean": None,
     "target_std": None,
+    "decision": "",
+    "decision_target": None,
+    "calibration": None,
+    "threshold": None,
 }
+
+
+def _pair(values: list) -> tuple[float, float]:
+    slope, intercept = (float(v) for v in values)
+    return slope, intercept
 
 
 @dataclass(frozen=True)

@@ -127,8 +127,18 @@ def with_target_terms(task: TaskInfo, terms: TaskConfig) -> TaskInfo:
         raise ConfigError(
             "task.false_negative_cost: costs are read only by task.measure: cost; set it, or unset the costs"
         )
+    decision = terms.decision
+    if decision not in ("auto", "argmax") and (not classifier or task.num_classes != 2):
+        raise ConfigError(
+            f"task.decision: {decision} decides between two classes; this task has {task.num_classes} "
+            "(use argmax or auto)"
+        )
+    if decision == "auto":
+        decision = "cost" if terms.measure == "cost" and task.num_classes == 2 else "argmax"
     return replace(
         task,
+        decision="" if decision == "argmax" else decision,
+        decision_target=terms.decision_target,
         measure=terms.measure or task.measure,
         classes=classes,
         positive=positive,

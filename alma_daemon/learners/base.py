@@ -26,6 +26,7 @@ from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners.configs import BackboneConfig
 from alma_daemon.learners.growth_report import GrowthReport
 from alma_daemon.measures import Measure, Measurement, task_measure
+from alma_daemon.measures.decision import calibrated
 from alma_daemon.models.backbones import Backbone, Normalize, backbone_layers, inputs_standardized_outside
 from alma_daemon.models.user_model import load_user_weights, user_layers
 from alma_daemon.seeding import derive_seed
@@ -212,6 +213,8 @@ class Learner(ABC):
         (N x C) for a classifier, predictions (N) in the target's units for a regression."""
         if self.task.regression:
             return self.training_loss.answers(self.forward_prediction(x))
+        if self.task.calibration is not None:
+            return calibrated(self.forward_proba(x), self.task.calibration, self.task.positive)
         return self.forward_proba(x)
 
     def _no_outputs(self) -> torch.Tensor:

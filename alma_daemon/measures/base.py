@@ -40,9 +40,20 @@ class Target:
     positive: int = 1
     false_negative_cost: float = 1.0
     false_positive_cost: float = 1.0
+    #: Binary tasks: the positive class's probability from which an example is predicted positive (the
+    #: task's decision, ``task.decision``); None = the most probable class.
+    threshold: float | None = None
 
     def class_name(self, index: int) -> str:
         return self.classes[index] if self.classes else str(index)
+
+    def decide(self, outputs: torch.Tensor) -> torch.Tensor:
+        """The predicted classes of probabilities (N x C): the most probable class, or for a binary task
+        with a :attr:`threshold` the positive class where its probability reaches it."""
+        if self.threshold is None or self.kind != "binary":
+            return outputs.argmax(1)
+        flagged = outputs[:, self.positive] >= self.threshold
+        return torch.where(flagged, self.positive, 1 - self.positive)
 
 
 @dataclass(frozen=True)

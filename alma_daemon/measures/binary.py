@@ -1,8 +1,8 @@
 """A binary classifier's measures of its positive class (``task.positive_class``): recall, precision,
 PR-AUC, and the error weighted by what each kind of mistake costs.
 
-Predictions are each example's most probable class (a threshold of 1/2 on the positive class's
-probability), as served answers are."""
+Predictions are the task's decision (``Target.decide``): the most probable class, or the positive class
+where its probability reaches the task's threshold (``task.decision``), as served answers are."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import math
 import torch
 
 from alma_daemon.measures.base import Measure, Measurement, mean_measurement, on_cpu, proportion, register_measure
-from alma_daemon.measures.classification import ErrorRate, binary_details, predictions
+from alma_daemon.measures.classification import ErrorRate, binary_details
 
 
 class PositiveClassMeasure(Measure):
@@ -20,7 +20,7 @@ class PositiveClassMeasure(Measure):
     kinds = ("binary",)
 
     def flagged(self, outputs: torch.Tensor) -> torch.Tensor:
-        return predictions(outputs) == self.target.positive
+        return self.target.decide(outputs) == self.target.positive
 
     def positives(self, y: torch.Tensor) -> torch.Tensor:
         return y == self.target.positive

@@ -6,15 +6,10 @@ import math
 
 import torch
 
-from alma_daemon.measures.base import Measure, Measurement, mean_measurement, on_cpu, register_measure
+from alma_daemon.measures.base import Measure, Measurement, Target, mean_measurement, on_cpu, register_measure
 
 #: Probabilities are clipped to this before their log: a confident mistake costs a large, finite loss.
 LOG_LOSS_FLOOR = 1e-12
-
-
-def predictions(outputs: torch.Tensor) -> torch.Tensor:
-    """The predicted classes of probabilities (N x C): each example's most probable class."""
-    return outputs.argmax(1)
 
 
 @register_measure
@@ -31,11 +26,11 @@ class ErrorRate(Measure):
         n = len(y)
         if n == 0:
             return Measurement(math.nan, 0, math.nan)
-        p = int((predictions(outputs) != y).sum()) / n
+        p = int((self.target.decide(outputs) != y).sum()) / n
         return Measurement(p, n, p * (1 - p))
 
     def per_example(self, outputs: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        wrong = (predictions(outputs.cpu()) != y.cpu()).double()
+        wrong = (self.target.decide(outputs.cpu()) != y.cpu()).double()
         return wrong, torch.ones_like(wrong, dtype=torch.bool)
 
     def shown(self, value: float) -> str:
@@ -69,11 +64,11 @@ class LogLoss(Measure):
         return class_details(self, outputs, y)
 
 
-def per_class_recall(outputs: torch.Tensor, y: torch.Tensor, num_classes: int) -> list[float]:
-    """Each class's recall (NaN for a class with no example)."""
-    predicted = predictions(outputs)
+def per_class_recall(outputs: torch.Tensor, y: torch.Tensor, target: Target) -> list[float]:
+    """Each class's recall under the task's decision (NaN for a class with no example)."""
+    predicted = target.decide(outputs)
     recalls = []
-    for c in range(num_classes):
+    for c in range(target.num_classes):
         of_class = y == c
         n = int(of_class.sum())
         recalls.append(int((predicted[of_class] == c).sum()) / n if n else math.nan)
@@ -91,7 +86,7 @@ class BalancedError(Measure):
 
     @on_cpu
     def measure(self, outputs: torch.Tensor, y: torch.Tensor) -> Measurement:
-        recalls = [r for r in per_class_recall(outputs, y, self.target.num_classes) if not math.isnan(r)]
+        recalls = [r for r in per_class_recall(outputs, y, self.target) if not math.isnan(r)]
         if not recalls:
             return Measurement(math.nan, 0, math.nan)
         value = 1.0 - sum(recalls) / len(recalls)
@@ -110,7 +105,7 @@ def class_details(measure: Measure, outputs: torch.Tensor, y: torch.Tensor) -> d
         return binary_details(measure, outputs, y, skip=measure.name)
     outputs, y = outputs.cpu(), y.cpu()
     details = {"error": ErrorRate(measure.target).measure(outputs, y).value} if measure.name != "error" else {}
-    for c, recall in enumerate(per_class_recall(outputs, y, measure.target.num_classes)):
+    for c, recall in enumerate(per_class_recall(outputs, y, measure.target)):
         details[f"recall[{measure.target.class_name(c)}]"] = recall
     return details
 

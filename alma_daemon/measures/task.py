@@ -14,6 +14,7 @@ def target_of(task: TaskInfo) -> Target:
         positive=task.positive,
         false_negative_cost=task.false_negative_cost,
         false_positive_cost=task.false_positive_cost,
+        threshold=task.threshold,
     )
 
 

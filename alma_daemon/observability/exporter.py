@@ -243,6 +243,8 @@ def _show_measure(record: StepRecord) -> None:
     )
     _show_only(telemetry.BASELINE_MEASURE, {(m,): _or_nan(record.baseline)})
     _show_only(telemetry.PREQUENTIAL_WINDOW_MEASURE, {(m,): _or_nan(record.prequential_window)})
+    _show_only(telemetry.REFERENCE_PREQUENTIAL_MEASURE, {(m,): _or_nan(record.reference)})
+    _show_only(telemetry.REFERENCE_PREQUENTIAL_WINDOW_MEASURE, {(m,): _or_nan(record.reference_window)})
     details = {"test": record.test_measures or {}, "prequential": record.prequential_measures or {}}
     names = dict.fromkeys([*details["test"], *details["prequential"]])
     _show_only(

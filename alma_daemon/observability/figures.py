@@ -29,7 +29,7 @@ import math
 import re
 import statistics
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -393,6 +393,7 @@ def plot_error_curves(
     axis_label: str | None = None,
     baseline: tuple[str, str] | None = None,
     title: str | None = None,
+    references: Mapping[str, str] | None = None,
 ) -> None:
     """Per-chunk measures against mega-batches received, one curve per configuration, one panel per
     (row key, panel title) of ``panels``, one above the other on the same axes' ranges: the test error
@@ -401,6 +402,9 @@ def plot_error_curves(
 
     ``baseline`` (row key, words): each configuration's baseline as a dashed line of its color in the
     first panel, the set it was measured on (the test set, else the chunk), named in the note.
+
+    ``references`` (panel row key -> row key): in those panels, each configuration's reference learner
+    (a linear model learnt on the same stream, core/reference.py) as a dotted line of its color.
 
     The y range covers every curve from its first training stage on, and the baselines; an untrained
     model's error (about 0.9 on ten classes) above it is cut, as the note under the axes says. A
@@ -423,6 +427,12 @@ def plot_error_curves(
             ax.plot(ts, ys, dashes, marker=marker, linewidth=1.2, color=color, label=describe(dict(config)))
             everything += ys
             shown += [y for t, y in zip(ts, ys, strict=True) if first is not None and t >= first + after]
+            reference = (references or {}).get(key)
+            if reference is not None:
+                rts, rys, _ = mean_curve(group, reference)
+                ax.plot(rts, rys, linestyle=(0, (1, 2)), linewidth=1.2, color=color)
+                everything += rys
+                shown += rys[1:]  # its first chunk's, before it learnt anything, is cut like an untrained model's
             if baseline is not None and ax is axes[0]:
                 bts, bys, _ = mean_curve(group, baseline[0])
                 ax.plot(bts, bys, linestyle=(0, (5, 3)), linewidth=1.0, color=color)
@@ -436,6 +446,8 @@ def plot_error_curves(
     notes = []
     if baseline is not None and any(mean_curve(group, baseline[0])[0] for group in groups.values()):
         notes.append(f"dashed: {baseline[1]}, a model that ignores its inputs")
+    if any(mean_curve(group, key)[0] for key in (references or {}).values() for group in groups.values()):
+        notes.append("dotted: the reference, a linear model learnt on the same stream")
     if log:
         axes[0].set_yscale("log")
     elif shown and max(everything) > max(shown):

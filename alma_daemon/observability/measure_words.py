@@ -94,7 +94,8 @@ def summary_rows(summary: dict) -> list[tuple[str, object, str]]:
     """The lines of a run's summary (``alma simulate``) about its measure, as (name, value, format):
     the paper's for the error rate and a perplexity, the measure's by name for another; the baseline and
     the other measures (the test set's, else the last chunk's) where recorded; what users saw (the served
-    measure, and the longest wait between stages). A value None is not shown."""
+    measure, the reference learner's where one ran, and the longest wait between stages). A value None is
+    not shown."""
     m = summary.get("measure", PAPER_MEASURE)
     fmt = "{:.4f}" if MEASURE_TRAITS[m].rate else "{:.4g}"
     rows: list[tuple[str, object, str]]
@@ -121,6 +122,8 @@ def summary_rows(summary: dict) -> list[tuple[str, object, str]]:
     # What an endless stream's users saw: the measure of its later chunks, and the longest stretch without a new model.
     rows += [
         (f"{served_words(m)} (prequential, 2nd half)", summary.get(f"served_{m}"), fmt),
+        # The reference learner's on the same chunks (reference.kind): a network no better is behind a linear model.
+        (f"{served_words(m)}, reference (linear)", summary.get(f"served_reference_{m}"), fmt),
         ("longest wait (chunks)", summary.get("longest_wait_chunks"), "{}"),
     ]
     return rows

@@ -2,7 +2,8 @@
 
 - ``error_vs_time.png``: the task's measure (the test error, a perplexity, a recall...) vs
   mega-batches received (the paper's Fig. 3), beside the prequential one (each chunk's, before it
-  trains), with the input-blind baseline dashed where the runs recorded one;
+  trains), with the input-blind baseline dashed where the runs recorded one, and the reference
+  learner (a linear model learnt on the same stream, ``reference.kind``) dotted on the prequential panels;
 - ``measures_vs_time.png``, for a binary task: recall, precision and PR-AUC of the positive class
   (observability/report_measures.py);
 - ``cer_vs_flops.png`` and ``cer_vs_parameters.png``: the CER (the cumulative measure) of one line
@@ -132,8 +133,20 @@ def plot_error_vs_time(runs: list[Run], path: Path) -> None:
         sets.append("prequential_window")
     panels = [(f"{on}_{measure}", _PANELS[on].format(measure=measure, window=_window_words(runs))) for on in sets]
     baseline = (f"baseline_{measure}", baseline_words(measure)) if has_baseline(runs, measure) else None
+    # The reference learner's (reference.kind) beside the network's, on the panels of the same chunks.
+    references = {
+        f"prequential_{measure}": f"reference_{measure}",
+        f"prequential_window_{measure}": f"reference_window_{measure}",
+    }
     plot_error_curves(
-        runs, panels, measure, path, log=measure == "perplexity", axis_label=named(measure), baseline=baseline
+        runs,
+        panels,
+        measure,
+        path,
+        log=measure == "perplexity",
+        axis_label=named(measure),
+        baseline=baseline,
+        references=references,
     )
 
 

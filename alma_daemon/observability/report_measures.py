@@ -23,7 +23,9 @@ from alma_daemon.observability.measure_words import (
     baseline_model,
     cumulative_words,
     direction,
+    served_words,
 )
+from alma_daemon.observability.served_measure import served_measure, served_reference
 
 #: The measures whose columns every report table has (:data:`alma_daemon.observability.report.TABLE_HEADER`).
 PAPER_COLUMNS = ("error", "perplexity")
@@ -60,6 +62,11 @@ def measured_sets(runs: Sequence[RunLike], measure: str) -> list[str]:
 
 def has_baseline(runs: Sequence[RunLike], measure: str) -> bool:
     return any(row.get(f"baseline_{measure}") is not None for run in runs for row in run.series)
+
+
+def has_reference(runs: Sequence[RunLike], measure: str) -> bool:
+    """Whether a run recorded a reference learner's ``measure`` (``reference.kind``, core/reference.py)."""
+    return any(row.get(f"reference_{measure}") is not None for run in runs for row in run.series)
 
 
 @dataclasses.dataclass
@@ -123,9 +130,15 @@ def _summary_cell(key: str, measure: str) -> Callable[[RunLike], str]:
     return lambda run: _cell(run.summary.get(key), measure)
 
 
+def _served_cell(served: Callable[[Sequence[dict], str], float | None], measure: str) -> Callable[[RunLike], str]:
+    """A run's served ``measure`` (the network's or the reference's) from its rows; empty for a run of another measure."""
+    return lambda run: _cell(served(run.series, measure) if run_measure(run) == measure else None, measure)
+
+
 def measure_columns(runs: Sequence[RunLike]) -> list[tuple[str, Callable[[RunLike], str]]]:
     """The table's columns beyond the paper's: (header, cell of a run) for each other measure's
-    cumulative, final and prequential values, each measure's baseline, and the other measures."""
+    cumulative, final and prequential values, each measure's baseline, the served measure of the network
+    and of the reference learner where one ran, and the other measures."""
     measures = list(dict.fromkeys(run_measure(run) for run in runs))
     columns: list[tuple[str, Callable[[RunLike], str]]] = []
     for m in (m for m in measures if m not in PAPER_COLUMNS):
@@ -136,6 +149,11 @@ def measure_columns(runs: Sequence[RunLike]) -> list[tuple[str, Callable[[RunLik
         ]
     for m in (m for m in measures if any(run.summary.get(f"baseline_{m}") is not None for run in runs)):
         columns.append((f"baseline {m}", _summary_cell(f"baseline_{m}", m)))
+    for m in (m for m in measures if has_reference(runs, m)):
+        columns += [
+            (served_words(m), _served_cell(served_measure, m)),
+            (f"{served_words(m)}, reference", _served_cell(served_reference, m)),
+        ]
     if any(_details(run) for run in runs):
         columns.append(("final other measures", _details_cell))
     return columns
@@ -150,6 +168,13 @@ def measure_notes(runs: Sequence[RunLike]) -> list[str]:
         "ignores its inputs, on the test set (else the last chunk): what a model must beat."
         for m in measures
         if any(run.summary.get(f"baseline_{m}") is not None for run in runs)
+    ]
+    notes += [
+        f"{served_words(m)}: the mean prequential {m} over the stream's second half, what users saw; "
+        f"{served_words(m)}, reference: the same of the reference learner, a linear model learnt on the same "
+        "chunks (reference.kind); a network that does no better is behind a linear model."
+        for m in measures
+        if has_reference(runs, m)
     ]
     if any(_details(run) for run in runs):
         notes.append(

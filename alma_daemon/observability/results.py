@@ -64,7 +64,8 @@ def measure_summary(records: Sequence[StepRecord], last: StepRecord) -> dict:
 
     What an endless stream's users saw (observability/served_measure.py): ``served_{m}``, the mean
     prequential measure over the series' second half, and ``longest_wait_chunks``, the most chunks in a
-    row without a stage."""
+    row without a stage. Where a reference learner ran beside the network (``reference.kind``):
+    ``served_reference_{m}`` and ``cumulative_reference_{m}``, its measures on the same chunks."""
     m = last.measure
     summary: dict = {}
     if m == PAPER_MEASURE:
@@ -80,6 +81,12 @@ def measure_summary(records: Sequence[StepRecord], last: StepRecord) -> dict:
     served = judged_mean([r.prequential if r.measure == m else None for r in records])
     if served is not None:
         summary[f"served_{m}"] = served
+    # The reference learner's, beside the network's (core/reference.py), where the steps recorded one.
+    if last.cumulative_reference is not None:
+        summary[f"cumulative_reference_{m}"] = last.cumulative_reference
+    served_reference = judged_mean([r.reference if r.measure == m else None for r in records])
+    if served_reference is not None:
+        summary[f"served_reference_{m}"] = served_reference
     summary["longest_wait_chunks"] = longest_untrained(
         [r.trained for r in records], [r.model_age_chunks for r in records]
     )

@@ -25,6 +25,12 @@ def served_measure(rows: Sequence[Mapping[str, Any]], measure: str, share: float
     return judged_mean([row.get(f"prequential_{measure}") for row in rows], share)
 
 
+def served_reference(rows: Sequence[Mapping[str, Any]], measure: str, share: float = JUDGED_SHARE) -> float | None:
+    """:func:`served_measure` of the reference learner that ran beside the network (``reference.kind``):
+    its prequential ``measure`` on the same chunks; None where the rows recorded none."""
+    return judged_mean([row.get(f"reference_{measure}") for row in rows], share)
+
+
 def judged_mean(values: Sequence[float | None], share: float = JUDGED_SHARE) -> float | None:
     """The mean of the last ``share`` of ``values`` (one a step, in order), its missing and non-finite
     values left out; None when none is finite. :func:`served_measure` of values already read."""

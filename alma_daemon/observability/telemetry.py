@@ -110,6 +110,22 @@ MEASURE_DETAIL = Gauge(
     registry=REGISTRY,
 )
 
+# -- the reference learner (reference.kind): a linear model learnt on the same stream, beside the network
+REFERENCE_PREQUENTIAL_MEASURE = Gauge(
+    "alma_reference_prequential_measure",
+    "The task's measure (label measure) of the reference learner, a linear model learnt on the same stream, on "
+    'the latest chunk before learning it (as alma_task_measure{set="prequential"}); NaN without a reference',
+    ["measure"],
+    registry=REGISTRY,
+)
+REFERENCE_PREQUENTIAL_WINDOW_MEASURE = Gauge(
+    "alma_reference_prequential_window_measure",
+    "The reference learner's measure over the last stream.prequential_window chunks (as "
+    "alma_prequential_window_measure): a network no better is behind a linear model; NaN without a reference",
+    ["measure"],
+    registry=REGISTRY,
+)
+
 # -- freshness: what users of an endless stream saw lately, and how old the model is ----------------
 PREQUENTIAL_WINDOW_MEASURE = Gauge(
     "alma_prequential_window_measure",

@@ -100,6 +100,19 @@ def prequential_window(engine: dict, last: StepRecord | None) -> dict | None:
     return finite({"chunks": len(engine.get("recent_prequential", [])), "mean": last.prequential_window})
 
 
+def reference_window(engine: dict, last: StepRecord | None) -> dict | None:
+    """The reference learner's windowed prequential measure beside the network's, over the same chunks
+    (``reference.kind``, core/reference.py): ``mean``, ``network`` (the network's), ``chunks`` and
+    ``behind`` (the network's is worse); None without a reference, or before its first chunk."""
+    if last is None or last.reference_window is None or last.prequential_window is None:
+        return None
+    reference, network = last.reference_window, last.prequential_window
+    behind = network < reference if higher_is_better(last.measure) else network > reference
+    return finite(
+        {"chunks": len(engine.get("recent_reference", [])), "mean": reference, "network": network, "behind": behind}
+    )
+
+
 def read_status(
     client: Any,
     keys: StreamKeys,
@@ -166,6 +179,7 @@ def read_status(
         "last_test_perplexity": last.measured("perplexity") if last else None,
         "measure": measure_status(last) if last else None,
         "prequential_window": prequential_window(engine, last),
+        "reference": reference_window(engine, last),
         "model_age_chunks": age_chunks,
         "model_age_seconds": age_seconds,
         # The bound the daemon runs by, as it recorded it at its start; else the config's.
@@ -382,8 +396,9 @@ NOT_MEASURED = "n/a (no test set or no chunk yet)"
 
 def measure_rows(status: dict) -> list[tuple[str, str]]:
     """The task's measure: its latest test and prequential values and the mean of the last chunks'
-    (``stream.prequential_window``), its running sum (a classifier's CER), the input-blind baseline and
-    the other measures; a language model's latest test perplexity."""
+    (``stream.prequential_window``), its running sum (a classifier's CER), the input-blind baseline, the
+    reference learner's mean over the same chunks (and whether the network is behind it) and the other
+    measures; a language model's latest test perplexity."""
     measure = status.get("measure")
     if measure is None:
         return [("CER so far", NOT_MEASURED)]
@@ -401,6 +416,16 @@ def measure_rows(status: dict) -> list[tuple[str, str]]:
     ]
     if measure["baseline"] is not None:
         rows.append((baseline_words(m), shown(m, measure["baseline"])))
+    reference = status.get("reference")
+    if reference:
+        verdict = "behind the reference" if reference["behind"] else "not behind the reference"
+        rows.append(
+            (
+                "reference (linear)",
+                f"last {reference['chunks']} chunks {_or_na(m, reference['mean'])}, the network's "
+                f"{_or_na(m, reference['network'])}: {verdict}",
+            )
+        )
     if measure["details"]:
         on = "test set" if measure["details_on"] == "test" else "latest chunk"
         values = ", ".join(f"{name} {_or_na(m, value)}" for name, value in measure["details"].items())

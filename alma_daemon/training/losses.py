@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
@@ -59,7 +60,9 @@ class TaskLoss(ABC):
         self.task = task
         #: What early stopping reads: the task's measure, or for recall and precision the balanced error
         #: (:func:`~alma_daemon.measures.stopping_measure`).
-        self.measure: Measure = stopping_measure(task_measure(task))
+        #: (a binary task's decision left out: the network's own outputs are weighted, not calibrated, and
+        #: the decision is chosen after the stage on them).
+        self.measure: Measure = stopping_measure(task_measure(replace(task, threshold=None, calibration=None)))
 
     @abstractmethod
     def per_example(self, raw: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,144 @@
+"""What a team's stage trains and validates on (the pooled validation set, the class-aware replay set),
+the decision it leaves with the version, and a resumed engine that goes on as an uninterrupted one."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from alma_daemon.config import ConfigError, build_config
+from alma_daemon.core.assembly import assemble_engine
+from alma_daemon.core.checkpoints import REPLAY, VALIDATION, CheckpointStore
+from alma_daemon.core.chunk_buffer import MemoryBuffer
+from alma_daemon.core.engine_state import EngineState
+from alma_daemon.core.records import timeless
+from alma_daemon.data.datasets import MNIST_TASK, TaskInfo
+from alma_daemon.data.stream_task import configured_task, with_target_terms
+from alma_daemon.data.streams import Chunk, partition
+from alma_daemon.data.tensors import LabeledData
+
+FRAUD_TASK = TaskInfo("classification", (6,), 2, normalization="standardize")
+COST_TASK = {"classes": ["ok", "fraud"], "measure": "cost", "false_negative_cost": 20, "class_weights": [1, 20]}
+
+
+def fraud_data(n: int, seed: int, share: float = 0.05) -> LabeledData:
+    g = torch.Generator().manual_seed(seed)
+    y = (torch.rand(n, generator=g) < share).long()
+    x = torch.randn(n, 6, generator=g) * 2 + 10
+    x[:, :2] += 3.0 * y.view(-1, 1)
+    return LabeledData(x, y)
+
+
+def engine_for(tmp_path, task: dict, stream: dict | None = None, state=None, epochs: int = 4):
+    config = build_config(
+        {
+            "task": task,
+            "stream": stream or {},
+            "dataset": {"normalization": "standardize"},
+            "train": {"epochs": epochs, "patience": 1, "batch_size": 64, "optimizer": "adam", "lr": 0.01},
+            "learner": {"width": 8},
+            "policy": {"name": "fixed", "wait": 1},
+            "device": "cpu",
+        }
+    )
+    store = CheckpointStore(tmp_path, "model")
+    task_info = configured_task(FRAUD_TASK, config)
+    return assemble_engine(
+        config, task_info, MemoryBuffer(), test_set=fraud_data(400, seed=99), checkpoints=store, state=state
+    )
+
+
+def chunks(count: int = 6, size: int = 400) -> list[Chunk]:
+    return [Chunk(i, part) for i, part in enumerate(partition(fraud_data(size * count, seed=1), count, 0), start=1)]
+
+
+def test_a_teams_stages_validate_on_the_pool_replay_a_stratified_sample_and_save_both(tmp_path):
+    engine = engine_for(tmp_path, COST_TASK)
+    assert (engine.recipe.keep, engine.recipe.validation_examples) == ("classes", 2000)
+    stream = chunks()
+    for chunk in stream:
+        engine.on_chunk(chunk)
+    pool, replay = engine.validation_pool, engine.replay_reservoir
+    # Every chunk's held-out share stays in the pool (2,400 examples x 10 % < 2,000).
+    assert pool is not None and len(pool) == sum(round(len(c.data) * 0.1) for c in stream)
+    assert replay is not None and len(replay) == sum(len(c.data) for c in stream) - len(pool)
+    saved = load_file(str(tmp_path / "model" / str(engine.state.model_version) / VALIDATION))
+    assert torch.equal(saved["x"], pool.data.x) and tuple(saved["seen"].tolist()) == pool.seen
+    assert (tmp_path / "model" / str(engine.state.model_version) / REPLAY).is_file()
+    # A stage trains on its new chunk and as many replayed examples: the record counts both.
+    last = engine.state.series[-1]
+    assert last["epochs"] >= 1 and last["model_version"] == len(stream)
+
+
+def test_the_cost_decision_is_chosen_after_each_stage_saved_with_the_version_and_measured_with(tmp_path):
+    engine = engine_for(tmp_path, COST_TASK)
+    for chunk in chunks():
+        engine.on_chunk(chunk)
+    task = engine.learner.task
+    assert task.decision == "cost" and task.threshold == pytest.approx(1 / 21)
+    assert task.calibration is not None
+    version = engine.state.model_version
+    spec = json.loads((tmp_path / "model" / str(version) / "spec.json").read_text())
+    assert spec["task"]["threshold"] == pytest.approx(1 / 21)
+    metrics = json.loads((tmp_path / "model" / str(version) / "metrics.json").read_text())
+    assert metrics["threshold"] == pytest.approx(1 / 21)
+    assert engine.state.series[-1]["threshold"] == pytest.approx(1 / 21)
+    # The engine measures with the same decision the version serves: flagged where calibrated p >= 1/21.
+    test = fraud_data(400, seed=99)
+    outputs = engine.learner.outputs(test)
+    flagged = outputs[:, 1] >= 1 / 21
+    cost = float(((test.y == 1) & ~flagged).sum() * 20 + ((test.y == 0) & flagged).sum()) / len(test)
+    assert engine.state.series[-1]["test_cost"] == pytest.approx(cost)
+
+
+def test_a_resumed_engine_goes_on_with_the_reservoirs_and_decision_the_last_stage_left(tmp_path):
+    stream = chunks()
+    whole = engine_for(tmp_path / "whole", COST_TASK)
+    for chunk in stream:
+        whole.on_chunk(chunk)
+    first = engine_for(tmp_path / "resumed", COST_TASK)
+    for chunk in stream[:3]:
+        first.on_chunk(chunk)
+    state = EngineState(**json.loads(json.dumps(first.state.__dict__)))
+    resumed = engine_for(tmp_path / "resumed", COST_TASK, state=state)
+    assert torch.equal(resumed.validation_pool.data.x, first.validation_pool.data.x)
+    assert torch.equal(resumed.replay_reservoir.ranks, first.replay_reservoir.ranks)
+    assert resumed.learner.task.threshold == first.learner.task.threshold
+    for chunk in stream[3:]:
+        resumed.on_chunk(chunk)
+    assert [timeless(r) for r in resumed.state.series] == [timeless(r) for r in whole.state.series]
+
+
+def test_a_pool_too_small_to_stop_on_says_so_and_trains_every_epoch(tmp_path, caplog):
+    engine = engine_for(tmp_path, COST_TASK, epochs=3)
+    rare = LabeledData(fraud_data(300, seed=5, share=0.0).x, torch.zeros(300, dtype=torch.long))
+    rare.y[:2] = 1
+    with caplog.at_level(logging.WARNING, logger="alma_daemon.core.engine"):
+        engine.on_chunk(Chunk(1, rare))
+    (warning,) = [r.getMessage() for r in caplog.records if "too few to decide" in r.getMessage()]
+    assert "holds 0 positives" in warning and "train.epochs=3" in warning
+    row = engine.state.series[-1]
+    assert row["epochs"] == 3 and row["best_epoch"] == 3
+
+
+def test_the_old_recipe_and_the_papers_tasks_keep_no_reservoir(tmp_path):
+    engine = engine_for(tmp_path, COST_TASK, stream={"replay": False, "validation_examples": 0})
+    for chunk in chunks(2):
+        engine.on_chunk(chunk)
+    assert engine.validation_pool is None and engine.replay_reservoir is None
+    paper = build_config({}).stream.recipe(MNIST_TASK.is_team_task)
+    assert (paper.keep, paper.validation_examples) == ("none", 0)
+
+
+def test_a_threshold_decision_on_more_than_two_classes_is_refused_naming_the_key():
+    config = build_config({"task": {"decision": "recall", "decision_target": 0.9}})
+    with pytest.raises(ConfigError, match=r"^task.decision: recall decides between two classes; this task has 10"):
+        with_target_terms(MNIST_TASK, config.task)
+    binary = with_target_terms(FRAUD_TASK, config.task)
+    assert (binary.decision, binary.decision_target) == ("recall", 0.9)
+    assert with_target_terms(FRAUD_TASK, build_config({"task": COST_TASK}).task).decision == "cost"
+    assert with_target_terms(FRAUD_TASK, build_config({}).task).decision == ""
