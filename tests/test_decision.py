@@ -57,6 +57,13 @@ def test_platts_scaling_recovers_a_known_miscalibration():
     slope, intercept = fit_calibration(raw, positives, torch.ones(20_000), 1, (1.0, 0.0))
     assert slope == pytest.approx(0.5, abs=0.03) and intercept == pytest.approx(-0.5, abs=0.08)
     assert fit_calibration(raw[:50], positives[:50], torch.ones(50), 1, (1.0, 0.0)) is None  # too few positives
+    # A pool the network separates perfectly (11 positives at 0.999, 1,989 negatives at 0.001) keeps a finite,
+    # moderate fit: the positives are not all certain, so neither is the calibrated probability.
+    separated = probabilities(torch.cat([torch.full((11,), 0.999), torch.full((1_989,), 0.001)]).double())
+    labels = torch.arange(2_000) < 11
+    slope, intercept = fit_calibration(separated, labels, torch.ones(2_000), 1, (1.0, 0.0))
+    p = calibrated(separated, (slope, intercept), 1)[:, 1]
+    assert 0.5 < slope < 3 and 0.8 < float(p[0]) < 0.99 and 1e-5 < float(p[-1]) < 1e-3
     assert torch.allclose(log_odds(torch.tensor([0.5, 1.0])), torch.tensor([0.0, 30.0], dtype=torch.float64))
 
 

@@ -62,7 +62,7 @@ def test_a_teams_stages_validate_on_the_pool_replay_a_stratified_sample_and_save
     stream = chunks()
     for chunk in stream:
         engine.on_chunk(chunk)
-    pool, replay = engine.validation_pool, engine.replay_reservoir
+    pool, replay = engine.team.validation_pool, engine.team.replay_reservoir
     # Every chunk's held-out share stays in the pool (2,400 examples x 10 % < 2,000).
     assert pool is not None and len(pool) == sum(round(len(c.data) * 0.1) for c in stream)
     assert replay is not None and len(replay) == sum(len(c.data) for c in stream) - len(pool)
@@ -105,8 +105,8 @@ def test_a_resumed_engine_goes_on_with_the_reservoirs_and_decision_the_last_stag
         first.on_chunk(chunk)
     state = EngineState(**json.loads(json.dumps(first.state.__dict__)))
     resumed = engine_for(tmp_path / "resumed", COST_TASK, state=state)
-    assert torch.equal(resumed.validation_pool.data.x, first.validation_pool.data.x)
-    assert torch.equal(resumed.replay_reservoir.ranks, first.replay_reservoir.ranks)
+    assert torch.equal(resumed.team.validation_pool.data.x, first.team.validation_pool.data.x)
+    assert torch.equal(resumed.team.replay_reservoir.ranks, first.team.replay_reservoir.ranks)
     assert resumed.learner.task.threshold == first.learner.task.threshold
     for chunk in stream[3:]:
         resumed.on_chunk(chunk)
@@ -129,7 +129,7 @@ def test_the_old_recipe_and_the_papers_tasks_keep_no_reservoir(tmp_path):
     engine = engine_for(tmp_path, COST_TASK, stream={"replay": False, "validation_examples": 0})
     for chunk in chunks(2):
         engine.on_chunk(chunk)
-    assert engine.validation_pool is None and engine.replay_reservoir is None
+    assert engine.team.validation_pool is None and engine.team.replay_reservoir is None
     paper = build_config({}).stream.recipe(MNIST_TASK.is_team_task)
     assert (paper.keep, paper.validation_examples) == ("none", 0)
 
@@ -142,3 +142,14 @@ def test_a_threshold_decision_on_more_than_two_classes_is_refused_naming_the_key
     assert (binary.decision, binary.decision_target) == ("recall", 0.9)
     assert with_target_terms(FRAUD_TASK, build_config({"task": COST_TASK}).task).decision == "cost"
     assert with_target_terms(FRAUD_TASK, build_config({}).task).decision == ""
+
+
+def test_a_backtest_that_never_fills_the_pooled_validation_set_says_so(tmp_path, caplog):
+    engine = engine_for(tmp_path, COST_TASK)
+    for chunk in chunks(2):
+        engine.on_chunk(chunk)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="alma_daemon.core.engine"):
+        engine.say_unfilled_pool()
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert warning.startswith("stream.validation_examples=2000 is more than the 80 examples this stream's 2 chunks")

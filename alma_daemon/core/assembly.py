@@ -18,7 +18,6 @@ from alma_daemon.config import Config, ConfigError
 from alma_daemon.core.checkpoints import CheckpointStore
 from alma_daemon.core.chunk_buffer import ChunkBuffer
 from alma_daemon.core.engine import Engine, EngineObserver, EngineState
-from alma_daemon.core.example_reservoir import ExampleReservoir
 from alma_daemon.core.reference import build_reference
 from alma_daemon.data.datasets import TaskInfo
 from alma_daemon.data.tensors import LabeledData
@@ -73,19 +72,9 @@ def assemble_engine(
         state=state,
     )
     if version and checkpoints is not None:
-        restore_reservoirs(engine, checkpoints, version)
+        engine.team.restore(checkpoints, version)
     engine.reference = reference
     return engine
-
-
-def restore_reservoirs(engine: Engine, checkpoints: CheckpointStore, version: int) -> None:
-    """The pooled validation set and the replay set as the stage of ``version`` left them."""
-    pool, replay = (checkpoints.reservoir(version, name) for name in ("validation", "replay"))
-    recipe = engine.recipe
-    if recipe.validation_examples and pool is not None:
-        engine.validation_pool = ExampleReservoir.from_tensors(pool)
-    if recipe.keep == "classes" and replay is not None:
-        engine.replay_reservoir = ExampleReservoir.from_tensors(replay)
 
 
 def check_measure(task: TaskInfo) -> None:

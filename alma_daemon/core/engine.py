@@ -25,40 +25,24 @@ import torch
 
 from alma_daemon.config import Config
 from alma_daemon.core.checkpoints import CheckpointStore
-from alma_daemon.core.chunk_buffer import ChunkBuffer, StageData
+from alma_daemon.core.chunk_buffer import ChunkBuffer
 from alma_daemon.core.engine_state import EngineState
-from alma_daemon.core.example_reservoir import ExampleReservoir, proportional_quotas
 from alma_daemon.core.records import CUMULATIVE_MEASURES, StageRecord, StepRecord
 from alma_daemon.core.reference import ReferenceLearner
 from alma_daemon.core.stage_plan import StagePlan
+from alma_daemon.core.team_stage import TeamStage
 from alma_daemon.data.streams import Chunk, build_drift, prequential_sample, split_chunk
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import Learner
 from alma_daemon.learners.growth_report import GrowthReport
 from alma_daemon.measures import Measure, Measurement
-from alma_daemon.measures.decision import (
-    THRESHOLD_DECISIONS,
-    calibrated,
-    choose_threshold,
-    fit_calibration,
-    prior_calibration,
-)
+from alma_daemon.measures.decision import RELIABILITY_EDGES, reliability
 from alma_daemon.seeding import derive_seed
 from alma_daemon.training.loop import FitReport, Trainer
 from alma_daemon.training.optim import resolve_optimizer_name
 from policies import Decision, Policy, PolicyState
 
 log = logging.getLogger(__name__)
-
-#: A pooled validation set decides when a stage stops from this many examples (a binary task: positives)
-#: on; with fewer, one mistake more or less moves the measure more than an epoch does.
-MIN_STOPPING_EXAMPLES = 50
-#: A stage validates on at least this many of the pooled validation set's newest examples.
-MIN_STAGE_VALIDATION = 200
-#: The replay set keeps each class's share of the stream, with no floor: a floor kept old frauds that
-#: taught a rule the fraudsters had left (benchmarks/bench_fraud.py, tuned on history seed 0).
-REPLAY_QUOTAS = proportional_quotas(0)
-MIN_STOPPING_POSITIVES = 10
 
 
 class EngineObserver:
@@ -115,12 +99,8 @@ class Engine:
         #: What a stage trains and validates on: the task's defaults applied (docs/policies.md).
         self.recipe = config.stream.recipe(learner.task.is_team_task)
         self.stage_plan = StagePlan.from_config(config, self.recipe)
-        #: The pooled validation set and the class-aware replay set, as the last stage left them (None
-        #: before it, or where the recipe keeps none); saved with each checkpoint, restored from it.
-        self.validation_pool: ExampleReservoir | None = None
-        self.replay_reservoir: ExampleReservoir | None = None
-        #: Warnings said once a stream (too few to stop early, a decision target not met).
-        self._said: set[str] = set()
+        #: The pooled validation set and the replay set of a team's task, and its decision (team_stage.py).
+        self.team = TeamStage(self.recipe, config)
         #: The caps already named as smaller than a chunk (:meth:`_check_caps`).
         self._caps_named: set[str] = set()
         # A drifting stream (stream.drift) changes the test set from the first drifted chunk on, as the
@@ -143,7 +123,7 @@ class Engine:
             self.learner.take_statistics(chunk.data)
         stream = self.config.stream
         sample = prequential_sample(chunk, stream.prequential_examples, stream.seed)
-        prequential, details = self.learner.assess(sample)
+        prequential, details, outputs = self.learner.assess_outputs(sample)
         reference = None
         if self.reference is not None:
             # Measured on the network's sample before it learns, then taught the whole chunk (core/reference.py).
@@ -171,7 +151,18 @@ class Engine:
             details=details,
             baseline=baseline,
             reference=reference,
+            reliability=self._reliability(outputs, sample),
         )
+
+    def _reliability(self, outputs: torch.Tensor | None, sample: LabeledData) -> list[list[float]] | None:
+        """A binary task's reliability on the prequential sample: the probabilities of the positive class
+        it was served (calibrated, as the version answers) binned with its positives; None for other tasks."""
+        task = self.learner.task
+        if task.target_kind != "binary" or outputs is None:
+            return None
+        bins = reliability(outputs[:, task.positive], sample.y == task.positive, edges=RELIABILITY_EDGES)
+        # Counts as integers and sums to 6 places: a row a step, for as long as the stream runs.
+        return [[int(n), round(p, 6), int(k)] for n, p, k in bins]
 
     def _check_caps(self, chunk: Chunk) -> None:
         """A replay set or a stage cap smaller than a chunk is said once, when the first such chunk comes
@@ -208,8 +199,7 @@ class Engine:
         pending = self.buffer.pending_examples()
         age_chunks, age_seconds = self.model_age()
         kept = self.stage_plan.stage_examples(pending, self.buffer.kept_examples())
-        if self.replay_reservoir is not None:
-            kept += min(len(self.replay_reservoir), round(pending * (1 - self.config.stream.val_fraction)))
+        kept += self.team.replayed_examples(round(pending * (1 - self.config.stream.val_fraction)))
         return PolicyState(
             chunks_seen=self.state.chunks_seen,
             chunks_pending=len(self.buffer.pending_chunks()),
@@ -289,7 +279,8 @@ class Engine:
         stage = self.state.stages_done + 1
         trainer = self._stage_trainer(stage)
         data = self.buffer.training_data(self.stage_plan, stage)
-        train, val, pool, replay = self._stage_examples(data)
+        examples = self.team.examples(data, self.learner, self.stage_plan.max_stage_examples)
+        train, val = examples.train, examples.val
         kind = "scratch" if self.config.train.from_scratch else "finetune"
         growth: GrowthReport | None = None
         # Growth first: it chooses from the trained model (gMoE's losing expert, Firefly's candidates),
@@ -300,13 +291,13 @@ class Engine:
                 kind = "grow"
         if self.config.train.from_scratch and self.state.stages_done > 0:
             self.learner.reinitialize(derive_seed(self.config.seed, "scratch", stage))
-        fit_val = val if self._stops_early(stage, val) else val.subset(slice(0, 0))
+        fit_val = val if self.team.stops_early(stage, val, self.learner) else val.subset(slice(0, 0))
         report: FitReport = self.learner.fit(train, fit_val, trainer)
         # The passes that chose how to grow (validation losses, candidate scoring) are training compute.
         report = replace(report, flops=report.flops + int(growth.flops or 0 if growth else 0))
         self.buffer.mark_trained(self.stage_plan, data.choice)
-        self.validation_pool, self.replay_reservoir = pool, replay
-        self._choose_decision(val)
+        self.team.trained(examples)
+        self.team.choose_decision(self.learner, val)
         val_measure = self.learner.measure_on(val).value
         self.state.stages_done = stage
         self.state.model_version += 1
@@ -345,103 +336,9 @@ class Engine:
         self._checkpoint(record, val)
         return record
 
-    def _stage_examples(
-        self, data: StageData
-    ) -> tuple[LabeledData, LabeledData, ExampleReservoir | None, ExampleReservoir | None]:
-        """(train, validation) of a stage and the reservoirs it leaves: the pooled validation set offered
-        the new chunks' held-out share, the stage validating on its newest part; the class-aware replay set
-        adds as many of its examples as the stage has new ones (within ``train.max_stage_examples``), then
-        is offered them. Both keep the stream's class mix (stratified, so a rare class is never sampled
-        away), the validation set with a floor of ``serving.promotion_min_positives`` of each class (the
-        guard's minimum) where the stream has had them."""
-        recipe, seed = self.recipe, self.config.stream.seed
-        train, val = data.train, data.val
-        strata = self.learner.task.num_classes if self.learner.task.kind == "classification" else 1
-        quotas = proportional_quotas(self.config.serving.promotion_min_positives)
-        pool = self.validation_pool
-        if recipe.validation_examples:
-            pool = (pool or ExampleReservoir.empty(train, strata)).offered_splits(
-                data.fresh, "val", seed, recipe.validation_examples, quotas, recipe.half_life
-            )
-            # The stage reads the newest of the pool (its ranks favour recent chunks): as many as its own
-            # chunks hold out, at least MIN_STAGE_VALIDATION, reaching further back only for the positives
-            # early stopping needs. Further back is the guard's: on a moving stream (a new fraud rule) old
-            # examples would stop a stage before it learns what holds now.
-            wanted = max(len(data.val), MIN_STAGE_VALIDATION)
-            val = pool.sample(wanted, proportional_quotas(MIN_STOPPING_POSITIVES))
-        replay = self.replay_reservoir
-        if recipe.keep == "classes":
-            assert recipe.replay_examples is not None  # StreamConfig.recipe
-            replay = replay or ExampleReservoir.empty(train, strata)
-            room = len(train)
-            cap = self.stage_plan.max_stage_examples
-            if cap is not None:
-                room = min(room, max(0, cap - len(data.train) - len(data.val)))
-            if room and len(replay):
-                train = LabeledData.concat([train, replay.sample(room, REPLAY_QUOTAS)])
-            replay = replay.offered_splits(
-                data.fresh, "train", seed, recipe.replay_examples, REPLAY_QUOTAS, recipe.half_life
-            )
-        return train, val, pool, replay
-
-    def _stops_early(self, stage: int, val: LabeledData) -> bool:
-        """Whether a stage with a pooled validation set has enough of it to decide when to stop; with too
-        few examples (or positives) it trains every one of ``train.epochs`` epochs and keeps the last."""
-        if not self.recipe.validation_examples:
-            return True
-        task = self.learner.task
-        if task.target_kind == "binary":
-            held, needed, what = int((val.y == task.positive).sum()), MIN_STOPPING_POSITIVES, "positives"
-        else:
-            held, needed, what = len(val), MIN_STOPPING_EXAMPLES, "examples"
-        if held >= needed:
-            return True
-        self._say(
-            "stopping",
-            f"stage {stage}: the pooled validation set holds {held} {what}, too few to decide when to stop "
-            f"(from {needed}): the stage trains all train.epochs={self.config.train.epochs} epochs and keeps the last",
-        )
-        return False
-
-    def _choose_decision(self, val: LabeledData) -> None:
-        """A binary task's decision for the version this stage made: its probabilities calibrated on the
-        stage's validation set (weighted back to the stream's class mix) and the threshold its
-        ``task.decision`` asks for, both into the learner's task (alma_daemon/measures/decision.py)."""
-        task = self.learner.task
-        if task.target_kind != "binary" or task.decision not in THRESHOLD_DECISIONS:
-            return
-        positives = val.y == task.positive
-        if not bool(positives.any()):
-            self._say("decision", "the validation set holds no positive yet: the decision stays as it was")
-            return
-        self.learner.task = replace(task, calibration=None, threshold=None)
-        raw = self.learner.outputs(val)
-        pool = self.validation_pool
-        weights = pool.stream_weights(val.y) if pool is not None else torch.ones(len(val))
-        prior = prior_calibration(task.class_weights, task.positive)
-        calibration = fit_calibration(raw, positives, weights, task.positive, prior) or prior
-        probabilities = calibrated(raw, calibration, task.positive)[:, task.positive]
-        choice = choose_threshold(
-            task.decision,
-            task.decision_target,
-            probabilities,
-            positives,
-            weights,
-            task.false_negative_cost,
-            task.false_positive_cost,
-        )
-        if not choice.met:
-            self._say(
-                "decision target",
-                f"task.decision_target: no threshold meets a {task.decision} of {task.decision_target:g} on the "
-                f"validation set (at best {choice.reached:.3g}): the threshold nearest to it is used",
-            )
-        self.learner.task = replace(task, calibration=calibration, threshold=choice.threshold)
-
-    def _say(self, topic: str, message: str) -> None:
-        """``message`` as a warning the first time of ``topic`` in a stream, then at info level."""
-        log.log(logging.INFO if topic in self._said else logging.WARNING, message)
-        self._said.add(topic)
+    def say_unfilled_pool(self) -> None:
+        """At a finite stream's end (a backtest): a pooled validation set the stream never filled is said."""
+        self.team.say_unfilled_pool(self.state.chunks_seen)
 
     def _stage_trainer(self, stage: int) -> Trainer:
         """The trainer of stage ``stage``, with torch's global RNG seeded for the stage too."""
@@ -468,12 +365,9 @@ class Engine:
         if self.checkpoints is None:
             return
         metrics = record.checkpoint_metrics()
-        reservoirs = {
-            name: reservoir.tensors()
-            for name, reservoir in (("validation", self.validation_pool), ("replay", self.replay_reservoir))
-            if reservoir is not None and len(reservoir)
-        }
-        path = self.checkpoints.save(self.learner, record.model_version, metrics, validation=val, reservoirs=reservoirs)
+        path = self.checkpoints.save(
+            self.learner, record.model_version, metrics, validation=val, reservoirs=self.team.tensors()
+        )
         for observer in self.observers:
             observer.on_checkpoint(record.model_version, str(path), metrics, self)
 
@@ -513,10 +407,12 @@ class Engine:
         details: dict[str, float] | None = None,
         baseline: float | None = None,
         reference: float | None = None,
+        reliability: list[list[float]] | None = None,
     ) -> StepRecord:
         """The step's record, with the test-set measures and the running totals; ``details`` are the
         chunk's other measures, ``baseline`` the input-blind model's on the chunk (used without a test set),
-        ``reference`` the reference learner's prequential measure (None: no reference)."""
+        ``reference`` the reference learner's prequential measure (None: no reference), ``reliability``
+        a binary task's reliability bins on the chunk (:meth:`_reliability`)."""
         measure = self.learner.measure
         test_set = self.test_set_at(chunk.index)
         tested = self.test_measure(test_set)
@@ -560,6 +456,7 @@ class Engine:
             model_age_seconds=age_seconds,
             test_measures=_finite_values(test_details),
             prequential_measures=_finite_values(details),
+            reliability=reliability,
             baseline=baseline,
             reference=reference,
             cumulative_reference=s.cumulative_reference if reference is not None else None,

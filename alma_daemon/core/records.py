@@ -192,6 +192,11 @@ class StepRecord:
     #: the chunk; rows of a task that has none (the paper's) have no such keys.
     test_measures: dict[str, float | None] | None = column(default=None, only_if_true=True)
     prequential_measures: dict[str, float | None] | None = column(default=None, only_if_true=True)
+    #: A binary task's reliability on the chunk's prequential sample (the probabilities users were served,
+    #: before the model trained on them): per bin of the positive class's probability between
+    #: :data:`~alma_daemon.measures.decision.RELIABILITY_EDGES`, [examples, sum of the probabilities,
+    #: positives]. None for other tasks and in rows written before it was recorded.
+    reliability: list[list[float]] | None = column(default=None, only_if_set=True)
     #: The measure of an input-blind model (the majority class, the mean target) on the test set, else
     #: on the chunk: what the model must beat. Recorded for the tasks of a team (a measure, a binary or
     #: a regression task), not for the paper's.

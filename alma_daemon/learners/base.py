@@ -267,9 +267,15 @@ class Learner(ABC):
 
     def assess(self, data: LabeledData) -> tuple[Measurement, dict[str, float]]:
         """The task's measure on ``data`` and its other measures (:meth:`Measure.details`), from one pass."""
+        measurement, details, _ = self.assess_outputs(data)
+        return measurement, details
+
+    def assess_outputs(self, data: LabeledData) -> tuple[Measurement, dict[str, float], torch.Tensor | None]:
+        """:meth:`assess` with the outputs both were read from (:meth:`outputs`; None for a learner whose
+        measure reads none): the engine bins a binary task's probabilities from the same pass."""
         outputs = self.outputs(data)
         measure = self.task_measure
-        return measure.measure(outputs, data.y), measure.details(outputs, data.y)
+        return measure.measure(outputs, data.y), measure.details(outputs, data.y), outputs
 
     def _standardized(self, x: torch.Tensor, normalize: Normalize) -> torch.Tensor:
         """``x`` as the model's layers take it, kept while ``x`` lives: the engine measures one test set

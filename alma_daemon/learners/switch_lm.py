@@ -116,8 +116,8 @@ class LanguageModel(Learner):
         with torch.inference_mode():
             return Measurement(math.exp(token_nll(self.log_proba, data, self.device)), data.y.numel(), math.nan)
 
-    def assess(self, data: LabeledData) -> tuple[Measurement, dict[str, float]]:
-        return self.measure_on(data), {}
+    def assess_outputs(self, data: LabeledData) -> tuple[Measurement, dict[str, float], torch.Tensor | None]:
+        return self.measure_on(data), {}, None
 
     def example_input(self) -> torch.Tensor:
         return torch.zeros((1, *self.task.input_shape), dtype=torch.long, device=self.device)

@@ -69,15 +69,18 @@ def fit_calibration(
 ) -> tuple[float, float] | None:
     """Platt's scaling: the (slope, intercept) of a logistic regression of ``positives`` on the positive
     class's log-odds, each example weighted (the pool's mix back to the stream's), by Newton's method from
-    ``prior``, with a weak pull towards it so that a pool of few positives cannot run away. None where the
-    pool holds fewer than :data:`MIN_CALIBRATION_EXAMPLES` of either class."""
+    ``prior``, with a weak pull towards it. Platt's smoothed targets ((n+ + 1) / (n+ + 2) for a positive,
+    1 / (n- + 2) for a negative) keep the fit finite where the network separates the pool's few positives
+    perfectly: with 0/1 targets the slope ran to thousands and served only 0 and 1. None where the pool
+    holds fewer than :data:`MIN_CALIBRATION_EXAMPLES` of either class."""
     positives = positives.bool()
     if int(positives.sum()) < MIN_CALIBRATION_EXAMPLES or int((~positives).sum()) < MIN_CALIBRATION_EXAMPLES:
         return None
     z = log_odds(outputs[:, positive])
     features = torch.stack([z, torch.ones_like(z)], dim=1)
-    target = positives.double()
     w = weights.double() * len(weights) / float(weights.sum())
+    n_pos, n_neg = float(w[positives].sum()), float(w[~positives].sum())
+    target = torch.where(positives, (n_pos + 1) / (n_pos + 2), 1 / (n_neg + 2)).double()
     anchor = torch.tensor(prior, dtype=torch.float64)
     theta = anchor.clone()
     ridge = 1.0
@@ -132,12 +135,34 @@ def choose_threshold(
     return ThresholdChoice(float(p[i]), met=bool(len(meeting)), reached=float(precision[i]))
 
 
-def reliability(probabilities: torch.Tensor, positives: torch.Tensor, bins: int = 10) -> list[list[float]]:
-    """Per bin of the positive class's probability (equal widths over [0, 1]): [examples, sum of the
-    probabilities, positives], what a reliability figure sums over chunks."""
-    p = probabilities.double().clamp(0, 1)
-    index = (p * bins).long().clamp(max=bins - 1)
+#: The bins of the reliability the engine records per step (:func:`reliability`), as edges over [0, 1]:
+#: the tenths, with 1-2-5 steps towards 0 and 1 where a rare class's probabilities crowd (a 2 %-positive
+#: task serves most examples below 0.05, and its cost threshold sits there too). A report merges them back
+#: into tenths where the probabilities spread (observability/report_reliability.py).
+RELIABILITY_EDGES = (
+    (0.0, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05)
+    + tuple(round(0.1 * i, 1) for i in range(1, 10))
+    + (0.95, 0.98, 0.99, 0.995, 0.998, 0.999, 1.0)
+)
+
+
+def reliability(
+    probabilities: torch.Tensor, positives: torch.Tensor, bins: int = 10, *, edges: tuple[float, ...] | None = None
+) -> list[list[float]]:
+    """Per bin of the positive class's probability (``bins`` of equal widths over [0, 1], or those between
+    ``edges``, from 0 to 1): [examples, sum of the probabilities, positives], what a reliability figure
+    sums over chunks. A bin holds its lower edge (the last one 1 too); a non-finite probability (a
+    diverged model's) is in none."""
+    p = probabilities.double()
+    finite = p.isfinite()
+    p, hits_of = p[finite].clamp(0, 1), positives[finite].double()
+    if edges is None:
+        index = (p * bins).long().clamp(max=bins - 1)
+    else:
+        bins = len(edges) - 1
+        inner = torch.tensor(edges[1:-1], dtype=torch.float64)
+        index = torch.bucketize(p, inner, right=True)
     count = torch.bincount(index, minlength=bins).double()
     total = torch.bincount(index, weights=p, minlength=bins)
-    hits = torch.bincount(index, weights=positives.double(), minlength=bins)
+    hits = torch.bincount(index, weights=hits_of, minlength=bins)
     return [[float(c), float(t), float(h)] for c, t, h in zip(count, total, hits, strict=True)]

@@ -6,6 +6,8 @@
   learner (a linear model learnt on the same stream, ``reference.kind``) dotted on the prequential panels;
 - ``measures_vs_time.png``, for a binary task: recall, precision and PR-AUC of the positive class
   (observability/report_measures.py);
+- ``reliability.png``, for a binary task: the share of positives observed against the probability
+  served, per bin, over the stream's second half, beside the diagonal (observability/report_reliability.py);
 - ``cer_vs_flops.png`` and ``cer_vs_parameters.png``: the CER (the cumulative measure) of one line
   per (method, size) joining its waiting times (the paper's Fig. 2); left out where there is a single
   point (one run);
@@ -57,6 +59,7 @@ from alma_daemon.observability.report_measures import (
     run_measure,
 )
 from alma_daemon.observability.report_policies import PICK_BY_SERVED, policy_section, stale_figures
+from alma_daemon.observability.report_reliability import RELIABILITY_PLOT, plot_reliability
 from alma_daemon.observability.results import read_results
 
 #: The plots of a report: file name, caption (the paper's: a report of another measure names it instead).
@@ -201,12 +204,14 @@ _CER_COSTS = (
 def draw_plots(runs: list[Run], folder: Path, prefix: str = "") -> list[tuple[str, str]]:
     """Draw the report's plots into ``folder`` (each file name after ``prefix``); return the
     (file name, caption) of those drawn: the CER plots are left out for a single point, the
-    replay plot where no configuration ran both ways, the details plot but for a binary task."""
+    replay plot where no configuration ran both ways, the details and reliability plots but for a binary task."""
     caption = captions(folder_measure(runs))
     plot_error_vs_time(runs, folder / f"{prefix}{PLOTS[0][0]}")
     drawn = [(f"{prefix}{PLOTS[0][0]}", caption[PLOTS[0][0]])]
     if plot_details(runs, folder / f"{prefix}{DETAILS_PLOT[0]}"):
         drawn.append((f"{prefix}{DETAILS_PLOT[0]}", DETAILS_PLOT[1]))
+    if plot_reliability(runs, folder / f"{prefix}{RELIABILITY_PLOT[0]}"):
+        drawn.append((f"{prefix}{RELIABILITY_PLOT[0]}", RELIABILITY_PLOT[1]))
     for (name, _), (key, label) in zip(PLOTS[1:], _CER_COSTS, strict=True):
         if plot_cer_vs(runs, key, label, folder / f"{prefix}{name}"):
             drawn.append((f"{prefix}{name}", caption[name]))
@@ -333,6 +338,7 @@ def write_report(root: str | Path, out: str | Path | None = None, *, html: bool 
         *PLOTS,
         REPLAY_PLOT,
         DETAILS_PLOT,
+        RELIABILITY_PLOT,
         AGE_PLOT,
     ):  # a figure an earlier report of this folder drew, now untrue
         if name not in names:

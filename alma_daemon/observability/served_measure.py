@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 #: The share of a stream, from its end, whose prequential measure judges a policy.
 JUDGED_SHARE = 0.5
@@ -34,11 +36,16 @@ def served_reference(rows: Sequence[Mapping[str, Any]], measure: str, share: flo
 def judged_mean(values: Sequence[float | None], share: float = JUDGED_SHARE) -> float | None:
     """The mean of the last ``share`` of ``values`` (one a step, in order), its missing and non-finite
     values left out; None when none is finite. :func:`served_measure` of values already read."""
+    finite = [float(v) for v in judged_steps(values, share) if v is not None and math.isfinite(v)]
+    return sum(finite) / len(finite) if finite else None
+
+
+def judged_steps(steps: Sequence[T], share: float = JUDGED_SHARE) -> Sequence[T]:
+    """The last ``share`` of ``steps`` (one a step, in order): the served window that judges a stream, its
+    middle step in it on an odd count (the served reliability of ``alma report`` sums its rows' bins)."""
     if not 0 < share <= 1:
         raise ValueError(f"share must be in (0, 1], not {share}")
-    judged = values[len(values) - math.ceil(share * len(values)) :] if values else []
-    finite = [float(v) for v in judged if v is not None and math.isfinite(v)]
-    return sum(finite) / len(finite) if finite else None
+    return steps[len(steps) - math.ceil(share * len(steps)) :] if steps else []
 
 
 def longest_wait(rows: Sequence[Mapping[str, Any]]) -> int:

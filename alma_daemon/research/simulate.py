@@ -150,4 +150,5 @@ def run_simulation(
             engine.on_chunk(chunk)
     finally:
         bar.close()
+    engine.say_unfilled_pool()
     return writer.write(engine) if writer else results_of(engine, to_dict(config))
