@@ -25,7 +25,21 @@ squared error, then the absolute error, of the standardized target); River runs 
 (features and target standardized), ``HoeffdingAdaptiveTreeRegressor`` and ``ARFRegressor`` (10
 trees), whose every prediction is scored by both measures.
 
+Since issue 50 every alma run also learns a River linear reference prequentially beside the network
+(``reference.kind: auto``: ``StandardScaler | LogisticRegression``, one-vs-rest on more classes,
+``LinearRegression`` on a regression), measured on each chunk before it learns it, as the network is:
+the tables show its prequential and **served** measure (the mean over the stream's second half of the
+chunks, ``served_reference_*`` of the run's summary) as a row of its own, and a line per stream says
+whether alma's served measure is at or below it. Every contender's served measure is the mean of its
+per-chunk prequential measures over the last half of the chunks (River's own models predict and learn one
+example at a time, so theirs are finer-grained than the chunk-prequential reference's).
+
+alma runs by default with the stage recipe of a team's task (pooled validation set, class-stratified replay
+reservoir; streams of two classes or a regression: the multi-class streams without ``task.measure`` keep the
+paper's recipe); ``--recipe old`` runs it with ``stream.replay: false``, ``stream.validation_examples: 0``.
+
     python benchmarks/bench_river.py                       # the six classification streams, about 10 min on 2 cores
+    python benchmarks/bench_river.py --recipe old --out benchmarks/results/river_old_recipe.json
     python benchmarks/bench_river.py --streams friedman friedman-drift --out benchmarks/results/river_regression.json
     python benchmarks/bench_river.py --streams agrawal sea --examples 5000
 """
@@ -44,6 +58,7 @@ from figures_file import write_figures  # this script's folder is on sys.path wh
 
 from alma_daemon.config import build_config
 from alma_daemon.data.river_streams import RIVER_STREAMS, RiverData, read_river
+from alma_daemon.observability.served_measure import judged_mean
 from alma_daemon.research.simulate import run_simulation
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -53,6 +68,13 @@ ROOT = Path(__file__).resolve().parents[1]
 RIVER_MODELS: dict[str, dict[str, Callable[[int], Any]]] = {"classification": {}, "regression": {}}
 #: A regression's measures: each prediction's loss by measure name.
 REGRESSION_LOSSES: dict[str, Callable[[float], float]] = {"mse": lambda error: error * error, "mae": abs}
+#: alma's stage recipes (issue 50): name -> config overrides. new: the defaults of a team's task.
+RECIPES: dict[str, dict[str, dict]] = {
+    "new": {},
+    "old": {"stream": {"replay": False, "validation_examples": 0}},
+}
+#: The row of the River linear reference that learned beside alma's network (the run's summary).
+REFERENCE = "alma's River linear reference (chunk-prequential, beside the MLP)"
 
 
 def river_model(name: str, kind: str = "classification") -> Callable[[Callable[[int], Any]], Callable[[int], Any]]:
@@ -125,17 +147,20 @@ def run_river_model(name: str, river: RiverData, megabatches: int) -> dict:
     size = count // megabatches
     xs, ys = as_dicts(river, river.train)[:count], river.train.y.tolist()[:count]
     test_xs, test_ys = as_dicts(river, river.test), river.test.y.tolist()
-    errors, test_errors, wall, cpu = 0, [], 0.0, 0.0
+    errors, test_errors, chunk_errors, wall, cpu = 0, [], [], 0.0, 0.0
     for start in range(0, count, size):
         wall_start, cpu_start = time.perf_counter(), time.process_time()
+        wrong_in_chunk = 0
         for x, y in zip(xs[start : start + size], ys[start : start + size]):
-            errors += model.predict_one(x) != y
+            wrong_in_chunk += model.predict_one(x) != y
             model.learn_one(x, y)
         wall += time.perf_counter() - wall_start
         cpu += time.process_time() - cpu_start
+        errors += wrong_in_chunk
+        chunk_errors.append(wrong_in_chunk / size)
         wrong = sum(model.predict_one(x) != y for x, y in zip(test_xs, test_ys))
         test_errors.append(wrong / len(test_ys))
-    return summary(errors / count, test_errors, wall, cpu, count)
+    return {**summary(errors / count, test_errors, wall, cpu, count), "served_error": judged_mean(chunk_errors)}
 
 
 def run_river_regressor(name: str, river: RiverData, megabatches: int) -> dict:
@@ -148,31 +173,41 @@ def run_river_regressor(name: str, river: RiverData, megabatches: int) -> dict:
     test_xs, test_ys = as_dicts(river, river.test), river.test.y.tolist()
     totals = dict.fromkeys(REGRESSION_LOSSES, 0.0)
     tests: dict[str, list[float]] = {m: [] for m in REGRESSION_LOSSES}
+    chunks: dict[str, list[float]] = {m: [] for m in REGRESSION_LOSSES}
     wall = cpu = 0.0
     for start in range(0, count, size):
         wall_start, cpu_start = time.perf_counter(), time.process_time()
+        in_chunk = dict.fromkeys(REGRESSION_LOSSES, 0.0)
         for x, y in zip(xs[start : start + size], ys[start : start + size]):
             error = model.predict_one(x) - y
             for measure, loss in REGRESSION_LOSSES.items():
-                totals[measure] += loss(error)
+                in_chunk[measure] += loss(error)
             model.learn_one(x, y)
         wall += time.perf_counter() - wall_start
         cpu += time.process_time() - cpu_start
+        for measure in REGRESSION_LOSSES:
+            totals[measure] += in_chunk[measure]
+            chunks[measure].append(in_chunk[measure] / size)
         errors = [model.predict_one(x) - y for x, y in zip(test_xs, test_ys)]
         for measure, loss in REGRESSION_LOSSES.items():
             tests[measure].append(sum(map(loss, errors)) / len(errors))
     figures = {key: value for m in REGRESSION_LOSSES for key, value in measured(m, totals[m] / count, tests[m]).items()}
+    figures.update({f"served_{m}": judged_mean(chunks[m]) for m in REGRESSION_LOSSES})
     return {**figures, **timings(wall, cpu, count)}
 
 
-def run_alma(stream: str, examples: int, megabatches: int, seed: int, measure: str | None = None) -> dict:
+def run_alma(
+    stream: str, examples: int, megabatches: int, seed: int, measure: str | None = None, recipe: str = "new"
+) -> dict:
     """``alma simulate`` of the stream: the team's MLP of examples/custom/tabular.py, the adaptive policy,
     the default training (up to 100 epochs a stage, early stopping after 25), trained and judged by
-    ``measure`` (None: the task's default, the error rate of a classifier)."""
+    ``measure`` (None: the task's default, the error rate of a classifier), under stage recipe ``recipe``
+    (:data:`RECIPES`). Its River linear reference's figures, where one ran, are under ``reference``."""
+    overrides = RECIPES[recipe]
     config = build_config(
         {
             "dataset": {"name": "river", "river_stream": stream, "river_examples": examples},
-            "stream": {"megabatches": megabatches, "seed": seed},
+            "stream": {"megabatches": megabatches, "seed": seed, **overrides.get("stream", {})},
             "learner": {"name": "sm", "model": "examples.custom.tabular:build"},
             "policy": {"name": "adaptive"},
             **({"task": {"measure": measure}} if measure else {}),
@@ -191,7 +226,14 @@ def run_alma(stream: str, examples: int, megabatches: int, seed: int, measure: s
     else:
         figures = {**measured(m, prequential, [row[f"test_{m}"] for row in series])}
         figures.update(timings(done["wall_seconds"], cpu, count))
-    return {**figures, "stages": done["stages"]}
+    figures[f"served_{m}"] = done.get(f"served_{m}")
+    reference = {}
+    if done.get(f"cumulative_reference_{m}") is not None:
+        reference = {
+            f"prequential_{m}": done[f"cumulative_reference_{m}"] / done["chunks"],
+            f"served_{m}": done.get(f"served_reference_{m}"),
+        }
+    return {**figures, "stages": done["stages"], "recipe": recipe, "reference": reference}
 
 
 def measured(measure: str, prequential: float, tests: list[float]) -> dict:
@@ -222,19 +264,48 @@ def summary(prequential: float, test_errors: list[float], wall: float, cpu: floa
     }
 
 
+def number(r: dict, key: str, digits: int) -> str:
+    return "-" if r.get(key) is None else f"{r[key]:.{digits}f}"
+
+
 def table(results: dict[str, dict[str, dict]]) -> str:
-    """The classification streams' table (a regression stream's: :func:`regression_table`)."""
+    """The classification streams' table (a regression stream's: :func:`regression_table`), then per stream
+    alma's served error against its linear reference's."""
     lines = [
-        "| stream | contender | prequential error | CER | final test error | CPU µs/example | wall µs/example |",
-        "|---|---|---|---|---|---|---|",
+        "| stream | contender | prequential error | served error | CER | final test error | CPU µs/example "
+        "| wall µs/example |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for stream, contenders in results.items():
         for name, r in contenders.items():
-            lines.append(
-                f"| {stream} | {name} | {r['prequential_error']:.4f} | {r['cer']:.3f} | {r['final_test_error']:.4f} "
-                f"| {r['cpu_us_per_example']:.0f} | {r['wall_us_per_example']:.0f} |"
+            cells = [
+                number(r, "prequential_error", 4),
+                number(r, "served_error", 4),
+                number(r, "cer", 3),
+                number(r, "final_test_error", 4),
+                number(r, "cpu_us_per_example", 0),
+                number(r, "wall_us_per_example", 0),
+            ]
+            lines.append(f"| {stream} | {name} | {' | '.join(cells)} |")
+    return "\n".join(lines + against_reference(results, ["error"]))
+
+
+def against_reference(results: dict[str, dict[str, dict]], measures: list[str]) -> list[str]:
+    """Per stream and measure: alma's served measure against its linear reference's (lower is better)."""
+    lines = []
+    for stream, contenders in results.items():
+        reference = contenders.get(REFERENCE)
+        for m in measures:
+            ours = next(
+                (r for n, r in contenders.items() if n.startswith("alma-daemon") and r.get(f"served_{m}") is not None),
+                None,
             )
-    return "\n".join(lines)
+            if ours is None or reference is None or reference.get(f"served_{m}") is None:
+                continue
+            a, b = ours[f"served_{m}"], reference[f"served_{m}"]
+            verdict = "at or below it" if a <= b else "ABOVE it"
+            lines.append(f"- {stream}: alma's served {m} {a:.4f}, the linear reference's {b:.4f}: {verdict}")
+    return ["", *lines] if lines else []
 
 
 def regression_table(results: dict[str, dict[str, dict]]) -> str:
@@ -242,7 +313,12 @@ def regression_table(results: dict[str, dict[str, dict]]) -> str:
     columns = [
         (f"{kind}_{m}", f"{label} {m.upper()}")
         for m in REGRESSION_LOSSES
-        for kind, label in (("prequential", "prequential"), ("cumulative", "summed test"), ("final_test", "final test"))
+        for kind, label in (
+            ("prequential", "prequential"),
+            ("served", "served"),
+            ("cumulative", "summed test"),
+            ("final_test", "final test"),
+        )
     ]
     lines = [
         "| stream | contender | " + " | ".join(label for _, label in columns) + " | CPU µs/example | wall µs/example |",
@@ -250,25 +326,32 @@ def regression_table(results: dict[str, dict[str, dict]]) -> str:
     ]
     for stream, contenders in results.items():
         for name, r in contenders.items():
-            cells = [f"{r[key]:.3f}" if key in r else "-" for key, _ in columns]
-            lines.append(
-                f"| {stream} | {name} | {' | '.join(cells)} | {r['cpu_us_per_example']:.0f} | {r['wall_us_per_example']:.0f} |"
-            )
-    return "\n".join(lines)
+            cells = [number(r, key, 3) for key, _ in columns]
+            times = [number(r, "cpu_us_per_example", 0), number(r, "wall_us_per_example", 0)]
+            lines.append(f"| {stream} | {name} | {' | '.join(cells + times)} |")
+    return "\n".join(lines + against_reference(results, list(REGRESSION_LOSSES)))
 
 
 def run_stream(stream: str, args: argparse.Namespace) -> tuple[dict[str, dict], str]:
-    """Every contender on ``stream``, and the table its results go in."""
+    """Every contender on ``stream`` (alma's linear reference a row of its own), and the table they go in."""
     river = read_river(stream, args.examples, args.seed)
+    recipe = args.recipe
     if river.task.regression:
         contenders = {
-            f"alma-daemon MLP (adaptive, {m})": run_alma(stream, args.examples, args.megabatches, args.seed, m)
+            f"alma-daemon MLP (adaptive, {m})": run_alma(stream, args.examples, args.megabatches, args.seed, m, recipe)
             for m in REGRESSION_LOSSES
         }
+        # Each run's reference is judged by that run's measure: one row of both.
+        reference = {k: v for r in contenders.values() for k, v in r.pop("reference").items()}
+        contenders.update({REFERENCE: reference} if reference else {})
         for name in RIVER_MODELS["regression"]:
             contenders[name] = run_river_regressor(name, river, args.megabatches)
         return contenders, "regression"
-    contenders = {"alma-daemon MLP (adaptive)": run_alma(stream, args.examples, args.megabatches, args.seed)}
+    contenders = {
+        "alma-daemon MLP (adaptive)": run_alma(stream, args.examples, args.megabatches, args.seed, None, recipe)
+    }
+    reference = contenders["alma-daemon MLP (adaptive)"].pop("reference")
+    contenders.update({REFERENCE: reference} if reference else {})
     for name in RIVER_MODELS["classification"]:
         contenders[name] = run_river_model(name, river, args.megabatches)
     return contenders, "classification"
@@ -281,6 +364,13 @@ def main() -> None:
     parser.add_argument("--examples", type=int, default=20000, help="dataset.river_examples (a tenth is the test set)")
     parser.add_argument("--megabatches", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--recipe",
+        choices=list(RECIPES),
+        default="new",
+        help="alma's stage recipe: new (the defaults since issue 50) or old (stream.replay false, "
+        "stream.validation_examples 0)",
+    )
     parser.add_argument("--out", default=str(RESULTS / "river.json"))
     args = parser.parse_args()
     # One thread for every contender: River is single-threaded Python, and CPU seconds stay comparable.
@@ -295,9 +385,14 @@ def main() -> None:
         contenders, kind = run_stream(stream, args)
         results[stream] = by_kind[kind][stream] = contenders
         print(tables[kind]({stream: contenders}).split("\n", 2)[2], flush=True)
-    settings = {key: getattr(args, key) for key in ("examples", "megabatches", "seed")}
+    settings = {key: getattr(args, key) for key in ("examples", "megabatches", "seed", "recipe")}
     write_figures(args.out, {"settings": settings, "streams": results}, load_before)
     markdown = "\n\n".join(tables[kind](streams) for kind, streams in by_kind.items() if streams)
+    heading = (
+        f"River seed {args.seed}, {args.examples} examples (a tenth the test set) in {args.megabatches} chunks; "
+        f"alma's stage recipe: {args.recipe}; load average {load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after."
+    )
+    markdown = f"{heading}\n\n{markdown}"
     Path(args.out).with_suffix(".md").write_text(markdown + "\n")
     print(markdown)
 
