@@ -85,6 +85,8 @@ def forget_measures() -> None:
         telemetry.BASELINE_MEASURE,
         telemetry.MEASURE_DETAIL,
         telemetry.PREQUENTIAL_WINDOW_MEASURE,
+        telemetry.REFERENCE_PREQUENTIAL_MEASURE,
+        telemetry.REFERENCE_PREQUENTIAL_WINDOW_MEASURE,
     ):
         gauge.clear()
 
