@@ -48,7 +48,27 @@ class _Subcommands(argparse._SubParsersAction):
 
     def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser:
         kwargs.setdefault("description", kwargs.get("help"))
-        return super().add_parser(name, **kwargs)
+        parser = super().add_parser(name, **kwargs)
+        # ``alma simulate ... -v`` as ``alma -v simulate ...``: unset here, the value before the command stands.
+        add_global_options(parser, default=argparse.SUPPRESS)
+        return parser
+
+
+def add_global_options(parser: argparse.ArgumentParser, default: Any = None) -> None:
+    """The options of every command (logging), accepted before the command and after it."""
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0 if default is None else default,
+        help="more logging (-v info, -vv debug)",
+    )
+    parser.add_argument(
+        "--log-json",
+        action="store_true",
+        default=False if default is None else default,
+        help="log JSON lines instead of key=value",
+    )
 
 
 class Parser(argparse.ArgumentParser):
@@ -61,8 +81,7 @@ class Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="alma", description="Anytime learning at macroscale: simulate, serve, watch.")
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-v info, -vv debug)")
-    parser.add_argument("--log-json", action="store_true", help="log JSON lines instead of key=value")
+    add_global_options(parser)
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
         importlib.import_module(f"alma_daemon.commands.{name}").add_parser(subparsers)

@@ -104,3 +104,43 @@ def test_dash_vv_prints_the_traceback_of_a_failing_command_in_both_log_formats(t
         if extra:
             logged = [json.loads(line) for line in result.stderr.splitlines() if line.startswith("{")]
             assert any("Traceback" in entry.get("traceback", "") for entry in logged)
+
+
+@pytest.mark.parametrize(
+    ("argv", "verbose", "log_json"),
+    [
+        (["simulate", "--config", "c.yaml", "-v"], 1, False),
+        (["-v", "simulate", "--config", "c.yaml"], 1, False),
+        (["config", "check", "c.yaml", "-vv", "--log-json"], 2, True),
+        (["--log-json", "status"], 0, True),
+        (["simulate"], 0, False),
+    ],
+)
+def test_the_global_options_work_before_the_command_and_after_it(argv, verbose, log_json):
+    from alma_daemon.cli import build_parser
+
+    args = build_parser().parse_args(argv)
+    assert (args.verbose, args.log_json) == (verbose, log_json)
+
+
+def test_versions_shows_each_versions_validation_value_of_the_tasks_measure():
+    from alma_daemon.commands.versions import format_table, validation_values
+
+    assert validation_values({"val_cost": 0.25, "kind": "finetune"}) == {"validation_cost": 0.25}
+    assert validation_values({"kind": "finetune"}) == {"validation_error": None}
+    table = format_table([{"version": 1, "live": True, "validation_cost": 0.25, "kind": "finetune"}])
+    assert table.splitlines()[0].split() == ["version", "live", "validation_cost", "kind"]
+    assert table.splitlines()[1].split() == ["1", "yes", "0.2500", "finetune"]
+
+
+def test_the_stream_is_named_after_the_dataset_unless_the_config_names_it():
+    from alma_daemon.config import build_config
+
+    def stream(dataset: dict, **daemon) -> str:
+        return build_config({"dataset": dataset, "daemon": daemon}).daemon.stream
+
+    assert stream({"name": "mnist"}) == "mnist"
+    assert stream({"name": "river", "river_stream": "sea"}) == "river-sea"
+    assert stream({"name": "table", "files": ["h/transactions.csv.gz"], "label_column": "y"}) == "transactions"
+    assert stream({"name": "table", "files": "my history.csv", "label_column": "y"}) == "my-history"
+    assert stream({"name": "table", "files": "t.csv", "label_column": "y"}, stream="fraud") == "fraud"

@@ -41,8 +41,8 @@ def test_the_config_offers_exactly_the_registered_measures():
 
 
 def test_the_torch_free_traits_are_the_measures_own():
-    assert [(name, cls.higher_is_better, cls.rate) for name, cls in MEASURES.items()] == [
-        (name, traits.higher_is_better, traits.rate) for name, traits in MEASURE_TRAITS.items()
+    assert [(name, cls.higher_is_better, cls.rate, cls.kinds) for name, cls in MEASURES.items()] == [
+        (name, traits.higher_is_better, traits.rate, traits.kinds) for name, traits in MEASURE_TRAITS.items()
     ]
 
 
@@ -140,7 +140,7 @@ def test_a_rates_variance_is_binomial_and_a_mean_losss_is_its_spread():
 def test_the_task_section_names_a_term_that_does_not_fit():
     from alma_daemon.config import ConfigError
     from alma_daemon.data.datasets import MNIST_TASK
-    from alma_daemon.data.stream_task import configured_task
+    from alma_daemon.data.task_terms import configured_task
 
     def configured(task_section: dict, task=MNIST_TASK):
         return configured_task(task, build_config({"task": task_section}))

@@ -13,12 +13,13 @@ import torch
 
 from alma_daemon.cli import main
 from alma_daemon.config import ConfigError, build_config
-from alma_daemon.core import reference as reference_module
+from alma_daemon.core import reference_fit
 from alma_daemon.core.assembly import assemble_engine
 from alma_daemon.core.chunk_buffer import MemoryBuffer
 from alma_daemon.core.engine_state import EngineState
 from alma_daemon.core.records import StepRecord, read_rows
-from alma_daemon.core.reference import AUTO_MAX_FEATURES, ReferenceLearner, build_reference, resolved_kind
+from alma_daemon.core.reference import ReferenceLearner, build_reference
+from alma_daemon.core.reference_fit import AUTO_MAX_FEATURES, resolved_kind
 from alma_daemon.data.datasets import MNIST_TASK, TaskInfo
 from alma_daemon.data.streams import Chunk, partition
 from alma_daemon.data.tensors import LabeledData
@@ -134,7 +135,7 @@ def test_linear_on_images_or_text_is_refused_at_start_up_in_one_line_naming_the_
 
 
 def test_linear_without_river_is_refused_and_auto_has_none(monkeypatch):
-    monkeypatch.setattr(reference_module, "river_installed", lambda: False)
+    monkeypatch.setattr(reference_fit, "river_installed", lambda: False)
     with pytest.raises(ConfigError, match=r"^reference.kind: linear needs River: pip install 'alma-daemon\[river\]'"):
         build_reference("linear", BINARY)
     assert build_reference("auto", BINARY) is None

@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from alma_daemon.config import ConfigError, DatasetConfig, TaskConfig, TrainConfig, build_config
-from alma_daemon.data.arrays import REGRESSION_MEASURES, arrays_task, load_npz
+from alma_daemon.data.arrays import load_npz
 from alma_daemon.data.datasets import TaskInfo
+from alma_daemon.data.declared_task import REGRESSION_MEASURES, arrays_task
 from alma_daemon.data.stream_task import load_stream_task
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import build_learner, learner_from_spec

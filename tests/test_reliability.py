@@ -18,8 +18,8 @@ from alma_daemon.core.assembly import assemble_engine
 from alma_daemon.core.chunk_buffer import MemoryBuffer
 from alma_daemon.core.records import StepRecord, csv_columns
 from alma_daemon.data.datasets import TaskInfo
-from alma_daemon.data.stream_task import configured_task
 from alma_daemon.data.streams import Chunk, partition, prequential_sample
+from alma_daemon.data.task_terms import configured_task
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.measures.decision import RELIABILITY_EDGES, reliability
 from alma_daemon.observability import figures

@@ -12,7 +12,7 @@ import torch
 from alma_daemon.config import build_config
 from alma_daemon.data.datasets import TaskInfo
 from alma_daemon.data.events import EVENT_JSON, decode_event, encode_events
-from alma_daemon.data.stream_task import configured_task
+from alma_daemon.data.task_terms import configured_task
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.data.wire import StreamSchema
 from serving.codecs import MAX_INSTANCES, RequestError, codec_for

@@ -17,8 +17,8 @@ from alma_daemon.core.chunk_buffer import MemoryBuffer
 from alma_daemon.core.engine_state import EngineState
 from alma_daemon.core.records import timeless
 from alma_daemon.data.datasets import MNIST_TASK, TaskInfo
-from alma_daemon.data.stream_task import configured_task, with_target_terms
 from alma_daemon.data.streams import Chunk, partition
+from alma_daemon.data.task_terms import configured_task, with_target_terms
 from alma_daemon.data.tensors import LabeledData
 
 FRAUD_TASK = TaskInfo("classification", (6,), 2, normalization="standardize")

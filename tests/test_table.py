@@ -173,7 +173,12 @@ def test_a_regression_table_simulates_judged_by_its_measure(tmp_path):
             {},
             "dataset.feature_columns: column 'merchant' of h.csv is not numeric ('zeta' in data row 1)",
         ),
-        ({"f1": 5}, {}, {}, "dataset.feature_columns: column 'f1' of h.csv has 1 missing or non-finite values"),
+        (
+            {"f1": 5},
+            {},
+            {},
+            "dataset.missing: h.csv has 1 missing or non-finite feature cells (first: column 'f1', data row 6)",
+        ),
         ({}, {}, {"classes": []}, "dataset.label_column: column 'label' of h.csv holds class names ('fraud', 'ok')"),
         (
             {},
@@ -361,3 +366,68 @@ def without_nan(value: typing.Any) -> typing.Any:
     if isinstance(value, list):
         return [without_nan(item) for item in value]
     return None if isinstance(value, float) and math.isnan(value) else value
+
+
+def with_missing_cells(columns: dict[str, list], cells: dict[int, str], name: str = "f1") -> dict[str, list]:
+    """``columns`` with column ``name``'s cells at the given rows replaced."""
+    for row, value in cells.items():
+        columns[name][row] = value
+    return columns
+
+
+def test_a_column_of_numbers_with_a_text_cell_is_refused_naming_the_cell_not_dropped(tmp_path):
+    """The silent loss of a feature (issue 52): a numeric column with "n/a" cells used to be left out."""
+    path = write_csv(tmp_path / "h.csv", with_missing_cells(history(), {7: "n/a", 30: "n/a"}))
+    with pytest.raises(DatasetError) as refusal:
+        read_table(table_config(path))
+    assert str(refusal.value).startswith(
+        "dataset.missing: column 'f1' of h.csv holds 'n/a' in data row 8 (2 of 200 cells are not numbers); "
+        "set dataset.missing: drop or fill"
+    )
+
+
+def test_dataset_missing_drop_leaves_out_the_rows_and_counts_them_in_the_summary(tmp_path):
+    columns = with_missing_cells(history(), {7: "n/a", 30: "", 31: "nan"})
+    config = table_config(write_csv(tmp_path / "h.csv", columns), missing="drop")
+    table = read_table(config)
+    assert len(table.train) + len(table.test) == ROWS - 3 and table.rows_dropped == 3
+    assert torch.isfinite(table.train.x).all() and torch.isfinite(table.test.x).all()
+    summary = run_simulation(config, tmp_path / "run", progress=False)["summary"]
+    assert summary["rows_dropped"] == 3 and summary["text_columns"] == ["merchant"]
+    assert summary["rows_in_no_chunk"] == len(table.train) % 3
+    written = json.loads((tmp_path / "run" / "results.json").read_text())["summary"]
+    assert written["rows_dropped"] == 3
+
+
+def test_dataset_missing_fill_gives_the_cells_its_value_and_keeps_every_row(tmp_path):
+    columns = with_missing_cells(history(), {7: "n/a", 30: ""})
+    table = read_table(table_config(write_csv(tmp_path / "h.csv", columns), missing="fill", fill_value=-9.0))
+    x = torch.cat([table.train.x, table.test.x])
+    assert len(x) == ROWS and table.rows_dropped == 0
+    assert int((x[:, 2] == -9.0).sum()) == 2  # f1 is the third feature: step, f0, f1, f2
+
+
+def test_a_text_column_left_out_of_the_features_is_said(tmp_path, caplog):
+    with caplog.at_level("WARNING", logger="alma_daemon.data.table"):
+        table = read_table(table_config(write_csv(tmp_path / "h.csv", history())))
+    assert table.text_columns == ("merchant",) and table.task.extra["features"] == ["step", "f0", "f1", "f2"]
+    assert "the features leave out 'merchant' of h.csv" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("dataset", "message"),
+    [
+        ({"missing": "fill"}, "dataset.fill_value: dataset.missing: fill takes the number"),
+        ({"fill_value": 0.0}, "dataset.missing: dataset.missing: fill takes the number"),
+    ],
+)
+def test_a_fill_needs_its_value_and_a_value_needs_the_fill(tmp_path, dataset, message):
+    with pytest.raises(ConfigError, match=message):
+        table_config(tmp_path / "h.csv", **dataset)
+
+
+@pytest.mark.parametrize("dataset", [{"missing": "drop"}, {"fill_value": 0.0}])
+def test_the_missing_cells_policy_is_read_only_by_a_table(dataset):
+    key = next(iter(dataset))
+    with pytest.raises(ConfigError, match=f"dataset.{key}: read only by dataset.name=table"):
+        build_config({"dataset": {"name": "mnist", **dataset}})

@@ -14,8 +14,8 @@ from alma_daemon.core.assembly import assemble_engine
 from alma_daemon.core.chunk_buffer import MemoryBuffer
 from alma_daemon.core.records import read_rows
 from alma_daemon.data.datasets import TaskInfo
-from alma_daemon.data.stream_task import configured_task
 from alma_daemon.data.streams import Chunk, partition
+from alma_daemon.data.task_terms import configured_task
 from alma_daemon.data.tensors import LabeledData
 
 #: A fraud-like task: 6 float features, class 1 rare.

@@ -9,7 +9,6 @@ at start-up, including those a schema cannot state (e.g. exactly one of policy.c
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -83,15 +82,9 @@ def check_file(args: argparse.Namespace) -> int:
         return 2
     path = args.file or args.config
     config = load_config(path, args.overrides)
-    if config.dataset.name == "arrays":
-        from alma_daemon.data.arrays import arrays_task  # torch: only for a config of a team's arrays
+    from alma_daemon.core.task_fit import check_declared_task  # after the config: a config error needs no task
 
-        arrays_task(config.dataset, config.task)  # what a command checks once it starts: the task must be declared
-    if config.reference.kind == "linear" and importlib.util.find_spec("river") is None:
-        # As assemble_engine refuses it (core/reference.py, which imports torch); the examples are the config's to say.
-        raise ConfigError(
-            "reference.kind: linear needs River: pip install 'alma-daemon[river]' (or set reference.kind: auto or none)"
-        )
+    check_declared_task(config)
     print(f"{path}: valid (learner {config.learner.name}, policy {config.policy.name})")
     try:
         config.policy.check_stream_length(config.stream.megabatches)

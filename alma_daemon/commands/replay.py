@@ -99,7 +99,8 @@ def run(args: argparse.Namespace) -> int:
     config = replay_config(args)
     rate = parse_rate(args.rate)
     if args.npz:
-        from alma_daemon.data.arrays import declared_kind, load_npz
+        from alma_daemon.data.arrays import load_npz
+        from alma_daemon.data.declared_task import declared_kind
 
         chunks = labeled_chunks(load_npz(args.npz, declared_kind(config.task) == "regression"), config)
     else:

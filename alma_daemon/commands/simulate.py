@@ -33,6 +33,10 @@ def format_summary(summary: dict) -> str:
         ("final parameters", summary.get("final_parameters"), "{:,}"),
         ("training stages", summary.get("stages"), "{}"),
         ("wall time (s)", summary.get("wall_seconds"), "{:.1f}"),
+        # What reading a table left out: said beside the figures it would have moved.
+        ("rows dropped (dataset.missing)", summary.get("rows_dropped") or None, "{:,}"),
+        ("rows in no chunk (B equal chunks)", summary.get("rows_in_no_chunk") or None, "{:,}"),
+        ("text columns not features", ", ".join(summary.get("text_columns") or []) or None, "{}"),
     ]
     width = max(len(name) for name, _, _ in rows)
     return "\n".join(f"{name:<{width}}  {fmt.format(value)}" for name, value, fmt in rows if value is not None)

@@ -62,22 +62,22 @@ def version_rows(
         metrics = store.metrics(version)
         if metrics is None:
             continue  # deleted since it was listed (daemon.keep_checkpoints)
-        row = {
-            "version": version,
-            "live": version == live,
-            "validation_error": metrics.get("val_error"),
-            "parameters": metrics.get("parameters"),
-            "kind": metrics.get("kind"),
-            "stage": metrics.get("stage"),
-        }
-        if "val_perplexity" in metrics:
-            row["validation_perplexity"] = metrics["val_perplexity"]
+        row = {"version": version, "live": version == live, **validation_values(metrics)}
+        row |= {"parameters": metrics.get("parameters"), "kind": metrics.get("kind"), "stage": metrics.get("stage")}
         if metrics.get("threshold") is not None:
             row["threshold"] = metrics["threshold"]
         if registers:
             row["registered"] = version in served if served is not None else None
         rows.append(row)
     return rows
+
+
+def validation_values(metrics: dict) -> dict:
+    """A version's validation measures, ``validation_<measure>`` each: the task's measure (``val_cost`` of a
+    cost-judged task), a language model's perplexity beside its error; ``validation_error`` None where
+    the stage recorded none."""
+    values = {f"validation_{key[4:]}": value for key, value in metrics.items() if key.startswith("val_")}
+    return values or {"validation_error": None}
 
 
 def served_versions(config: Config) -> list[int] | None:
@@ -96,18 +96,10 @@ def served_versions(config: Config) -> list[int] | None:
 
 
 def format_table(rows: list[dict]) -> str:
+    validation = list(dict.fromkeys(c for row in rows for c in row if c.startswith("validation_")))
     columns = [
         c
-        for c in (
-            "version",
-            "live",
-            "validation_error",
-            "validation_perplexity",
-            "threshold",
-            "parameters",
-            "kind",
-            "registered",
-        )
+        for c in ("version", "live", *validation, "threshold", "parameters", "kind", "registered")
         if any(c in row for row in rows)
     ]
     cells = [[_cell(row.get(c)) for c in columns] for row in rows]

@@ -118,13 +118,32 @@ def default_state_dir(file: str | Path | None, redis_url: Any) -> str:
     return f"runs/{name}-embedded" if embedded else f"runs/{name}"
 
 
+def default_stream_name(dataset: Any) -> str:
+    """``daemon.stream`` when neither the file nor ``--set`` gives it: a name from the dataset, so that
+    ``alma status`` of a team's history does not say mnist. A registered dataset's name; a River stream's
+    ``river-<stream>``; a table's or arrays' first file's name without its endings."""
+    dataset = dataset if isinstance(dataset, dict) else {}
+    name = dataset.get("name", "mnist")
+    files = dataset.get("files")
+    first = files[0] if isinstance(files, list) and files else files
+    if name == "river":
+        name = f"river-{dataset.get('river_stream', 'agrawal')}"
+    elif name in ("table", "arrays") and isinstance(first, str):
+        name = Path(first).name.split(".")[0]
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", str(name)).strip("-._")[:64]
+    return name or "stream"
+
+
 def _derive_daemon_folders(merged: dict, file: str | Path | None) -> None:
-    """Fill in ``daemon.state_dir`` (:func:`default_state_dir`) and ``daemon.checkpoint_dir``
-    (``<state_dir>/model_store``) where neither the file nor an override set them."""
+    """Fill in ``daemon.state_dir`` (:func:`default_state_dir`), ``daemon.checkpoint_dir``
+    (``<state_dir>/model_store``) and ``daemon.stream`` (:func:`default_stream_name`) where neither the
+    file nor an override set them."""
     daemon = merged.setdefault("daemon", {})
     redis = merged.get("redis")
     if not isinstance(daemon, dict) or not (redis is None or isinstance(redis, dict)):
         return  # validation names the section that is not a mapping
+    if daemon.get("stream") is None:
+        daemon["stream"] = default_stream_name(merged.get("dataset"))
     if daemon.get("state_dir") is None:
         daemon["state_dir"] = default_state_dir(file, (redis or {}).get("url"))
     if daemon.get("checkpoint_dir") is None and isinstance(daemon["state_dir"], str):

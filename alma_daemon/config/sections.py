@@ -30,7 +30,7 @@ def _one_or_more(value: Any) -> Any:
 #: Every dataset alma simulate and alma run stream (a test keeps each one's stream and task readers).
 DATASET_NAMES = ("mnist", "cifar10", "ptb", "text", "arrays", "river", "table")
 #: The keys only a table (dataset.name = table) reads.
-TABLE_KEYS = ("label_column", "feature_columns", "time_column", "test_fraction")
+TABLE_KEYS = ("label_column", "feature_columns", "time_column", "test_fraction", "fill_value")
 
 
 @dataclass(config=SECTION)
@@ -101,6 +101,17 @@ class DatasetConfig:
         description="dataset.name = table: the last share of the ordered history held out as the test set; the rest "
         "arrives as stream.megabatches contiguous chunks in time order. None = 0.1 (unless dataset.test_file).",
     )
+    missing: Literal["refuse", "drop", "fill"] = Field(
+        default="refuse",
+        description="dataset.name = table: what a missing feature cell (empty, NaN, or text such as 'n/a' in a "
+        "column of numbers) does: refuse (start-up names the column, the cell and its row), drop (the row is left "
+        "out and counted in the results' summary) or fill (the cell takes dataset.fill_value).",
+    )
+    fill_value: Float | None = Field(
+        default=None,
+        description="dataset.missing = fill: the number a missing feature cell takes (in the column's own units, "
+        "before standardization).",
+    )
     normalization: Literal["pixels", "standardize", "none"] | None = Field(
         default=None,
         description="What the model does to raw inputs first: pixels (0-255 images, scaled by the dataset's "
@@ -127,10 +138,16 @@ class DatasetConfig:
 
     def __post_init__(self) -> None:
         if self.name != "table":
-            for key in TABLE_KEYS:
-                if getattr(self, key):
-                    raise ConfigError(f"dataset.{key}: read only by dataset.name=table (this is {self.name})")
+            given = [key for key in TABLE_KEYS if getattr(self, key) not in (None, [])]
+            given += ["missing"] if self.missing != "refuse" else []
+            if given:
+                raise ConfigError(f"dataset.{given[0]}: read only by dataset.name=table (this is {self.name})")
             return
+        if (self.missing == "fill") != (self.fill_value is not None):
+            key = "fill_value" if self.missing == "fill" else "missing"
+            raise ConfigError(
+                f"dataset.{key}: dataset.missing: fill takes the number dataset.fill_value gives; set both or neither"
+            )
         if not self.files:
             raise ConfigError("dataset.files: dataset.name=table needs the history's .csv, .parquet or .npz file(s)")
         if self.input_shape:
@@ -631,7 +648,12 @@ class DaemonConfig:
         description="Model store: <checkpoint_dir>/<model>/<version>/ (weights.safetensors, spec.json, metrics.json); its stream-identity.json ties it to one stream on one Redis. Unset: <daemon.state_dir>/model_store.",
         json_schema_extra={"derived": "<state_dir>/model_store"},
     )
-    stream: Str = Field(default="mnist", description="Stream name used in Redis keys and wire headers.")
+    stream: Str = Field(
+        default="mnist",
+        description="Stream name used in Redis keys and wire headers. Unset: a name from the dataset (its name; "
+        "river-<river_stream>; a table's or arrays' first file's name, transactions for transactions.csv).",
+        json_schema_extra={"derived": "a name from the dataset"},
+    )
     poll_seconds: Float = Field(default=1.0, gt=0, description="Seconds between policy checks and status refreshes.")
     outage_limit_seconds: Float = Field(
         default=300.0,

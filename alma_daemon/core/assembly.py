@@ -19,6 +19,7 @@ from alma_daemon.core.checkpoints import CheckpointStore
 from alma_daemon.core.chunk_buffer import ChunkBuffer
 from alma_daemon.core.engine import Engine, EngineObserver, EngineState
 from alma_daemon.core.reference import build_reference
+from alma_daemon.core.task_fit import check_config_against_task
 from alma_daemon.data.datasets import TaskInfo
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import Learner, build_learner
@@ -43,6 +44,7 @@ def assemble_engine(
     A resumed state past model version 0 continues with that version's checkpoint from
     ``checkpoints``; otherwise the learner is built from ``config.learner`` and ``config.seed``.
     """
+    check_config_against_task(config, task)
     check_measure(task)
     # reference.kind: linear on a task it cannot learn is refused here, before anything is built.
     reference = build_reference(config.reference.kind, task, state.reference if state is not None else None)

@@ -14,21 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from alma_daemon.config import ConfigError, DatasetConfig, TaskConfig
-from alma_daemon.data.datasets import TaskInfo
 from alma_daemon.data.tensors import LabeledData
-
-#: The measures that judge a regression (alma_daemon/measures, which sits above data/; a test keeps
-#: the two equal): with ``task.kind`` unset, one of them makes the arrays' ``y`` a float target.
-REGRESSION_MEASURES = ("mse", "mae")
-
-
-def declared_kind(terms: TaskConfig) -> str:
-    """The kind of task arrays hold: ``task.kind``, else a regression where ``task.measure`` judges one,
-    else classification."""
-    if terms.kind is not None:
-        return terms.kind
-    return "regression" if terms.measure in REGRESSION_MEASURES else "classification"
 
 
 def load_npz(path: str | Path, regression: bool = False) -> LabeledData:
@@ -63,18 +49,3 @@ def load_npz(path: str | Path, regression: bool = False) -> LabeledData:
     if not np.issubdtype(y.dtype, np.integer) or y.ndim != 1:
         raise ValueError(f"{path}: y must be a 1-D integer array; got {y.dtype} {y.shape}")
     return LabeledData(features, torch.from_numpy(y.astype(np.int64)))
-
-
-def arrays_task(config: DatasetConfig, terms: TaskConfig | None = None) -> TaskInfo:
-    """The task declared by ``dataset.input_shape`` and ``dataset.num_classes``, or by ``dataset.input_shape``
-    alone for a regression (:func:`declared_kind` of ``terms``, the ``task`` section; None: a classifier)."""
-    regression = terms is not None and declared_kind(terms) == "regression"
-    if regression:
-        if not config.input_shape:
-            raise ConfigError("dataset.name=arrays needs dataset.input_shape (e.g. [30]) for a regression's features")
-        if config.num_classes is not None:
-            raise ConfigError("dataset.num_classes: a regression (task.kind, task.measure) has no classes; unset it")
-        return TaskInfo("regression", tuple(config.input_shape), 1)
-    if not config.input_shape or config.num_classes is None:
-        raise ConfigError("dataset.name=arrays needs dataset.input_shape (e.g. [28, 28]) and dataset.num_classes")
-    return TaskInfo("classification", tuple(config.input_shape), config.num_classes)

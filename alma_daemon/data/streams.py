@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from alma_daemon.config import ConfigError, DriftConfig
 from alma_daemon.data.datasets import TaskInfo
+from alma_daemon.data.task_terms import drift_misfit
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.seeding import derive_seed, generator
 
@@ -150,8 +151,9 @@ def build_drift(config: DriftConfig, task: TaskInfo, seed: int) -> Drift | None:
     """The drift ``stream.drift`` asks for on a stream of ``task`` (None for ``kind: none``)."""
     if config.kind == "none":
         return None
-    if task.kind != "classification":
-        raise ConfigError(f"stream.drift.kind: {config.kind} needs labeled examples; this stream is a {task.kind}")
+    misfit = drift_misfit(config.kind, task)
+    if misfit is not None:
+        raise ConfigError(misfit)
     assert config.at is not None  # DriftConfig requires it for every kind but none
     kind = DRIFT_KINDS[config.kind]
     if config.over > 1 and not kind.gradual:
@@ -186,11 +188,6 @@ def _permute_labels(config: DriftConfig, task: TaskInfo, seed: int) -> tuple[App
 
 
 def _rotate(config: DriftConfig, task: TaskInfo, seed: int) -> tuple[Apply, str]:
-    shape = task.input_shape
-    if len(shape) not in (2, 3):
-        raise ConfigError(
-            f"stream.drift.kind: rotate needs images (height x width [x channels]); inputs have shape {list(shape)}"
-        )
     degrees = config.degrees
 
     def apply(data: LabeledData, amount: float, key: int) -> LabeledData:

@@ -16,7 +16,9 @@ daemon's task reader for the task and test set, ``alma replay`` for the chunks i
 from __future__ import annotations
 
 import csv
+import dataclasses
 import gzip
+import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,9 +29,11 @@ import numpy as np
 import torch
 
 from alma_daemon.config import Config, ConfigError, DatasetConfig
-from alma_daemon.data.arrays import declared_kind
 from alma_daemon.data.datasets import DatasetError, TaskInfo
+from alma_daemon.data.declared_task import declared_kind
 from alma_daemon.data.tensors import LabeledData
+
+log = logging.getLogger(__name__)
 
 #: Share of the ordered history held out as the test set when ``dataset.test_fraction`` is unset.
 DEFAULT_TEST_FRACTION = 0.1
@@ -47,6 +51,14 @@ class TableData:
     task: TaskInfo
     train: LabeledData
     test: LabeledData
+    #: Rows of the files left out for a missing feature cell (``dataset.missing: drop``), test set included.
+    rows_dropped: int = 0
+    #: Columns of text the features leave out (the config names no features).
+    text_columns: tuple[str, ...] = ()
+
+    def notes(self) -> dict:
+        """What reading the history left out, for the results' summary: ``rows_dropped``, ``text_columns``."""
+        return {"rows_dropped": self.rows_dropped, "text_columns": list(self.text_columns)}
 
 
 @dataclass(frozen=True)
@@ -61,6 +73,10 @@ class Rows:
     times: np.ndarray | None
     #: "date-time" or "number" (None: no time): files of one history must agree.
     time_kind: str | None
+    #: Rows left out for a missing feature cell (``dataset.missing: drop``).
+    dropped: int = 0
+    #: Columns of text left out of the features (no cell a number), when the config names none.
+    text_columns: tuple[str, ...] = ()
 
 
 def read_table(config: Config) -> TableData:
@@ -79,11 +95,20 @@ def read_table(config: Config) -> TableData:
     features = list(files[0].features)
     task = TaskInfo(kind, (len(features),), num_classes, normalization="standardize", extra={"features": features})
     train = in_time_order(history, targets[: len(history)])
+    dropped, text_columns = sum(rows.dropped for rows in files), files[0].text_columns
+    if files[0].text_columns:
+        log.warning(
+            "dataset.feature_columns: the features leave out %s of %s, not one cell a number; name the features to "
+            "choose them",
+            ", ".join(repr(name) for name in files[0].text_columns),
+            files[0].path.name,
+        )
     if held_out is not None:
-        return TableData(task, train, in_time_order([held_out], targets[-1:]))
+        return TableData(task, train, in_time_order([held_out], targets[-1:]), dropped, text_columns)
     test_length = held_out_length(len(train), dataset.test_fraction or DEFAULT_TEST_FRACTION, dataset)
     cut = len(train) - test_length
-    return TableData(task, train.subset(torch.arange(cut)), train.subset(torch.arange(cut, len(train))))
+    test = train.subset(torch.arange(cut, len(train)))
+    return TableData(task, train.subset(torch.arange(cut)), test, dropped, text_columns)
 
 
 def held_out_length(examples: int, fraction: float, dataset: DatasetConfig) -> int:
@@ -130,6 +155,12 @@ def decode_labels(rows: Rows, kind: str, config: Config) -> np.ndarray:
     where = f"{label_source(rows, config.dataset)} of {rows.path.name}"
     numbers = as_numbers(rows.labels)
     if kind == "regression":
+        if numbers is None and config.task.kind is None:
+            # The measure made it a regression: it is the key to change, not the column.
+            raise DatasetError(
+                f"task.measure: {config.task.measure} judges a regression, but {where} holds class names "
+                f"({first_non_number(rows.labels)}); choose a classifier's measure, or a label column of numbers"
+            )
         if numbers is None:
             raise DatasetError(
                 f"dataset.label_column: {where} is not a number ({first_non_number(rows.labels)}); a regression's "
@@ -211,6 +242,25 @@ def first_non_number(values: np.ndarray) -> str:
     return "no number"
 
 
+def parse_cells(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``values`` as float64, NaN where a cell is empty, null or not a number, beside the mask of the
+    cells that hold text which is not a number (``'n/a'``, ``'?'``)."""
+    numbers = as_numbers(values)
+    if numbers is not None:
+        return numbers, np.zeros(len(values), dtype=bool)
+    if values.dtype.kind not in "OUS":
+        return np.full(len(values), np.nan), np.ones(len(values), dtype=bool)
+    text = np.char.strip(np.array(["" if value is None else str(value) for value in values]))
+    numbers = np.full(len(values), np.nan)
+    not_number = np.zeros(len(values), dtype=bool)
+    for row, cell in enumerate(text):
+        try:
+            numbers[row] = float(cell or "nan")
+        except ValueError:
+            not_number[row] = True
+    return numbers, not_number
+
+
 def require_finite(numbers: np.ndarray, where: str, key: str, what: str) -> None:
     bad = np.flatnonzero(~np.isfinite(numbers))
     if bad.size:
@@ -235,33 +285,85 @@ def rows_of_columns(path: Path, columns: Columns, dataset: DatasetConfig) -> Row
     if dataset.time_column is not None:
         values = column(columns, dataset.time_column, "dataset.time_column", path)
         times, time_kind = as_times(values, f"column {dataset.time_column!r} of {path.name}")
-    features = feature_columns(path, columns, dataset)
-    for name, numbers in features.items():
-        require_finite(numbers, f"column {name!r} of {path.name}", "dataset.feature_columns", "values")
-    x = np.stack(list(features.values()), axis=1).astype(np.float32)
-    return Rows(path, tuple(features), x, labels, times, time_kind)
+    features, text_columns = feature_columns(path, columns, dataset)
+    x = np.stack(list(features.values()), axis=1)
+    rows = Rows(path, tuple(features), x, labels, times, time_kind, text_columns=text_columns)
+    return with_missing_cells_handled(rows, dataset)
 
 
-def feature_columns(path: Path, columns: Columns, dataset: DatasetConfig) -> dict[str, np.ndarray]:
-    """The features as float64 columns: those ``dataset.feature_columns`` names, else every numeric
-    column but the label and the time, in the file's order."""
-    if not dataset.feature_columns:
-        skipped = (dataset.label_column, dataset.time_column)
-        numeric = {name: as_numbers(values) for name, values in columns.items() if name not in skipped}
-        chosen = {name: numbers for name, numbers in numeric.items() if numbers is not None}
-        if not chosen:
-            raise DatasetError(f"dataset.feature_columns: {path.name} has no numeric column besides the label and time")
-        return chosen
-    named = {}
-    for name in dataset.feature_columns:
+def feature_columns(
+    path: Path, columns: Columns, dataset: DatasetConfig
+) -> tuple[dict[str, np.ndarray], tuple[str, ...]]:
+    """The features as float64 columns (NaN where a cell is missing), beside the text columns left out:
+    the columns ``dataset.feature_columns`` names, else every column but the label and the time, in the
+    file's order, less those of text (not one cell a number: a merchant's name, an id written as text).
+
+    A column of numbers with a cell of text (``'n/a'``) is refused under ``dataset.missing: refuse``,
+    naming the cell and its row; otherwise that cell is missing, as an empty one is."""
+    named = bool(dataset.feature_columns)
+    skipped = (dataset.label_column, dataset.time_column)
+    names = dataset.feature_columns if named else [name for name in columns if name not in skipped]
+    chosen, text_columns = {}, []
+    for name in names:
         values = column(columns, name, "dataset.feature_columns", path)
-        numbers = as_numbers(values)
-        if numbers is None:
+        numbers, not_number = parse_cells(values)
+        if not_number.any() and np.isnan(numbers).all():
+            if named:
+                raise DatasetError(
+                    f"dataset.feature_columns: column {name!r} of {path.name} is not numeric "
+                    f"({first_non_number(values)})"
+                )
+            text_columns.append(name)
+            continue
+        if not_number.any() and dataset.missing == "refuse":
+            row = int(np.flatnonzero(not_number)[0])
             raise DatasetError(
-                f"dataset.feature_columns: column {name!r} of {path.name} is not numeric ({first_non_number(values)})"
+                f"dataset.missing: column {name!r} of {path.name} holds {str(values[row]).strip()!r} in data row "
+                f"{row + 1} ({int(not_number.sum())} of {len(values)} cells are not numbers); set dataset.missing: "
+                "drop or fill to take such cells as missing, or leave the column out of dataset.feature_columns"
             )
-        named[name] = numbers
-    return named
+        chosen[name] = numbers
+    if not chosen:
+        raise DatasetError(f"dataset.feature_columns: {path.name} has no numeric column besides the label and time")
+    return chosen, tuple(text_columns)
+
+
+def with_missing_cells_handled(rows: Rows, dataset: DatasetConfig) -> Rows:
+    """``rows`` with its missing or non-finite feature cells as ``dataset.missing`` says: refused (naming
+    the first, its column and row), their rows dropped (counted in ``Rows.dropped``), or filled."""
+    missing = ~np.isfinite(rows.x)
+    if not missing.any():
+        return dataclasses.replace(rows, x=rows.x.astype(np.float32))
+    row, feature = (int(i) for i in np.argwhere(missing)[0])
+    first = f"column {rows.features[feature]!r}, data row {row + 1}"
+    if dataset.missing == "refuse":
+        raise DatasetError(
+            f"dataset.missing: {rows.path.name} has {int(missing.sum())} missing or non-finite feature cells (first: "
+            f"{first}); set dataset.missing: drop or fill to accept them"
+        )
+    if dataset.missing == "fill":
+        assert dataset.fill_value is not None  # DatasetConfig requires it with fill
+        return dataclasses.replace(rows, x=np.where(missing, dataset.fill_value, rows.x).astype(np.float32))
+    kept = ~missing.any(axis=1)
+    if not kept.any():
+        raise DatasetError(
+            f"dataset.missing: every row of {rows.path.name} has a missing feature cell (first: {first})"
+        )
+    log.warning(
+        "dataset.missing: dropped %d of %d rows of %s for a missing feature cell (first: %s)",
+        len(kept) - int(kept.sum()),
+        len(kept),
+        rows.path.name,
+        first,
+    )
+    times = rows.times[kept] if rows.times is not None else None
+    return dataclasses.replace(
+        rows,
+        x=rows.x[kept].astype(np.float32),
+        labels=rows.labels[kept],
+        times=times,
+        dropped=len(kept) - int(kept.sum()),
+    )
 
 
 def as_times(values: np.ndarray, where: str) -> tuple[np.ndarray, str]:
@@ -342,11 +444,9 @@ def read_npz(path: Path, dataset: DatasetConfig) -> Rows:
     for name, values in (("y", y), ("t", t)):
         if values is not None and values.shape != (len(x),):
             raise DatasetError(f"{path}: {name} must hold one value per row of x ({len(x)}); got shape {values.shape}")
-    numbers = x.astype(np.float64)
-    require_finite(numbers.reshape(-1), f"array x of {path.name}", "dataset.files", "values")
     times, time_kind = (None, None) if t is None else as_times(t, f"array t of {path.name}")
     features = tuple(f"x{i}" for i in range(x.shape[1]))
-    return Rows(path, features, numbers.astype(np.float32), y, times, time_kind)
+    return with_missing_cells_handled(Rows(path, features, x.astype(np.float64), y, times, time_kind), dataset)
 
 
 #: A table file's ending -> its reader.

@@ -3,14 +3,15 @@
 A :class:`Measure` turns a model's outputs on labeled examples (class probabilities, N x C, for a
 classifier; predictions, N, for a regression) into a :class:`Measurement`: the value in the
 measure's own units, and what its standard error rests on. Everything that compares models reads the
-measure through three public views, so no caller branches on its name:
+measure through these public views, so no caller branches on its name:
 
 - :meth:`Measure.loss`: the value on a lower-is-better scale (recall 0.7 is a loss of 0.3), the scale
   policies rise and fall on and the guard's margin is in;
 - :meth:`Measure.variance`: the variance of a mean loss taken on ``examples`` counted examples;
 - :meth:`Measure.per_example`: each example's loss and whether it counts (a miss on a positive for
   recall, a weighted mistake for cost), for the guard's paired test; None for a measure that is not
-  a mean over examples (precision, PR-AUC, balanced error), which the guard tests by resampling.
+  a mean over examples (precision, PR-AUC, balanced error), which the guard tests by resampling;
+- :meth:`Measure.on_resamples`: the measure on a batch of resamples at once, for that resampling.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from dataclasses import dataclass
 from typing import ClassVar, TypeVar
 
 import torch
+
+from alma_daemon.config.measure_traits import measure_misfit
 
 #: The kinds of task a measure may be configured for.
 TASK_KINDS = ("binary", "multiclass", "regression", "language_model")
@@ -101,6 +104,20 @@ class Measure(ABC):
         of :meth:`measure`; None where the measure is not such a mean."""
         return None
 
+    def on_resamples(self, outputs: torch.Tensor, y: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """The measure on each of a batch of bootstrap resamples of the examples, ``counts[b, i]`` times
+        example ``i`` in resample ``b`` (B x N, float64): one value per resample, as :meth:`measure` gives
+        it on that resample's examples (a measure does not depend on their order). The guard's paired
+        bootstrap reads it for a measure without :meth:`per_example`. This default measures one resample
+        at a time; a measure the guard resamples overrides it with one batched computation."""
+        outputs, y = outputs.detach().cpu(), y.cpu()
+        examples = torch.arange(len(y))
+        values = []
+        for row in counts:
+            drawn = examples.repeat_interleave(row.long())
+            values.append(self.measure(outputs[drawn], y[drawn]).value)
+        return torch.tensor(values, dtype=torch.float64)
+
     def baseline(self, y: torch.Tensor) -> float:
         """The value of a model that ignores its inputs: the majority class, or the mean target."""
         return self.measure(self.constant_outputs(y), y).value
@@ -172,9 +189,9 @@ def build_measure(name: str | None, target: Target) -> Measure:
     task is refused in one line."""
     chosen = name or DEFAULT_MEASURE[target.kind]
     cls = measure_class(chosen)
-    if target.kind not in cls.kinds:
-        fits = sorted(n for n, m in MEASURES.items() if target.kind in m.kinds)
-        raise ValueError(f"measure {chosen!r} does not fit a {target.kind} task; it takes {', '.join(fits)}")
+    misfit = measure_misfit(chosen, target.kind)
+    if misfit is not None:
+        raise ValueError(misfit)
     return cls(target)
 
 

@@ -151,10 +151,20 @@ class ResultsWriter(EngineObserver):
     its second year. :meth:`resume` cuts both files back to the committed series after a restart.
     """
 
-    def __init__(self, folder: str | Path, config: dict, extra: dict | None = None, *, history: bool = False):
+    def __init__(
+        self,
+        folder: str | Path,
+        config: dict,
+        extra: dict | None = None,
+        *,
+        history: bool = False,
+        notes: dict | None = None,
+    ):
         self.folder = Path(folder)
         self.config = config
         self.extra = extra or {}
+        #: What reading the data left out (:attr:`SimulatedStream.notes`), added to the summary.
+        self.notes = notes or {}
         self.history = history
         self.folder.mkdir(parents=True, exist_ok=True)
         #: The rows encoded so far, kept alive so that the identity check in _encode never meets a
@@ -202,7 +212,7 @@ class ResultsWriter(EngineObserver):
 
     def write(self, engine: Engine) -> dict:
         new = self._encode(engine.state.series)
-        results = results_of(engine, self.config, self.extra, records=self._records)
+        results = results_of(engine, self.config, self.extra, records=self._records, notes=self.notes)
         if self.history:
             results["series_file"] = HISTORY_FILE
             append_lines(self.folder / HISTORY_FILE, self._json_lines[len(self._json_lines) - new :] if new else [])
@@ -310,19 +320,21 @@ def _row_t(line: bytes) -> int | None:
 
 
 def results_of(
-    engine: Engine, config: dict, extra: dict | None = None, *, records: Sequence[StepRecord] | None = None
+    engine: Engine,
+    config: dict,
+    extra: dict | None = None,
+    *,
+    records: Sequence[StepRecord] | None = None,
+    notes: dict | None = None,
 ) -> dict:
     """What ``results.json`` holds for ``engine``'s run so far: ``config`` (the resolved config, as a
-    dict), the series, its summary (wall time on the engine's clock, from its start) and ``extra``.
-    ``records``: the series already read, if the caller has it."""
+    dict), the series, its summary (wall time on the engine's clock, from its start; ``notes``, what
+    reading the data left out, added to it) and ``extra``. ``records``: the series already read, if the
+    caller has it."""
     series = engine.state.series
     wall_seconds = engine.clock() - engine.state.started_at
-    return {
-        "config": config,
-        "series": series,
-        "summary": summarize_records(read_rows(series) if records is None else records, wall_seconds, engine.state),
-        **(extra or {}),
-    }
+    summary = summarize_records(read_rows(series) if records is None else records, wall_seconds, engine.state)
+    return {"config": config, "series": series, "summary": summary | (notes or {}), **(extra or {})}
 
 
 def read_results(path: str | Path) -> dict:

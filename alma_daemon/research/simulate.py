@@ -15,9 +15,10 @@ from alma_daemon.core.engine import Engine, EngineObserver
 from alma_daemon.data.arrays import load_npz
 from alma_daemon.data.datasets import TaskInfo, load_dataset
 from alma_daemon.data.river_streams import read_configured_river
-from alma_daemon.data.stream_task import arrays_task, configured_task, select_test_examples
+from alma_daemon.data.stream_task import arrays_task, select_test_examples
 from alma_daemon.data.streams import Chunk, build_drift, drifted, megabatch_stream, ordered_stream
 from alma_daemon.data.table import read_table
+from alma_daemon.data.task_terms import configured_task
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.data.text import text_stream
 from alma_daemon.observability.progress import ProgressBar
@@ -32,6 +33,8 @@ class SimulatedStream:
     chunks: Iterator[Chunk]
     test: LabeledData | None
     length: int
+    #: What reading the data left out, for the results' summary (a table's ``rows_dropped``, ``text_columns``).
+    notes: dict = dataclasses.field(default_factory=dict)
 
 
 def simulated_stream(config: Config) -> SimulatedStream:
@@ -76,7 +79,14 @@ def table_stream(config: Config) -> SimulatedStream:
     chunks = ordered_stream(table.train, config.stream.megabatches, limit=config.stream.train_examples)
     drift = build_drift(config.stream.drift, table.task, config.stream.seed)
     test = select_test_examples(table.test, config)
-    return SimulatedStream(table.task, drifted(chunks, drift), test, config.stream.megabatches)
+    # Equal chunks leave the last rows of the history (fewer than B) to none: counted, not lost in silence.
+    streamed = (
+        len(table.train)
+        if config.stream.train_examples is None
+        else min(config.stream.train_examples, len(table.train))
+    )
+    notes = table.notes() | {"rows_in_no_chunk": streamed % config.stream.megabatches}
+    return SimulatedStream(table.task, drifted(chunks, drift), test, config.stream.megabatches, notes)
 
 
 def arrays_stream(config: Config) -> SimulatedStream:
@@ -140,7 +150,7 @@ def run_simulation(
     config.policy.check_stream_length(config.stream.megabatches)
     stream = simulated_stream(config)
     bar = ProgressBar(stream.length, enabled=progress)
-    writer = ResultsWriter(out, to_dict(config)) if out is not None else None
+    writer = ResultsWriter(out, to_dict(config), notes=stream.notes) if out is not None else None
     checkpoints = CheckpointStore(checkpoint_dir, config.serving.model_name) if checkpoint_dir else None
     # The results writer first: the caller's observers may read the results file of the step.
     every = [writer, *(observers or []), bar]
@@ -151,4 +161,4 @@ def run_simulation(
     finally:
         bar.close()
     engine.say_unfilled_pool()
-    return writer.write(engine) if writer else results_of(engine, to_dict(config))
+    return writer.write(engine) if writer else results_of(engine, to_dict(config), notes=stream.notes)

@@ -20,6 +20,7 @@ from alma_daemon.core.checkpoints import CheckpointStore
 from alma_daemon.core.engine import Engine, EngineObserver
 from alma_daemon.data.datasets import TaskInfo
 from alma_daemon.data.stream_task import StreamTask
+from alma_daemon.data.task_terms import features_misfit
 from alma_daemon.data.wire import StreamSchema
 from alma_daemon.infra.redis_keys import StreamKeys
 from alma_daemon.observability.results import ResultsWriter
@@ -40,12 +41,9 @@ def stream_schema(task: TaskInfo, config: Config) -> StreamSchema:
         if event_stream(config) is not None:
             raise ConfigError("stream.chunk_examples: event streams carry labeled examples; a text stream sends chunks")
         return StreamSchema("text", vocab_size=task.num_classes)
-    features = config.stream.features
-    if features and tuple(task.input_shape) != (len(features),):
-        raise ConfigError(
-            f"stream.features: {len(features)} names, but one example of {config.dataset.name} has shape "
-            f"{tuple(task.input_shape)}; name one field per input value"
-        )
+    misfit = features_misfit(config, task)
+    if misfit is not None:
+        raise ConfigError(misfit)
     return StreamSchema(
         "labeled",
         task.input_shape,

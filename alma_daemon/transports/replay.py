@@ -56,7 +56,7 @@ def labeled_chunks(data: LabeledData, config: Config, task: TaskInfo | None = No
     anything is published."""
     drift = None
     if config.stream.drift.kind != "none":
-        from alma_daemon.data.arrays import arrays_task
+        from alma_daemon.data.declared_task import arrays_task
 
         drift = build_drift(config.stream.drift, task or arrays_task(config.dataset, config.task), config.stream.seed)
     chunks = megabatch_stream(data, config.stream.megabatches, config.stream.seed, limit=config.stream.train_examples)
