@@ -16,10 +16,16 @@ What each task kind takes and gives (docs/serving.md has the bodies side by side
 - language model: ``text`` (BYTES ``[N]``), the request parameter ``top_k`` (default 10); answers
   ``tokens`` (INT64 ``[N, k]``), ``probabilities`` (FP32 ``[N, k]``) and ``texts`` (BYTES ``[N, k]``),
   most likely first.
+
+Requests are read strictly (:func:`tensor_of`), before numpy converts anything: each size at least 1,
+data of the tensor's own datatype (no true or "1" for a number, no 1.5 for an integer), a datatype the
+model takes; a refusal is one line naming the tensor or feature.
 """
 
 from __future__ import annotations
 
+import math
+import reprlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -31,7 +37,18 @@ import torch
 from alma_daemon.data.datasets import TaskInfo
 from alma_daemon.learners import Learner
 from alma_daemon.measures import target_of
-from serving.codecs import ExamplesCodec, LanguageModelCodec, RequestError, codec_for
+from serving.codecs import (
+    MAX_DEPTH,
+    NUMBER_TYPES,
+    ExamplesCodec,
+    LanguageModelCodec,
+    Nested,
+    RequestError,
+    check_leaves,
+    codec_for,
+    described,
+    nested_lists,
+)
 
 #: The protocol's tensor data types and the numpy types they are read as.
 DATATYPES: dict[str, Any] = {
@@ -49,6 +66,19 @@ DATATYPES: dict[str, Any] = {
     "FP64": np.float64,
     "BYTES": np.object_,
 }
+
+#: The datatypes a model of examples or named features takes.
+NUMBER_DATATYPES = tuple(datatype for datatype in DATATYPES if datatype not in ("BOOL", "BYTES"))
+#: The JSON values each datatype's data may hold, by exact type, and how a refusal says it.
+_LEAF_TYPES: dict[str, tuple[frozenset[type], str]] = {
+    "BOOL": (frozenset({bool}), "true or false"),
+    "BYTES": (frozenset({str}), "strings"),
+    **{
+        datatype: (frozenset({int}), "integers") if datatype[0] in "UI" else (NUMBER_TYPES, "numbers")
+        for datatype in NUMBER_DATATYPES
+    },
+}
+_DATATYPE_OF = {np.dtype(numpy_type): datatype for datatype, numpy_type in DATATYPES.items()}
 
 OIP_CODECS: dict[str, type[OipCodec]] = {}
 
@@ -72,7 +102,36 @@ class OipTensor:
 def check_datatype(name: str, datatype: Any) -> None:
     """Raise a RequestError naming the tensor where ``datatype`` is not one of the protocol's."""
     if datatype not in DATATYPES:
-        raise RequestError(f"tensor {name!r}: unknown datatype {datatype!r} (known: {', '.join(DATATYPES)})")
+        raise RequestError(f"{_tensor(name)}: unknown datatype {_shown(datatype)} (known: {', '.join(DATATYPES)})")
+
+
+def checked_shape(name: str, shape: Any) -> list[int]:
+    """``shape`` if it lists at most :data:`MAX_DEPTH` sizes, each an integer of at least 1; a RequestError
+    naming the tensor otherwise (numpy would take -1 as "whatever fits", and no model takes an empty tensor)."""
+    if not isinstance(shape, list) or len(shape) > MAX_DEPTH:
+        raise RequestError(f"{_tensor(name)}: shape must be a list of at most {MAX_DEPTH} sizes; got {_shown(shape)}")
+    odd = next((size for size in shape if type(size) is not int or size < 1), None)
+    if odd is not None:
+        raise RequestError(
+            f"{_tensor(name)}: shape {_shown(shape)} lists {_shown(odd)}; each size must be an integer of at least 1"
+        )
+    return shape
+
+
+def tensor_of(name: str, shape: Any, datatype: Any, data: Any) -> np.ndarray:
+    """The array a JSON tensor describes, its data checked against its datatype before any conversion
+    (numpy would read true as 1, 1.5 as 1 for INT64 and "1" as 1.0); a RequestError naming the tensor
+    otherwise. ``data`` is flat in row-major order, or nested as ``shape``."""
+    what = _tensor(name)
+    check_datatype(name, datatype)
+    sizes = checked_shape(name, shape)
+    if not isinstance(data, list):
+        raise RequestError(f"{what}: data must be a list of values, not {described(data)}")
+    nested = nested_lists(data, f"{what}: data")
+    _check_fit(what, nested, sizes)
+    allowed, wanted = _LEAF_TYPES[datatype]
+    check_leaves(nested, allowed, f"{what}: {datatype} data", wanted)
+    return _array(what, nested.leaves, datatype).reshape(sizes)
 
 
 def tensors_of(entries: Any, where: str) -> dict[str, np.ndarray]:
@@ -83,16 +142,48 @@ def tensors_of(entries: Any, where: str) -> dict[str, np.ndarray]:
     for entry in entries:
         if not isinstance(entry, dict) or not {"name", "shape", "datatype", "data"} <= entry.keys():
             raise RequestError(f'each of "{where}" needs "name", "shape", "datatype" and "data"')
-        name, shape, datatype = entry["name"], entry["shape"], entry["datatype"]
-        check_datatype(name, datatype)
-        if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
-            raise RequestError(f"tensor {name!r}: shape must be a list of sizes; got {shape!r}")
-        try:
-            array = np.array(entry["data"], dtype=DATATYPES[datatype])
-            tensors[name] = array.reshape(shape)
-        except (TypeError, ValueError, OverflowError) as err:  # numpy: OverflowError for 300 as UINT8
-            raise RequestError(f"tensor {name!r}: data does not fit shape {shape} of {datatype}: {err}") from None
+        name = entry["name"]
+        if not isinstance(name, str) or not name:
+            raise RequestError(f'each of "{where}" needs a "name" that is a non-empty string; got {_shown(name)}')
+        if name in tensors:  # the second would silently replace the first
+            raise RequestError(f"{_tensor(name)} is given twice")
+        tensors[name] = tensor_of(name, entry["shape"], entry["datatype"], entry["data"])
     return tensors
+
+
+def datatype_of(array: np.ndarray) -> str:
+    """The protocol's datatype of ``array`` (BYTES for text, whichever way numpy holds it)."""
+    return "BYTES" if array.dtype.kind in "OUS" else _DATATYPE_OF.get(array.dtype, str(array.dtype))
+
+
+def _tensor(name: Any) -> str:
+    return f"tensor {str(name)[:64]!r}"
+
+
+def _shown(value: Any) -> str:
+    """A short text for a value out of a request: a shape or datatype may be anything a client sent."""
+    return reprlib.repr(value)
+
+
+def _check_fit(what: str, nested: Nested, sizes: list[int]) -> None:
+    """Raise a RequestError where data does not hold as many values as ``sizes`` or is nested otherwise."""
+    # At most MAX_DEPTH sizes, each a JSON integer: their product is quick to compute, however large.
+    if len(nested.leaves) != math.prod(sizes):
+        raise RequestError(
+            f"{what}: data does not fit its shape and datatype: {len(nested.leaves)} values for shape {_shown(sizes)}"
+        )
+    if len(nested.shape) > 1 and nested.shape != sizes:
+        raise RequestError(f"{what}: data is nested as {nested.shape}, neither flat nor as its shape {sizes}")
+
+
+def _array(what: str, leaves: list[Any], datatype: str) -> np.ndarray:
+    """``leaves`` (of the types ``datatype`` allows) as numpy's type for ``datatype``."""
+    try:
+        # A float beyond FP16 or FP32 becomes infinite: the examples' check refuses it, with its own words.
+        with np.errstate(over="ignore"):
+            return np.array(leaves, dtype=DATATYPES[datatype])
+    except OverflowError as err:  # an integer beyond its type: "Python integer 300 out of bounds for uint8"
+        raise RequestError(f"{what}: data does not fit its shape and datatype: {err}") from None
 
 
 def request_body(*tensors: OipTensor, parameters: Mapping[str, Any] | None = None) -> dict:
@@ -177,19 +268,33 @@ class ExamplesOipCodec(OipCodec):
                 f"expected one input tensor of examples, shape [N, {', '.join(map(str, self.task.input_shape))}]; "
                 f"got {len(inputs)}: {sorted(inputs)[:8]}"
             )
-        (array,) = inputs.values()
-        if array.dtype == np.object_:
-            raise RequestError("examples must be numbers, not BYTES")
+        ((name, array),) = inputs.items()
+        _check_numbers(f"{_tensor(name)}: examples", array)
         x = torch.from_numpy(np.ascontiguousarray(array, dtype=np.uint8 if array.dtype == np.uint8 else np.float32))
-        return self.examples.checked(x)
+        try:
+            return self.examples.checked(x)
+        except RequestError as err:  # the examples' words, naming the tensor that holds them
+            raise RequestError(f"{_tensor(name)}: {err}") from None
 
     def _named(self, inputs: Mapping[str, np.ndarray]) -> torch.Tensor:
-        sizes = {array.shape[0] if array.ndim else None for array in inputs.values()}
-        # [N, 1] is taken as [N]; one value per example either way.
-        if len(sizes) != 1 or None in sizes or any(array.shape[1:] not in ((), (1,)) for array in inputs.values()):
-            raise RequestError("each feature's tensor must have shape [N], the same N for all")
-        if any(array.dtype == np.object_ for array in inputs.values()):
-            raise RequestError("features must be numbers, not BYTES")
+        """The examples of one tensor per named feature; a refusal names the first feature at fault."""
+        first_name, first = next(iter(inputs.items()))
+        count = first.shape[0] if first.ndim else None
+
+        def fits(array: np.ndarray) -> bool:
+            # [N, 1] is taken as [N]; one value per example either way.
+            return array.ndim in (1, 2) and array.shape[1:] in ((), (1,)) and array.shape[0] == count
+
+        misfit = next((name for name, array in inputs.items() if not fits(array)), None)
+        if misfit is not None:
+            beside = f" beside {list(first.shape)} of {first_name[:64]!r}" if misfit != first_name else ""
+            raise RequestError(
+                f"feature {misfit[:64]!r}: each feature's tensor must have shape [N], the same N for all; "
+                f"got {list(inputs[misfit].shape)}{beside}"
+            )
+        for name in self.examples.features:  # others are refused by name below
+            if name in inputs:
+                _check_numbers(f"feature {name[:64]!r}", inputs[name])
         columns = {name: array.reshape(len(array)).tolist() for name, array in inputs.items()}
         return self.examples.checked(self.examples.named([columns]))
 
@@ -266,6 +371,8 @@ class LanguageModelOipCodec(OipCodec):
     ) -> list[OipTensor]:
         if set(inputs) != {"text"} or inputs["text"].ndim != 1:
             raise RequestError(f'expected one input tensor "text", BYTES of shape [N]; got {sorted(inputs)[:8]}')
+        if datatype_of(inputs["text"]) != "BYTES":
+            raise RequestError(f'"text" must hold strings (datatype BYTES), not {datatype_of(inputs["text"])}')
         texts = [t.decode(errors="replace") if isinstance(t, bytes) else t for t in inputs["text"].tolist()]
         if not all(isinstance(t, str) for t in texts):
             raise RequestError('"text" must hold strings (datatype BYTES)')
@@ -292,6 +399,14 @@ class LanguageModelOipCodec(OipCodec):
         dense = torch.zeros(len(tokens), self.task.num_classes)
         dense.scatter_(1, torch.from_numpy(tokens.astype(np.int64)), torch.from_numpy(probabilities.astype(np.float32)))
         return dense
+
+
+def _check_numbers(what: str, array: np.ndarray) -> None:
+    """Raise a RequestError naming ``what`` where ``array`` is not of a number datatype (a model of
+    examples or features reads no text, and true is no number)."""
+    datatype = datatype_of(array)
+    if datatype not in NUMBER_DATATYPES:
+        raise RequestError(f"{what} must be numbers, not {datatype} (send FP32, UINT8 or another number type)")
 
 
 def _output(outputs: Mapping[str, np.ndarray], name: str) -> np.ndarray:

@@ -207,21 +207,47 @@ def mnist_request(**changes) -> dict:
             id="two-inputs-without-features",
         ),
         pytest.param(
-            mnist_request(datatype="BYTES", data=["3"] * 784), "examples must be numbers, not BYTES", id="bytes"
+            mnist_request(datatype="BYTES", data=["3"] * 784),
+            "tensor 'x': examples must be numbers, not BYTES",
+            id="bytes",
         ),
         pytest.param(mnist_request(data=[300.0] * 784), "values must be raw units in [0, 255]", id="above-255"),
         pytest.param(mnist_request(data=[-0.5] * 784), "values must be raw units in [0, 255]", id="normalized"),
         pytest.param(mnist_request(data=[math.nan] * 784), "examples contain NaN or infinite values", id="nan"),
         pytest.param(mnist_request(datatype="FP99"), "tensor 'x': unknown datatype 'FP99'", id="unknown-datatype"),
         pytest.param(
-            mnist_request(shape=[2, 28, 28]), "tensor 'x': data does not fit shape [2, 28, 28] of FP32", id="short"
-        ),
-        pytest.param(mnist_request(data=["a"] * 784), "tensor 'x': data does not fit shape", id="text-as-fp32"),
-        pytest.param(
-            mnist_request(datatype="UINT8", data=[300] * 784), "tensor 'x': data does not fit shape", id="uint8-300"
+            mnist_request(shape=[2, 28, 28]),
+            "tensor 'x': data does not fit its shape and datatype: 784 values for shape [2, 28, 28]",
+            id="short",
         ),
         pytest.param(
-            mnist_request(shape=[0, 28, 28], data=[]), "a request holds 1 to 4096 examples; got 0", id="empty"
+            mnist_request(data=["a"] * 784), "tensor 'x': FP32 data must be numbers, not a string", id="text-as-fp32"
+        ),
+        pytest.param(
+            mnist_request(datatype="UINT8", data=[300] * 784),
+            "tensor 'x': data does not fit its shape and datatype: Python integer 300 out of bounds for uint8",
+            id="uint8-300",
+        ),
+        pytest.param(
+            mnist_request(shape=[0, 28, 28], data=[]),
+            "tensor 'x': shape [0, 28, 28] lists 0; each size must be an integer of at least 1",
+            id="empty",
+        ),
+        pytest.param(mnist_request(shape=[True, 28, 28]), "shape [True, 28, 28] lists True", id="bool-size"),
+        pytest.param(mnist_request(shape=[1, "28", 28]), "shape [1, '28', 28] lists '28'", id="text-size"),
+        pytest.param(mnist_request(shape=[1] * 17 + [784]), "shape must be a list of at most 16 sizes", id="rank"),
+        pytest.param(mnist_request(shape="1x28x28"), "tensor 'x': shape must be a list", id="shape-string"),
+        pytest.param(
+            mnist_request(data="0" * 784), "tensor 'x': data must be a list of values, not a string", id="data"
+        ),
+        pytest.param(
+            mnist_request(data=[[3.0] * 784]), "data is nested as [1, 784], neither flat nor as its shape", id="nested"
+        ),
+        pytest.param(
+            mnist_request(data=[[3.0] * 392, [3.0] * 391 + [[3.0]]]), "lists beside values at depth 2", id="ragged"
+        ),
+        pytest.param(
+            {"inputs": [{**mnist_request()["inputs"][0], "name": 7}]}, '"name" that is a non-empty string', id="name"
         ),
         pytest.param({"inputs": []}, 'expected "inputs": a list of tensors', id="no-inputs"),
         pytest.param({"inputs": [{"name": "x", "data": [1]}]}, '"name", "shape", "datatype" and "data"', id="keys"),
@@ -251,11 +277,67 @@ def test_bad_named_features_are_refused_with_the_words_of_the_wire():
     wide = [*without("f00"), tensor("f00", "FP32", [3, 2], [1.0] * 6)]
     assert "each feature's tensor must have shape [N]" in refusal(learner, {"inputs": wide})
     text = [*without("f00"), tensor("f00", "BYTES", [3], ["1", "2", "3"])]
-    assert "features must be numbers, not BYTES" in refusal(learner, {"inputs": text})
-    nan = [*without("f00"), tensor("f00", "FP32", [3], [1.0, math.nan, 2.0])]
-    assert "examples contain NaN or infinite values" in refusal(learner, {"inputs": nan})
+    assert "feature 'f00' must be numbers, not BYTES" in refusal(learner, {"inputs": text})
+    nan = [*without("f02"), tensor("f02", "FP32", [3], [1.0, math.nan, 2.0])]
+    assert "feature 'f02' (column 2) holds NaN or infinite values" in refusal(learner, {"inputs": nan})
     empty = [tensor(name, "FP32", [0], []) for name in FEATURE_NAMES]
-    assert "a request holds 1 to 4096 examples; got 0" in refusal(learner, {"inputs": empty})
+    assert "tensor 'f00': shape [0] lists 0" in refusal(learner, {"inputs": empty})
+    # The field at fault is named, whichever tensor is first.
+    assert "feature 'f00': each feature's tensor must have shape [N]" in refusal(learner, {"inputs": wide})
+    assert "got [2] beside [3] of 'f01'" in refusal(learner, {"inputs": uneven})
+    scalar = [tensor("f00", "FP32", [], [1.0]), *without("f00")]
+    assert "feature 'f00': each feature's tensor must have shape [N]" in refusal(learner, {"inputs": scalar})
+    assert "feature 'f00'" in refusal(learner, {"inputs": [*without("f00"), *scalar[:1]]})
+
+
+def test_data_of_any_number_type_fitting_its_datatype_is_taken():
+    """Strict is not narrow: integers for FP32, any number type the data fits, data nested as the shape."""
+    learner, x = new_learner(), separable_data(MNIST_TASK, 2, seed=5).x
+    codec = oip_codec_for(MNIST_TASK)
+    expected = learner.predict_proba(x)
+    pixels = x.reshape(-1).tolist()  # Python ints
+    for datatype in ("UINT8", "INT16", "INT64", "FP16", "FP32", "FP64"):
+        answer = codec.answered_in_process(learner, {"inputs": [tensor("x", datatype, [2, 28, 28], pixels)]})
+        torch.testing.assert_close(answer, expected, rtol=0, atol=1e-6)
+    nested = {"inputs": [tensor("x", "UINT8", [2, 28, 28], x.tolist())]}
+    torch.testing.assert_close(codec.answered_in_process(learner, nested), expected, rtol=0, atol=0)
+
+    features = feature_learner()
+    rows = feature_data(3, seed=3).x
+    request = by_feature(rows)
+    request["inputs"][5] = tensor("f05", "INT64", [3], [3, 4, 5])  # an hour of the day, say
+    exact = rows.clone()
+    exact[:, 5] = torch.tensor([3.0, 4.0, 5.0])
+    torch.testing.assert_close(
+        oip_codec_for(FEATURE_TASK).answered_in_process(features, request), features.predict_proba(exact)
+    )
+
+
+@pytest.mark.parametrize(
+    "datatype,data,words",
+    [
+        ("INT64", [1, 1.5], "tensor 'x': INT64 data must be integers, not a float (1.5)"),
+        ("INT64", [1, 2.0], "INT64 data must be integers, not a float (2.0)"),
+        ("UINT8", [1, True], "UINT8 data must be integers, not a bool (true)"),
+        ("FP32", [1.0, "1"], 'FP32 data must be numbers, not a string ("1")'),
+        ("FP32", [1.0, None], "FP32 data must be numbers, not null"),
+        ("FP32", [1.0, {"v": 1}], "FP32 data must be numbers, not an object"),
+        ("BOOL", [True, 1], "BOOL data must be true or false, not an integer (1)"),
+        ("BYTES", ["a", 1.5], "BYTES data must be strings, not a float (1.5)"),
+        ("INT8", [1, 128], "out of bounds for int8"),
+        ("UINT8", [1, -1], "out of bounds for uint8"),
+        ("FP64", [1, 10**400], "int too large to convert to float"),
+    ],
+)
+def test_data_is_read_only_as_its_own_datatype(datatype, data, words):
+    with pytest.raises(RequestError) as refused:
+        tensors_of([tensor("x", datatype, [2], data)], "inputs")
+    assert words in str(refused.value)
+
+
+def test_a_tensor_given_twice_is_refused_rather_than_one_replacing_the_other():
+    with pytest.raises(RequestError, match="tensor 'x' is given twice"):
+        tensors_of([tensor("x", "FP32", [1], [1.0]), tensor("x", "FP32", [1], [2.0])], "inputs")
 
 
 @pytest.mark.parametrize("top_k", [0, 1001, 2.5, True, "3"])
