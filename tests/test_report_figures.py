@@ -110,9 +110,12 @@ def test_the_prequential_error_is_drawn_beside_the_test_error(tmp_path, drawn):
 
     test, prequential = drawn[0].axes
     assert (test.get_title(), prequential.get_title()) == ("test error", "prequential error")
-    assert [list(line.get_ydata()) for line in prequential.get_lines()] == [
-        [0.6 / t for t in range(1, 5)] for _ in runs
-    ]
+    curves = [line for line in prequential.get_lines() if line.get_linestyle() != "None"]
+    assert [list(line.get_ydata()) for line in curves] == [[0.6 / t for t in range(1, 5)] for _ in runs]
+    # The first chunk's, untrained, is above the range the trained curves set: a triangle on its edge.
+    above = [list(line.get_xdata()) for line in prequential.get_lines() if line.get_marker() == "^"]
+    assert above == [[1], [1]]
+    assert "▲: an untrained point above it, drawn on its edge (highest 0.6)" in drawn[0].get_supxlabel()
 
 
 def test_one_configuration_has_no_cer_plot_and_a_title_instead_of_a_legend(tmp_path, drawn):
@@ -139,12 +142,11 @@ def test_the_report_of_one_run_leaves_the_cer_plots_out_and_says_why(tmp_path, d
     assert [ax.get_title().split(":")[0] for ax in curves.axes] == [
         "test error",
         "prequential error",
-        "prequential error, mean over the last 50 chunks",
+        "prequential error, mean over every chunk so far",  # 4 chunks: never 50 to take the mean of
     ]
-    assert [ax.get_title() for ax in age.axes] == [
-        "chunks since the last training stage",
-        "time since the last training stage",
-    ]
+    # A backtest's seconds are how fast this machine trained, not the stream's time: not drawn.
+    assert [ax.get_title() for ax in age.axes] == ["chunks since the last training stage"]
+    assert "its age in seconds is not the history's time" in age.get_supxlabel()
     (row,) = table_rows(find_runs(tmp_path))
     assert dict(zip(TABLE_HEADER, row))["chunks"] == "4 of 4"
 

@@ -1,13 +1,15 @@
 """The figures of a report as a reader of the paper expects them, for any set of runs.
 
-- CER against cumulative training FLOPs or parameters (the paper's Fig. 2): log axes, one line per
-  (method, size), joining its waiting times in order, named in a legend;
+- CER against cumulative training FLOPs or parameters (the paper's Fig. 2): log axes labelled with
+  plain numbers (observability/ticks.py), one line per configuration and policy, joining a schedule's
+  waiting times in order, named in a legend;
 - test error against mega-batches (Fig. 3), with the prequential error in a panel under it: one
   curve per configuration, the y range set by the curves once they have trained, so an untrained
-  model's plateau does not squeeze the others;
+  model's plateau does not squeeze the others (its points beyond are triangles on the edge); over
+  :data:`MOST_POINTS` chunks, each point the mean of a block of chunks;
 - replay as arrows from the run without replay to the same run with it (Fig. 4);
-- the model's age after each chunk, in chunks and in time since the last stage, with the freshness
-  bound that forces a stage.
+- the model's age after each chunk, in chunks and (where the chunks arrived in time) in time since
+  the last stage, with the freshness bound that forces a stage.
 
 Runs are grouped by the values that differ between them of the keys that say what a run learns
 (:data:`LEARNING_SECTIONS`: learner, policy, stream, train, dataset, task); where a run kept its state and
@@ -27,9 +29,8 @@ import dataclasses
 import functools
 import math
 import re
-import statistics
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -37,8 +38,9 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
-from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter, ScalarFormatter
+from matplotlib.ticker import MaxNLocator
 
+from alma_daemon.observability.ticks import log_axis, wrapped
 from policies import policy_config_models
 
 #: Config keys that only reseed a run: runs differing in these alone are averaged.
@@ -148,9 +150,20 @@ def varying_keys(runs: Sequence[RunLike]) -> list[str]:
     return varying
 
 
+#: Where a value cut to its end may start: after one of these (``…tabular:build``, not ``…es.tabular:build``).
+_SEPARATORS = "/.:"
+
+
 def _value(value: Any) -> str:
     text = ",".join(map(str, value)) if isinstance(value, list | tuple) else str(value)
-    return text if len(text) <= _LONGEST_VALUE else "…" + text[-(_LONGEST_VALUE - 1) :]
+    if len(text) <= _LONGEST_VALUE:
+        return text
+    tail = text[-(_LONGEST_VALUE - 1) :]
+    if text[-len(tail) - 1] not in _SEPARATORS:
+        # Not cut at a separator: start after the tail's first one, so no name is cut in two.
+        at = min((i for i in map(tail.find, _SEPARATORS) if i >= 0), default=-1)
+        tail = tail[at + 1 :] if 0 <= at < len(tail) - 1 else tail
+    return "…" + tail
 
 
 def describe(params: dict) -> str:
@@ -226,8 +239,9 @@ def configurations(runs: Sequence[RunLike]) -> dict[tuple, list[RunLike]]:
     return dict(groups)
 
 
-def _mean(values: list[float]) -> float:
-    return statistics.fmean(values)
+def _mean(values: Sequence[float]) -> float:
+    # sum / len, not statistics.fmean: a curve of 2,000 chunks of 12 runs takes tens of thousands.
+    return sum(values) / len(values)
 
 
 def _legend_title(groups: Sequence[Sequence[RunLike]]) -> str:
@@ -236,20 +250,48 @@ def _legend_title(groups: Sequence[Sequence[RunLike]]) -> str:
 
 
 def cer_lines(runs: Sequence[RunLike], x_key: str, y_key: str) -> dict[str, list[tuple[float, float, dict]]]:
-    """Per line (configuration without its policy keys): its points (x, y, policy params), in order."""
-    lines: dict[str, list[tuple[float, float, dict]]] = defaultdict(list)
+    """Per line: its points (x, y, the policy key it joins and its value), in order of that value.
+
+    A line is one configuration but for the one policy key it joins (:func:`joined_key`: a schedule's
+    waits, as the paper's Fig. 2 joins them); runs of different policies are different lines, so no line
+    runs from a fixed schedule to an adaptive policy as if they were one configuration."""
+    families: dict[tuple, list[tuple[dict, float, float]]] = defaultdict(list)
     for config, group in configurations(runs).items():
         xs = [r.summary.get(x_key) or 0.0 for r in group]
         ys = [r.summary.get(y_key) for r in group]
         if any(x <= 0 for x in xs) or any(y is None for y in ys):
             continue
         params = dict(config)
-        line = {k: v for k, v in params.items() if not k.startswith(POLICY_PREFIX)}
-        policy = {k: v for k, v in params.items() if k.startswith(POLICY_PREFIX)}
-        lines[describe(line)].append((_mean(xs), _mean([float(y) for y in ys if y is not None]), policy))
+        family = {k: v for k, v in params.items() if not k.startswith(POLICY_PREFIX) or k == "policy.name"}
+        families[tuple(family.items())].append((params, _mean(xs), _mean([float(y) for y in ys if y is not None])))
+    # The key joined is a policy's, over all its configurations: its lines of one point are named alike.
+    by_policy: dict[Any, list[dict]] = defaultdict(list)
+    for members in families.values():
+        by_policy[members[0][0].get("policy.name")] += [params for params, _, _ in members]
+    joined_keys = {name: joined_key(params) for name, params in by_policy.items()}
+    lines: dict[str, list[tuple[float, float, dict]]] = defaultdict(list)
+    for members in families.values():
+        joined = joined_keys[members[0][0].get("policy.name")]
+        for params, x, y in members:
+            line = {k: v for k, v in params.items() if k != joined}
+            lines[describe(line)].append((x, y, {joined: params.get(joined)} if joined else {}))
     for points in lines.values():
         points.sort(key=lambda p: (_order_key(p[2]), p[0]))
     return dict(sorted(lines.items(), key=lambda item: natural(item[0])))
+
+
+#: The policy keys a CER line joins, in order of preference, where one of them differs between the runs
+#: of one policy: a schedule's wait, a geometric schedule's ratio, a price.
+JOINED_KEYS = ("policy.wait", "policy.ratio", "policy.compute_price")
+
+
+def joined_key(members: Sequence[dict]) -> str | None:
+    """The policy key a line joins the configurations ``members`` (of one policy) along: the first of
+    :data:`JOINED_KEYS` whose values differ between them, else the first other policy key that does; None
+    where none does (one point)."""
+    keys = sorted({k for params in members for k in params if k.startswith(POLICY_PREFIX) and k != "policy.name"})
+    varying = [k for k in keys if len({repr(params.get(k)) for params in members}) > 1]
+    return next((k for k in JOINED_KEYS if k in varying), varying[0] if varying else None)
 
 
 def natural(text: str) -> list:
@@ -285,12 +327,14 @@ def _figure(panels: int = 1):
     return fig, list(axes[:, 0])
 
 
-def _finish(fig, title: str, note: str | None, legend_title: str | None, path: Path) -> None:
+def _finish(fig, title: str, note: str | Sequence[str] | None, legend_title: str | None, path: Path) -> None:
     """Title on top, the legend right of the axes (never over a curve nor an axis label), the note
-    under the axes; saved and closed."""
-    fig.suptitle(title, fontsize=11)
-    if note:
-        fig.supxlabel(note, fontsize=8, color="0.35")
+    (or notes, joined by "; " and wrapped) under the axes; saved and closed. The title and the note are
+    centred over the axes, not the figure: a title longer than the axes are wide (a single
+    configuration's names all of it) wraps there, clear of the legend."""
+    title_text = fig.suptitle(title, fontsize=11, wrap=True)
+    text = note if isinstance(note, str) or note is None else wrapped(note)
+    note_text = fig.supxlabel(text, fontsize=8, color="0.35") if text else None
     handles, labels = fig.axes[0].get_legend_handles_labels()
     if legend_title is not None and handles:
         legend = fig.legend(
@@ -302,9 +346,14 @@ def _finish(fig, title: str, note: str | None, legend_title: str | None, path: P
             title_fontsize="small",
             frameon=False,
         )
-        # The layout takes the legend's width from the axes: widen the figure by as much instead.
-        fig.canvas.draw()
-        fig.set_figwidth(fig.get_figwidth() + legend.get_window_extent().width / fig.dpi)
+        # The layout takes the legend's width from the axes: widen the figure by as much instead (its
+        # width is its text's, known without drawing the figure).
+        axes_width = fig.get_figwidth()
+        fig.set_figwidth(axes_width + legend.get_window_extent(fig.canvas.get_renderer()).width / fig.dpi)
+        # A centred text wraps at twice its distance to the nearer edge: centred over the axes, at their width.
+        for centred in (title_text, note_text):
+            if centred is not None:
+                centred.set_x(axes_width / 2 / fig.get_figwidth())
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
 
@@ -313,28 +362,9 @@ def _capital(text: str) -> str:
     return text[:1].upper() + text[1:]
 
 
-def _short_number(x: float, _position=None) -> str:
-    """``2e8``, ``6.5e10``: a tick label of a log axis between its powers of ten."""
-    if x <= 0:
-        return ""
-    exponent = math.floor(math.log10(x))
-    return f"{x / 10**exponent:.2g}e{exponent}"
-
-
-def _log_x(ax, xs: list[float]) -> None:
-    """A log x axis; within a decade or so, where at most one power of ten falls, the 2s and 5s are
-    labeled too, so the axis is never left with a single number."""
-    ax.set_xscale("log")
-    low, high = min(xs), max(xs)
-    if high / low < 20:
-        ax.xaxis.set_minor_locator(LogLocator(base=10, subs=(2.0, 5.0)))
-        ax.xaxis.set_minor_formatter(FuncFormatter(_short_number))
-    else:
-        ax.xaxis.set_minor_formatter(NullFormatter())  # a label on every minor tick of a short decade overlaps
-
-
 def plot_cer_lines(runs: Sequence[RunLike], x_key: str, x_label: str, y_key: str, y_label: str, path: Path) -> bool:
-    """CER (``y_key``) against a cost (``x_key``): one line per (method, size) joining its waits.
+    """CER (``y_key``) against a cost (``x_key``): one line per configuration, joining its waits
+    (:func:`cer_lines`); a configuration of one point is a marker alone.
 
     Returns False, and draws nothing, where there is less than two points to compare (a single run
     is one dot: its CER and cost are in the report's table)."""
@@ -348,19 +378,17 @@ def plot_cer_lines(runs: Sequence[RunLike], x_key: str, x_label: str, y_key: str
         ax.plot(xs, ys, marker=marker, markersize=5, color=color, label=label)
         if len(points) > 1:  # the smallest wait hollow, so a reader sees which way the waits grow
             ax.plot(xs[:1], ys[:1], marker=marker, markersize=8, markerfacecolor="white", color=color)
-    _log_x(ax, [p[0] for points in lines.values() for p in points])
+    log_axis(ax, "x", [p[0] for points in lines.values() for p in points])
     ys_all = [p[1] for points in lines.values() for p in points]
-    # a log y axis only where the CERs span a decade; within one, log ticks are unreadable
+    # a log y axis only where the CERs span a decade; within one, a linear axis reads better
     log_y = min(ys_all) > 0 and max(ys_all) / min(ys_all) >= 10
     if log_y:
-        ax.set_yscale("log")
-        ax.yaxis.set_major_formatter(ScalarFormatter())
-        ax.yaxis.set_minor_formatter(NullFormatter())
+        log_axis(ax, "y", ys_all)
     ax.set_xlabel(f"{x_label} (log)")
     ax.set_ylabel(f"{y_label} (log)" if log_y else y_label)
-    ax.grid(alpha=0.3, which="both")
-    waits = sorted({k for points in lines.values() for p in points for k in p[2]})
-    note = f"one line per configuration, joining its {', '.join(waits)} (hollow: first)" if waits else None
+    ax.grid(alpha=0.3, which="major")
+    joined = sorted({k.removeprefix(POLICY_PREFIX) for points in lines.values() for p in points for k in p[2]})
+    note = f"one line per configuration, joining its {' and '.join(joined)} (hollow: the smallest)" if joined else None
     _finish(
         fig, f"{_capital(y_label)} against {x_label}", note, _legend_title(list(configurations(runs).values())), path
     )
@@ -383,6 +411,73 @@ def mean_curve(group: list[RunLike], key: str) -> tuple[list[int], list[float], 
     return ts, [_mean(values[t]) for t in ts], first_trained
 
 
+#: A curve of more chunks than this is drawn in blocks of consecutive chunks, about :data:`BLOCKS` of
+#: them: a point per chunk over 2,000 chunks is a band of noise that no reader can follow.
+MOST_POINTS = 250
+BLOCKS = 100
+#: A curve of at most this many points marks each one.
+_MARKED_POINTS = 50
+
+
+def block_size(runs: Sequence[RunLike], most: int = MOST_POINTS, blocks: int = BLOCKS) -> int:
+    """The chunks each point of the runs' curves stands for: 1, or where a series is longer than
+    ``most`` chunks, as many as make about ``blocks`` points of the longest."""
+    longest = max((len(run.series) for run in runs), default=0)
+    return 1 if longest <= most else math.ceil(longest / blocks)
+
+
+def in_blocks(
+    ts: Sequence[int], ys: Sequence[float], size: int, combine: Callable[[list[float]], float] = _mean
+) -> tuple[list[float], list[float], list[int]]:
+    """The points (t, y) by blocks of ``size`` consecutive chunks (1 to size, size + 1 to 2 size, ...): per
+    block, its chunks' mean t, ``combine`` of its values, and its first chunk (the points as they are
+    where ``size`` is 1)."""
+    blocks: dict[int, list[tuple[int, float]]] = defaultdict(list)
+    for t, y in zip(ts, ys, strict=True):
+        blocks[(t - 1) // size].append((t, y))
+    points = [blocks[b] for b in sorted(blocks)]
+    return (
+        [_mean([t for t, _ in block]) for block in points],
+        [combine([y for _, y in block]) for block in points],
+        [block[0][0] for block in points],
+    )
+
+
+#: A curve as drawn: its axes, x and y values and color (:func:`_mark_beyond` reads them).
+_Drawn = tuple[Any, list[float], list[float], str]
+
+
+#: The color of a line every configuration shares (their common baseline).
+_SHARED_COLOR = "0.35"
+
+
+def _companion_curves(
+    ordered: Sequence[tuple[tuple, list[RunLike]]], key: str, colors: Sequence[str]
+) -> list[tuple[str, list[int], list[float]]]:
+    """Each configuration's curve of ``key`` (color, ts, ys), where it is a line drawn beside the
+    configuration's own (its baseline, its reference learner): one grey curve where every configuration
+    recorded the same (one test set, one stream), so that a dozen lines do not lie on top of each other."""
+    curves = [(colors[i % len(colors)], *mean_curve(group, key)[:2]) for i, (_, group) in enumerate(ordered)]
+    curves = [(color, ts, ys) for color, ts, ys in curves if ts]
+    if len(curves) > 1 and all((ts, ys) == (curves[0][1], curves[0][2]) for _, ts, ys in curves):
+        return [(_SHARED_COLOR, curves[0][1], curves[0][2])]
+    return curves
+
+
+def _mark_beyond(drawn: Sequence[_Drawn]) -> dict[str, list[float]]:
+    """Draw each point of ``drawn`` beyond its axes' y range as a triangle on the range's edge (above:
+    ▲, below: ▼); return those points' values by triangle."""
+    beyond: dict[str, list[float]] = defaultdict(list)
+    for ax, xs, ys, color in drawn:
+        bottom, top = ax.get_ylim()
+        for sign, marker, edge, outside in (("▲", "^", top, 1.0), ("▼", "v", bottom, -1.0)):
+            points = [(x, y) for x, y in zip(xs, ys, strict=True) if (y - edge) * outside > 0]
+            if points:
+                ax.plot([x for x, _ in points], [edge] * len(points), marker, color=color, markersize=6, clip_on=False)
+                beyond[sign] += [y for _, y in points]
+    return dict(beyond)
+
+
 def plot_error_curves(
     runs: Sequence[RunLike],
     panels: Sequence[tuple[str, str]],
@@ -398,71 +493,113 @@ def plot_error_curves(
     """Per-chunk measures against mega-batches received, one curve per configuration, one panel per
     (row key, panel title) of ``panels``, one above the other on the same axes' ranges: the test error
     beside the prequential error. ``y_label`` names the measure in the title (``title`` replaces it),
-    ``axis_label`` on the y axes (default: ``y_label``).
+    ``axis_label`` on the y axes (default: ``y_label``). Over more than :data:`MOST_POINTS` chunks, each
+    point is the mean of a block of chunks (:func:`block_size`), as the note says.
 
-    ``baseline`` (row key, words): each configuration's baseline as a dashed line of its color in the
-    first panel, the set it was measured on (the test set, else the chunk), named in the note.
+    ``baseline`` (row key, words): each configuration's baseline as a dashed line of its color in every
+    panel (they all show the one measure; a team's bill is its prequential panel), one grey line where
+    every configuration recorded the same; ``words`` name it, and the set it was measured on, in the note.
 
     ``references`` (panel row key -> row key): in those panels, each configuration's reference learner
     (a linear model learnt on the same stream, core/reference.py) as a dotted line of its color.
 
     The y range covers every curve from its first training stage on, and the baselines; an untrained
-    model's error (about 0.9 on ten classes) above it is cut, as the note under the axes says. A
-    prequential measure is taken before the chunk trains, so it counts as trained from the chunk after."""
+    model's points beyond it (an error of about 0.9 on ten classes) are drawn as triangles on its edge,
+    as the note under the axes says. A prequential measure is taken before the chunk trains, so it counts
+    as trained from the chunk after."""
     groups = configurations(runs)
-    keys = varying_keys(runs)
     fig, axes = _figure(len(panels))
     shown: list[float] = []
-    everything: list[float] = []
+    drawn: list[_Drawn] = []
     ordered = sorted(groups.items(), key=lambda item: _order_key(dict(item[0])))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    size = block_size(runs)
+    baselines = _companion_curves(ordered, baseline[0], colors) if baseline is not None else []
+    referenced: list[tuple[str, list[int], list[float]]] = []
     for ax, (key, panel) in zip(axes, panels, strict=True):
         after = 1 if key.startswith("prequential_") else 0
         for i, (config, group) in enumerate(ordered):
             ts, ys, first = mean_curve(group, key)
             if not ts:
                 continue
-            marker = "." if len(ts) <= 50 else None
+            xs, values, starts = in_blocks(ts, ys, size)
             color, dashes = colors[i % len(colors)], _DASHES[i // len(colors) % len(_DASHES)]
-            ax.plot(ts, ys, dashes, marker=marker, linewidth=1.2, color=color, label=describe(dict(config)))
-            everything += ys
-            shown += [y for t, y in zip(ts, ys, strict=True) if first is not None and t >= first + after]
-            reference = (references or {}).get(key)
-            if reference is not None:
-                rts, rys, _ = mean_curve(group, reference)
-                ax.plot(rts, rys, linestyle=(0, (1, 2)), linewidth=1.2, color=color)
-                everything += rys
-                shown += rys[1:]  # its first chunk's, before it learnt anything, is cut like an untrained model's
-            if baseline is not None and ax is axes[0]:
-                bts, bys, _ = mean_curve(group, baseline[0])
-                ax.plot(bts, bys, linestyle=(0, (5, 3)), linewidth=1.0, color=color)
-                everything += bys
-                shown += bys
+            marker = "." if len(xs) <= _MARKED_POINTS else None
+            ax.plot(xs, values, dashes, marker=marker, linewidth=1.2, color=color, label=describe(dict(config)))
+            drawn.append((ax, xs, values, color))
+            shown += [v for s, v in zip(starts, values, strict=True) if first is not None and s >= first + after]
+        reference = (references or {}).get(key)
+        for color, rts, rys in _companion_curves(ordered, reference, colors) if reference is not None else []:
+            rxs, rvalues, _ = in_blocks(rts, rys, size)
+            ax.plot(rxs, rvalues, linestyle=(0, (1, 2)), linewidth=1.2, color=color, gid="reference")
+            drawn.append((ax, rxs, rvalues, color))
+            shown += rvalues[1:]  # its first chunk's, before it learnt anything, is cut like an untrained model's
+            referenced.append((color, rts, rys))
+        for color, bts, bys in baselines:
+            bxs, bvalues, _ = in_blocks(bts, bys, size)
+            ax.plot(bxs, bvalues, linestyle=(0, (5, 3)), linewidth=1.0, color=color, gid="baseline")
+            drawn.append((ax, bxs, bvalues, color))
+            shown += bvalues
         ax.set_title(panel, fontsize=9)
         ax.set_ylabel(axis_label or y_label)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
     axes[-1].set_xlabel("mega-batches received")
-    notes = []
-    if baseline is not None and any(mean_curve(group, baseline[0])[0] for group in groups.values()):
-        notes.append(f"dashed: {baseline[1]}, a model that ignores its inputs")
-    if any(mean_curve(group, key)[0] for key in (references or {}).values() for group in groups.values()):
-        notes.append("dotted: the reference, a linear model learnt on the same stream")
-    if log:
-        axes[0].set_yscale("log")
-    elif shown and max(everything) > max(shown):
-        low, high = min(shown), max(shown)
-        margin = 0.05 * (high - low or high or 1.0)
-        axes[0].set_ylim(max(0.0, low - margin), high + margin)
-        notes.append("y range: the curves after their first training stage (untrained models cut)")
-    note = "; ".join(notes) or None
+    notes = _curve_notes(baseline, baselines, referenced, size)
+    notes += _y_range(axes, drawn, shown, log)
     title = title or f"{_capital(y_label)} after each mega-batch"
-    if keys:
+    if varying_keys(runs):
         legend: str | None = _legend_title(list(groups.values()))
     else:  # one configuration: the title names it, a legend would only say "run"
         mean = f" (mean of {len(runs)} runs)" if len(runs) > 1 else ""
         title, legend = f"{title}: {headline(runs[0])}{mean}", None
-    _finish(fig, title, note, legend, path)
+    _finish(fig, title, notes, legend, path)
+
+
+def _curve_notes(
+    baseline: tuple[str, str] | None,
+    baselines: Sequence[tuple[str, list[int], list[float]]],
+    references: Sequence[tuple[str, list[int], list[float]]],
+    size: int,
+) -> list[str]:
+    """What the dashed (``baselines`` drawn) and dotted (``references`` drawn) lines are, and what a
+    point stands for where it is a block's mean."""
+    shared = " (grey: the same for every configuration)"
+    notes = []
+    if baseline is not None and baselines:
+        grey = shared if baselines[0][0] == _SHARED_COLOR else ""
+        notes.append(f"dashed: {baseline[1]}, a model that ignores its inputs{grey}")
+    if references:
+        grey = shared if all(color == _SHARED_COLOR for color, _, _ in references) else ""
+        notes.append(f"dotted: the reference, a linear model learnt on the same stream{grey}")
+    if size > 1:
+        notes.append(f"each point: the mean over {size} consecutive chunks")
+    return notes
+
+
+def _y_range(axes: Sequence[Any], drawn: Sequence[_Drawn], shown: Sequence[float], log: bool) -> list[str]:
+    """Set the panels' shared y range (log for a perplexity): the trained curves' and the baselines'
+    (``shown``), where some point lies beyond it; that point a triangle on its edge. The note's words
+    for the cut, if any."""
+    if log:
+        axes[0].set_yscale("log")
+        return []
+    everything = [v for _, _, values, _ in drawn for v in values]
+    if not shown or (max(everything) <= max(shown) and min(everything) >= min(shown)):
+        return []
+    low, high = min(shown), max(shown)
+    margin = 0.05 * (high - low or abs(high) or 1.0)
+    axes[0].set_ylim(max(0.0, low - margin) if min(everything) >= 0 else low - margin, high + margin)
+    beyond = _mark_beyond(drawn)
+    if not beyond:
+        return []
+    words = {"▲": ("above", "highest", max), "▼": ("below", "lowest", min)}
+    where = " or ".join(words[sign][0] for sign in beyond)
+    extremes = ", ".join(f"{words[sign][1]} {words[sign][2](values):.3g}" for sign, values in beyond.items())
+    return [
+        f"y range: the curves after their first training stage; {' '.join(beyond)}: an untrained point {where} "
+        f"it, drawn on its edge ({extremes})"
+    ]
 
 
 def replay_pairs(
@@ -510,10 +647,10 @@ def plot_replay_arrows(runs: Sequence[RunLike], x_key: str, x_label: str, y_key:
         color = colors[i % len(colors)]
         ax.annotate("", xy=end, xytext=start, arrowprops={"arrowstyle": "->", "color": color, "lw": 1.5})
         ax.scatter([start[0], end[0]], [start[1], end[1]], color=color, s=18, label=name, zorder=2)
-    _log_x(ax, [x for x, _ in others] + [p[0] for _, start, end in pairs for p in (start, end)])
+    log_axis(ax, "x", [x for x, _ in others] + [p[0] for _, start, end in pairs for p in (start, end)])
     ax.set_xlabel(f"{x_label} (log)")
     ax.set_ylabel(y_label)
-    ax.grid(alpha=0.3, which="both")
+    ax.grid(alpha=0.3, which="major")
     note = "arrow: from a configuration's run without replay to the same run with it"
     _finish(fig, f"Replay: {y_label} against {x_label}", note, "configuration", path)
     return True
@@ -528,65 +665,111 @@ def _age_unit(longest: float) -> tuple[float, str]:
     return next(((size, name) for size, name in _AGE_UNITS if longest >= 2 * size), _AGE_UNITS[-1])
 
 
-def plot_model_age(runs: Sequence[RunLike], path: Path) -> bool:
+#: Why a backtest's model age is drawn in chunks only.
+REPLAYED_AGE = (
+    "a backtest replays its history as fast as this machine trains: its age in seconds is not the "
+    "history's time, and is not drawn"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class _AgePanel:
+    """A panel of the model age figure: the rows' key, the bound's policy key, the unit's size and name."""
+
+    key: str
+    bound_key: str
+    scale: float
+    unit: str
+    title: str
+
+
+def _age_panels(runs: Sequence[RunLike], in_time: bool) -> list[_AgePanel]:
+    """The chunks panel, and the time panel where the runs' seconds are the stream's (``in_time``)."""
+    panels = [
+        _AgePanel("model_age_chunks", "max_model_age_chunks", 1.0, "chunks", "chunks since the last training stage")
+    ]
+    if in_time:
+        longest = max((row.get("model_age_seconds") or 0.0 for run in runs for row in run.series), default=0.0)
+        scale, unit = _age_unit(longest)
+        title = "time since the last training stage"
+        panels.append(_AgePanel("model_age_seconds", "max_model_age_seconds", scale, unit, title))
+    return panels
+
+
+def plot_model_age(runs: Sequence[RunLike], path: Path, *, in_time: bool = True) -> bool:
     """The model's age after each chunk: chunks (top) and time (bottom) since the last training stage,
     one curve per configuration (0 on a chunk that trained), each configuration's freshness bound
     (``policy.max_model_age_chunks`` / ``max_model_age_seconds``) a dashed line of its color where it
-    falls within the curves' range (the note names the others). False, and nothing drawn, where no run
-    recorded the model's age (results written before it was kept)."""
+    falls within the curves' range (the note names the others). Over more than 50 chunks, each point
+    is the oldest the model got in a block of chunks.
+
+    ``in_time``: whether the rows' seconds are the stream's time (a daemon's, whose chunks arrive); a
+    backtest's (False) are how fast this machine trained, so only the chunks panel is drawn, the note
+    saying why. False, and nothing drawn, where no run recorded the model's age (results written before
+    it was kept)."""
     if not any(row.get("model_age_chunks") is not None for run in runs for row in run.series):
         return False
     groups = configurations(runs)
     ordered = sorted(groups.items(), key=lambda item: _order_key(dict(item[0])))
-    longest = max((row.get("model_age_seconds") or 0.0 for run in runs for row in run.series), default=0.0)
-    unit, unit_name = _age_unit(longest)
-    fig, axes = plt.subplots(2, 1, figsize=(7.5, 6.6), sharex=True, layout="constrained")
+    panels = _age_panels(runs, in_time)
+    fig, axes = plt.subplots(
+        len(panels), 1, figsize=(7.5, 1.2 + 2.7 * len(panels)), sharex=True, layout="constrained", squeeze=False
+    )
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    # An age's sawtooth, its period the wait, is a solid band sooner than a measure's noise: blocks from
+    # 50 chunks on (the oldest in each), so that the configurations' curves stay apart.
+    size = block_size(runs, most=_MARKED_POINTS, blocks=_MARKED_POINTS)
     drawn_bounds, above = False, set()
-    panels = (("model_age_chunks", "max_model_age_chunks", 1.0), ("model_age_seconds", "max_model_age_seconds", unit))
-    for ax, (key, bound_key, scale) in zip(axes, panels, strict=True):
+    for ax, panel in zip(axes[:, 0], panels, strict=True):
         top = 1.0
+        curves: list[tuple[list[float], list[float]]] = []
         for i, (config, group) in enumerate(ordered):
-            ts, ys, _ = mean_curve(group, key)
-            if ts:
-                ys = [y / scale for y in ys]
-                dashes = _DASHES[i // len(colors) % len(_DASHES)]
-                marker = "." if len(ts) <= 50 else None
-                ax.plot(
-                    ts,
-                    ys,
-                    dashes,
-                    marker=marker,
-                    linewidth=1.2,
-                    color=colors[i % len(colors)],
-                    label=describe(dict(config)),
-                )
-                top = max(top, *ys)
+            ts, ys, _ = mean_curve(group, panel.key)
+            if not ts:
+                continue
+            xs, values, _ = in_blocks(ts, [y / panel.scale for y in ys], size, combine=max)
+            # Policies of one schedule have one age at every width: a curve on top of an earlier one is
+            # dashed, so that the earlier one's color shows through.
+            same = curves.count((xs, values))
+            curves.append((xs, values))
+            ax.plot(
+                xs,
+                values,
+                _DASHES[(i // len(colors) + same) % len(_DASHES)],
+                marker="." if len(xs) <= _MARKED_POINTS else None,
+                linewidth=1.2,
+                color=colors[i % len(colors)],
+                label=describe(dict(config)),
+            )
+            top = max(top, *values)
         for i, (_, group) in enumerate(ordered):
-            for bound in sorted({b for run in group if (b := run.config.get("policy", {}).get(bound_key))}):
+            for bound in sorted({b for run in group if (b := run.config.get("policy", {}).get(panel.bound_key))}):
                 # A day's bound over a simulation's seconds would flatten every curve: named in the note.
-                if bound / scale <= 5 * top:
-                    ax.axhline(bound / scale, linestyle=(0, (5, 3)), linewidth=1.0, color=colors[i % len(colors)])
+                if bound / panel.scale <= 5 * top:
+                    ax.axhline(bound / panel.scale, linestyle=(0, (5, 3)), linewidth=1.0, color=colors[i % len(colors)])
                     drawn_bounds = True
                 else:
-                    above.add(f"policy.{bound_key}={bound:g}")
-        ax.set_ylim(bottom=0)
+                    above.add(f"policy.{panel.bound_key}={bound:g}")
+        # A little below 0, so that the points of the chunks that trained are whole.
+        ax.set_ylim(bottom=-0.04 * max(top, ax.get_ylim()[1]))
+        ax.set_title(panel.title, fontsize=9)
+        ax.set_ylabel(panel.unit)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
-    axes[0].set_title("chunks since the last training stage", fontsize=9)
-    axes[0].set_ylabel("chunks")
-    axes[0].yaxis.set_major_locator(MaxNLocator(integer=True))
-    axes[1].set_title("time since the last training stage", fontsize=9)
-    axes[1].set_ylabel(unit_name)
-    axes[1].set_xlabel("mega-batches received")
+    axes[0, 0].yaxis.set_major_locator(MaxNLocator(integer=True))
+    axes[-1, 0].set_xlabel("mega-batches received")
     notes = ["dashed: the freshness bound, which forces a stage"] if drawn_bounds else []
     if above:
         notes.append(f"bound above the plot: {', '.join(sorted(above))}")
+    if size > 1:
+        notes.append(f"each point: the oldest the model got in {size} consecutive chunks")
+    if not in_time:
+        notes.append(REPLAYED_AGE)
     title = "Model age after each mega-batch"
     if varying_keys(runs):
         legend: str | None = _legend_title(list(groups.values()))
     else:  # one configuration: the title names it
         mean = f" (mean of {len(runs)} runs)" if len(runs) > 1 else ""
         title, legend = f"{title}: {headline(runs[0])}{mean}", None
-    _finish(fig, title, "; ".join(notes) or None, legend, path)
+    _finish(fig, title, notes, legend, path)
     return True

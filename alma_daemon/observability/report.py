@@ -2,15 +2,18 @@
 
 - ``error_vs_time.png``: the task's measure (the test error, a perplexity, a recall...) vs
   mega-batches received (the paper's Fig. 3), beside the prequential one (each chunk's, before it
-  trains), with the input-blind baseline dashed where the runs recorded one, and the reference
-  learner (a linear model learnt on the same stream, ``reference.kind``) dotted on the prequential panels;
+  trains) and its mean over the prequential window (named by what it holds), with the input-blind
+  baseline dashed on every panel where the runs recorded one, and the reference learner (a linear
+  model learnt on the same stream, ``reference.kind``) dotted on the prequential panels;
+- ``model_age.png``: chunks since the last training stage, and, for a daemon's stream, whose chunks
+  arrive in time, the time since (a backtest's seconds are how fast the machine trained: not drawn);
 - ``measures_vs_time.png``, for a binary task: recall, precision and PR-AUC of the positive class
   (observability/report_measures.py);
 - ``reliability.png``, for a binary task: the share of positives observed against the probability
   served, per bin, over the stream's second half, beside the diagonal (observability/report_reliability.py);
 - ``cer_vs_flops.png`` and ``cer_vs_parameters.png``: the CER (the cumulative measure) of one line
-  per (method, size) joining its waiting times (the paper's Fig. 2); left out where there is a single
-  point (one run);
+  per configuration and policy, joining a schedule's waiting times (the paper's Fig. 2); left out
+  where there is a single point (one run);
 - ``replay.png``, when runs differ in ``stream.replay``: arrows from without to with (Fig. 4);
 - ``policies.png`` and ``policies-served.png``, when runs of schedules and of policies share a
   configuration and seeds: CER, and the served measure (what users saw), against FLOPs with the
@@ -60,7 +63,7 @@ from alma_daemon.observability.report_measures import (
 )
 from alma_daemon.observability.report_policies import PICK_BY_SERVED, policy_section, stale_figures
 from alma_daemon.observability.report_reliability import RELIABILITY_PLOT, plot_reliability
-from alma_daemon.observability.results import read_results
+from alma_daemon.observability.results import HISTORY_FILE, read_results
 
 #: The plots of a report: file name, caption (the paper's: a report of another measure names it instead).
 PLOTS = (
@@ -70,16 +73,19 @@ PLOTS = (
 )
 #: Drawn when some runs differ only in ``stream.replay``.
 REPLAY_PLOT = ("replay.png", "replay: CER vs FLOPs without and with")
-#: Drawn where the runs recorded the model's age.
-AGE_PLOT = ("model_age.png", "model age: chunks and time since the last training stage")
+#: Drawn where the runs recorded the model's age (in time where the chunks arrived in time: a daemon's).
+AGE_PLOT = ("model_age.png", "model age: chunks since the last training stage (and time, for a daemon's stream)")
 
 
 @dataclass
 class Run:
-    """One run's results, named by its folder relative to the report root."""
+    """One run's results, named by its folder relative to the report root. ``arrival_times``: whether
+    its chunks arrived in time (a daemon's, which keeps the history file), so that its model's age in
+    seconds is the stream's; a backtest's is how fast the machine trained."""
 
     name: str
     results: dict
+    arrival_times: bool = False
 
     @property
     def summary(self) -> dict:
@@ -104,7 +110,11 @@ def find_runs(root: str | Path) -> list[Run]:
     if not paths:
         raise FileNotFoundError(f"no results.json under {root}")
     return [
-        Run(str(p.parent.relative_to(root)) if p.parent != root else root.resolve().name, read_results(p))
+        Run(
+            str(p.parent.relative_to(root)) if p.parent != root else root.resolve().name,
+            read_results(p),
+            arrival_times=(p.parent / HISTORY_FILE).exists(),
+        )
         for p in paths
     ]
 
@@ -112,7 +122,7 @@ def find_runs(root: str | Path) -> list[Run]:
 _PANELS = {
     "test": "test {measure}: the model after chunk t, on the test set",
     "prequential": "prequential {measure}: the model before chunk t, on chunk t",
-    "prequential_window": "prequential {measure}, mean over the last {window}: what users saw lately",
+    "prequential_window": "prequential {measure}, {window}: what users saw lately",
 }
 
 
@@ -135,7 +145,9 @@ def plot_error_vs_time(runs: list[Run], path: Path) -> None:
     if any(row.get(f"prequential_window_{measure}") is not None for run in runs for row in run.series):
         sets.append("prequential_window")
     panels = [(f"{on}_{measure}", _PANELS[on].format(measure=measure, window=_window_words(runs))) for on in sets]
-    baseline = (f"baseline_{measure}", baseline_words(measure)) if has_baseline(runs, measure) else None
+    # Recorded on the test set where there is one (every panel shows it: it is what a model must beat).
+    on = "on the test set" if "test" in sets else "on each chunk"
+    baseline = (f"baseline_{measure}", f"{baseline_words(measure)} {on}") if has_baseline(runs, measure) else None
     # The reference learner's (reference.kind) beside the network's, on the panels of the same chunks.
     references = {
         f"prequential_{measure}": f"reference_{measure}",
@@ -154,13 +166,17 @@ def plot_error_vs_time(runs: list[Run], path: Path) -> None:
 
 
 def _window_words(runs: list[Run]) -> str:
-    """``50 chunks``: the runs' ``stream.prequential_window``, where they share one."""
+    """What the prequential window's mean holds, in words: ``mean over the last 50 chunks`` (the runs'
+    ``stream.prequential_window``, where they share one), or, on a stream no longer than it, ``mean over
+    every chunk so far``, which is all it ever held (not "the last 50 chunks" of a 10-chunk stream)."""
     windows = {run.config.get("stream", {}).get("prequential_window") for run in runs}
-    return (
-        f"{next(iter(windows))} chunks"
-        if len(windows) == 1 and None not in windows
-        else "stream.prequential_window chunks"
-    )
+    if len(windows) != 1 or None in windows:
+        return "mean over the last stream.prequential_window chunks"
+    window = int(next(iter(windows)))
+    longest = max((len(run.series) for run in runs), default=0)
+    if longest <= window:
+        return "mean over every chunk so far"
+    return f"mean over the last {window} chunks"
 
 
 def cer_target(runs: list[Run]) -> tuple[str, str]:
@@ -331,7 +347,7 @@ def write_report(root: str | Path, out: str | Path | None = None, *, html: bool 
     out.mkdir(parents=True, exist_ok=True)
     drawn = draw_plots(runs, out)
     # A stream's freshness is a report's concern, not a study's of the paper's finite streams.
-    if plot_model_age(runs, out / AGE_PLOT[0]):
+    if plot_model_age(runs, out / AGE_PLOT[0], in_time=any(run.arrival_times for run in runs)):
         drawn.append(AGE_PLOT)
     names = {name for name, _ in drawn}
     for name, _ in (

@@ -5,8 +5,8 @@ policies that decide from the stream (``adaptive``, ``forecast``) on the same se
 a table of each (its CER, its served measure, its longest wait, its FLOPs), ``policies.png`` (CER
 against training FLOPs: the schedules, their Pareto front, each policy), ``policies-served.png`` (the
 same for the served measure) and one line per policy with its regret against the best schedule on
-each (observability/policy_regret.py). ``alma grid`` with a list of ``policy`` values and of seeds
-makes such a folder.
+each (observability/policy_regret.py; the figures: observability/policy_figure.py). ``alma grid`` with
+a list of ``policy`` values and of seeds makes such a folder.
 
 Runs are compared on their cumulative measure on the lower-is-better scale (:func:`cumulative_loss`):
 the CER of the error rate, a cumulative cost or MSE as it is, and for a measure where higher is better
@@ -32,7 +32,8 @@ from alma_daemon.observability.measure_words import (
     loss_words,
     served_loss_words,
 )
-from alma_daemon.observability.policy_regret import SCHEDULES, Outcome, plot_policies, regrets
+from alma_daemon.observability.policy_figure import plot_policies
+from alma_daemon.observability.policy_regret import SCHEDULES, Outcome, regrets
 from alma_daemon.observability.report_measures import run_measure
 from alma_daemon.observability.served_measure import longest_wait, served_measure
 

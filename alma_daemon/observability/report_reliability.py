@@ -33,6 +33,7 @@ from alma_daemon.observability.figures import (
     plt,
 )
 from alma_daemon.observability.served_measure import judged_steps
+from alma_daemon.observability.ticks import label_log
 
 RELIABILITY_PLOT = ("reliability.png", "reliability: the served probability against the share observed positive")
 #: A bin with fewer examples is left out of the reliability panel (its share says little), and drawn
@@ -218,8 +219,14 @@ def plot_reliability(runs: Sequence[RunLike], path: Path) -> bool:
     counts.set_yscale("log")
     ax.set_xlim(*lim)
     ax.set_ylim(*lim)
-    top = max(b.examples for _, bins in drawn for b in bins)
-    counts.set_ylim(0.5, top * (6 if single else 2))
+    # Room above the most examples for their count's label (a single configuration's).
+    counts_range = (0.5, max(b.examples for _, bins in drawn for b in bins) * (6 if single else 2))
+    counts.set_ylim(*counts_range)
+    # Plain numbers (0.001, 0.01; 100, 10k), as a reader of probabilities and counts reads them.
+    if log:
+        label_log(ax.xaxis, *lim)
+        label_log(ax.yaxis, *lim)
+    label_log(counts.yaxis, *counts_range)
     ax.grid(alpha=0.3)
     counts.grid(alpha=0.3)
     ax.set_title(f"share of {name} observed against the probability served, per bin", fontsize=9)
@@ -239,16 +246,5 @@ def plot_reliability(runs: Sequence[RunLike], path: Path) -> bool:
     else:
         seeds = max(len(group) for _, group in groups)
         legend = f"configuration (sum of up to {seeds} runs)" if seeds > 1 else "configuration"
-    _finish(fig, title, _lines(notes), legend, path)
+    _finish(fig, title, notes, legend, path)
     return True
-
-
-def _lines(notes: list[str], width: int = 110) -> str:
-    """The notes joined by "; ", a line break before one that would run past ``width`` characters."""
-    lines = [""]
-    for note in notes:
-        if lines[-1] and len(lines[-1]) + 2 + len(note) > width:
-            lines[-1] += ";"
-            lines.append("")
-        lines[-1] += f"; {note}" if lines[-1] else note
-    return "\n".join(lines)
