@@ -30,9 +30,19 @@ features, chunks of 500 examples, 50 of each held out, SM of width 32, one versi
 judges every version with guard settings on the task's measure (error, cost, recall), with and without
 the positives' recall test and the top-up to ``promotion_min_positives``. Its bad versions: a twin of
 every version that never flags a fraud (its positive output lowered: the same ranking, no alert), and
-a twin trained on the chunk with its labels swapped. One to two minutes a seed on one core:
+a twin trained on the chunk with its labels swapped. The measures without a per-example form (precision,
+PR-AUC, balanced error) are judged by the paired bootstrap; every setting records the CPU time
+(``time.process_time``) of each of its guard decisions and its decisions in order (``decisions``: one
+character a decision, ``+`` promoted, ``-`` refused), so that two runs' decisions compare exactly. A few
+minutes a seed on one core:
 
     python benchmarks/bench_promotion_guard.py --imbalanced [--seeds 0 1 2] [--chunks 200]
+
+``--timing`` times the guard alone, on seeded outputs of two versions for 2,000 examples with 2 %
+positives (and a regression's), for every measure: a version as good as the live one and a worse one,
+each decided ``--repeats`` times; it writes benchmarks/results/promotion_guard_timing.json in seconds:
+
+    python benchmarks/bench_promotion_guard.py --timing
 """
 
 from __future__ import annotations
@@ -52,8 +62,8 @@ from alma_daemon.core.assembly import assemble_engine
 from alma_daemon.core.checkpoints import CheckpointStore
 from alma_daemon.core.chunk_buffer import MemoryBuffer
 from alma_daemon.data.datasets import TaskInfo
-from alma_daemon.data.stream_task import configured_task
 from alma_daemon.data.streams import Chunk, label_permutation, megabatch_stream, split_chunk
+from alma_daemon.data.task_terms import configured_task
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import Learner
 from alma_daemon.measures import Measure, Target, build_measure, target_of
@@ -302,6 +312,10 @@ IMBALANCED_SETTINGS: dict[str, tuple[str, PromotionGuard]] = {
     "60 positives": ("error", PromotionGuard(min_positives=60)),
     "cost (a missed fraud 10, a false alarm 1)": ("cost", DEFAULT),
     "recall": ("recall", DEFAULT),
+    # The measures the guard tests by the paired bootstrap.
+    "precision": ("precision", DEFAULT),
+    "pr_auc": ("pr_auc", DEFAULT),
+    "balanced_error": ("balanced_error", DEFAULT),
 }
 
 
@@ -364,14 +378,24 @@ class ImbalancedTally:
         #: The first few bad twins promoted although the guard sample held the positives it wants.
         self.twins_promoted: list[dict] = []
         self.positives: list[int] = []
+        #: Every decision in order, "+" promoted and "-" refused: two runs' decisions compare exactly.
+        self.decisions: list[str] = []
+        #: Each decision's CPU seconds in ``PromotionGuard.judge`` and its guard sample's size.
+        self.cpu_seconds: list[float] = []
+        self.examples: list[int] = []
 
     def verdict(self, candidate: Candidate) -> Verdict:
         sample = self.publisher.guard_sample(candidate)
         assert self.live is not None
         live = self.store.load(self.live)
-        return self.guard.judge(
-            self.measure, candidate.learner.outputs(sample), live.outputs(sample), sample.y, len(candidate.sample)
-        )
+        outputs, live_outputs = candidate.learner.outputs(sample), live.outputs(sample)
+        # The guard's own time, the models' answers aside: what a publish waits for beyond them.
+        started = time.process_time()
+        verdict = self.guard.judge(self.measure, outputs, live_outputs, sample.y, len(candidate.sample))
+        self.cpu_seconds.append(time.process_time() - started)
+        self.examples.append(len(sample))
+        self.decisions.append("+" if verdict.promoted else "-")
+        return verdict
 
     def decide(self, candidate: Candidate) -> None:
         if self.live is None:
@@ -461,10 +485,22 @@ def run_fraud_stream(seed: int, chunks: int, chunk_examples: int, twins_every: i
         result["settings"][name] = {
             **tally.counts,
             "positives_mean": sum(tally.positives) / max(1, len(tally.positives)),
+            "guard_cpu_seconds": cpu_figures(tally.cpu_seconds, tally.examples),
+            "decisions": "".join(tally.decisions),
             "refusals": tally.refusals,
             "twins_promoted": tally.twins_promoted,
         }
     return result
+
+
+def cpu_figures(seconds: list[float], examples: list[int]) -> dict[str, float]:
+    """The mean, the largest and the total of decisions' CPU seconds, and the largest guard sample."""
+    return {
+        "mean": sum(seconds) / max(1, len(seconds)),
+        "max": max(seconds, default=0.0),
+        "total": sum(seconds),
+        "examples_max": max(examples, default=0),
+    }
 
 
 def imbalanced_summary(runs: list[dict]) -> dict:
@@ -484,8 +520,15 @@ def imbalanced_summary(runs: list[dict]) -> dict:
                 and r["test"]["recall"] >= r["live_test"]["recall"]
                 for r in row["refusals"]
             )
-    for total in totals.values():
+    for name, total in totals.items():
         total["refused_share"] = total["refused"] / max(1, total["versions"])
+        seconds = [run["settings"][name]["guard_cpu_seconds"] for run in runs]
+        decisions = sum(len(run["settings"][name]["decisions"]) for run in runs)
+        total["guard_cpu_seconds"] = {
+            "mean": sum(s["total"] for s in seconds) / max(1, decisions),
+            "max": max(s["max"] for s in seconds),
+            "examples_max": max(s["examples_max"] for s in seconds),
+        }
     return totals
 
 
@@ -499,7 +542,8 @@ def run_imbalanced(args: argparse.Namespace) -> None:
         for name, row in run["settings"].items():
             print(
                 f"  {name}: refused {row['refused']} of {row['versions']} versions; never-flag twins refused "
-                f"{row['never_flag_refused']} of {row['never_flag']}, permuted {row['permuted_refused']} of {row['permuted']}"
+                f"{row['never_flag_refused']} of {row['never_flag']}, permuted {row['permuted_refused']} of {row['permuted']}; "
+                f"guard CPU {row['guard_cpu_seconds']['mean']:.3f} s a decision, at most {row['guard_cpu_seconds']['max']:.3f} s"
             )
     totals = imbalanced_summary(runs)
     results = {
@@ -520,6 +564,75 @@ def run_imbalanced(args: argparse.Namespace) -> None:
     write_figures(args.out or "benchmarks/results/promotion_guard_imbalanced.json", results, load_before)
 
 
+# -- the guard's own time (--timing) ------------------------------------------------------------------
+#: The guard sample the issue timed: 2,000 examples, 2 % positives, the candidate's own 50 first.
+TIMING_EXAMPLES = 2_000
+TIMING_OWN = 50
+TIMING_MEASURES = ("error", "cost", "recall", "log_loss", "precision", "pr_auc", "balanced_error", "mse", "mae")
+
+
+def fraud_scores(y: torch.Tensor, skill: float, g: torch.Generator) -> torch.Tensor:
+    """Probabilities (N x 2) of a version that finds about 0.7 of the positives at skill 4.5 and raises
+    few false alarms; a lower skill finds fewer."""
+    logit = torch.randn(len(y), generator=g, dtype=torch.float64) - 4.0 + skill * y
+    p = torch.sigmoid(logit)
+    return torch.stack([1 - p, p], 1)
+
+
+def timing_versions(measure: str, seed: int) -> tuple[Measure, torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
+    """The measure, the live version's outputs, a version as good and a worse one, and the labels."""
+    g = torch.Generator().manual_seed(seed)
+    if measure in ("mse", "mae"):
+        y = torch.randn(TIMING_EXAMPLES, generator=g, dtype=torch.float64)
+
+        def noisy(scale: float) -> torch.Tensor:
+            return y + scale * torch.randn(TIMING_EXAMPLES, generator=g, dtype=torch.float64)
+
+        return build_measure(measure, Target("regression")), noisy(0.5), {"as good": noisy(0.5), "worse": noisy(0.7)}, y
+    y = (torch.rand(TIMING_EXAMPLES, generator=g) < FRAUD_SHARE).long()
+    target = Target("binary", 2, classes=("ok", "fraud"), positive=1, false_negative_cost=MISSED_FRAUD_COST)
+    live = fraud_scores(y, 4.5, g)
+    candidates = {"as good": fraud_scores(y, 4.5, g), "worse": fraud_scores(y, 3.0, g)}
+    return build_measure(measure, target), live, candidates, y
+
+
+def time_guard(repeats: int, seed: int) -> dict:
+    """Each measure's guard decisions on the timing sample: CPU seconds of each repeat, the headline test."""
+    figures: dict = {}
+    for name in TIMING_MEASURES:
+        measure, live, candidates, y = timing_versions(name, seed)
+        for case, candidate in candidates.items():
+            seconds = []
+            for _ in range(repeats):
+                started = time.process_time()
+                verdict = DEFAULT.judge(measure, candidate, live, y, TIMING_OWN)
+                seconds.append(time.process_time() - started)
+            figures.setdefault(name, {})[case] = {
+                "cpu_seconds": seconds,
+                "test": verdict.headline.test.name,
+                "p_value": verdict.headline.test.p_value,
+                "promoted": verdict.promoted,
+            }
+            print(
+                f"  {name}, {case}: {max(seconds):.3f} s CPU at most ({verdict.headline.test.name} "
+                f"p = {verdict.headline.test.p_value:.3g}, {'promoted' if verdict.promoted else 'refused'})"
+            )
+    return figures
+
+
+def run_timing(args: argparse.Namespace) -> None:
+    load_before = os.getloadavg()
+    results = {
+        "examples": TIMING_EXAMPLES,
+        "own_examples": TIMING_OWN,
+        "positive_share": FRAUD_SHARE,
+        "default_guard": dataclasses.asdict(DEFAULT),
+        "repeats": args.repeats,
+        "runs": [{"seed": seed, "measures": time_guard(args.repeats, seed)} for seed in args.seeds],
+    }
+    write_figures(args.out or "benchmarks/results/promotion_guard_timing.json", results, load_before)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2])
@@ -529,6 +642,10 @@ def main() -> None:
     parser.add_argument(
         "--chunks", type=int, default=None, help="chunks of each stationary stream (MNIST: 500, all; fraud stream: 200)"
     )
+    parser.add_argument(
+        "--timing", action="store_true", help="time the guard alone on 2,000 examples for every measure"
+    )
+    parser.add_argument("--repeats", type=int, default=3, help="--timing: decisions timed per measure and case")
     parser.add_argument("--chunk-examples", type=int, default=500, help="fraud stream: examples per chunk")
     parser.add_argument("--twins-every", type=int, default=1, help="train a permuted-label twin of every k-th version")
     parser.add_argument("--drift-at", type=int, default=101)
@@ -541,6 +658,9 @@ def main() -> None:
     # The figures are decisions, not timings: one thread, so that a machine shared with other jobs does not
     # leave every small op waiting at a barrier of two (15 ms for an MLP layer under a load of 10).
     torch.set_num_threads(args.threads)
+    if args.timing:
+        run_timing(args)
+        return
     if args.imbalanced:
         args.chunks = args.chunks or 200
         run_imbalanced(args)

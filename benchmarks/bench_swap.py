@@ -46,6 +46,11 @@ kserve==0.21.0 and the MNIST files)::
 
     python benchmarks/bench_swap.py --server both   # writes benchmarks/results/swap_kserve_vs_torchserve.{json,md}
     python benchmarks/bench_swap.py --server kserve  # writes benchmarks/results/swap_kserve.{json,md}
+    python benchmarks/bench_swap.py --server kserve triton  # writes benchmarks/results/swap_kserve_vs_triton.{json,md}
+
+Triton (``--server triton``, scripts/setup_triton.sh's virtualenv) is asked as KServe's is: the same
+protocol, requests and version check; its processes (tritonserver and one Python backend process per
+loaded version) are one process group, measured as the others'.
 """
 
 from __future__ import annotations
@@ -59,6 +64,7 @@ import os
 import platform
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -78,6 +84,8 @@ from alma_daemon.learners import Learner, build_learner
 from alma_daemon.local_servers.kserve import KServeServer
 from alma_daemon.local_servers.processes import ServerProcess, free_ports, group_members
 from alma_daemon.local_servers.torchserve import TorchServeServer
+from alma_daemon.local_servers.triton import TritonServer
+from alma_daemon.local_servers.triton_install import triton_python
 from alma_daemon.training.loop import Trainer
 from serving import make_publisher
 from serving.background import BackgroundPublisher
@@ -152,8 +160,15 @@ def start_kserve(folder: Path, niceness: int, keep_versions: int) -> tuple[Serve
     # publisher is configured with the one it ended up on.
     server = KServeServer(folder / "kserve", folder / "model_store", MODEL, niceness=niceness)
     server.start()
-    config = server_config(folder, {"kind": "kserve", "inference_url": server.inference_url}, niceness, keep_versions)
+    config = server_config(folder, {"kind": "kserve", **server.publisher_settings()}, niceness, keep_versions)
     return server, config
+
+
+def start_triton(folder: Path, niceness: int, keep_versions: int) -> tuple[ServerProcess, Config]:
+    # As KServe's: a free port of its own; the publisher writes Triton's repository in the model store.
+    server = TritonServer(folder / "triton", folder / "model_store", MODEL, niceness=niceness)
+    server.start()
+    return server, server_config(folder, server.publisher_settings(), niceness, keep_versions)
 
 
 def torchserve_rows(answer: dict) -> int:
@@ -202,6 +217,15 @@ SERVERS: dict[str, ServerKind] = {
     "kserve": ServerKind(
         "KServe",
         start_kserve,
+        f"/v2/models/{MODEL}/infer",
+        lambda task, x: oip_codec_for(task).encode_request(x),
+        kserve_rows,
+        kserve_default,
+    ),
+    # The same protocol: the same requests, answers and version check as KServe's.
+    "triton": ServerKind(
+        "Triton",
+        start_triton,
         f"/v2/models/{MODEL}/infer",
         lambda task, x: oip_codec_for(task).encode_request(x),
         kserve_rows,
@@ -572,6 +596,12 @@ def markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def triton_version() -> str:
+    """nvidia-pytriton's version in Triton's virtualenv (alma_daemon/local_servers/triton.py)."""
+    script = "import importlib.metadata as m; print(m.version('nvidia-pytriton'))"
+    return subprocess.run([str(triton_python()), "-c", script], capture_output=True, text=True).stdout.strip()
+
+
 def installed(package: str) -> str | None:
     try:
         return importlib.metadata.version(package)
@@ -581,7 +611,9 @@ def installed(package: str) -> str | None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--server", choices=[*SERVERS, "both"], default="both")
+    parser.add_argument(
+        "--server", choices=[*SERVERS, "both"], nargs="+", default=["both"], help="both: torchserve and kserve"
+    )
     parser.add_argument("--swaps", type=int, default=10, help="swaps per client phase (two phases per server)")
     parser.add_argument(
         "--rest-requests",
@@ -601,13 +633,14 @@ def main() -> int:
     )
     parser.add_argument("--out", help="JSON file (default: results/swap_<server>.json, swap_kserve_vs_torchserve.json)")
     args = parser.parse_args()
-    kinds = list(SERVERS) if args.server == "both" else [args.server]
+    kinds = ["torchserve", "kserve"] if args.server == ["both"] else args.server
     if args.server_omp_threads is not None:
         # Both servers (and TorchServe's workers) inherit this process's environment.
         os.environ["OMP_NUM_THREADS"] = str(args.server_omp_threads)
     out = Path(
         args.out
-        or RESULTS / ("swap_kserve_vs_torchserve.json" if args.server == "both" else f"swap_{args.server}.json")
+        or RESULTS
+        / ("swap_kserve_vs_torchserve.json" if args.server == ["both"] else f"swap_{'_vs_'.join(kinds)}.json")
     )
 
     mnist = load_dataset("mnist")
@@ -628,6 +661,7 @@ def main() -> int:
             "torch": torch.__version__,
             "torchserve": installed("torchserve"),
             "kserve": installed("kserve"),
+            "nvidia_pytriton": triton_version() if "triton" in kinds else None,
             "load_average_1min_at_start": os.getloadavg()[0],
         },
         "setup": {

@@ -36,4 +36,8 @@ fi
 # virtualenv of its own (.venvs/mlserver: its pins conflict with KServe's). Without it those tests skip,
 # saying why; the rest of the set-up does not depend on it.
 bash scripts/setup_mlserver.sh || echo "warning: MLServer's virtualenv could not be made: tests/test_serving_mlserver.py will skip" >&2
+# Triton (`alma serve --kind triton`), likewise in .venvs/triton: the `triton` extra pins numpy below 2.
+# Its Python backend embeds that virtualenv's libpython, so the Python running this script must be built
+# with its shared library (Debian's python3 is; pyenv's where built with --enable-shared).
+bash scripts/setup_triton.sh || echo "warning: Triton's virtualenv could not be made: tests/test_serving_triton.py's server tests will skip" >&2
 echo "alma-daemon set up: try 'alma simulate --config examples/mnist-sm.yaml --out runs/mnist-sm'"

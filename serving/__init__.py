@@ -59,8 +59,21 @@ def _torchserve(config: Config, store: CheckpointStore) -> Publisher:
 def _kserve(config: Config, store: CheckpointStore) -> Publisher:
     from serving.oip_client import OipClient
     from serving.oip_publisher import OipPublisher
+    from serving.oip_token import RepositoryToken, check_token
 
-    return OipPublisher(store, config.serving, OipClient(config.serving.inference_url), config.daemon.keep_checkpoints)
+    check_token(config)  # a token file that cannot be read: one line at the start, not at the first swap
+    client = OipClient(config.serving.inference_url, RepositoryToken.for_config(config))
+    return OipPublisher(store, config.serving, client, config.daemon.keep_checkpoints)
+
+
+def _triton(config: Config, store: CheckpointStore) -> Publisher:
+    from serving.oip_client import OipClient
+    from serving.triton_publisher import TritonPublisher
+    from serving.triton_token import TritonToken, check_token
+
+    check_token(config)
+    client = OipClient(config.serving.inference_url, TritonToken.for_config(config))
+    return TritonPublisher(store, config.serving, client, config.daemon.keep_checkpoints)
 
 
 #: ``serving.kind`` -> the publisher's factory (``none`` has none).
@@ -68,6 +81,7 @@ PUBLISHERS: dict[str, Callable[[Config, CheckpointStore], Publisher]] = {
     "local": _local,
     "torchserve": _torchserve,
     "kserve": _kserve,
+    "triton": _triton,
 }
 
 

@@ -169,13 +169,13 @@ class PromotionGuard:
         self, measure: Measure, candidate: torch.Tensor, live: torch.Tensor, y: torch.Tensor, against_candidate: bool
     ) -> PairedTest:
         """The bootstrap test that the candidate's loss is larger (``against_candidate``), or smaller."""
-        sign = 1.0 if against_candidate else -1.0
 
-        def loss_difference(at: torch.Tensor) -> float:
-            candidate_loss = measure.loss(measure.measure(candidate[at], y[at]).value)
-            return sign * (candidate_loss - measure.loss(measure.measure(live[at], y[at]).value))
+        def losses(counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            candidate_losses = _losses(measure, measure.on_resamples(candidate, y, counts))
+            live_losses = _losses(measure, measure.on_resamples(live, y, counts))
+            return (candidate_losses, live_losses) if against_candidate else (live_losses, candidate_losses)
 
-        return bootstrap_test(loss_difference, len(y), resamples_for(self.alpha, BOOTSTRAP_RESAMPLES), self.seed)
+        return bootstrap_test(losses, len(y), resamples_for(self.alpha, BOOTSTRAP_RESAMPLES), self.seed)
 
     def _reason(
         self, compared: list[tuple[Measure, Comparison]], examples: int, positives: int | None, own: int
@@ -222,6 +222,13 @@ def _loss_differences(
     if candidate_losses is None or live_losses is None:
         return None
     return candidate_losses[0] - live_losses[0], candidate_losses[1]
+
+
+def _losses(measure: Measure, values: torch.Tensor) -> torch.Tensor:
+    """Values of ``measure`` on its lower-is-better scale (:meth:`~alma_daemon.measures.Measure.loss`), one
+    at a time: the same arithmetic as the guard's difference of the two versions' values, and any measure's
+    own scale (a perplexity's log)."""
+    return torch.tensor([measure.loss(value) for value in values.tolist()], dtype=torch.float64)
 
 
 def _positive_name(measure: Measure) -> str:

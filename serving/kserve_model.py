@@ -7,7 +7,10 @@ checkpoint N from its folder (``spec.json`` and ``weights.safetensors``, no pick
 the version the default file names: the same object, so the switch costs no load and a request
 sees the old version or the new one, never neither. :class:`CheckpointModel` answers the protocol's
 infer requests with the task's codec (:mod:`serving.oip_codec`); a malformed request gets a 400 of its
-own. This module imports KServe: only the server's process (:mod:`serving.kserve_server`) imports it.
+own. :func:`serve` runs the server: on one address, its model repository closed to requests without
+the token (:mod:`serving.repository_guard`), at normal priority until it serves a version and at
+``serving.niceness`` from then on (:class:`YieldOnceServing`). This module imports KServe: only the
+server's process (:mod:`serving.kserve_server`) imports it.
 """
 
 from __future__ import annotations
@@ -17,21 +20,25 @@ import logging
 import time
 import uuid
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import kserve
+import kserve.model_server
 import numpy as np
 import torch
 from kserve.errors import InvalidInput
-from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse
+from kserve.protocol.infer_type import InferInput, InferOutput, InferRequest, InferResponse
 
 from alma_daemon.core.checkpoint_index import CheckpointIndex
+from alma_daemon.infra.priority import lower_own_priority
 from alma_daemon.learners import Learner
 from alma_daemon.logs import NOTICE
 from serving.codecs import RequestError
-from serving.oip_codec import OipCodec, OipTensor, check_datatype, oip_codec_for
+from serving.oip_codec import OipCodec, OipTensor, check_datatype, checked_shape, oip_codec_for, tensor_of
 from serving.oip_names import read_default, version_of, versioned_name
+from serving.repository_guard import RepositoryGuard
 from serving.served_checkpoint import served_learner
 
 log = logging.getLogger(__name__)
@@ -87,17 +94,7 @@ class CheckpointModel(kserve.Model):
         if not isinstance(payload, InferRequest):
             raise InvalidInput("this server answers the Open Inference Protocol v2 only: POST /v2/models/<name>/infer")
         try:
-            for tensor in payload.inputs:
-                check_datatype(tensor.name, tensor.datatype)  # KServe's own message names no datatype
-        except RequestError as err:
-            raise InvalidInput(str(err)) from None
-        try:
-            inputs = {tensor.name: tensor.as_numpy() for tensor in payload.inputs}
-        except (TypeError, ValueError, OverflowError) as err:  # numpy: OverflowError for 300 as UINT8
-            raise InvalidInput(f"an input does not fit its shape and datatype: {err}") from None
-        parameters = dict(payload.parameters or {})
-        try:
-            outputs = await self._answer(inputs, parameters)
+            outputs = await self._answer(read_inputs(payload.inputs), dict(payload.parameters or {}))
         except RequestError as err:
             raise InvalidInput(str(err)) from None
         answers = []
@@ -113,6 +110,29 @@ class CheckpointModel(kserve.Model):
         )
 
 
+def read_inputs(tensors: list[InferInput]) -> dict[str, np.ndarray]:
+    """A request's input tensors by name, read by :func:`serving.oip_codec.tensor_of`, which refuses
+    what KServe's ``as_numpy`` would take: a size of -1 ("whatever fits"), 1.5 for INT64 (read as 1),
+    "1" for FP32 (read as 1.0). A tensor of the binary data extension is read by KServe, its
+    datatype and shape checked first."""
+    if not tensors:
+        raise RequestError('expected "inputs": a list of tensors {"name", "shape", "datatype", "data"}')
+    arrays: dict[str, np.ndarray] = {}
+    for tensor in tensors:
+        if tensor.name in arrays:  # the second would silently replace the first
+            raise RequestError(f"tensor {tensor.name!r} is given twice")
+        if isinstance(tensor.data, list):
+            arrays[tensor.name] = tensor_of(tensor.name, tensor.shape, tensor.datatype, tensor.data)
+            continue
+        check_datatype(tensor.name, tensor.datatype)
+        checked_shape(tensor.name, tensor.shape)
+        try:
+            arrays[tensor.name] = tensor.as_numpy()
+        except (TypeError, ValueError) as err:
+            raise RequestError(f"tensor {tensor.name!r}: data does not fit its shape and datatype: {err}") from None
+    return arrays
+
+
 class CheckpointRepository(kserve.ModelRepository):
     """The versions of one model of a model store, loaded by name (module docstring).
 
@@ -125,6 +145,8 @@ class CheckpointRepository(kserve.ModelRepository):
         self.store = CheckpointIndex(store_root, model)
         self.model = model
         self.device = device
+        #: Called each time ``model`` is made to serve a version (:func:`serve` sets it).
+        self.on_serving: Callable[[], None] = _nothing
 
     async def load(self, name: str) -> bool:
         if name == self.model:
@@ -168,6 +190,7 @@ class CheckpointRepository(kserve.ModelRepository):
     def serve_default(self, model: CheckpointModel) -> None:
         self.update(model, name=self.model)
         log.log(NOTICE, f"{self.model} serves version {model.version}", extra={"version": model.version})
+        self.on_serving()
 
     async def _loaded_default(self) -> CheckpointModel:
         version = read_default(self.store.folder)
@@ -187,6 +210,58 @@ class CheckpointRepository(kserve.ModelRepository):
         )
 
 
+def _nothing() -> None:
+    pass
+
+
+class YieldOnceServing:
+    """Lowers the server's priority to ``niceness`` the first time it is called, once the server serves.
+
+    A server at niceness 19 from its first instruction waits for spare CPU for everything: on a busy
+    machine (2 cores, 4 busy loops) it had not answered after 300 s, where at normal priority it
+    started in under 30 s (benchmarks/results/serve_start_busy.md). So it starts at normal priority
+    and yields the cores to training only once clients get answers: after the first version is made
+    the one ``serving.model_name`` serves, or, for a restarted server that serves the recorded version
+    from its start, once it listens. Every swap after that loads at ``niceness``, as it did.
+    """
+
+    def __init__(self, niceness: int):
+        self.niceness = niceness
+        self.done = niceness == 0
+
+    def __call__(self) -> None:
+        if self.done:
+            return
+        self.done = True
+        lower_own_priority(self.niceness)
+        log.log(NOTICE, f"serving: the server runs at niceness {self.niceness} from now on")
+
+
+def listen_on(host: str) -> None:
+    """Make KServe's REST server listen on ``host``.
+
+    KServe 0.21's binds every interface whatever it is told (``host="0.0.0.0"`` in
+    kserve/protocol/rest/server.py) and builds it inside ``ModelServer.start``; the class that start
+    looks up is replaced by one that binds ``host``.
+    """
+    base = kserve.model_server.RESTServer
+
+    class RESTServerOnHost(base):  # type: ignore[valid-type,misc]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.config.host = host
+
+    kserve.model_server.RESTServer = RESTServerOnHost
+
+
+def close_repository(token: str | None) -> None:
+    """Put :class:`RepositoryGuard` in front of KServe's app where there is a token (None: left open)."""
+    if token is None:
+        log.warning("the model repository API (load, unload) is open to every client that reaches the port")
+        return
+    kserve.model_server.app.add_middleware(RepositoryGuard, token=token)
+
+
 class BadRequestsOnOneLine(logging.Filter):
     """KServe logs each request it refuses with a traceback, at ERROR: a client's bad input is not a
     fault of the server, and gets one warning line."""
@@ -199,8 +274,18 @@ class BadRequestsOnOneLine(logging.Filter):
         return True
 
 
-def serve(store_root: Path, model: str, http_port: int, device: str) -> None:
-    """Run KServe's model server on ``http_port`` over ``store_root``'s ``model`` until SIGTERM."""
+def serve(
+    store_root: Path,
+    model: str,
+    http_port: int,
+    device: str,
+    *,
+    host: str = "127.0.0.1",
+    token: str | None,
+    niceness: int = 0,
+) -> None:
+    """Run KServe's model server on ``host:http_port`` over ``store_root``'s ``model`` until SIGTERM,
+    its repository closed with ``token`` (None: open), at ``niceness`` once it serves."""
     if device.startswith("cuda"):
         # The publisher's probe compares served answers with the checkpoint's answers in fp32 on the
         # CPU; TF32 would differ by up to about 1e-2.
@@ -208,6 +293,13 @@ def serve(store_root: Path, model: str, http_port: int, device: str) -> None:
         torch.set_float32_matmul_precision("highest")
     repository = CheckpointRepository(store_root, model, device)
     repository.load_default_at_start()
+    yield_once_serving = YieldOnceServing(niceness)
+    if repository.get_model(model) is not None:
+        # A restarted server serves the recorded version as soon as it listens: it yields then.
+        kserve.model_server.app.router.add_event_handler("startup", yield_once_serving)
+    repository.on_serving = yield_once_serving
+    listen_on(host)
+    close_repository(token)
     server = kserve.ModelServer(
         http_port=http_port,
         enable_grpc=False,

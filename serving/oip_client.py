@@ -5,6 +5,9 @@ Triton: health (``/v2/health/live``), a model's readiness (``/v2/models/{name}/r
 (``/v2/models/{name}/infer``) and the model repository extension (``/v2/repository/models/{name}/load``
 and ``unload``, ``/v2/repository/index``). KServe's server lacks the index; there the list of models
 (``GET /v2/models``) stands in for it.
+
+The repository requests carry ``Authorization: Bearer <token>`` where the server wants a token (KServe's
+model server as ``alma serve --kind kserve`` runs it: :mod:`serving.oip_token`); the others carry none.
 """
 
 from __future__ import annotations
@@ -13,9 +16,12 @@ import json
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from alma_daemon.infra.unreachable import unreachable_line
+
+if TYPE_CHECKING:
+    from serving.oip_token import RepositoryToken
 
 #: A load builds the model from its checkpoint: seconds for the paper's models, more for a large one on a busy host.
 LOAD_TIMEOUT_SECONDS = 180.0
@@ -30,6 +36,10 @@ class OipError(RuntimeError):
         self.status = status
 
 
+class OipRefused(OipError):
+    """The server refused a model repository request for want of credentials (401 or 403)."""
+
+
 class OipUnreachable(OipError):
     """No answer from the server: one line naming it, the URL key and the fix (infra/unreachable.py)."""
 
@@ -41,8 +51,10 @@ class OipUnreachable(OipError):
 class OipClient:
     """The protocol's requests to one server at ``base_url``; errors raise :class:`OipError`."""
 
-    def __init__(self, base_url: str):
+    def __init__(self, base_url: str, token: RepositoryToken | None = None):
         self.base_url = base_url.rstrip("/")
+        #: Sent with the repository requests (load, unload, index); None: no credentials.
+        self.token = token
         #: Whether the server answers the repository index (None: not asked yet); KServe's does not.
         self._has_index: bool | None = None
 
@@ -65,10 +77,10 @@ class OipClient:
 
     def load(self, name: str) -> None:
         """Load (or load again) ``name`` from the server's model repository; returns once it is ready."""
-        self._call("POST", f"/v2/repository/models/{_quoted(name)}/load", body=b"{}", timeout=LOAD_TIMEOUT_SECONDS)
+        self._repository_call(f"/v2/repository/models/{_quoted(name)}/load", timeout=LOAD_TIMEOUT_SECONDS)
 
     def unload(self, name: str) -> None:
-        self._call("POST", f"/v2/repository/models/{_quoted(name)}/unload", body=b"{}")
+        self._repository_call(f"/v2/repository/models/{_quoted(name)}/unload")
 
     def models(self) -> list[str]:
         """The names of the models the server has loaded."""
@@ -76,7 +88,7 @@ class OipClient:
             try:
                 # Triton's index lists every folder of its repository, loaded or not, unless asked for
                 # the ready ones; MLServer honours the flag too.
-                index = self._call("POST", "/v2/repository/index", body=b'{"ready": true}')
+                index = self._repository_call("/v2/repository/index", body=b'{"ready": true}')
                 self._has_index = True
                 return [entry["name"] for entry in index]
             except OipError as err:
@@ -88,11 +100,29 @@ class OipClient:
     def infer(self, name: str, request: dict) -> dict:
         return self._call("POST", f"/v2/models/{_quoted(name)}/infer", body=json.dumps(request).encode())
 
+    def _repository_call(self, path: str, *, body: bytes = b"{}", timeout: float = REQUEST_TIMEOUT_SECONDS) -> Any:
+        """A POST of the model repository extension, with the token where there is one."""
+        token = self.token.value() if self.token is not None else None
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        try:
+            return self._call("POST", path, body=body, timeout=timeout, headers=headers)
+        except OipError as err:
+            if err.status not in (401, 403) or self.token is None:
+                raise
+            refused = OipRefused("POST", self.base_url + path, err.status, self.token.refused_hint())
+            raise refused from None
+
     def _call(
-        self, method: str, path: str, *, body: bytes | None = None, timeout: float = REQUEST_TIMEOUT_SECONDS
+        self,
+        method: str,
+        path: str,
+        *,
+        body: bytes | None = None,
+        timeout: float = REQUEST_TIMEOUT_SECONDS,
+        headers: dict[str, str] | None = None,
     ) -> Any:
         url = self.base_url + path
-        headers = {"Content-Type": "application/json"} if body is not None else {}
+        headers = {**({"Content-Type": "application/json"} if body is not None else {}), **(headers or {})}
         request = urllib.request.Request(url, data=body, headers=headers, method=method)
         try:
             with urllib.request.urlopen(request, timeout=timeout) as response:

@@ -11,6 +11,9 @@ on it (the server frees a model once nothing holds it), so no drain is needed.
 
 Every request is the protocol's, so the same publisher drives another OIP server whose model
 repository maps the two kinds of name to checkpoints this way (MLServer: :mod:`serving.mlserver_runtime`).
+The repository requests carry the token of ``serving.repository_token_file`` where there is one
+(:mod:`serving.oip_token`): KServe's model server as ``alma serve --kind kserve`` runs it refuses them
+without it.
 The server reads the checkpoints and the default file from the model store: it must see the files
 the daemon writes (one machine, or one shared volume, at any path), as TorchServe must.
 """

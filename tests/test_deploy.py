@@ -444,7 +444,14 @@ def test_compose_kserve_commands_parse_and_the_daemon_reaches_kserve_where_it_li
         name: {target: source for source, target, _ in short_mounts(found[name])} for name in ("daemon", "kserve")
     }
     assert mounts["daemon"][daemon.daemon.checkpoint_dir] == mounts["kserve"][daemon.daemon.checkpoint_dir]
-    assert served.daemon.state_dir in mounts["kserve"], "the server's log and pid file need a writable folder"
+    # The server's folder (log, pid file, the repository token it writes) is a volume of its own; the
+    # daemon reads the token from it at the same path, read-only.
+    folder = f"{served.daemon.state_dir}/kserve"
+    assert served.serving.repository_token_file is None and daemon.serving.repository_token_file is None
+    assert folder in mounts["kserve"] and mounts["daemon"][folder] == mounts["kserve"][folder]
+    assert [m for m in found["daemon"]["volumes"] if m.startswith(f"{mounts['kserve'][folder]}:")][0].endswith(":ro")
+    # It listens on every interface of its container: the daemon's is another.
+    assert served.serving.bind_host == "0.0.0.0"
 
 
 def test_compose_kserve_config_is_the_compose_config_but_for_serving():
@@ -591,8 +598,12 @@ def test_k8s_commands_parse_and_volumes_exist(manifests, server):
         if args.command != "serve":
             assert args.command == "run"
         elif args.kind == "kserve":
-            # `alma serve --kind kserve` listens on serving.inference_url's port, all interfaces.
-            assert config.serving.kind == "kserve" and args.foreground
+            # `alma serve --kind kserve` listens on serving.inference_url's port, all interfaces, and
+            # its repository wants the token the daemon reads, from the same Secret.
+            assert config.serving.kind == "kserve" and args.foreground and config.serving.bind_host == "0.0.0.0"
+            token = config.serving.repository_token_file
+            assert token and secret_behind(spec, token) == "alma-kserve-token"
+            assert token == daemon_config.serving.repository_token_file
             ports = {p["containerPort"] for p in container["ports"]}
             assert port_of(config.serving.inference_url) == port_of(daemon_config.serving.inference_url)
             assert port_of(config.serving.inference_url) in ports
@@ -637,6 +648,12 @@ def test_k8s_inferenceservice_runs_the_kserve_server_over_the_daemons_model_stor
     assert all(option in usage.split() for option in options), f"{sorted(options)} against:\n{usage}"
     config = k8s_config(paths)
     assert options["--model-name"] == config.serving.model_name
+    # Every interface of the pod; the repository closed with the daemon's token, from the same Secret.
+    assert options["--host"] == "0.0.0.0"
+    assert options["--repository-token-file"] == config.serving.repository_token_file
+    assert secret_behind(predictor, options["--repository-token-file"]) == "alma-kserve-token"
+    (statefulset_spec,) = [s["spec"]["template"]["spec"] for s in k8s_objects("StatefulSet", paths)]
+    assert secret_behind(statefulset_spec, config.serving.repository_token_file) == "alma-kserve-token"
     (port,) = container["ports"]
     assert int(options["--http-port"]) == port["containerPort"]
     for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
@@ -674,4 +691,5 @@ def test_k8s_daemon_reads_its_passwords_from_mounted_secrets():
     ):
         assert path in guide and secret_behind(spec, path) == secret
     optional = {v["secret"]["secretName"] for v in spec["volumes"] if v.get("secret", {}).get("optional")}
-    assert optional == {"alma-kafka", "alma-kafka-ca"}
+    # The model repository's token is KServe's stack's only (deploy/k8s/kserve/).
+    assert optional == {"alma-kafka", "alma-kafka-ca", "alma-kserve-token"}

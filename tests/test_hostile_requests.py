@@ -461,12 +461,6 @@ def oip_asking(url: str) -> Ask:
 
 
 @pytest.mark.integration
-@pytest.mark.xfail(
-    strict=True,
-    reason="serving/kserve_model.py reads a request's tensors with KServe's as_numpy, which takes a size of -1, "
-    'reads 1.5 as the INT64 1 and "1" as the FP32 1.0: it is to read them with serving.oip_codec.tensor_of '
-    "(issue 51, item 2); once it does, this test passes and the mark goes",
-)
 def test_kserve_refuses_each_hostile_request_and_keeps_serving(kserve_server, tmp_path):
     server = kserve_server(tmp_path / "model_store", MODEL)
     publish_the_models(oip_publisher(server, tmp_path / "model_store"))

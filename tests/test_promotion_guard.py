@@ -8,8 +8,12 @@ has more).
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import math
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,11 +23,12 @@ from alma_daemon.core.checkpoints import CheckpointStore
 from alma_daemon.data.datasets import TaskInfo
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import Learner
-from alma_daemon.measures import Target, build_measure
+from alma_daemon.measures import MEASURES, Measure, Target, build_measure
+from serving import guard as guard_module
 from serving import make_publisher, paired_tests
 from serving.guard import PromotionGuard, Verdict
 from serving.local_publisher import LocalPublisher
-from serving.paired_tests import binomial_tail, sign_flip_test
+from serving.paired_tests import binomial_tail, resample_counts, sign_flip_test
 from tests.helpers.data import separable_data
 from tests.helpers.serving import new_learner, quick_trainer, save_version
 
@@ -79,6 +84,10 @@ def test_the_binomial_tail_is_exact():
             assert binomial_tail(k, n) == pytest.approx(expected, abs=0)
     assert binomial_tail(10, 11) == 12 / 2048
     assert 0 < binomial_tail(400, 500) < 1e-40
+    # Summed over the shorter side of a large sample (6,000 discordant examples took seconds before).
+    for k in (1, 300, 500, 501, 502, 800):
+        assert binomial_tail(k, 1001) == sum(math.comb(1001, i) for i in range(k, 1002)) / 2**1001
+    assert binomial_tail(1, 6000) == (2**6000 - 1) / 2**6000
 
 
 def test_the_issues_noise_is_promoted_where_the_margin_alone_refused_it():
@@ -346,6 +355,146 @@ def test_a_monte_carlo_sign_flip_p_value_is_close_to_the_exact_one(monkeypatch):
     sampled = sign_flip_test(differences, flips=100_000, seed=0)
     assert sampled.name == "sign-flip, Monte Carlo" and sampled.p_value == pytest.approx(enumerated, abs=0.003)
     assert sampled == sign_flip_test(differences, flips=100_000, seed=0)
+
+
+# -- the paired bootstrap, batched --------------------------------------------------------------------
+def loop_bootstrap(
+    measure: Measure, suspect: torch.Tensor, other: torch.Tensor, y: torch.Tensor, resamples: int, seed: int
+) -> float:
+    """The reference: the paired bootstrap one resample of indexes at a time from the seeded generator,
+    each measured by ``Measure.measure``, as the guard ran it before it was batched; but for its ties:
+    two values equal but for their last bits (a PR-AUC of 1 each, reached by other sums) are a tie, where
+    before their rounding counted as worse at random (paired_tests.TIE)."""
+    generator = torch.Generator().manual_seed(seed)
+    not_worse = 0
+    for _ in range(resamples):
+        at = torch.randint(0, len(y), (len(y),), generator=generator)
+        losses = (
+            measure.loss(measure.measure(suspect[at], y[at]).value),
+            measure.loss(measure.measure(other[at], y[at]).value),
+        )
+        not_worse += not losses[0] - losses[1] > 1e-12 * max(1.0, *map(abs, losses))
+    return (1 + not_worse) / (1 + resamples)
+
+
+def random_probabilities(n: int, classes: int, gen: torch.Generator, decimals: int | None = None) -> torch.Tensor:
+    """Float32 probabilities, as a learner answers; rounded to ``decimals`` for ties between examples."""
+    p = torch.softmax(2 * torch.randn(n, classes, generator=gen), 1)
+    return p if decimals is None else (p * 10**decimals).round() / 10**decimals
+
+
+THREE_CLASSES = Target("multiclass", 3)
+THRESHOLDED = Target("binary", 2, positive=0, threshold=0.3)
+
+
+@pytest.mark.parametrize(
+    ("name", "target", "n", "rare", "decimals"),
+    [
+        ("precision", FRAUD, 90, 12, None),
+        ("pr_auc", FRAUD, 90, 12, None),
+        # Ties in the scores, and so few positives that many resamples hold none (PR-AUC undefined).
+        ("pr_auc", FRAUD, 40, 2, 1),
+        ("balanced_error", THRESHOLDED, 90, 12, None),
+        # A rare class that many resamples miss: their mean runs over the classes present.
+        ("balanced_error", THREE_CLASSES, 60, 2, None),
+    ],
+)
+def test_the_batched_bootstrap_gives_the_p_value_of_one_resample_at_a_time(
+    monkeypatch, name, target, n, rare, decimals
+):
+    """The same seed gives the same resamples, batched (here 7 a batch, the last one short) or one at a time,
+    and each batched measure the value measure() gives: the p-values agree exactly, both ways round."""
+    monkeypatch.setattr(guard_module, "BOOTSTRAP_RESAMPLES", 200)
+    monkeypatch.setattr(paired_tests, "BOOTSTRAP_CELLS", 7 * n)
+    gen = torch.Generator().manual_seed(17)
+    if target.kind == "binary":
+        y = torch.full((n,), 1 - target.positive)
+        y[:rare] = target.positive
+    else:
+        y = torch.randint(1, target.num_classes, (n,), generator=gen)
+        y[:rare] = 0
+    candidate, live = (random_probabilities(n, target.num_classes, gen, decimals) for _ in range(2))
+    measure = build_measure(name, target)
+    guard = PromotionGuard(alpha=0.05, positive_recall=False, seed=3)
+    verdict = guard.judge(measure, candidate, live, y, n)
+    assert verdict.headline.test.name == "bootstrap"
+    assert verdict.headline.test.p_value == loop_bootstrap(measure, candidate, live, y, 200, seed=3)
+    # The other way round: the test the guard runs on the candidate's own examples.
+    reverse = guard._bootstrap(measure, candidate, live, y, against_candidate=False)
+    assert reverse.p_value == loop_bootstrap(measure, live, candidate, y, 200, seed=3)
+
+
+def test_the_resamples_are_the_indexes_drawn_one_resample_at_a_time(monkeypatch):
+    monkeypatch.setattr(paired_tests, "BOOTSTRAP_CELLS", 3 * 11)
+    batches = list(resample_counts(11, 8, seed=5))
+    assert [len(b) for b in batches] == [3, 3, 2]
+    generator = torch.Generator().manual_seed(5)
+    drawn = [torch.randint(0, 11, (11,), generator=generator) for _ in range(8)]
+    expected = torch.stack([torch.bincount(d, minlength=11) for d in drawn]).double()
+    assert torch.equal(torch.cat(batches), expected)
+
+
+def resample_case(kind: str, n: int, gen: torch.Generator) -> tuple[Target, torch.Tensor, torch.Tensor]:
+    """A target of ``kind``, outputs and labels for it."""
+    if kind == "regression":
+        y = torch.randn(n, generator=gen, dtype=torch.float64)
+        return Target("regression"), y + torch.randn(n, generator=gen, dtype=torch.float64), y
+    target = FRAUD if kind == "binary" else THREE_CLASSES
+    y = torch.randint(0, target.num_classes, (n,), generator=gen)
+    return target, random_probabilities(n, target.num_classes, gen, decimals=1), y
+
+
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [(name, kind) for name, cls in sorted(MEASURES.items()) for kind in cls.kinds if kind != "language_model"],
+)
+def test_every_measure_on_resamples_is_its_measure_of_each_resample(name, kind):
+    gen = torch.Generator().manual_seed(23)
+    target, outputs, y = resample_case(kind, 50, gen)
+    measure = build_measure(name, target)
+    counts = torch.cat(list(resample_counts(50, 30, seed=1)))
+    examples = torch.arange(50)
+    expected = []
+    for row in counts:
+        drawn = examples.repeat_interleave(row.long())
+        expected.append(measure.measure(outputs[drawn], y[drawn]).value)
+    # Exact but for PR-AUC, whose batched sum adds its terms in another order (paired_tests.TIE).
+    tolerance = 1e-12 if name == "pr_auc" else 0.0
+    torch.testing.assert_close(
+        measure.on_resamples(outputs, y, counts),
+        torch.tensor(expected, dtype=torch.float64),
+        rtol=tolerance,
+        atol=tolerance,
+        equal_nan=True,
+    )
+
+
+def test_a_monte_carlo_sign_flip_draws_the_signs_it_drew_as_floats(monkeypatch):
+    """The sign patterns are drawn as int32 now: the generator gives the same numbers, so the p-value is
+    the one of the float64 patterns drawn before."""
+    monkeypatch.setattr(paired_tests, "EXACT_CELLS", 0)
+    gen = torch.Generator().manual_seed(13)
+    differences = torch.randn(300, generator=gen, dtype=torch.float64) + 0.05
+    sizes = differences.abs()
+    generator = torch.Generator().manual_seed(4)
+    reached = 0
+    for start in range(0, 2500, paired_tests.FLIP_BATCH):
+        rows = min(paired_tests.FLIP_BATCH, 2500 - start)
+        positive = torch.randint(0, 2, (rows, 300), generator=generator, dtype=torch.float64)
+        sums = 2 * (positive @ sizes) - sizes.sum()
+        reached += int((sums >= float(differences.sum()) - 1e-9 * float(sizes.sum())).sum())
+    assert sign_flip_test(differences, flips=2500, seed=4).p_value == (1 + reached) / 2501
+
+
+def test_the_docs_snippet_runs_and_prints_what_the_docs_say():
+    """docs/measures.md, "Using the measures and the guard from Python": its code, and what it prints."""
+    text = Path(__file__).resolve().parents[1].joinpath("docs", "measures.md").read_text()
+    section = text.split("## Using the measures and the guard from Python", 1)[1]
+    code, printed = re.findall(r"```(?:python|text)\n(.*?)```", section, flags=re.DOTALL)[:2]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(code, "docs/measures.md", "exec"), {"__name__": "docs_snippet"})
+    assert out.getvalue() == printed
 
 
 # -- the guard's keys and the publisher --------------------------------------------------------------

@@ -39,7 +39,7 @@ def oip_backend(name: str, start: Callable[..., object], root: Path) -> Backend:
         config = build_config(
             {
                 "daemon": {"checkpoint_dir": str(store_root)},
-                "serving": {"kind": "kserve", "model_name": MODEL, "inference_url": server.inference_url, **serving},
+                "serving": {"kind": "kserve", "model_name": MODEL, **server.publisher_settings(), **serving},
             }
         )
         publisher = make_publisher(config)

@@ -93,7 +93,9 @@ def started(kserve_server, tmp_path: Path, **serving) -> tuple[KServeServer, Oip
     """A server over ``tmp_path``'s model store, and a publisher to it."""
     store_root = tmp_path / "model_store"
     server = kserve_server(store_root, MODEL)
-    return server, publisher_for(server.inference_url, store_root, **serving)
+    return server, publisher_for(
+        server.inference_url, store_root, repository_token_file=str(server.token_file), **serving
+    )
 
 
 def infer(server: KServeServer, request: dict, name: str = MODEL) -> tuple[int, dict]:
@@ -274,6 +276,8 @@ def test_rollback_loads_an_unloaded_version_again_and_versions_lists_it_live(
         "serving.kind=kserve",
         "--set",
         f"serving.inference_url={server.inference_url}",
+        "--set",
+        f"serving.repository_token_file={server.token_file}",
         "--set",
         "serving.keep_versions=0",
     ]

@@ -188,7 +188,13 @@ def start_stack(folder: Path, kserve_model: str | None = None) -> dict[str, Any]
             kserve = KServeServer(folder / "kserve", folder / "daemon" / MODEL_STORE, kserve_model)
             started.append(kserve)
             kserve.start_detached()
-            entries.append(server_entry("kserve", kserve, kserve.inference_url, kserve.port))
+            # Its repository answers the token it wrote in its folder: the daemon's config names the file.
+            entries.append(
+                {
+                    **server_entry("kserve", kserve, kserve.inference_url, kserve.port),
+                    "token_file": str(kserve.token_file),
+                }
+            )
     except BaseException:
         for server in reversed(started):
             server.stop()
@@ -213,7 +219,11 @@ def stack_settings(stack: dict[str, Any], folder: Path) -> dict[str, Any]:
         "daemon.state_dir": str(daemon),
         "daemon.checkpoint_dir": str(daemon / MODEL_STORE),
         **(
-            {"serving.kind": "kserve", "serving.inference_url": servers["kserve"]["address"]}
+            {
+                "serving.kind": "kserve",
+                "serving.inference_url": servers["kserve"]["address"],
+                "serving.repository_token_file": servers["kserve"]["token_file"],
+            }
             if "kserve" in servers
             else {}
         ),

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from alma_daemon.local_servers.processes import RecordedServer
 
 #: What ``--kind`` starts, by its ``serving.kind``; the kind's name as messages say it.
-KINDS = {"torchserve": "TorchServe", "kserve": "KServe's model server"}
+KINDS = {"torchserve": "TorchServe", "kserve": "KServe's model server", "triton": "Triton"}
 
 
 def add_parser(subparsers) -> None:
@@ -51,13 +51,17 @@ def server_for(kind: str, config: Config) -> tuple[RecordedServer, list[tuple[st
 
         kserve = KServeServer.for_config(config, report=report)
         return kserve, [
+            ("listens on", f"{kserve.host}:{kserve.port}"),
             ("inference", f"{serving.inference_url}/v2/models/{serving.model_name}/infer"),
-            ("repository", f"{serving.inference_url}/v2/repository/models/<name>/load"),
+            ("repository", f"{serving.inference_url}/v2/repository/models/<name>/load (with the token only)"),
+            ("token", f"{kserve.token_file} (serving.repository_token_file)"),
             ("metrics", f"{serving.inference_url}/metrics"),
             ("models", f"{kserve.store_root / serving.model_name} (versions load as {serving.model_name}-v<N>)"),
             ("log", str(kserve.log_path)),
             ("folder", str(kserve.workdir)),
         ]
+    if kind == "triton":
+        return _triton(config, report)
     from alma_daemon.local_servers.torchserve import TorchServeServer
 
     torchserve = TorchServeServer.for_config(config, report=report)
@@ -74,6 +78,23 @@ def server_for(kind: str, config: Config) -> tuple[RecordedServer, list[tuple[st
     # can take tens of seconds, which the daemon's log tells as it goes.
     rows.append(("workers", f"{serving.workers} per version, started as the daemon registers each one"))
     return torchserve, rows
+
+
+def _triton(config: Config, report) -> tuple[RecordedServer, list[tuple[str, str]]]:
+    """Triton over the daemon's model store (alma_daemon/local_servers/triton.py)."""
+    from alma_daemon.local_servers.triton import TritonServer
+
+    serving = config.serving
+    triton = TritonServer.for_config(config, report=report)
+    return triton, [
+        ("listens on", f"{triton.host}:{triton.port}"),
+        ("inference", f"{serving.inference_url}/v2/models/{serving.model_name}/infer"),
+        ("repository", f"{serving.inference_url}/v2/repository/models/<name>/load (with the token only)"),
+        ("token", f"{triton.token_file} (serving.repository_token_file)"),
+        ("models", f"{triton.repository} (the publisher writes a folder per name: {serving.model_name}-v<N>)"),
+        ("log", str(triton.log_path)),
+        ("folder", str(triton.workdir)),
+    ]
 
 
 def run(args: argparse.Namespace) -> int:

@@ -693,9 +693,9 @@ class DaemonConfig:
 
 @dataclass(config=SECTION)
 class ServingConfig:
-    kind: Literal["local", "torchserve", "kserve", "none"] = Field(
+    kind: Literal["local", "torchserve", "kserve", "triton", "none"] = Field(
         default="local",
-        description='"local" (a model-store folder and a live pointer), "kserve" (KServe\'s model server, or any Open Inference Protocol v2 server), "torchserve" or "none" (docs/serving.md).',
+        description='"local" (a model-store folder and a live pointer), "kserve" (KServe\'s model server, or any Open Inference Protocol v2 server), "triton" (Triton Inference Server, its model repository written per version in <daemon.checkpoint_dir>/triton_repository), "torchserve" or "none" (docs/serving.md).',
     )
     model_name: Str = Field(
         default="alma",
@@ -739,7 +739,7 @@ class ServingConfig:
         default=19,
         ge=0,
         le=19,
-        description="Nice value (0-19) of the model server that `alma serve` starts (TorchServe or KServe's): 19 lets training keep the cores of a machine it shares with serving (swaps take longer); 0 for a machine that only serves.",
+        description="Nice value (0-19) of the model server that `alma serve` starts (TorchServe or KServe's): 19 lets training keep the cores of a machine it shares with serving (swaps take longer); 0 for a machine that only serves. KServe's starts at normal priority and takes this one once it serves a version, so that its start and first load do not wait for spare CPU.",
     )
     metrics_url: Str = Field(
         default="http://127.0.0.1:8082",
@@ -752,6 +752,14 @@ class ServingConfig:
     key_file: Str | None = Field(
         default=None,
         description="TorchServe's key_file.json; None = the one `alma serve` writes, <daemon.state_dir>/torchserve/key_file.json.",
+    )
+    repository_token_file: Str | None = Field(
+        default=None,
+        description="With kserve: the file holding the token that KServe's model server run by `alma serve --kind kserve` asks of every model repository request (load, unload, index; inference and health stay open), and that the publisher sends. None = <daemon.state_dir>/kserve/repository_token, which `alma serve --kind kserve` writes (mode 0600) at its first start. A file named here is one you provide (a Kubernetes or compose secret): it must exist for the server and the daemon.",
+    )
+    bind_host: Str | None = Field(
+        default=None,
+        description="With kserve: the address `alma serve --kind kserve` makes the server listen on; None = the host of inference_url (127.0.0.1 by default: this machine only). 0.0.0.0 (every interface) in a container, where the daemon and the clients come from other containers or pods.",
     )
 
 

@@ -42,7 +42,10 @@ class MLServerServer(RecordedServer):
 
     Its gRPC port, which MLServer always opens, is a second free port; its metrics server is off.
     Inference runs in the server's main process (``parallel_workers: 0``), where the model
-    repository and the runtimes share what is loaded (serving/mlserver_runtime.py).
+    repository and the runtimes share what is loaded (serving/mlserver_runtime.py). Its model
+    repository API (REST and gRPC) cannot be closed with a token as KServe's is (MLServer has no
+    authentication, and what alma plugs into never sees a request: docs/serving.md), so both ports
+    are on loopback only.
     """
 
     name = "mlserver"
@@ -75,6 +78,10 @@ class MLServerServer(RecordedServer):
     @property
     def inference_url(self) -> str:
         return f"http://{LOOPBACK}:{self.port}"
+
+    def publisher_settings(self) -> dict[str, str]:
+        """The ``serving`` keys that point a daemon's publisher at this server: no token (module docstring)."""
+        return {"inference_url": self.inference_url}
 
     def choose_ports(self) -> None:
         self.ports = free_ports(2)

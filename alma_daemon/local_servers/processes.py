@@ -10,7 +10,6 @@ running to be stopped later by its pid (:func:`stop_group`).
 from __future__ import annotations
 
 import atexit
-import logging
 import os
 import signal
 import socket
@@ -21,7 +20,8 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-log = logging.getLogger(__name__)
+from alma_daemon.infra.priority import set_session_niceness
+from alma_daemon.logs import ExplainedError
 
 LOOPBACK = "127.0.0.1"
 
@@ -39,6 +39,10 @@ def _kill_leftovers() -> None:
 
 class ServerStartError(RuntimeError):
     """A server exited or did not become ready in time; the message carries its log tail."""
+
+
+class ServerNotInstalled(ExplainedError):
+    """A server ``alma serve`` was asked for is not installed: one line naming the option and what to install."""
 
 
 class PortTakenError(ServerStartError):
@@ -188,6 +192,44 @@ def group_folders(pgid: int) -> set[str]:
     return folders
 
 
+def group_cpu_seconds(pgid: int) -> float:
+    """CPU seconds (user and system) used so far by the live members of process group ``pgid``."""
+    ticks = 0
+    for pid in group_members(pgid):
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # exited meanwhile
+        ticks += int(fields[11]) + int(fields[12])  # utime and stime, fields 14 and 15 of proc(5)
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+class CpuProgress:
+    """Whether a starting server still makes progress: the CPU time its process group uses grows.
+
+    On a busy machine a start takes as long as the scheduler makes it; a server that is given any CPU
+    at all is getting on, and only one that used none for ``stall_seconds`` (blocked, deadlocked) is
+    stuck. Checked at most once a second: it reads ``/proc``.
+    """
+
+    def __init__(self, pgid: int, stall_seconds: float) -> None:
+        self.pgid = pgid
+        self.stall_seconds = stall_seconds
+        self.cpu_seconds = group_cpu_seconds(pgid)
+        self.progressed = self.checked = time.monotonic()
+
+    def stalled(self) -> bool:
+        now = time.monotonic()
+        if now - self.checked >= 1.0:
+            self.checked = now
+            cpu_seconds = group_cpu_seconds(self.pgid)
+            if cpu_seconds > self.cpu_seconds:
+                self.progressed = now
+            # Always the last figure: a child that exits takes its CPU time out of the sum.
+            self.cpu_seconds = cpu_seconds
+        return now - self.progressed > self.stall_seconds
+
+
 def _signal(pid: int, sig: int) -> None:
     try:
         os.kill(pid, sig)
@@ -265,6 +307,9 @@ class ServerProcess:
     name = "server"
     stop_signal = signal.SIGTERM
     start_timeout = 30.0
+    #: Where set, a start also fails once the server has used no CPU for this many seconds
+    #: (:class:`CpuProgress`), and ``start_timeout`` is only the cap on one that keeps getting on.
+    stall_timeout: float | None = None
     port_attempts = 5
 
     def __init__(self, workdir: Path, ports: Sequence[int], *, choose_ports: bool = False) -> None:
@@ -276,6 +321,7 @@ class ServerProcess:
         self._proc: subprocess.Popen[bytes] | None = None
         self._may_move = choose_ports
         self._detached = False
+        self._progress: CpuProgress | None = None
 
     def command(self) -> list[str]:
         raise NotImplementedError
@@ -348,6 +394,8 @@ class ServerProcess:
             )
         if not self._detached:
             _LIVE.add(self)
+        if self.stall_timeout is not None:
+            self._progress = CpuProgress(self._proc.pid, self.stall_timeout)
         try:
             self.spawned(self._proc.pid)
             self.wait_ready(began + self.start_timeout)
@@ -412,6 +460,8 @@ class ServerProcess:
             self._check_alive(what)
             if time.monotonic() > deadline:
                 self._fail(f"not {what} within {self.start_timeout:.0f} s")
+            if self._progress is not None and self._progress.stalled():
+                self._fail(f"used no CPU for {self.stall_timeout:.0f} s before {what}: stuck")
             time.sleep(0.1)
 
     def _check_alive(self, what: str) -> None:
@@ -430,6 +480,11 @@ class RecordedServer(ServerProcess):
     (``niceness``) than the training it shares a machine with."""
 
     pid_file = "server.pid"
+    #: True for a server told its niceness on its command line, which starts at normal priority and
+    #: lowers its own once it serves (KServe's: serving/kserve_model.py): its imports and first load
+    #: then do not wait for spare CPU on a busy machine. Else the server runs at :attr:`niceness`
+    #: from its first instruction.
+    lowers_own_priority = False
 
     def __init__(self, workdir: Path, ports: Sequence[int], *, choose_ports: bool = False, niceness: int = 0) -> None:
         super().__init__(workdir, ports, choose_ports=choose_ports)
@@ -438,12 +493,14 @@ class RecordedServer(ServerProcess):
 
     def niced(self, command: list[str]) -> list[str]:
         """``command`` under ``nice`` at :attr:`niceness` (inherited by every process it starts)."""
-        return ["nice", "-n", str(self.niceness), *command] if self.niceness else command
+        return (
+            ["nice", "-n", str(self.niceness), *command] if self.niceness and not self.lowers_own_priority else command
+        )
 
     def spawned(self, pid: int) -> None:
         self.pid_path.write_text(str(pid))
-        if self.niceness:
-            yield_to_training(pid, self.niceness)
+        if self.niceness and not self.lowers_own_priority:
+            set_session_niceness(pid, self.niceness)
 
     def recorded_pid(self) -> int | None:
         """The process group recorded in the pid file, if a process of it still runs from this folder."""
@@ -477,20 +534,3 @@ class RecordedServer(ServerProcess):
         if self.pid is not None:
             self.pid_path.unlink(missing_ok=True)
         super().kill()
-
-
-def yield_to_training(pid: int, niceness: int) -> None:
-    """Lower the scheduling priority of the session that ``pid`` leads (a model server's, with ``nice``).
-
-    Linux's autogroup scheduling (on by default) shares the CPU fairly between sessions first and
-    applies nice values only within one, so a server, which runs in a session of its own, would
-    still take half of the cores from training during each swap however nice its processes are.
-    The session's own nice value, in ``/proc/<pid>/autogroup``, is what counts between sessions.
-    """
-    try:
-        Path(f"/proc/{pid}/autogroup").write_text(f"{niceness}\n")
-    except OSError as err:
-        log.info(
-            "no autogroup scheduling here: only the server's own nice value yields to training",
-            extra={"pid": pid, "error": str(err)},
-        )

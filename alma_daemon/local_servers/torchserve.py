@@ -29,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from alma_daemon.config import Config, ServingConfig
-from alma_daemon.local_servers.processes import LOOPBACK, RecordedServer, free_ports
+from alma_daemon.local_servers.processes import LOOPBACK, RecordedServer, ServerNotInstalled, free_ports
 from serving.torchserve_keys import KEY_FILE, TokenKeys, torchserve_folder
 
 log = logging.getLogger(__name__)
@@ -224,6 +224,12 @@ def java_available() -> bool:
 def require_torchserve() -> None:
     """Fail with what to install when TorchServe or its Java runtime is missing."""
     if importlib.util.find_spec("ts") is None:
-        raise RuntimeError("TorchServe is not installed: pip install torchserve==0.12.0 torch-model-archiver==0.12.0")
+        raise ServerNotInstalled(
+            "--kind torchserve (serving.kind): TorchServe is not installed here: pip install 'alma-daemon[serving]' "
+            "(torchserve==0.12.0 torch-model-archiver==0.12.0), or start KServe's model server with --kind kserve"
+        )
     if not java_available():
-        raise RuntimeError("TorchServe needs Java 17: no java on PATH or in $JAVA_HOME/bin")
+        raise ServerNotInstalled(
+            "--kind torchserve (serving.kind): TorchServe needs Java 17: no java on PATH or in $JAVA_HOME/bin; "
+            "install a Java 17 runtime, or start KServe's model server with --kind kserve"
+        )

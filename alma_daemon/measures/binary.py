@@ -72,6 +72,14 @@ class Precision(PositiveClassMeasure):
             return Measurement(0.0, 0, 0.0)
         return proportion(int((flagged & self.positives(y)).sum()), int(flagged.sum()))
 
+    def on_resamples(self, outputs: torch.Tensor, y: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        outputs, y = outputs.detach().cpu(), y.cpu()
+        flagged = self.flagged(outputs)
+        # Counts are whole numbers in float64: their sums are exact, the ratios those of measure().
+        alerts = counts @ flagged.double()
+        true_alerts = counts @ (flagged & self.positives(y)).double()
+        return torch.where(alerts > 0, true_alerts / alerts, 0.0)
+
 
 def average_precision(scores: torch.Tensor, positives: torch.Tensor) -> float:
     """The area under the precision-recall curve as average precision: over the thresholds from the highest
@@ -88,6 +96,32 @@ def average_precision(scores: torch.Tensor, positives: torch.Tensor) -> float:
     precision = true_positives / (ends + 1).double()
     added_recall = torch.diff(true_positives, prepend=torch.zeros(1, dtype=torch.float64)) / n_pos
     return float((precision * added_recall).sum())
+
+
+def average_precision_on_resamples(scores: torch.Tensor, positives: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """:func:`average_precision` of each resample of the examples (``counts[b, i]``: how many times example
+    ``i`` is drawn in resample ``b``), from one sort of the scores. A resample's thresholds are the groups
+    of equal score it draws from, and only a group holding positives adds recall; so each term needs, at
+    each group holding positives, the examples drawn down to it and the positives drawn in it and above,
+    sums of counts over a few segments of the ranking. NaN for a resample without a positive."""
+    order = torch.argsort(scores.double(), descending=True, stable=True)
+    _, group_sizes = torch.unique_consecutive(scores.double()[order], return_counts=True)
+    group = torch.empty(len(order), dtype=torch.long)
+    group[order] = torch.repeat_interleave(torch.arange(len(group_sizes)), group_sizes)
+    scoring = torch.unique(group[positives.bool()])  # the groups holding positives, ranked
+    # Segment k: the examples ranked below group scoring[k - 1] down to group scoring[k] (k = K: the rest).
+    segment = torch.searchsorted(scoring, group)
+    drawn = counts.new_zeros(len(counts), len(scoring) + 1).scatter_add_(1, segment.expand_as(counts), counts)
+    flagged = drawn[:, :-1].cumsum(1)
+    hits = positives.bool()
+    added = counts.new_zeros(len(counts), len(scoring)).scatter_add_(
+        1, segment[hits].expand(len(counts), -1), counts[:, hits]
+    )
+    true_positives = added.cumsum(1)
+    n_pos = true_positives[:, -1:] if len(scoring) else counts.new_zeros(len(counts), 1)
+    # The terms of average_precision, in the same operations; a group the resample does not draw adds none.
+    terms = torch.where(added > 0, true_positives / flagged * (added / n_pos), 0.0)
+    return torch.where(n_pos.squeeze(1) > 0, terms.sum(1), math.nan)
 
 
 @register_measure
@@ -109,6 +143,10 @@ class PrAuc(PositiveClassMeasure):
         # Its uncertainty comes from the few positives, as a recall's does.
         n = int(positives.sum())
         return Measurement(value, n, value * (1 - value) if n else math.nan)
+
+    def on_resamples(self, outputs: torch.Tensor, y: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        outputs, y = outputs.detach().cpu(), y.cpu()
+        return average_precision_on_resamples(outputs[:, self.target.positive], self.positives(y), counts)
 
     def constant_outputs(self, y: torch.Tensor) -> torch.Tensor:
         # Every example equally likely positive: the curve's area is the positives' share.

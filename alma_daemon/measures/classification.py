@@ -95,6 +95,21 @@ class BalancedError(Measure):
         rarest = int(counts[counts > 0].min())
         return Measurement(value, rarest * len(recalls), value * (1 - value))
 
+    def on_resamples(self, outputs: torch.Tensor, y: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        outputs, y = outputs.detach().cpu(), y.cpu()
+        classes = torch.nn.functional.one_hot(y.long(), self.target.num_classes).double()
+        right = (self.target.decide(outputs) == y).double().unsqueeze(1)
+        # Counts are whole numbers in float64: the sums are exact, each recall the ratio measure() takes.
+        drawn, found = counts @ classes, counts @ (classes * right)
+        total = counts.new_zeros(len(counts))
+        present = counts.new_zeros(len(counts))
+        for c in range(self.target.num_classes):
+            # The recalls summed in class order, as measure() sums them: the same value to the last bit.
+            has = drawn[:, c] > 0
+            total = total + torch.where(has, found[:, c] / drawn[:, c], 0.0)
+            present = present + has.double()
+        return 1.0 - total / present
+
     def details(self, outputs: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
         return class_details(self, outputs, y)
 
