@@ -27,14 +27,15 @@ one core; the figures are decisions, not timings.
 
 ``--imbalanced`` runs a stationary stream with 2 % positives instead (a fraud stream: 10 Gaussian
 features, chunks of 500 examples, 50 of each held out, SM of width 32, one version per chunk), and
-judges every version with guard settings on the task's measure (error, cost, recall), with and without
-the positives' recall test and the top-up to ``promotion_min_positives``. Its bad versions: a twin of
-every version that never flags a fraud (its positive output lowered: the same ranking, no alert), and
-a twin trained on the chunk with its labels swapped. The measures without a per-example form (precision,
-PR-AUC, balanced error) are judged by the paired bootstrap; every setting records the CPU time
-(``time.process_time``) of each of its guard decisions and its decisions in order (``decisions``: one
-character a decision, ``+`` promoted, ``-`` refused), so that two runs' decisions compare exactly. A few
-minutes a seed on one core:
+judges every version with guard settings on the task's measure (error, cost, recall, precision, PR-AUC,
+balanced error), with and without the positives' recall test and the top-up to
+``promotion_min_positives``. Its bad versions: a twin of every version that never flags a fraud (its
+positive output lowered: the same ranking, no alert), and a twin trained on the chunk with its labels
+swapped. The measures without a per-example form (precision, PR-AUC, balanced error) are judged by the
+paired bootstrap; every setting records the CPU time (``time.process_time``) of each of its guard
+decisions and its decisions in order (``decisions``: one character a decision, ``+`` promoted, ``-``
+refused), so that two runs' decisions compare exactly. About 15 minutes of CPU a seed on a busy 2-core
+machine, half of it the three bootstrap settings' guard:
 
     python benchmarks/bench_promotion_guard.py --imbalanced [--seeds 0 1 2] [--chunks 200]
 
