@@ -119,7 +119,7 @@ def test_series_csv_columns_follow_the_step_fields_with_the_measured_ones_in_one
     from alma_daemon.observability.results import CSV_HEADER
 
     assert CSV_HEADER == (
-        "t,chunk,examples_seen,trained,decision,test_error,prequential_error,prequential_window_error,"
+        "t,chunk,examples_seen,chunk_time,trained,decision,test_error,prequential_error,prequential_window_error,"
         "cumulative_error,reference_error,test_perplexity,prequential_perplexity,prequential_window_perplexity,model_age_chunks,"
         "train_flops,cumulative_train_flops,parameters,"
         "cumulative_parameters,inference_flops_per_example,train_seconds,model_version,wall_seconds\r\n"

@@ -2,7 +2,8 @@
 tick labels that say distinct numbers without running into each other, a legend entry per
 configuration (one line each), axis ranges that hold the data (or mark what they cut), the baseline
 on every panel of the task's measure, windows named by what they hold, the model's age in a time only
-where the stream has one. Results are built row by row (tests/helpers/report_runs.py): nothing trains."""
+where the stream has one: a backtest's in its history's time (each row's ``chunk_time``), a daemon's in
+the time its chunks arrived. Results are built row by row (tests/helpers/report_runs.py): nothing trains."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from alma_daemon.observability.report import AGE_PLOT, draw_plots, find_runs, pl
 from alma_daemon.observability.report_policies import policy_section
 from alma_daemon.observability.results import HISTORY_FILE
 from alma_daemon.observability.ticks import distinct_labels, log_ticks
-from tests.helpers.report_runs import rows, synthetic_runs, write_runs
+from tests.helpers.report_runs import STREAMED_DAYS, rows, synthetic_runs, write_runs
 
 #: A log axis's labels: plain numbers with an SI suffix (``3.5G``), never ``3.5e9`` nor ``10^9``.
 PLAIN_NUMBER = re.compile(r"^\d+(\.\d+)?[kMGTP]?$")
@@ -153,9 +154,13 @@ def test_every_figure_of_a_report_reads(tmp_path, drawn, chunks, runs):
     window = curves.axes[-1].get_title()
     assert ("every chunk so far" in window) == (chunks <= 50) and ("last 50 chunks" in window) == (chunks > 50)
 
-    # A backtest's seconds are how fast the machine trained: its model's age is in chunks only.
+    # A backtest's seconds are how fast the machine trained: its model's age is in chunks and in the
+    # history's time (its rows' chunk_time), in the unit its longest age fits, with no bound of seconds.
     age = shown["model_age.png"]
-    assert [ax.get_ylabel() for ax in age.axes] == ["chunks"] and REPLAYED_AGE in age.get_supxlabel()
+    unit = {10: "days", 2000: "minutes"}[chunks]
+    assert [ax.get_ylabel() for ax in age.axes] == ["chunks", unit]
+    assert "history's column 'when'" in age.get_supxlabel() and REPLAYED_AGE not in age.get_supxlabel()
+    assert "in the history's time (when)" in age.axes[1].get_title()
 
     # 2,000 chunks are drawn as 100 blocks of 20, each a mean, and the model's age (a sawtooth that
     # fills a panel sooner) as 50 blocks of 40, each the oldest, as the notes say.
@@ -192,6 +197,47 @@ def test_the_replay_figure_reads(tmp_path, drawn):
     assert plot_replay(twins, tmp_path / "replay.png")
     check_ticks("replay.png", drawn["replay.png"])
     check_ranges("replay.png", drawn["replay.png"])
+
+
+def age_curves(ax) -> dict[str, list[float]]:
+    """The model age figure's curves on ``ax``, by configuration."""
+    return {line.get_label(): list(line.get_ydata()) for line in ax.get_lines() if not line.get_label().startswith("_")}
+
+
+def test_a_backtests_model_age_is_drawn_in_its_historys_time(tmp_path, drawn):
+    """Equal chunks of a 54-day history are 5.4 days each: each configuration's age in days is its age
+    in chunks times 5.4, 0 on a chunk that trained."""
+    runs = synthetic_runs(10, 3)
+    assert plot_model_age(runs, tmp_path / "age.png", in_time=False)
+    (fig,) = drawn.values()
+    chunks, days = fig.axes
+    assert [chunks.get_ylabel(), days.get_ylabel()] == ["chunks", "days"]
+    in_chunks, in_days = age_curves(chunks), age_curves(days)
+    assert sorted(in_days) == sorted(in_chunks) == configurations_of(runs)
+    per_chunk = STREAMED_DAYS / 10
+    for name, ages in in_chunks.items():
+        assert in_days[name] == pytest.approx([age * per_chunk for age in ages]), name
+    assert max(in_days["sm policy=fixed wait=4"]) == pytest.approx(3 * per_chunk)
+    check_ticks("age.png", fig)
+    check_ranges("age.png", fig)
+
+
+def test_a_history_whose_time_is_numbers_is_drawn_in_its_own_units(tmp_path, drawn):
+    runs = synthetic_runs(10, 1)
+    for row in runs[0].series:
+        row["chunk_time"] = 100 * row["t"]  # a step counter, say: no unit to convert to
+    assert plot_model_age(runs, tmp_path / "age.png", in_time=False)
+    (fig,) = drawn.values()
+    assert [ax.get_ylabel() for ax in fig.axes] == ["chunks", "when units"]
+    ((_, in_chunks),), ((_, in_when),) = (age_curves(ax).items() for ax in fig.axes)
+    assert in_when == [100 * age for age in in_chunks] and max(in_when) > 0
+
+
+def test_a_backtest_without_a_time_column_is_drawn_in_chunks_saying_why(tmp_path, drawn):
+    runs = synthetic_runs(10, 3, history_time=False)
+    assert plot_model_age(runs, tmp_path / "age.png", in_time=False)
+    (fig,) = drawn.values()
+    assert [ax.get_ylabel() for ax in fig.axes] == ["chunks"] and REPLAYED_AGE in fig.get_supxlabel()
 
 
 def test_a_daemons_model_age_is_drawn_in_its_streams_time(tmp_path, drawn):

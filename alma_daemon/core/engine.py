@@ -443,6 +443,7 @@ class Engine:
         record = StepRecord(
             t=s.chunks_seen,
             chunk=chunk.index,
+            chunk_time=chunk.time,
             examples_seen=s.examples_seen,
             decision=decision.action,
             reason=decision.reason,

@@ -158,6 +158,10 @@ class StepRecord:
     #: The chunk's id.
     chunk: int = column(csv=True)
     examples_seen: int = column(csv=True)
+    #: The chunk's time in the history it replays: its newest row's ``dataset.time_column`` (ISO 8601
+    #: text in UTC for date-times, the number as written for numbers). Only a simulated table with a time
+    #: column has it: other streams', the daemon's (its records carry no time) and older rows have no key.
+    chunk_time: str | float | None = column(default=None, only_if_set=True, csv=True)
     #: Whether the step trained a stage (set from :attr:`stage`).
     trained: bool = field(init=False, metadata={"column": Column("trained", csv=True)})
     #: The policy's action and its reason.
@@ -285,11 +289,15 @@ def csv_columns(measure: str = "error") -> list[str]:
 #: The step record's fields that hold wall-clock times: two runs of one stream, interrupted or not, on
 #: one process or several, may differ in these and in nothing else.
 TIMING_FIELDS = frozenset(f.name for f in fields(StepRecord) if f.name.endswith("seconds"))
+#: The step record's fields that one front door fills and the other cannot: a simulated history's chunks
+#: carry their time, the wire's records none, so the daemon replaying a table has no ``chunk_time``.
+SOURCE_FIELDS = frozenset({"chunk_time"})
 
 
 def timeless(row: Mapping[str, Any]) -> dict[str, Any]:
-    """``row`` without its :data:`TIMING_FIELDS`: what must be equal between runs of one stream."""
-    return {key: value for key, value in row.items() if key not in TIMING_FIELDS}
+    """``row`` without its :data:`TIMING_FIELDS` and :data:`SOURCE_FIELDS`: what must be equal between
+    runs of one stream, simulated or served."""
+    return {key: value for key, value in row.items() if key not in TIMING_FIELDS | SOURCE_FIELDS}
 
 
 def read_rows(rows: list[dict]) -> list[StepRecord]:

@@ -13,6 +13,7 @@ the test set it evaluates on after each chunk.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -26,13 +27,21 @@ from alma_daemon.data.task_terms import drift_misfit
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.seeding import derive_seed, generator
 
+#: A chunk's time in its history (:attr:`Chunk.time`): ISO 8601 text, or a number as the history writes it.
+ChunkTime = str | float
+
 
 @dataclass(frozen=True)
 class Chunk:
-    """One mega-batch as it arrives: a monotone id (1-based) and its labeled examples."""
+    """One mega-batch as it arrives: a monotone id (1-based), its labeled examples and, for a history
+    with a time column, its time there."""
 
     index: int
     data: LabeledData
+    #: The time of the chunk's newest row in the history it replays (``dataset.time_column`` of a
+    #: table): ISO 8601 text in UTC where the times are date-times, the number as written where they
+    #: are numbers. None for a stream without a time of its own (images, text, River, the wire's).
+    time: ChunkTime | None = None
 
     def __len__(self) -> int:
         return len(self.data)
@@ -65,15 +74,23 @@ def megabatch_stream(data: LabeledData, megabatches: int, seed: int, limit: int 
         yield Chunk(index, part)
 
 
-def ordered_stream(data: LabeledData, megabatches: int, limit: int | None = None) -> Iterator[Chunk]:
+def ordered_stream(
+    data: LabeledData,
+    megabatches: int,
+    limit: int | None = None,
+    time_of: Callable[[int, int], ChunkTime | None] | None = None,
+) -> Iterator[Chunk]:
     """``data`` (its first ``limit`` examples) in its own order as ``megabatches`` contiguous equal
-    chunks, ids 1..B (the remainder is dropped): a stream whose order matters, as a drifting one's does."""
+    chunks, ids 1..B (the remainder is dropped): a stream whose order matters, as a drifting one's does.
+    ``time_of(start, end)``: the time of the chunk of rows ``start`` to ``end - 1`` (:attr:`Chunk.time`)."""
     count = len(data) if limit is None else min(limit, len(data))
     size = count // megabatches
     if size == 0:
         raise ValueError(f"{count} examples cannot make {megabatches} non-empty mega-batches")
     for index in range(megabatches):
-        yield Chunk(index + 1, data.subset(torch.arange(index * size, (index + 1) * size)))
+        start, end = index * size, (index + 1) * size
+        time = time_of(start, end) if time_of is not None else None
+        yield Chunk(index + 1, data.subset(torch.arange(start, end)), time)
 
 
 def split_chunk(chunk: Chunk, val_fraction: float, seed: int) -> SplitChunk:
@@ -129,7 +146,7 @@ class Drift:
         """``chunk`` as the drifted stream delivers it."""
         if not self.applies_to(chunk.index):
             return chunk
-        return Chunk(chunk.index, self.apply(chunk.data, self.amount(chunk.index), chunk.index))
+        return dataclasses.replace(chunk, data=self.apply(chunk.data, self.amount(chunk.index), chunk.index))
 
     def test_set(self, data: LabeledData, chunk_index: int) -> LabeledData:
         """The test set as drifted as chunk ``chunk_index`` is (unchanged before ``at``)."""

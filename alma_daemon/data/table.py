@@ -6,7 +6,9 @@ The history (``dataset.files``, concatenated in the order given) is put in time 
 files' order). Its last ``dataset.test_fraction`` is held out as the test set, unless
 ``dataset.test_file`` gives one: as a River stream's continuation, it measures every step's model on
 the most recent data. The rest arrives as ``stream.megabatches`` contiguous chunks in time order, so a
-backtest sees the history as it happened, never a future row before a past one.
+backtest sees the history as it happened, never a future row before a past one. With a time column each chunk
+carries its time, that of its newest row (:meth:`TableData.chunk_time`), which its step records as
+``chunk_time`` (docs/results.md), so that a report draws the model's age in the history's time.
 
 Both front doors read the table through :func:`read_table` (``alma simulate`` for the chunks, the
 daemon's task reader for the task and test set, ``alma replay`` for the chunks it sends), so
@@ -31,6 +33,7 @@ import torch
 from alma_daemon.config import Config, ConfigError, DatasetConfig
 from alma_daemon.data.datasets import DatasetError, TaskInfo
 from alma_daemon.data.declared_task import declared_kind
+from alma_daemon.data.streams import ChunkTime
 from alma_daemon.data.tensors import LabeledData
 
 log = logging.getLogger(__name__)
@@ -55,10 +58,23 @@ class TableData:
     rows_dropped: int = 0
     #: Columns of text the features leave out (the config names no features).
     text_columns: tuple[str, ...] = ()
+    #: The time of each row of :attr:`train` (seconds since the epoch for date-times, else the numbers
+    #: as written), in the rows' order; None without ``dataset.time_column`` (or an npz's ``t``).
+    train_times: np.ndarray | None = None
+    #: "date-time" or "number"; None without a time.
+    time_kind: str | None = None
 
     def notes(self) -> dict:
         """What reading the history left out, for the results' summary: ``rows_dropped``, ``text_columns``."""
         return {"rows_dropped": self.rows_dropped, "text_columns": list(self.text_columns)}
+
+    def chunk_time(self, start: int, end: int) -> ChunkTime | None:
+        """The time of the chunk of :attr:`train`'s rows ``start`` to ``end - 1``: its newest row's, as ISO
+        8601 text in UTC for date-times (``2024-03-04T23:00:00+00:00``), as the number for numbers; None
+        for a history without a time."""
+        if self.train_times is None or end <= start:
+            return None
+        return time_text(float(self.train_times[start:end].max()), self.time_kind)
 
 
 @dataclass(frozen=True)
@@ -94,8 +110,9 @@ def read_table(config: Config) -> TableData:
     num_classes = 1 if kind == "regression" else class_count(files, targets, config)
     features = list(files[0].features)
     task = TaskInfo(kind, (len(features),), num_classes, normalization="standardize", extra={"features": features})
-    train = in_time_order(history, targets[: len(history)])
+    train, times = in_time_order(history, targets[: len(history)])
     dropped, text_columns = sum(rows.dropped for rows in files), files[0].text_columns
+    time_kind = files[0].time_kind
     if files[0].text_columns:
         log.warning(
             "dataset.feature_columns: the features leave out %s of %s, not one cell a number; name the features to "
@@ -104,11 +121,13 @@ def read_table(config: Config) -> TableData:
             files[0].path.name,
         )
     if held_out is not None:
-        return TableData(task, train, in_time_order([held_out], targets[-1:]), dropped, text_columns)
+        test, _ = in_time_order([held_out], targets[-1:])
+        return TableData(task, train, test, dropped, text_columns, times, time_kind)
     test_length = held_out_length(len(train), dataset.test_fraction or DEFAULT_TEST_FRACTION, dataset)
     cut = len(train) - test_length
     test = train.subset(torch.arange(cut, len(train)))
-    return TableData(task, train.subset(torch.arange(cut)), test, dropped, text_columns)
+    kept_times = times[:cut] if times is not None else None
+    return TableData(task, train.subset(torch.arange(cut)), test, dropped, text_columns, kept_times, time_kind)
 
 
 def held_out_length(examples: int, fraction: float, dataset: DatasetConfig) -> int:
@@ -122,14 +141,26 @@ def held_out_length(examples: int, fraction: float, dataset: DatasetConfig) -> i
     return length
 
 
-def in_time_order(files: list[Rows], targets: list[np.ndarray]) -> LabeledData:
-    """The rows of ``files`` concatenated, stably sorted by their times where they have some."""
+def in_time_order(files: list[Rows], targets: list[np.ndarray]) -> tuple[LabeledData, np.ndarray | None]:
+    """The rows of ``files`` concatenated, stably sorted by their times where they have some, and
+    their times in that order (None without)."""
     x = np.concatenate([rows.x for rows in files])
     y = np.concatenate(targets)
+    times = None
     if files[0].times is not None:
-        order = np.argsort(np.concatenate([rows.times for rows in files if rows.times is not None]), kind="stable")
-        x, y = x[order], y[order]
-    return LabeledData(torch.from_numpy(np.ascontiguousarray(x)), torch.from_numpy(np.ascontiguousarray(y)))
+        times = np.concatenate([rows.times for rows in files if rows.times is not None])
+        order = np.argsort(times, kind="stable")
+        x, y, times = x[order], y[order], times[order]
+    data = LabeledData(torch.from_numpy(np.ascontiguousarray(x)), torch.from_numpy(np.ascontiguousarray(y)))
+    return data, times
+
+
+def time_text(value: float, kind: str | None) -> ChunkTime:
+    """A time as a chunk carries it: ISO 8601 text in UTC for a date-time (seconds since the epoch), the
+    number itself otherwise (an integer where it is one)."""
+    if kind == "date-time":
+        return datetime.fromtimestamp(value, tz=timezone.utc).isoformat()
+    return int(value) if value == round(value) and abs(value) < 2**53 else value
 
 
 def check_alike(files: list[Rows]) -> None:

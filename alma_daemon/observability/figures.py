@@ -8,8 +8,9 @@
   model's plateau does not squeeze the others (its points beyond are triangles on the edge); over
   :data:`MOST_POINTS` chunks, each point the mean of a block of chunks;
 - replay as arrows from the run without replay to the same run with it (Fig. 4);
-- the model's age after each chunk, in chunks and (where the chunks arrived in time) in time since
-  the last stage, with the freshness bound that forces a stage.
+- the model's age after each chunk, in chunks and in time since the last stage: a backtest's in its
+  history's time (its rows' ``chunk_time``) where the history has a time column, a daemon's in the
+  time its chunks arrived; with the freshness bound that forces a stage.
 
 Runs are grouped by the values that differ between them of the keys that say what a run learns
 (:data:`LEARNING_SECTIONS`: learner, policy, stream, train, dataset, task); where a run kept its state and
@@ -31,6 +32,7 @@ import math
 import re
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -672,27 +674,115 @@ REPLAYED_AGE = (
 )
 
 
+def history_time(value: Any) -> float | None:
+    """A row's ``chunk_time`` as a number: an ISO 8601 date-time's seconds since the epoch (UTC where it
+    names no zone), a number as it is; None where the row has none (or an unreadable one)."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, (int, float)):
+        return float(value) if math.isfinite(value) else None
+    try:
+        moment = datetime.fromisoformat(str(value))
+    except ValueError:
+        return None
+    return (moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)).timestamp()
+
+
+def history_ages(run: RunLike) -> tuple[list[int], list[float]]:
+    """A backtest's model age after each step in its history's time: the step's ``chunk_time`` less that
+    of the newest chunk the last stage trained on (the chunk of the step that trained it), 0 on a step
+    that trained. Seconds for date-times, the time column's own units for numbers. Left out: the steps
+    before the first stage (the rows do not say when the history began, so an untrained model has no
+    age in its time; the chunks panel has them) and steps without a ``chunk_time``."""
+    ts: list[int] = []
+    ages: list[float] = []
+    since: float | None = None
+    for row in sorted(run.series, key=lambda row: row["t"]):
+        now = history_time(row.get("chunk_time"))
+        if now is None:
+            continue
+        if row.get("trained"):
+            since = now
+        if since is not None:
+            ts.append(row["t"])
+            ages.append(max(0.0, now - since))
+    return ts, ages
+
+
+def history_time_kind(runs: Sequence[RunLike]) -> str | None:
+    """ "date-time" or "number": how the runs' rows write their chunks' time (``chunk_time``); None where
+    no row has one (a stream without a time column, a daemon's, results written before it was kept)."""
+    for run in runs:
+        for row in run.series:
+            value = row.get("chunk_time")
+            if history_time(value) is not None:
+                return "date-time" if isinstance(value, str) else "number"
+    return None
+
+
+def _time_column(runs: Sequence[RunLike]) -> str:
+    """The runs' ``dataset.time_column`` (the first set), for the axis and note; "time" where none says."""
+    names = (run.config.get("dataset", {}).get("time_column") for run in runs)
+    return next((str(name) for name in names if name), "time")
+
+
+Curve = tuple[list[int], list[float]]
+
+
+def _mean_by_chunk(group: Sequence[RunLike], curve: Callable[[RunLike], Curve]) -> Curve:
+    """The mean over a configuration's runs of ``curve`` at each chunk some run has a value for."""
+    values: dict[int, list[float]] = defaultdict(list)
+    for run in group:
+        for t, y in zip(*curve(run), strict=True):
+            values[t].append(y)
+    ts = sorted(values)
+    return ts, [_mean(values[t]) for t in ts]
+
+
 @dataclasses.dataclass(frozen=True)
 class _AgePanel:
-    """A panel of the model age figure: the rows' key, the bound's policy key, the unit's size and name."""
+    """A panel of the model age figure: each configuration's curve, the bound's policy key (None: no
+    bound applies), the unit's size and name, its title."""
 
-    key: str
-    bound_key: str
+    curve: Callable[[list[RunLike]], Curve]
+    bound_key: str | None
     scale: float
     unit: str
     title: str
 
 
+def _row_curve(key: str) -> Callable[[list[RunLike]], Curve]:
+    return lambda group: mean_curve(group, key)[:2]
+
+
 def _age_panels(runs: Sequence[RunLike], in_time: bool) -> list[_AgePanel]:
-    """The chunks panel, and the time panel where the runs' seconds are the stream's (``in_time``)."""
+    """The chunks panel, and a time panel: the history's (its rows' ``chunk_time``) where the runs
+    replayed a history with a time column, else the runs' seconds where they are the stream's (``in_time``)."""
     panels = [
-        _AgePanel("model_age_chunks", "max_model_age_chunks", 1.0, "chunks", "chunks since the last training stage")
+        _AgePanel(
+            _row_curve("model_age_chunks"),
+            "max_model_age_chunks",
+            1.0,
+            "chunks",
+            "chunks since the last training stage",
+        )
     ]
-    if in_time:
+    kind = history_time_kind(runs)
+    if kind is not None:
+        column = _time_column(runs)
+        if kind == "date-time":
+            longest = max((age for run in runs for age in history_ages(run)[1]), default=0.0)
+            scale, unit = _age_unit(longest)
+        else:  # numbers: their own units, whatever they count
+            scale, unit = 1.0, f"{column} units"
+        title = f"time since the last training stage, in the history's time ({column})"
+        # No bound: a backtest ignores policy.max_model_age_seconds (research/simulate.py, replayed).
+        panels.append(_AgePanel(lambda group: _mean_by_chunk(group, history_ages), None, scale, unit, title))
+    elif in_time:
         longest = max((row.get("model_age_seconds") or 0.0 for run in runs for row in run.series), default=0.0)
         scale, unit = _age_unit(longest)
         title = "time since the last training stage"
-        panels.append(_AgePanel("model_age_seconds", "max_model_age_seconds", scale, unit, title))
+        panels.append(_AgePanel(_row_curve("model_age_seconds"), "max_model_age_seconds", scale, unit, title))
     return panels
 
 
@@ -703,10 +793,12 @@ def plot_model_age(runs: Sequence[RunLike], path: Path, *, in_time: bool = True)
     falls within the curves' range (the note names the others). Over more than 50 chunks, each point
     is the oldest the model got in a block of chunks.
 
-    ``in_time``: whether the rows' seconds are the stream's time (a daemon's, whose chunks arrive); a
-    backtest's (False) are how fast this machine trained, so only the chunks panel is drawn, the note
-    saying why. False, and nothing drawn, where no run recorded the model's age (results written before
-    it was kept)."""
+    The time is the history's where the rows carry their chunk's time (``chunk_time``: a backtest of a
+    table with ``dataset.time_column``), in days, hours, minutes or seconds as the longest age fits
+    (:func:`history_ages`; a time column of numbers in its own units). Else ``in_time`` says whether
+    the rows' seconds are the stream's time (a daemon's, whose chunks arrive); a backtest's (False)
+    are how fast this machine trained, so only the chunks panel is drawn, the note saying why. False,
+    and nothing drawn, where no run recorded the model's age (results written before it was kept)."""
     if not any(row.get("model_age_chunks") is not None for run in runs for row in run.series):
         return False
     groups = configurations(runs)
@@ -724,7 +816,7 @@ def plot_model_age(runs: Sequence[RunLike], path: Path, *, in_time: bool = True)
         top = 1.0
         curves: list[tuple[list[float], list[float]]] = []
         for i, (config, group) in enumerate(ordered):
-            ts, ys, _ = mean_curve(group, panel.key)
+            ts, ys = panel.curve(group)
             if not ts:
                 continue
             xs, values, _ = in_blocks(ts, [y / panel.scale for y in ys], size, combine=max)
@@ -743,6 +835,8 @@ def plot_model_age(runs: Sequence[RunLike], path: Path, *, in_time: bool = True)
             )
             top = max(top, *values)
         for i, (_, group) in enumerate(ordered):
+            if panel.bound_key is None:
+                continue
             for bound in sorted({b for run in group if (b := run.config.get("policy", {}).get(panel.bound_key))}):
                 # A day's bound over a simulation's seconds would flatten every curve: named in the note.
                 if bound / panel.scale <= 5 * top:
@@ -763,7 +857,11 @@ def plot_model_age(runs: Sequence[RunLike], path: Path, *, in_time: bool = True)
         notes.append(f"bound above the plot: {', '.join(sorted(above))}")
     if size > 1:
         notes.append(f"each point: the oldest the model got in {size} consecutive chunks")
-    if not in_time:
+    if history_time_kind(runs) is not None:
+        notes.append(
+            f"time: the history's column {_time_column(runs)!r}, each chunk at its newest row, from a run's first stage on"
+        )
+    elif not in_time:
         notes.append(REPLAYED_AGE)
     title = "Model age after each mega-batch"
     if varying_keys(runs):

@@ -5,8 +5,10 @@
   trains) and its mean over the prequential window (named by what it holds), with the input-blind
   baseline dashed on every panel where the runs recorded one, and the reference learner (a linear
   model learnt on the same stream, ``reference.kind``) dotted on the prequential panels;
-- ``model_age.png``: chunks since the last training stage, and, for a daemon's stream, whose chunks
-  arrive in time, the time since (a backtest's seconds are how fast the machine trained: not drawn);
+- ``model_age.png``: chunks since the last training stage, and the time since: a backtest's in its
+  history's time where its rows carry their chunk's (``chunk_time``: a table with a time column), a
+  daemon's as its chunks arrived (a backtest's seconds without it are how fast the machine trained:
+  not drawn);
 - ``measures_vs_time.png``, for a binary task: recall, precision and PR-AUC of the positive class
   (observability/report_measures.py);
 - ``reliability.png``, for a binary task: the share of positives observed against the probability
@@ -74,7 +76,10 @@ PLOTS = (
 #: Drawn when some runs differ only in ``stream.replay``.
 REPLAY_PLOT = ("replay.png", "replay: CER vs FLOPs without and with")
 #: Drawn where the runs recorded the model's age (in time where the chunks arrived in time: a daemon's).
-AGE_PLOT = ("model_age.png", "model age: chunks since the last training stage (and time, for a daemon's stream)")
+AGE_PLOT = (
+    "model_age.png",
+    "model age: chunks since the last training stage (and time: a backtest's history's, a daemon's stream's)",
+)
 
 
 @dataclass

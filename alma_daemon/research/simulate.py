@@ -73,10 +73,13 @@ def river_stream(config: Config) -> SimulatedStream:
 
 
 def table_stream(config: Config) -> SimulatedStream:
-    """A team's history in time order, cut into B contiguous chunks; its last share (or
-    ``dataset.test_file``) is the test set (docs/results.md#backtesting-on-your-own-history)."""
+    """A team's history in time order, cut into B contiguous chunks, each with the time of its newest row
+    where the history has a time column; its last share (or ``dataset.test_file``) is the test set
+    (docs/results.md#backtesting-on-your-own-history)."""
     table = read_table(config)
-    chunks = ordered_stream(table.train, config.stream.megabatches, limit=config.stream.train_examples)
+    chunks = ordered_stream(
+        table.train, config.stream.megabatches, limit=config.stream.train_examples, time_of=table.chunk_time
+    )
     drift = build_drift(config.stream.drift, table.task, config.stream.seed)
     test = select_test_examples(table.test, config)
     # Equal chunks leave the last rows of the history (fewer than B) to none: counted, not lost in silence.

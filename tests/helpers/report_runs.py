@@ -8,7 +8,9 @@ served probabilities' reliability, the model's age), at any length and with 1, 3
 - 12 runs: those three at two widths, two seeds each (two policies sections, four CER lines).
 
 The training FLOPs of the runs lie within a few percent of each other, as the fraud example's do: the
-case where a log axis labels its ticks ``3.5e9, 3.5e9, 3.6e9``.
+case where a log axis labels its ticks ``3.5e9, 3.5e9, 3.6e9``. The history spans 60 days (its
+``when`` column), the last 6 the test set: each row carries its chunk's time (``chunk_time``, the
+newest row's), as a backtest of a table with a time column records it, unless asked to leave it out.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import functools
 import json
 import math
 import random
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from alma_daemon.measures.decision import RELIABILITY_EDGES
@@ -24,6 +27,9 @@ from alma_daemon.observability.report import Run
 from alma_daemon.observability.results import results_text
 
 MEASURE = "cost"
+#: The history's first moment and the days its chunks span (60 days, the last 6 held out as the test set).
+HISTORY_START = datetime(2024, 1, 1, tzinfo=timezone.utc)
+STREAMED_DAYS = 54.0
 #: The configurations of each layout: (learner width, policy section).
 LAYOUTS: dict[int, tuple[list[tuple[int, dict]], int]] = {
     1: ([(8, {"name": "adaptive"})], 1),
@@ -75,9 +81,15 @@ def _reliability(sharp: float, noise: float) -> list[list[float]]:
     return bins
 
 
-def rows(width: int, policy: dict, chunks: int, seed: int) -> list[dict]:
+def chunk_time(t: int, chunks: int) -> str:
+    """The time of chunk ``t`` of ``chunks`` (its newest row's), as a backtest's row writes it."""
+    return (HISTORY_START + timedelta(days=STREAMED_DAYS * t / chunks)).isoformat()
+
+
+def rows(width: int, policy: dict, chunks: int, seed: int, *, history_time: bool = True) -> list[dict]:
     """The rows of one run, keyed as results.json keys them (a test reads one back with
-    ``StepRecord.from_row``): costs that fall as the model trains, an untrained first chunk far above."""
+    ``StepRecord.from_row``): costs that fall as the model trains, an untrained first chunk far above;
+    each with its chunk's time in the history unless ``history_time`` is False."""
     rng = random.Random(f"{width}-{policy}-{seed}")
     out: list[dict] = []
     age, version, flops, parameters, cumulative, preq_sum, ref_sum = 0, 0, 0, 0, 0.0, 0.0, 0.0
@@ -134,6 +146,8 @@ def rows(width: int, policy: dict, chunks: int, seed: int) -> list[dict]:
             f"cumulative_reference_{MEASURE}": ref_sum,
             f"reference_window_{MEASURE}": sum(reference_window) / len(reference_window),
         }
+        if history_time:
+            row["chunk_time"] = chunk_time(t, chunks)
         if trained:
             row |= {"stage": version, "kind": "finetune", "epochs": 3, "best_epoch": 2, "steps": 40}
             row |= {f"val_{MEASURE}": prequential, "train_flops_per_example": 1e5}
@@ -161,14 +175,15 @@ def summary(series: list[dict]) -> dict:
     }
 
 
-def synthetic_runs(chunks: int, runs: int, *, arrival_times: bool = False) -> list[Run]:
+def synthetic_runs(chunks: int, runs: int, *, arrival_times: bool = False, history_time: bool = True) -> list[Run]:
     """``runs`` (1, 3 or 12) runs of ``chunks`` chunks each, laid out as :data:`LAYOUTS` says; a
-    daemon's where ``arrival_times`` (its ages in seconds are the stream's), else a backtest's."""
+    daemon's where ``arrival_times`` (its ages in seconds are the stream's, its rows without a
+    ``chunk_time``), else a backtest's, whose rows carry their chunk's time where ``history_time``."""
     configurations, seeds = LAYOUTS[runs]
     found = []
     for width, policy in configurations:
         for seed in range(seeds):
-            series = rows(width, policy, chunks, seed)
+            series = rows(width, policy, chunks, seed, history_time=history_time and not arrival_times)
             results = {"config": config(width, policy, chunks, seed), "series": series, "summary": summary(series)}
             name = f"w{width}-{policy['name']}{policy.get('wait', '')}-s{seed}"
             found.append(Run(name, results, arrival_times=arrival_times))
