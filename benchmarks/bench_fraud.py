@@ -25,13 +25,16 @@ Every alma run also learns a River linear reference (``StandardScaler | Logistic
 beside the network, on the same chunks (``reference.kind: auto``); the table reads its cumulative and served
 prequential cost from the example's runs (``cumulative_reference_cost``, ``served_reference_cost``) as a
 row of its own. The served cost is the mean prequential cost over the second half of the chunks (6-10,
-after the new fraud rule); the ``old-recipe`` configuration runs the example with issue 50's stage recipe
-turned off (``stream.replay: false``, ``stream.validation_examples: 0``, ``task.decision: argmax``).
+after the new fraud rule). The example trains each stage on its own chunks, stops early on their held-out
+share, and keeps a from-scratch candidate where it validates better (``train.scratch_candidate``); the
+``service-recipe``, ``fine-tune-only`` and ``skew-kept`` configurations take one of those choices back each
+(a team task's default replay and pooled validation set; the candidate; the skewed features' power
+transform). The example's settings were chosen on history seeds 6-8.
 
 The issue's target, judged on the means over the seeds: the example's test PR-AUC within 10 % of the best
 logistic regression's (every variant and window), and its cumulative prequential cost below flagging
 nothing's and the nightly retrain's. The seeds (default 1-5) were used to choose no constant: the
-generator's constants were set on seed 0 alone.
+generator's constants were set on seed 0 alone, the example's settings on seeds 6-8.
 
 Finished runs are kept in ``--runs`` (a JSON cache by key: seed, the history's and the config file's
 digests, the configuration), so an interrupted benchmark resumes; alma's code is not in the key, so after
@@ -71,9 +74,17 @@ CONFIGURATIONS: dict[str, tuple[str, dict[str, Any]]] = {
     "example": ("alma, the example as it is (adaptive)", {}),
     "fixed-1": ("alma, fixed wait 1", {"policy.name": "fixed", "policy.wait": 1}),
     "forecast": ("alma, forecast", {"policy.name": "forecast"}),
-    "old-recipe": (
-        "alma, the example under the old stage recipe (no replay, own validation share, argmax)",
-        {"stream.replay": False, "stream.validation_examples": 0, "task.decision": "argmax"},
+    "service-recipe": (
+        "alma, the example under a team task's default recipe (replay, pooled validation set)",
+        {"stream.replay": None, "stream.validation_examples": None},
+    ),
+    "fine-tune-only": (
+        "alma, the example without its from-scratch candidate (train.scratch_candidate: false)",
+        {"train.scratch_candidate": False},
+    ),
+    "skew-kept": (
+        "alma, the example without the candidate nor the skewed features' power transform",
+        {"train.scratch_candidate": False, "dataset.skewed_features": "keep"},
     ),
     "nightly": (
         "alma, nightly retrain (fixed wait 1, from scratch, replay all)",
@@ -86,7 +97,7 @@ WINDOWS = [1, 2, 3, 4]
 #: The windows the team's network trains on offline (:func:`team_network_probability`).
 NETWORK_WINDOWS = [2, 4]
 #: Bumped when the offline references change, so that cached ones are computed again.
-OFFLINE_VERSION = 2
+OFFLINE_VERSION = 3
 #: The gradient boosting's window and the prequential logistic regression's.
 BOOSTING_WINDOW = 2
 PREQUENTIAL_WINDOW = 3
@@ -263,7 +274,8 @@ def offline_references(history: str, seed: int) -> dict:
 
 def team_network_probability(x: Any, y: Any, x_test: Any, config: Any, seed: int) -> Any:
     """The team's network (``learner.model``: examples/custom/tabular.py) trained offline from scratch on
-    ``x``, ``y``, as a careful engineer would train it once: features standardized on the window, the
+    ``x``, ``y``, as a careful engineer would train it once: features as alma's model takes them (skewed ones
+    through the power transform, then standardized, statistics of the window), the
     example's class weights, Adam at alma's defaults (lr 1e-3, betas 0.9, 0.98), ``train.epochs`` passes
     of ``train.batch_size``; its fraud probabilities on ``x_test``. It tells how much of alma's gap to the
     logistic regression is the network's own on this few frauds, and how much the stream's recipe's."""
@@ -271,11 +283,16 @@ def team_network_probability(x: Any, y: Any, x_test: Any, config: Any, seed: int
     import torch
 
     from alma_daemon.data.task_info import TaskInfo
+    from alma_daemon.models.backbones import Normalize
     from alma_daemon.models.user_model import import_factory
 
     torch.manual_seed(seed)
-    mean, std = x.mean(0), x.std(0) + 1e-6
-    inputs = torch.tensor((x - mean) / std, dtype=torch.float32)
+    # The inputs as alma's model sees them: skewed features through the power transform, then standardized.
+    task = TaskInfo(
+        "classification", (x.shape[1],), 2, normalization="standardize", skewed_features=config.dataset.skewed_features
+    )
+    normalize = Normalize(task.with_statistics(torch.tensor(x, dtype=torch.float64)))
+    inputs = normalize(torch.tensor(x, dtype=torch.float32))
     labels = torch.tensor(y, dtype=torch.int64)
     net = import_factory(config.learner.model)(TaskInfo("classification", (x.shape[1],), 2))
     optimizer = torch.optim.Adam(net.parameters(), lr=1e-3, betas=(0.9, 0.98))
@@ -287,7 +304,7 @@ def team_network_probability(x: Any, y: Any, x_test: Any, config: Any, seed: int
             loss.backward()
             optimizer.step()
     with torch.no_grad():
-        test = torch.tensor((x_test - mean) / std, dtype=torch.float32)
+        test = normalize(torch.tensor(x_test, dtype=torch.float32))
         return np.asarray(net(test).softmax(1)[:, 1])
 
 
@@ -477,9 +494,9 @@ def markdown(summary: dict[str, dict | None], judged: dict | None, meta: dict) -
             f"The team's network itself, trained once offline from scratch on the last {NETWORK_WINDOWS[-1]} chunks, "
             f"reaches a test PR-AUC of {network['test_pr_auc']['mean']:.3f} "
             f"({network['test_pr_auc']['mean'] / judged['its test PR-AUC']:.0%} of the best logistic regression's): "
-            "the rest of the gap to the logistic regression is the network's own on this few frauds, what lies "
-            "between it and the example's figure is the stream's recipe (fine-tuning a network that learned the "
-            "old rule).",
+            "the gap between it and the logistic regression is the network's own on this few frauds, the gap "
+            "between it and the example's figure the stream's recipe's (stages on a few chunks each, a network "
+            "that learned the old rule).",
             "",
         ]
     return "\n".join(lines)

@@ -1,5 +1,5 @@
-"""Start and first-load time of KServe's model server, as ``alma serve --kind kserve`` runs it, on a busy
-machine (issue 51): before and after it started at normal priority.
+"""Start and first-load time of KServe's model server or TorchServe, as ``alma serve`` runs them, on a
+busy machine (issue 51): before and after they started at normal priority.
 
 ``--busy`` CPU-bound loops (``python -c "while True: pass"``, normal priority, each in a session of its
 own as a training daemon is) hold the cores for ``--warmup`` seconds before each start and until its
@@ -17,10 +17,21 @@ A ``before`` start that does not answer within 120 s is what ``alma serve`` repo
 it is given ``--before-cap`` seconds more to see how long it would have taken. The 1-minute load
 average at each start's beginning is recorded (the machine may be shared: other jobs add to it).
 
-Run from the repository root (needs kserve==0.21.0)::
+``--server torchserve`` measures TorchServe (alma_daemon/local_servers/torchserve.py) the same way, on
+free loopback ports at ``serving.niceness`` 19: ``before`` under ``nice -n 19`` from its first
+instruction with a fixed wait of 120 s for ``/ping``; ``after`` at normal priority until it answers
+``/ping``, then every thread of its process group at 19, and a wait that lasts as long as it keeps
+using CPU. Measured per start: seconds from the spawn to ``/ping`` answering (``start``), the first
+load (``first load``: the publisher's client registering version 1 of the same MLP, synchronously:
+it returns once the version's worker is loaded, which TorchServe forks at the niceness it has then),
+``set-default`` of version 1 (``switch``) and the first prediction of ``alma`` (``first answer``,
+checked against the MLP in process).
+
+Run from the repository root (needs kserve==0.21.0; for TorchServe torchserve==0.12.0 and Java 17)::
 
     python benchmarks/bench_serve_start_busy.py            # writes benchmarks/results/serve_start_busy.md
     python benchmarks/bench_serve_start_busy.py --busy 0   # the same at rest
+    python benchmarks/bench_serve_start_busy.py --server torchserve  # serve_start_busy_torchserve.md
 """
 
 from __future__ import annotations
@@ -34,21 +45,35 @@ import tempfile
 import time
 from pathlib import Path
 
+import torch
+
 from alma_daemon.config import build_config
 from alma_daemon.core.checkpoints import CheckpointStore
 from alma_daemon.data.datasets import MNIST_TASK
 from alma_daemon.learners import build_learner
+from alma_daemon.learners.base import Learner
 from alma_daemon.local_servers.kserve import KServeServer
 from alma_daemon.local_servers.processes import ServerStartError
+from alma_daemon.local_servers.torchserve import TorchServeServer
+from serving.archiver import build_archive
+from serving.codecs import codec_for, max_abs_difference
 from serving.oip_client import OipClient
 from serving.oip_names import DEFAULT_FILE, versioned_name, write_default
 from serving.oip_token import RepositoryToken
+from serving.torchserve_publisher import (
+    PROBE_TOLERANCE,
+    REGISTER_TIMEOUT_SECONDS,
+    TorchServeClient,
+    TorchServeError,
+)
 
 MODEL = "alma"
 NICENESS = 19
 #: ``alma serve``'s wait before issue 51.
 OLD_TIMEOUT_SECONDS = 120.0
 RESULTS = Path(__file__).parent / "results"
+#: How long past the publisher's register timeout a TorchServe worker is waited for, to see when it loads.
+LATE_LOAD_CAP_SECONDS = 120.0
 
 
 class NicedFromTheStart(KServeServer):
@@ -61,16 +86,29 @@ class NicedFromTheStart(KServeServer):
         return self.niced(super().command())
 
 
+class TorchServeNicedFromTheStart(TorchServeServer):
+    """TorchServe as ``alma serve`` ran it before issue 51: ``nice`` and autogroup at spawn, fixed wait."""
+
+    lowers_own_priority = False
+    stall_timeout = None
+
+    def command(self) -> list[str]:
+        return self.niced(super().command())
+
+
 def busy_loops(count: int) -> list[subprocess.Popen[bytes]]:
     return [subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True) for _ in range(count)]
 
 
 def model_store(root: Path) -> Path:
     """A model store holding version 1 of an MNIST MLP (untrained: its load costs what a trained one's does)."""
-    config = build_config({"learner": {"name": "sm", "width": 64}})
-    learner = build_learner("sm", MNIST_TASK, config.learner, seed=0)
-    CheckpointStore(root, MODEL).save(learner, 1, {"val_error": 0.5, "kind": "finetune"})
+    CheckpointStore(root, MODEL).save(mnist_mlp(), 1, {"val_error": 0.5, "kind": "finetune"})
     return root
+
+
+def mnist_mlp() -> Learner:
+    config = build_config({"learner": {"name": "sm", "width": 64}})
+    return build_learner("sm", MNIST_TASK, config.learner, seed=0)
 
 
 def one_start(mode: str, folder: Path, store_root: Path, before_cap: float) -> dict[str, object]:
@@ -98,63 +136,175 @@ def one_start(mode: str, folder: Path, store_root: Path, before_cap: float) -> d
         row["switch"] = round(time.monotonic() - began, 2)
     finally:
         server.stop()
-    started = row["start"]
-    late = mode == "before" and isinstance(started, float) and started > OLD_TIMEOUT_SECONDS
-    row["outcome"] = f"would have failed (past {OLD_TIMEOUT_SECONDS:.0f} s)" if late else "started"
+    row["outcome"] = start_outcome(mode, row["start"])
     return row
+
+
+def start_outcome(mode: str, started: object) -> str:
+    late = mode == "before" and isinstance(started, float) and started > OLD_TIMEOUT_SECONDS
+    return f"would have failed (past {OLD_TIMEOUT_SECONDS:.0f} s)" if late else "started"
+
+
+class TorchServeVersion:
+    """Version 1 of the MLP as the publisher registers it: its archive, built once, and the answer expected."""
+
+    def __init__(self, root: Path) -> None:
+        learner = mnist_mlp()
+        store = CheckpointStore(root / "model_store", MODEL)
+        store.save(learner, 1, {"val_error": 0.5, "kind": "finetune"})
+        self.archive = build_archive(store.path(1), MODEL, 1, root / "archives")
+        codec = codec_for(MNIST_TASK)
+        x = torch.randint(0, 256, (4, *MNIST_TASK.input_shape), generator=torch.Generator().manual_seed(0))
+        self.request = codec.encode_request(x.to(torch.uint8))
+        self.expected = codec.answer(learner, self.request)
+
+
+def one_torchserve_start(mode: str, folder: Path, version: TorchServeVersion, before_cap: float) -> dict[str, object]:
+    """Start TorchServe in ``mode``, register version 1, make it the default and ask it once; the seconds each took."""
+    kind = TorchServeNicedFromTheStart if mode == "before" else TorchServeServer
+    server = kind(folder)  # free loopback ports, chosen again where another process takes one first
+    server.niceness = NICENESS  # alma serve's, which the class without a serving section leaves at 0
+    if mode == "before":
+        server.start_timeout = OLD_TIMEOUT_SECONDS + before_cap
+    row: dict[str, object] = {"mode": mode, "load_average": round(os.getloadavg()[0], 1)}
+    began = time.monotonic()
+    try:
+        server.start()
+    except ServerStartError as err:
+        row.update(start=None, outcome=str(err).splitlines()[0].replace(server.ping_url, "/ping"))
+        return row
+    row["start"] = round(time.monotonic() - began, 1)
+    try:
+        client = TorchServeClient(server.management_url, server.inference_url)
+        codec = codec_for(MNIST_TASK)
+        began = time.monotonic()
+        client.register(MODEL, version.archive.resolve().as_uri(), workers=1)
+        row["first_load"] = round(time.monotonic() - began, 1)
+        began = time.monotonic()
+        client.set_default(MODEL, 1)
+        row["switch"] = round(time.monotonic() - began, 2)
+        began = time.monotonic()
+        answer = client.predict(MODEL, None, version.request)
+        row["first_answer"] = round(time.monotonic() - began, 2)
+        difference = max_abs_difference(codec.decode_response(version.expected), codec.decode_response(answer))
+        if not difference <= PROBE_TOLERANCE:
+            row["outcome"] = f"answered differently (largest difference {difference:.3g})"
+            return row
+    except TorchServeError as err:
+        if "first_load" in row:
+            row["outcome"] = f"started; then {str(err).splitlines()[0]}"
+        else:  # the publisher gave up: how long the worker took to load all the same
+            ready = worker_ready(client, time.monotonic() + LATE_LOAD_CAP_SECONDS)
+            waited = round(time.monotonic() - began, 1)
+            row["outcome"] = f"register timed out ({REGISTER_TIMEOUT_SECONDS:.0f} s); worker " + (
+                f"loaded after {waited} s" if ready else f"not loaded after {waited} s"
+            )
+        return row
+    finally:
+        server.stop()
+    row["outcome"] = start_outcome(mode, row["start"])
+    return row
+
+
+def worker_ready(client: TorchServeClient, deadline: float) -> bool:
+    """Whether version 1's worker is loaded by ``deadline`` (its registration call having timed out)."""
+    while time.monotonic() < deadline:
+        try:
+            workers = client.versions(MODEL).get(1, {}).get("workers", [])
+        except TorchServeError:
+            workers = []
+        if any(worker.get("status") == "READY" for worker in workers):
+            return True
+        time.sleep(1.0)
+    return False
 
 
 def markdown(rows: list[dict[str, object]], args: argparse.Namespace) -> str:
     def shown(value: object, unit: str = " s") -> str:
         return "-" if value is None else f"{value}{unit}"
 
+    torchserve = args.server == "torchserve"
+    if torchserve:
+        title = "TorchServe: start and first load on a busy machine"
+        flag = " --server torchserve"
+        header = (
+            "| mode | run | load average | start (spawn to /ping) | first load (register version 1) "
+            "| switch (set-default) | first answer | outcome |"
+        )
+        rule = "|---|---|---|---|---|---|---|---|"
+    else:
+        title = "KServe's model server: start and first load on a busy machine"
+        flag = ""
+        header = (
+            "| mode | run | load average | start (spawn to /v2/health/live) | first load (alma-v1) | switch (alma) "
+            "| outcome |"
+        )
+        rule = "|---|---|---|---|---|---|---|"
     lines = [
-        "# KServe's model server: start and first load on a busy machine",
+        f"# {title}",
         "",
-        f"Written by `python benchmarks/bench_serve_start_busy.py --busy {args.busy} --runs {args.runs}` "
+        f"Written by `python benchmarks/bench_serve_start_busy.py{flag} --busy {args.busy} --runs {args.runs}` "
         "(its docstring says what is measured). "
         f"{os.cpu_count()} cores ({platform.processor() or platform.machine()}), {args.busy} busy loops at normal "
         f"priority, the server at serving.niceness {NICENESS}; the load average is the 1-minute one at each "
         "start's beginning (other jobs on the machine add to it).",
         "",
-        "| mode | run | load average | start (spawn to /v2/health/live) | first load (alma-v1) | switch (alma) | outcome |",
-        "|---|---|---|---|---|---|---|",
+        header,
+        rule,
     ]
     for index, row in enumerate(rows):
+        answer = f" {shown(row.get('first_answer'))} |" if torchserve else ""
         lines.append(
             f"| {row['mode']} | {index // 2 + 1} | {row['load_average']} | {shown(row.get('start'))} | "
-            f"{shown(row.get('first_load'))} | {shown(row.get('switch'))} | {row['outcome']} |"
+            f"{shown(row.get('first_load'))} | {shown(row.get('switch'))} |{answer} {row['outcome']} |"
         )
     return "\n".join(lines) + "\n"
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--server", choices=("kserve", "torchserve"), default="kserve", help="the server started")
     parser.add_argument("--busy", type=int, default=4, help="CPU-bound loops beside the server")
     parser.add_argument("--runs", type=int, default=2, help="starts per mode, alternating before and after")
     parser.add_argument("--warmup", type=float, default=30.0, help="seconds the loops run before each start")
     parser.add_argument(
         "--before-cap", type=float, default=180.0, help="seconds a 'before' start may take past the old 120 s"
     )
-    parser.add_argument("--out", type=Path, default=RESULTS / "serve_start_busy.md")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="default: results/serve_start_busy.md (kserve), results/serve_start_busy_torchserve.md (torchserve)",
+    )
     args = parser.parse_args()
-    rows = []
+    out = args.out or RESULTS / (
+        "serve_start_busy_torchserve.md" if args.server == "torchserve" else "serve_start_busy.md"
+    )
+    rows: list[dict[str, object]] = []
     with tempfile.TemporaryDirectory(prefix="serve-start-") as temp:
-        store_root = model_store(Path(temp) / "model_store")
+        if args.server == "torchserve":
+            version = TorchServeVersion(Path(temp))
+        else:
+            store_root = model_store(Path(temp) / "model_store")
         for run in range(args.runs):
             for mode in ("before", "after"):
                 loops = busy_loops(args.busy)
                 try:
                     time.sleep(args.warmup)
-                    rows.append(one_start(mode, Path(temp) / f"{mode}{run}", store_root, args.before_cap))
+                    folder = Path(temp) / f"{mode}{run}"
+                    if args.server == "torchserve":
+                        rows.append(one_torchserve_start(mode, folder, version, args.before_cap))
+                    else:
+                        rows.append(one_start(mode, folder, store_root, args.before_cap))
                 finally:
                     for loop in loops:
                         loop.kill()
                         loop.wait()
-                (store_root / MODEL / DEFAULT_FILE).unlink(missing_ok=True)  # each start is a first one
+                if args.server == "kserve":
+                    (store_root / MODEL / DEFAULT_FILE).unlink(missing_ok=True)  # each start is a first one
                 print(rows[-1], flush=True)
-    args.out.write_text(markdown(rows, args))
-    print(f"written: {args.out}")
+                out.write_text(markdown(rows, args))  # so far: a run stopped midway leaves its rows
+    print(f"written: {out}")
     return 0
 
 

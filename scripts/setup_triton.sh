@@ -20,10 +20,26 @@ assert version('nvidia-pytriton') == '0.7.0' and torch.__version__.startswith('2
 " 2>/dev/null
 }
 
+# --no-build-isolation where the interpreter has setuptools 77 or newer (pyproject.toml's build-system).
+build_isolation() {
+  "$python_path" -c "import setuptools, sys; sys.exit(int(setuptools.__version__.split('.')[0]) < 77)" 2>/dev/null &&
+    echo --no-build-isolation
+  return 0
+}
+
 if ! ready; then
-  [ -x "$python_path" ] || python3 -m venv "$venv"
-  # torch is pinned to the local CPU wheel (as in pyproject.toml): no CUDA packages.
-  "$python_path" -m pip install --quiet torch==2.13.0 -e ".[triton]"
+  # --system-site-packages: torch and the package's other dependencies come from the package's own
+  # environment (scripts/setup.sh installs it first) where their versions fit, not installed again
+  # (1.2 GB: this script took 6 minutes on 2 cores, now about 1); numpy below 2 (the wheel's pin) and
+  # what else differs pip installs here, ahead of the shared ones on the path (the shared wheels built
+  # against numpy 2 run on 1.26: NumPy 2's builds are backward compatible), and then lists the shared
+  # packages that want numpy 2 (River): not used here. --without-pip: that environment's pip runs
+  # here too (no ensurepip, no old pip to outdo).
+  [ -x "$python_path" ] || python3 -m venv --system-site-packages --without-pip "$venv"
+  "$python_path" -m pip --version >/dev/null 2>&1 || "$python_path" -m ensurepip --default-pip >/dev/null
+  # torch is pinned to the local CPU wheel (as in pyproject.toml): no CUDA packages. The checkout is
+  # built with the setuptools at hand where it is new enough, without an isolated build environment.
+  "$python_path" -m pip install --quiet $(build_isolation) torch==2.13.0 -e ".[triton]"
   ready || { echo "Triton's virtualenv in $venv does not import nvidia-pytriton 0.7.0, torch and serving.triton_model" >&2; exit 1; }
 fi
 # The Python backend's stub embeds the interpreter's shared library (libpython3.X.so): a Python built

@@ -5,6 +5,8 @@ Helpers shared by several test modules live in ``tests/helpers/``; import them f
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 
 from alma_daemon.data.datasets import MNIST_TASK, TaskInfo
@@ -14,6 +16,28 @@ from tests.helpers.data import separable_data
 from tests.helpers.serving import good_and_bad  # noqa: F401 (a module-scoped fixture of the publishers' tests)
 
 pytest_plugins = ["tests.helpers.servers"]
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The files with the most slow or integration tests first, each file's tests in their own order.
+
+    pytest's addopts hand out whole files to the two workers (``--dist loadfile``) in this order
+    (``--no-loadscope-reorder``; xdist would otherwise sort files by their number of tests, which
+    leaves the files of a few long tests, a study or a torchrun, for last on one worker while the
+    other waits): the longest work starts first and the short files even out the end.
+    """
+
+    def file_of(item: pytest.Item) -> str:
+        return item.nodeid.split("::", 1)[0]
+
+    weight = Counter(
+        file_of(item) for item in items if item.get_closest_marker("slow") or item.get_closest_marker("integration")
+    )
+    position: dict[str, int] = {}
+    for index, item in enumerate(items):
+        position.setdefault(file_of(item), index)
+    items.sort(key=lambda item: (-weight[file_of(item)], position[file_of(item)]))
 
 
 @pytest.fixture

@@ -415,9 +415,10 @@ def test_alma_serve_tells_each_stage_of_a_slow_start(tmp_path, monkeypatch):
     process.stop()
     ping = "http://127.0.0.1:8080/ping"
     assert (
-        told[0] == f"starting TorchServe (niceness 19; its log: {tmp_path.resolve() / 'torchserve' / 'torchserve.log'})"
+        told[0] == "starting TorchServe (normal priority, niceness 19 once a version is loaded; "
+        f"its log: {tmp_path.resolve() / 'torchserve' / 'torchserve.log'})"
     )
     assert told[1].startswith(f"waiting for TorchServe to answer {ping}: ") and told[1].endswith(
-        " s so far, up to 120 s"
+        " s so far, up to 600 s"
     )
     assert re.fullmatch(rf"TorchServe answers {ping} after \d+ s", told[-1]), told

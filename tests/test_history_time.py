@@ -19,7 +19,7 @@ from alma_daemon.observability import figures
 from alma_daemon.observability.figures import REPLAYED_AGE, history_ages
 from alma_daemon.observability.report import AGE_PLOT, find_runs, write_report
 from alma_daemon.research.simulate import run_simulation, simulated_stream
-from tests.test_table import history, table_config, write_csv
+from tests.helpers.tables import history, table_config, write_csv
 
 #: history(): one row an hour from 2024-03-01 00:00 (its ``step``), shuffled; 200 rows, the last 20 the
 #: test set, so 3 chunks of 60 rows whose newest rows are steps 59, 119 and 179.

@@ -19,16 +19,7 @@ from alma_daemon.testing import Backend, ContractError, yield_publisher_checks
 from serving import make_publisher
 from serving.local_publisher import LocalPublisher
 from serving.publisher import Publisher, guard_settings
-
-CHECKS = [
-    "first_version_is_promoted_unguarded_and_served",
-    "a_worse_version_is_refused_and_never_served",
-    "a_decided_version_is_skipped",
-    "a_better_version_replaces_the_live_one",
-    "rollback_serves_the_earlier_version",
-    "versions_beyond_keep_versions_are_released",
-    "a_version_not_on_disk_is_a_clear_error",
-]
+from tests.helpers.serving import CHECKS
 
 
 def local_backend(root: Path, publisher_class: type[LocalPublisher] = LocalPublisher) -> Backend:

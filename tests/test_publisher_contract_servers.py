@@ -22,7 +22,7 @@ from serving.oip_codec import oip_codec_for
 from serving.oip_publisher import OipPublisher
 from serving.publisher import Publisher
 from tests.helpers.servers import http_request
-from tests.test_publisher_contract import CHECKS
+from tests.helpers.serving import CHECKS
 
 pytestmark = pytest.mark.integration
 

@@ -48,9 +48,8 @@ from serving.triton_repository import (
 from tests.helpers.configs import learner_settings
 from tests.helpers.data import separable_data
 from tests.helpers.servers import free_port, http_request
-from tests.helpers.serving import clients_during, metric_value, new_learner, save_version
+from tests.helpers.serving import CHECKS, clients_during, metric_value, new_learner, save_version
 from tests.helpers.user_models import FEATURES, feature_data
-from tests.test_publisher_contract import CHECKS
 
 TEXT = "the cat sat on the mat\nthe dog sat on the log\na cat and a dog\n" * 8
 WORDS = WordVocabulary.from_text(TEXT)

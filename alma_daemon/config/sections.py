@@ -120,6 +120,14 @@ class DatasetConfig:
         "model takes the features as they come). None = the dataset's own (pixels for mnist, cifar10, arrays; standardize "
         "for river and table).",
     )
+    skewed_features: Literal["power", "keep"] = Field(
+        default="power",
+        description="dataset.normalization = standardize, statistics from the stream's first chunk: a feature "
+        "whose skewness there exceeds 1 in size (an amount, a distance, a count) is first put through a "
+        "Yeo-Johnson power transform fitted on that chunk (power), saved in the checkpoint's spec and applied "
+        "by the served model alike; keep standardizes it as it is. Statistics given by task.feature_mean or "
+        "task.statistics_file are the team's own and are taken as they are.",
+    )
     river_stream: Literal[
         "agrawal", "sea", "hyperplane", "rbf-drift", "friedman", "friedman-drift", "bananas", "image-segments"
     ] = Field(
@@ -503,6 +511,12 @@ class TrainConfig:
     from_scratch: Bool = Field(
         default=False, description="Re-initialize the model at every training stage instead of fine-tuning it."
     )
+    scratch_candidate: Bool = Field(
+        default=False,
+        description="Each fine-tuning stage also trains the architecture from fresh weights on the same examples and "
+        "keeps whichever does better on the stage's validation set (twice the stage's compute): for a stream whose "
+        'rule changes, where a fine-tuned network keeps the old rule (docs/policies.md, "What a stage trains on").',
+    )
     optimizer: Literal["auto", "adadelta", "sgd", "adam"] = Field(
         default="auto", description='"auto" = the paper\'s choice for the dataset (MNIST AdaDelta, CIFAR SGD, LM Adam).'
     )
@@ -739,7 +753,7 @@ class ServingConfig:
         default=19,
         ge=0,
         le=19,
-        description="Nice value (0-19) of the model server that `alma serve` starts (TorchServe or KServe's): 19 lets training keep the cores of a machine it shares with serving (swaps take longer); 0 for a machine that only serves. KServe's starts at normal priority and takes this one once it serves a version, so that its start and first load do not wait for spare CPU.",
+        description="Nice value (0-19) of the model server that `alma serve` starts (TorchServe, KServe's or Triton): 19 lets training keep the cores of a machine it shares with serving (swaps take longer); 0 for a machine that only serves. Each starts at normal priority and takes this one once it serves (TorchServe and Triton once they answer, KServe's once it serves a version), so that its start does not wait for spare CPU.",
     )
     metrics_url: Str = Field(
         default="http://127.0.0.1:8082",

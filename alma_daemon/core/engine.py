@@ -16,6 +16,7 @@ uninterrupted one.
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import time
@@ -274,6 +275,37 @@ class Engine:
             observer.on_tick_stage(stage, self)
         return stage
 
+    def _against_scratch(
+        self, tuned: FitReport, train: LabeledData, val: LabeledData, fit_val: LabeledData, trainer: Trainer, stage: int
+    ) -> tuple[FitReport, str]:
+        """``train.scratch_candidate``: the fine-tuned model against one trained from fresh weights on the
+        same examples; the one with the lower :meth:`_validation_loss` is kept, with its own decision. A
+        network that learned an old rule may not unlearn it in a stage of fine-tuning, while one from
+        scratch forgets what still holds: the validation set tells which matters now. Both trainings
+        count in the stage's compute."""
+        tuned_state = copy.deepcopy(self.learner.state_dict())
+        tuned_task, tuned_loss = self.learner.task, self._validation_loss(val)
+        self.learner.reinitialize(derive_seed(self.config.seed, "scratch", stage))
+        scratch = self.learner.fit(train, fit_val, trainer)
+        self.team.choose_decision(self.learner, val)
+        both = replace(scratch, flops=tuned.flops + scratch.flops, seconds=tuned.seconds + scratch.seconds)
+        if self._validation_loss(val) < tuned_loss:
+            return replace(both, steps=scratch.steps), "scratch"
+        self.learner.load_state_dict(tuned_state)
+        self.learner.task = tuned_task
+        return replace(both, steps=tuned.steps, epochs=tuned.epochs, best_epoch=tuned.best_epoch), "finetune"
+
+    def _validation_loss(self, val: LabeledData) -> float:
+        """A classifier's class-weighted log-loss on ``val`` (a decision's cost or error on a few positives
+        is too coarse to choose between two networks); a regression's measure."""
+        task = self.learner.task
+        if task.kind != "classification":
+            return self.learner.task_measure.loss(self.learner.measure_on(val).value)
+        y = val.y.long()
+        weights = torch.tensor(task.class_weights or [1.0] * task.num_classes, dtype=torch.float64)[y]
+        chosen = self.learner.outputs(val).double()[torch.arange(len(y)), y].clamp_min(1e-12)
+        return float(-(chosen.log() * weights).sum() / weights.sum().clamp_min(1e-12))
+
     def train_stage(self, decision: Decision) -> StageRecord:
         """Grow (if told to and able), then train on the buffered data; checkpoint the result."""
         stage = self.state.stages_done + 1
@@ -292,12 +324,15 @@ class Engine:
         if self.config.train.from_scratch and self.state.stages_done > 0:
             self.learner.reinitialize(derive_seed(self.config.seed, "scratch", stage))
         fit_val = val if self.team.stops_early(stage, val, self.learner) else val.subset(slice(0, 0))
+        with_candidate = self.config.train.scratch_candidate and kind == "finetune" and self.state.stages_done > 0
         report: FitReport = self.learner.fit(train, fit_val, trainer)
+        self.team.choose_decision(self.learner, val)
+        if with_candidate:
+            report, kind = self._against_scratch(report, train, val, fit_val, trainer, stage)
         # The passes that chose how to grow (validation losses, candidate scoring) are training compute.
         report = replace(report, flops=report.flops + int(growth.flops or 0 if growth else 0))
         self.buffer.mark_trained(self.stage_plan, data.choice)
         self.team.trained(examples)
-        self.team.choose_decision(self.learner, val)
         val_measure = self.learner.measure_on(val).value
         self.state.stages_done = stage
         self.state.model_version += 1

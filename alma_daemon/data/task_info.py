@@ -79,6 +79,12 @@ class TaskInfo:
     #: (alma_daemon/measures/decision.py), saved with the version.
     calibration: tuple[float, float] | None = None
     threshold: float | None = None
+    #: ``standardize``: what the first chunk's statistics do with skewed features (``dataset.skewed_features``):
+    #: "power" fits a Yeo-Johnson transform to each (alma_daemon/data/yeo_johnson.py), "keep" leaves them.
+    skewed_features: str = "keep"
+    #: The Yeo-Johnson lambda of each feature, applied before the mean and std (1.0 = left as it is);
+    #: empty = none transformed.
+    power: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if self.normalization not in NORMALIZATIONS:
@@ -108,11 +114,20 @@ class TaskInfo:
 
     def with_statistics(self, x: torch.Tensor) -> TaskInfo:
         """This standardizing task with per-feature statistics of ``x`` (N x input_shape): a feature
-        that does not vary keeps a std of 1, so it passes centred instead of dividing by zero."""
+        that does not vary keeps a std of 1, so it passes centred instead of dividing by zero. With
+        ``skewed_features: power`` the skewed features' Yeo-Johnson lambdas are fitted first and the
+        mean and std are those of the transformed features."""
         flat = x.reshape(len(x), -1).double()
+        power: tuple[float, ...] = ()
+        if self.skewed_features == "power":
+            from alma_daemon.data import yeo_johnson
+
+            power = yeo_johnson.fit_lambdas(flat)
+            if power:
+                flat = yeo_johnson.transform(flat, flat.new_tensor(power))
         mean, std = flat.mean(0), flat.std(0, correction=0)
         std = std.where(std > 1e-6 * (1 + mean.abs()), 1.0)
-        return replace(self, mean=tuple(mean.float().tolist()), std=tuple(std.float().tolist()))
+        return replace(self, mean=tuple(mean.float().tolist()), std=tuple(std.float().tolist()), power=power)
 
     def with_target_statistics(self, y: torch.Tensor) -> TaskInfo:
         """This regression with the mean and std of targets ``y``; a constant target keeps a std of 1."""
@@ -146,6 +161,8 @@ class TaskInfo:
             "channels_last": self.channels_last,
             "augment": self.augment,
             "extra": self.extra,
+            **({"skewed_features": self.skewed_features} if self.skewed_features != "keep" else {}),
+            **({"power": list(self.power)} if self.power else {}),
             # The task's own terms, written only where set, so a paper task's spec reads as before.
             **{key: value for key, value in self._target_terms().items() if value != _TARGET_DEFAULTS[key]},
         }
@@ -190,6 +207,8 @@ class TaskInfo:
             decision_target=None if data.get("decision_target") is None else float(data["decision_target"]),
             calibration=None if data.get("calibration") is None else _pair(data["calibration"]),
             threshold=None if data.get("threshold") is None else float(data["threshold"]),
+            skewed_features=str(data.get("skewed_features", "keep")),
+            power=tuple(float(v) for v in data.get("power", ())),
         )
 
 

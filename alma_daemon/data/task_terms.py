@@ -38,10 +38,11 @@ def normalized_task(task: TaskInfo, config: Config) -> TaskInfo:
             raise ConfigError(
                 f"dataset.normalization: {config.dataset.name} streams tokens, which are not normalized; unset it"
             )
-        task = replace(task, normalization=chosen, mean=(), std=())
+        task = replace(task, normalization=chosen, mean=(), std=(), power=())
     mean, std, key = given_statistics(config.task)
     if not mean:
-        return task
+        standardizing = task.normalization == "standardize"
+        return replace(task, skewed_features=config.dataset.skewed_features) if standardizing else task
     if task.normalization != "standardize":
         raise ConfigError(
             f"task.{key}: the model standardizes no features (dataset.normalization is {task.normalization}); "

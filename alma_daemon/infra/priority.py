@@ -20,6 +20,10 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
+#: The niceness a TorchServe worker takes once its version is loaded (``serving.niceness``): set by
+#: ``alma serve`` in TorchServe's environment, which its workers inherit (serving/handler.py).
+NICENESS_ENV = "ALMA_SERVING_NICENESS"
+
 
 def lower_own_priority(niceness: int) -> None:
     """Run every thread of this process, and the threads it starts from now on, at ``niceness``, and

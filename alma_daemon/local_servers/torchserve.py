@@ -29,13 +29,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 from alma_daemon.config import Config, ServingConfig
+from alma_daemon.infra.priority import NICENESS_ENV
 from alma_daemon.local_servers.processes import LOOPBACK, RecordedServer, ServerNotInstalled, free_ports
 from serving.torchserve_keys import KEY_FILE, TokenKeys, torchserve_folder
 
 log = logging.getLogger(__name__)
 
 PID_FILE = "torchserve.pid"
-START_TIMEOUT_SECONDS = 120.0
+START_TIMEOUT_SECONDS = 600.0
+#: A start that uses no CPU this long is stuck, however long the cap (processes.CpuProgress).
+STALL_SECONDS = 60.0
 #: Seconds between two reports of the wait for ``/ping``.
 PING_REPORT_SECONDS = 10.0
 STOP_TIMEOUT_SECONDS = 30.0
@@ -53,14 +56,18 @@ class TorchServeServer(RecordedServer):
     niceness, and records its process group in ``torchserve.pid``, so that another process finds it
     and stops it (``alma serve --stop``). Without one (the tests, the benchmarks) it takes free
     loopback ports, chosen again when another process takes one first, at niceness 0, without token
-    authorization. ``report`` is told each stage of a start: at ``serving.niceness`` 19 on a busy
-    host, the JVM may take a minute or more. Registered models are forgotten on restart; the model
-    store's files stay.
+    authorization. It starts at normal priority, and each worker takes ``serving.niceness`` once its
+    version is loaded (serving/handler.py), so a busy machine slows the start and the first load without
+    stalling them; ``report`` is told each stage of a start, which waits as long as the server keeps
+    using CPU (up to :data:`START_TIMEOUT_SECONDS`). Registered
+    models are forgotten on restart; the model store's files stay.
     """
 
     name = "torchserve"
     pid_file = PID_FILE
     start_timeout = START_TIMEOUT_SECONDS
+    stall_timeout = STALL_SECONDS
+    lowers_own_priority = True
 
     def __init__(
         self, folder: Path, serving: ServingConfig | None = None, report: Callable[[str], None] = _silent
@@ -145,9 +152,9 @@ class TorchServeServer(RecordedServer):
             "--model-store", str(self.model_store),
             "--ts-config", str(self.config_path),
         ]  # fmt: skip
-        # Inherited by the JVM and every worker it forks: on a machine it shares with training,
-        # serving (and the model loads of each swap) yields the cores (docs/serving.md).
-        return self.niced(command)
+        # At normal priority: the JVM's start and a version's first load do not wait for spare CPU on
+        # a busy machine. Each worker lowers its own once its version is loaded (serving/handler.py).
+        return command
 
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -156,6 +163,8 @@ class TorchServeServer(RecordedServer):
         logs = str(self.workdir / "logs")
         env.update(TEMP=str(self.workdir / "tmp"), TMPDIR=str(self.workdir / "tmp"))
         env.update(LOG_LOCATION=logs, METRICS_LOCATION=logs)
+        if self.niceness:
+            env[NICENESS_ENV] = str(self.niceness)
         return env
 
     def start(self) -> None:
@@ -169,7 +178,10 @@ class TorchServeServer(RecordedServer):
         self._write_config()
         # The readiness check waits for this run's keys, not those an earlier run left.
         self.key_path.unlink(missing_ok=True)
-        self.report(f"starting TorchServe (niceness {self.serving.niceness}; its log: {self.log_path})")
+        priority = (
+            f"normal priority, niceness {self.niceness} once a version is loaded" if self.niceness else "niceness 0"
+        )
+        self.report(f"starting TorchServe ({priority}; its log: {self.log_path})")
         super().start()
 
     def wait_ready(self, deadline: float) -> None:

@@ -32,7 +32,6 @@ from pathlib import Path
 
 from alma_daemon.config import Config
 from alma_daemon.core.checkpoint_index import CheckpointIndex
-from alma_daemon.infra.priority import set_session_niceness
 from alma_daemon.local_servers.kserve import check_address
 from alma_daemon.local_servers.processes import (
     LOOPBACK,
@@ -218,8 +217,7 @@ class TritonServer(RecordedServer):
         self.repository.mkdir(parents=True, exist_ok=True)
         self.report(f"starting Triton on {self.host}:{self.port} (its log: {self.log_path})")
         super().start()
-        if self.niceness and self.pid is not None:
-            lower_group_priority(self.pid, self.niceness)
+        self.lower_priority_once_serving()
 
     def prepare_token(self) -> None:
         """Write this server's token where no file is named and none is written yet; it must be readable."""
@@ -281,16 +279,3 @@ def _same_file_times(source: Path, copy: Path) -> bool:
     """Whether ``copy`` is a copy of ``source`` made by ``shutil.copy2`` (same size and modification time)."""
     first, second = source.stat(), copy.stat()
     return first.st_size == second.st_size and first.st_mtime_ns == second.st_mtime_ns
-
-
-def lower_group_priority(pgid: int, niceness: int) -> None:
-    """Every thread of process group ``pgid`` at ``niceness`` (the processes it starts later inherit it
-    from the thread that starts them), and its session's autogroup (alma_daemon/infra/priority.py)."""
-    for pid in group_members(pgid):
-        tasks = Path(f"/proc/{pid}/task")
-        for task in tasks.iterdir() if tasks.is_dir() else []:
-            try:
-                os.setpriority(os.PRIO_PROCESS, int(task.name), niceness)
-            except OSError:
-                continue  # ended meanwhile, or already lower
-    set_session_niceness(pgid, niceness)

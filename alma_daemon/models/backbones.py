@@ -12,6 +12,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
+from alma_daemon.data import yeo_johnson
 from alma_daemon.data.datasets import TaskInfo
 
 #: VGG19's layer plan: conv layers per block, a max-pool after each block (Wu et al. 2020 reduce
@@ -41,12 +42,14 @@ class Normalize(nn.Module):
 
     mean: torch.Tensor
     std: torch.Tensor
+    power: torch.Tensor | None
 
     def __init__(self, task: TaskInfo):
         super().__init__()
         self.channels_last = task.channels_last
         self.register_buffer("mean", torch.zeros(1), persistent=False)
         self.register_buffer("std", torch.ones(1), persistent=False)
+        self.register_buffer("power", None, persistent=False)
         self.set_statistics(task)
         self.passthrough = False
 
@@ -63,8 +66,12 @@ class Normalize(nn.Module):
             mean, std = mean.reshape(task.input_shape), std.reshape(task.input_shape)
         else:
             mean, std = torch.zeros(1), torch.ones(1)
-        self.mean = mean.to(self.mean.device)
-        self.std = std.to(self.std.device)
+        device = self.mean.device
+        self.mean = mean.to(device)
+        self.std = std.to(device)
+        transformed = task.normalization == "standardize" and task.power
+        power = torch.tensor(task.power, dtype=torch.float32).reshape(task.input_shape) if transformed else None
+        self.power = None if power is None else power.to(device)
 
     def standardize(self, x: torch.Tensor) -> torch.Tensor:
         """Raw units -> standardized floats, same layout (elementwise: rows may be gathered before or after).
@@ -74,10 +81,14 @@ class Normalize(nn.Module):
         """
         if x.is_floating_point():
             x = x.float()
+        if self.power is not None:
+            x = yeo_johnson.transform(x.float(), self.power)
         return (x - self.mean).div_(self.std)
 
     def standardize_(self, z: torch.Tensor) -> torch.Tensor:
         """:meth:`standardize` in place, on raw values already in a float32 tensor (the same floats)."""
+        if self.power is not None:
+            z.copy_(yeo_johnson.transform(z, self.power))
         return z.sub_(self.mean).div_(self.std)
 
     def arrange(self, z: torch.Tensor) -> torch.Tensor:
@@ -94,6 +105,8 @@ class Normalize(nn.Module):
             self.channels_last == other.channels_last
             and torch.equal(self.mean, other.mean)
             and torch.equal(self.std, other.std)
+            and (self.power is None) == (other.power is None)
+            and (self.power is None or other.power is None or torch.equal(self.power, other.power))
         )
 
 

@@ -19,6 +19,17 @@ from alma_daemon.training.loop import Trainer
 from tests.helpers.configs import learner_settings
 from tests.helpers.data import separable_data
 
+#: The publisher contract's checks by name (alma_daemon/testing), which every publisher's test runs.
+CHECKS = [
+    "first_version_is_promoted_unguarded_and_served",
+    "a_worse_version_is_refused_and_never_served",
+    "a_decided_version_is_skipped",
+    "a_better_version_replaces_the_live_one",
+    "rollback_serves_the_earlier_version",
+    "versions_beyond_keep_versions_are_released",
+    "a_version_not_on_disk_is_a_clear_error",
+]
+
 
 def quick_trainer(seed: int = 0) -> Trainer:
     return Trainer(TrainConfig(epochs=4, patience=4, batch_size=64), "adadelta", torch.device("cpu"), seed=seed)

@@ -1,0 +1,59 @@
+"""``train.scratch_candidate``: each fine-tuning stage also trains the network from fresh weights on the
+same examples and keeps whichever validates better (alma_daemon/core/engine.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from alma_daemon.config import build_config
+from alma_daemon.research.simulate import run_simulation
+
+pytest.importorskip("river")
+
+
+def stream_config(candidate: bool):
+    return build_config(
+        {
+            "seed": 3,
+            "dataset": {"name": "river", "river_stream": "sea", "river_examples": 1500},
+            "stream": {"megabatches": 5, "seed": 3, "drift": {"kind": "permute_labels", "at": 3}},
+            "learner": {"name": "sm", "model": "examples.custom.tabular:build"},
+            "train": {"epochs": 2, "patience": 1, "scratch_candidate": candidate},
+            "policy": {"name": "fixed", "wait": 1},
+            "reference": {"kind": "none"},
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def runs() -> tuple[list[dict], list[dict]]:
+    with_candidate = run_simulation(stream_config(True), progress=False)["series"]
+    without = run_simulation(stream_config(False), progress=False)["series"]
+    return with_candidate, without
+
+
+def test_the_first_stage_has_no_candidate_and_later_ones_pay_for_both(runs) -> None:
+    with_candidate, without = runs
+    first, second = with_candidate[0], with_candidate[1]
+    assert first["kind"] == "finetune" and first["train_flops"] == without[0]["train_flops"]
+    # Stage 2 starts from the same model in both runs: with a candidate it trains twice.
+    assert second["train_flops"] > without[1]["train_flops"]
+    assert {row["kind"] for row in with_candidate if row["trained"]} <= {"finetune", "scratch"}
+
+
+def test_after_the_labels_are_permuted_a_network_from_fresh_weights_is_kept(runs) -> None:
+    with_candidate, without = runs
+    assert [row["kind"] for row in with_candidate[:3]] == ["finetune"] * 3
+    assert with_candidate[3]["kind"] == "scratch"  # the stage on the first permuted chunk
+    assert with_candidate[3]["test_error"] < without[3]["test_error"]
+
+
+def test_a_fine_tuned_model_kept_is_the_one_a_run_without_candidate_trains(runs) -> None:
+    with_candidate, without = runs
+    # Up to the first stage that kept a from-scratch network, the served model is bit for bit the
+    # fine-tuned one: the candidate's training left no trace (weights, decision) on it.
+    kept = next((i for i, row in enumerate(with_candidate) if row.get("kind") == "scratch"), len(with_candidate))
+    assert kept >= 2, "the test needs a stage that kept its fine-tuned model"
+    for row, plain in zip(with_candidate[:kept], without[:kept], strict=True):
+        assert row["test_error"] == plain["test_error"]
+        assert row["prequential_error"] == plain["prequential_error"]
