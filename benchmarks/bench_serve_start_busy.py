@@ -19,11 +19,11 @@ average at each start's beginning is recorded (the machine may be shared: other 
 
 ``--server torchserve`` measures TorchServe (alma_daemon/local_servers/torchserve.py) the same way, on
 free loopback ports at ``serving.niceness`` 19: ``before`` under ``nice -n 19`` from its first
-instruction with a fixed wait of 120 s for ``/ping``; ``after`` at normal priority until it answers
-``/ping``, then every thread of its process group at 19, and a wait that lasts as long as it keeps
+instruction with a fixed wait of 120 s for ``/ping``; ``after`` at normal priority, each worker
+taking 19 once its version is loaded (serving/handler.py), and a wait that lasts as long as it keeps
 using CPU. Measured per start: seconds from the spawn to ``/ping`` answering (``start``), the first
 load (``first load``: the publisher's client registering version 1 of the same MLP, synchronously:
-it returns once the version's worker is loaded, which TorchServe forks at the niceness it has then),
+it returns once the version's worker is loaded),
 ``set-default`` of version 1 (``switch``) and the first prediction of ``alma`` (``first answer``,
 checked against the MLP in process).
 
