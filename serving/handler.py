@@ -12,14 +12,13 @@ TorchServe takes the one class defined in this module as the entry point: keep i
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from alma_daemon.core.checkpoints import SPEC, load_checkpoint
-from alma_daemon.infra.priority import NICENESS_ENV, lower_own_priority
+from alma_daemon.infra.priority import lower_priority_once_loaded
 from alma_daemon.learners import Learner
 from serving.bundled_model import register_bundled_module
 from serving.codecs import Codec, RequestError, codec_for
@@ -60,12 +59,3 @@ class AlmaHandler:
                 context.set_response_status(400, str(err), index)
                 responses.append({"error": str(err)})
         return responses
-
-
-def lower_priority_once_loaded() -> None:
-    """The worker loaded its version at the priority TorchServe started at (normal: on a busy machine a
-    load at niceness 19 outlasted TorchServe's worker start-up limit); from now on it, and the session's
-    autogroup that later versions' workers load in, yield the cores to training."""
-    niceness = int(os.environ.get(NICENESS_ENV) or 0)
-    if niceness > 0:
-        lower_own_priority(niceness)

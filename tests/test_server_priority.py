@@ -51,7 +51,7 @@ def test_a_worker_lowers_its_priority_once_its_version_is_loaded() -> None:
     lowered = min(19, max(11, own + 1))
     script = (
         "import json, os, threading; from pathlib import Path\n"
-        "from serving.handler import lower_priority_once_loaded\n"
+        "from alma_daemon.infra.priority import lower_priority_once_loaded\n"
         "before = os.getpriority(os.PRIO_PROCESS, 0)\n"
         "threading.Thread(target=lambda: None).start()\n"
         "lower_priority_once_loaded()\n"

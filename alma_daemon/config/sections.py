@@ -753,7 +753,7 @@ class ServingConfig:
         default=19,
         ge=0,
         le=19,
-        description="Nice value (0-19) of the model server that `alma serve` starts (TorchServe, KServe's or Triton): 19 lets training keep the cores of a machine it shares with serving (swaps take longer); 0 for a machine that only serves. Each starts at normal priority and takes this one once it serves (TorchServe and Triton once they answer, KServe's once it serves a version), so that its start does not wait for spare CPU.",
+        description="Nice value (0-19) of the model server that `alma serve` starts (TorchServe, KServe's or Triton): 19 lets training keep the cores of a machine it shares with serving (swaps take longer); 0 for a machine that only serves. Each starts at normal priority and takes this one once it serves (TorchServe's workers and Triton's model processes once their version is loaded, KServe's once it serves a version), so that its start and first load do not wait for spare CPU.",
     )
     metrics_url: Str = Field(
         default="http://127.0.0.1:8082",

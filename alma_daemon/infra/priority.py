@@ -20,8 +20,8 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-#: The niceness a TorchServe worker takes once its version is loaded (``serving.niceness``): set by
-#: ``alma serve`` in TorchServe's environment, which its workers inherit (serving/handler.py).
+#: The niceness a model server's worker takes once its version is loaded (``serving.niceness``): set by
+#: ``alma serve`` in TorchServe's and Triton's environment, which their model processes inherit.
 NICENESS_ENV = "ALMA_SERVING_NICENESS"
 
 
@@ -50,3 +50,13 @@ def set_session_niceness(pid: int, niceness: int) -> None:
             "no autogroup scheduling here: only the server's own nice value yields to training",
             extra={"pid": pid, "error": str(err)},
         )
+
+
+def lower_priority_once_loaded() -> None:
+    """A model process (a TorchServe worker, a Triton Python-backend model) loaded its version at the
+    priority its server started at, normal: on a busy machine a load at niceness 19 outlasted
+    TorchServe's worker start-up limit. From now on it, and the session's autogroup that later
+    versions load in, yield the cores to training (``NICENESS_ENV``; unset or 0: nothing changes)."""
+    niceness = int(os.environ.get(NICENESS_ENV) or 0)
+    if niceness > 0:
+        lower_own_priority(niceness)

@@ -480,11 +480,11 @@ class RecordedServer(ServerProcess):
     (``niceness``) than the training it shares a machine with."""
 
     pid_file = "server.pid"
-    #: True for a server that starts at normal priority and is lowered to :attr:`niceness` once it
-    #: serves: by itself, told on its command line (KServe's: serving/kserve_model.py), or by
-    #: :meth:`lower_priority_once_serving` once it answers (TorchServe, Triton). Its imports and first
-    #: load then do not wait for spare CPU on a busy machine. Else the server runs at :attr:`niceness`
-    #: from its first instruction.
+    #: True for a server that starts at normal priority and takes :attr:`niceness` once it serves: by
+    #: itself, told on its command line (KServe's: serving/kserve_model.py), or in each model process
+    #: once its version is loaded, told in ``NICENESS_ENV`` (TorchServe's workers, Triton's Python
+    #: backend: alma_daemon/infra/priority.py). Its imports and first load then do not wait for spare
+    #: CPU on a busy machine. Else the server runs at :attr:`niceness` from its first instruction.
     lowers_own_priority = False
 
     def __init__(self, workdir: Path, ports: Sequence[int], *, choose_ports: bool = False, niceness: int = 0) -> None:
@@ -497,13 +497,6 @@ class RecordedServer(ServerProcess):
         return (
             ["nice", "-n", str(self.niceness), *command] if self.niceness and not self.lowers_own_priority else command
         )
-
-    def lower_priority_once_serving(self) -> None:
-        """A server that started at normal priority (:attr:`lowers_own_priority`) and answers now: every
-        thread of its process group at :attr:`niceness`; the processes it starts from now on (a model's
-        worker) inherit it from the thread that starts them."""
-        if self.niceness and self.pid is not None:
-            lower_group_priority(self.pid, self.niceness)
 
     def spawned(self, pid: int) -> None:
         self.pid_path.write_text(str(pid))
@@ -542,16 +535,3 @@ class RecordedServer(ServerProcess):
         if self.pid is not None:
             self.pid_path.unlink(missing_ok=True)
         super().kill()
-
-
-def lower_group_priority(pgid: int, niceness: int) -> None:
-    """Every thread of process group ``pgid`` at ``niceness`` (the processes it starts later inherit it
-    from the thread that starts them), and its session's autogroup (alma_daemon/infra/priority.py)."""
-    for pid in group_members(pgid):
-        tasks = Path(f"/proc/{pid}/task")
-        for task in tasks.iterdir() if tasks.is_dir() else []:
-            try:
-                os.setpriority(os.PRIO_PROCESS, int(task.name), niceness)
-            except OSError:
-                continue  # ended meanwhile, or already lower
-    set_session_niceness(pgid, niceness)

@@ -15,9 +15,10 @@ it), in explicit model control: a name loads when the publisher asks. A restarte
 start the default name and its versioned name, where their folders and the default file say so. It
 listens on one address (``serving.bind_host``, else the host of ``serving.inference_url``), HTTP only
 (no gRPC, no metrics port); the APIs that change the server answer only the token
-(serving/triton_token.py). It starts at normal priority and, once it answers, takes
-``serving.niceness`` (every thread of its processes, and the session's autogroup); the models it loads
-from then on run at that priority.
+(serving/triton_token.py). It starts at normal priority; each version's Python-backend process takes
+``serving.niceness`` once its checkpoint is loaded (and the session's autogroup with it, which later
+loads run in: alma_daemon/infra/priority.py), so a busy machine slows the start and the first load
+without stalling them.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from pathlib import Path
 
 from alma_daemon.config import Config
 from alma_daemon.core.checkpoint_index import CheckpointIndex
+from alma_daemon.infra.priority import NICENESS_ENV
 from alma_daemon.local_servers.kserve import check_address
 from alma_daemon.local_servers.processes import (
     LOOPBACK,
@@ -202,6 +204,8 @@ class TritonServer(RecordedServer):
         # from training and the other versions. Sleeping costs a few microseconds per forward pass.
         env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         env["ALMA_TRITON_TOKEN_FILE"] = str(self.token_file)
+        if self.niceness:
+            env[NICENESS_ENV] = str(self.niceness)  # each version's backend process, once loaded
         return env
 
     def start(self) -> None:
@@ -217,7 +221,6 @@ class TritonServer(RecordedServer):
         self.repository.mkdir(parents=True, exist_ok=True)
         self.report(f"starting Triton on {self.host}:{self.port} (its log: {self.log_path})")
         super().start()
-        self.lower_priority_once_serving()
 
     def prepare_token(self) -> None:
         """Write this server's token where no file is named and none is written yet; it must be readable."""

@@ -15,6 +15,7 @@ import traceback
 
 import triton_python_backend_utils as pb_utils
 
+from alma_daemon.infra.priority import lower_priority_once_loaded
 from serving.codecs import RequestError
 from serving.triton_model.served import ServedVersion
 
@@ -27,6 +28,7 @@ class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
         self.served = ServedVersion.from_backend_args(args)
         pb_utils.Logger.log_info(f"{args.get('model_name')} serves checkpoint version {self.served.version}")
+        lower_priority_once_loaded()
 
     def execute(self, requests: list) -> list:
         return [self._answer(request) for request in requests]
