@@ -494,7 +494,7 @@ def markdown(summary: dict[str, dict | None], judged: dict | None, meta: dict) -
             f"The team's network itself, trained once offline from scratch on the last {NETWORK_WINDOWS[-1]} chunks, "
             f"reaches a test PR-AUC of {network['test_pr_auc']['mean']:.3f} "
             f"({network['test_pr_auc']['mean'] / judged['its test PR-AUC']:.0%} of the best logistic regression's): "
-            "the gap between it and the logistic regression is the network's own on this few frauds, the gap "
+            "what lies between it and the logistic regression is the network's own on this few frauds, what lies "
             "between it and the example's figure the stream's recipe's (stages on a few chunks each, a network "
             "that learned the old rule).",
             "",
