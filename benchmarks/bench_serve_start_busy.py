@@ -319,6 +319,7 @@ def one_triton_start(mode: str, folder: Path, version: TritonVersion, before_cap
             row["outcome"] = f"load of {name} failed or timed out ({LOAD_TIMEOUT_SECONDS:.0f} s): " + (
                 f"loaded after {waited} s" if ready else f"not loaded after {waited} s"
             )
+            row["error"] = str(err).splitlines()[0][:300]
         return row
     finally:
         server.stop()

@@ -55,7 +55,7 @@ SERVER_KINDS: dict[str, ServerKind] = {
     "oip": ServerKind(
         "Model server",
         "serving.inference_url",
-        "start one with `alma serve --kind kserve` (same --config), set serving.inference_url to a running "
+        "start one with `alma serve` (same --config: it starts the server serving.kind names), set serving.inference_url to a running "
         "Open Inference Protocol server (KServe, MLServer, Triton), or serve in process with serving.kind: local",
     ),
     "metrics": ServerKind(

@@ -79,7 +79,7 @@ class TritonServer(RecordedServer):
     pid_file = PID_FILE
     start_timeout = START_TIMEOUT_SECONDS
     stall_timeout = STALL_SECONDS
-    #: Lowered by :meth:`start` once the server answers, not by ``nice`` from its first instruction.
+    #: Each version's backend process lowers its own priority once loaded (``NICENESS_ENV``), not ``nice``.
     lowers_own_priority = True
 
     def __init__(
@@ -209,7 +209,7 @@ class TritonServer(RecordedServer):
         return env
 
     def start(self) -> None:
-        """Start the server and wait until it answers ``/v2/health/live``, then lower its priority;
+        """Start the server at normal priority and wait until it answers ``/v2/health/live``;
         refused while one runs from this folder, and with one line naming what to do where Triton is not
         installed, the token file cannot be read or the address cannot be listened on."""
         install = self.install
