@@ -1,6 +1,6 @@
 """The config reference, generated from one source: the config models' field descriptions.
 
-``alma config docs`` writes docs/config.md (a table per section: key, default, description; the learner
+``alma config docs`` writes docs/config.md (a list per section: key, default, description; the learner
 and policy sections per plugin) and config.yaml (every key with its default, the descriptions as
 comments; the keys of the learners and policies other than the defaults commented out). Edit a key's
 ``Field(description=...)`` in its model (alma_daemon/config/sections.py, each learner's and policy's
@@ -209,18 +209,28 @@ def config_yaml() -> str:
 
 
 def _code(text: str) -> str:
-    return "`" + text.replace("|", "\\|") + "`"
+    return "`" + text + "`"
 
 
 def _cell(text: str) -> str:
-    """``text`` as Markdown shows it: ``<name>`` is no HTML tag, ``SASL_*`` no emphasis, ``|`` no column."""
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("*", "\\*").replace("|", "\\|")
+    """``text`` as Markdown shows it: ``<name>`` is no HTML tag, ``SASL_*`` no emphasis."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("*", "\\*")
+
+
+def _wrap(text: str, indent: str = "") -> str:
+    """``text`` wrapped at WIDTH, later lines indented by ``indent`` (a list item's continuation)."""
+    return "\n".join(
+        textwrap.wrap(text, WIDTH, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False)
+    )
+
+
+def _item(name: str, default: str, description: str) -> str:
+    """One key as a list item: its name, its default, its description, wrapped at WIDTH."""
+    return _wrap(f"- `{name}` (default {default}): {_cell(description)}", "  ")
 
 
 def _table(model: Any, prefix: str, skip: tuple[str, ...] = ()) -> list[str]:
-    rows = ["| Key | Default | Description |", "|---|---|---|"]
-    rows += _rows(model, prefix, skip)
-    return rows
+    return _rows(model, prefix, skip)
 
 
 def _rows(model: Any, prefix: str, skip: tuple[str, ...] = ()) -> list[str]:
@@ -232,19 +242,19 @@ def _rows(model: Any, prefix: str, skip: tuple[str, ...] = ()) -> list[str]:
         if dataclasses.is_dataclass(nested):
             rows += _rows(type(nested), f"{prefix}{key.name}.")
         else:
-            rows.append(f"| `{prefix}{key.name}` | {_code(key.default)} | {_cell(key.description)} |")
+            rows.append(_item(f"{prefix}{key.name}", _code(key.default), key.description))
     return rows
 
 
 def config_markdown() -> str:
-    """The text of docs/config.md: one table per section, the learner and policy sections per plugin."""
+    """The text of docs/config.md: one list per section, the learner and policy sections per plugin."""
     parts = [MARKDOWN_HEADER]
     values = []
     for name, model, description in _sections():
         if model is None:
             values.append(name)
             continue
-        parts.append(f"## {name}\n\n{_cell(description)}\n")
+        parts.append(f"## {name}\n\n{_wrap(_cell(description))}\n")
         if name not in KINDS:
             parts.append("\n".join(_table(model, f"{name}.")) + "\n")
             continue
@@ -259,18 +269,14 @@ def config_markdown() -> str:
             doc = " ".join((plugin_model.__doc__ or "").split())
             own = _rows(plugin_model, f"{name}.", common)
             body = "\n".join(_table(plugin_model, f"{name}.", common)) if own else "No keys of its own."
-            parts.append(f"### {name} `{plugin}`\n\n{_cell(doc)}\n\n{body}\n")
+            parts.append(f"### {name} `{plugin}`\n\n{_wrap(_cell(doc))}\n\n{body}\n")
     if values:
         parts.append("## Top-level keys\n\n" + "\n".join(_table_of(values)) + "\n")
     return "\n".join(parts)
 
 
 def _table_of(names: list[str]) -> list[str]:
-    rows = ["| Key | Default | Description |", "|---|---|---|"]
-    for key in keys(Config):
-        if key.name in names:
-            rows.append(f"| `{key.name}` | {_code(key.default)} | {_cell(key.description)} |")
-    return rows
+    return [_item(key.name, _code(key.default), key.description) for key in keys(Config) if key.name in names]
 
 
 def reference_files() -> dict[str, str]:
