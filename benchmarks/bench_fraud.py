@@ -7,8 +7,8 @@ from day 30, the rows shuffled), and:
 - **alma-daemon** backtests it with ``examples/table/fraud-rare.yaml`` (cost 50 per fraud missed and 1
   per false alarm, class weights 1:50, 10 chunks, the team MLP of examples/custom/tabular.py) through
   ``alma simulate``'s engine, in this process (alma_daemon/research/run_pool.py, one torch thread a run),
-  under each configuration of :data:`CONFIGURATIONS`: the example as it is (adaptive), fixed wait 1,
-  forecast, and a nightly retrain from scratch on the whole history so far (the reference). Each gives
+  under each configuration of :data:`CONFIGURATIONS`: the example as it is (fixed wait 1 on the last 3
+  chunks), adaptive, forecast, and a nightly retrain from scratch on the whole history so far (the reference). Each gives
   the final model's test PR-AUC, recall, precision and cost (``final_test_measures``, ``final_test_cost``)
   and the cumulative (and mean) prequential cost: every chunk measured before the model trains on it;
 - **offline references** get the same chunks and test set as alma cuts them
@@ -25,15 +25,17 @@ Every alma run also learns a River linear reference (``StandardScaler | Logistic
 beside the network, on the same chunks (``reference.kind: auto``); the table reads its cumulative and served
 prequential cost from the example's runs (``cumulative_reference_cost``, ``served_reference_cost``) as a
 row of its own. The served cost is the mean prequential cost over the second half of the chunks (6-10,
-after the new fraud rule). The example trains each stage on its own chunks, stops early on their held-out
-share, and keeps a from-scratch candidate where it validates better (``train.scratch_candidate``); the
-``service-recipe``, ``fine-tune-only`` and ``skew-kept`` configurations take one of those choices back each
-(a team task's default replay and pooled validation set; the candidate; the skewed features' power
-transform). The example's settings were chosen on history seeds 6-8.
+after the new fraud rule). The example trains a stage at every chunk on the last 3 chunks (a window
+replay set), stops early on the stage's held-out share, and keeps a from-scratch candidate where it
+validates better (``train.scratch_candidate``); the ``own-chunks``, ``service-recipe``, ``fine-tune-only``
+and ``skew-kept`` configurations take one of those choices back each (adaptive on each stage's own
+chunks, the example before; a team task's default replay and pooled validation set; the candidate; the
+skewed features' power transform). The example's settings were chosen on history seeds 6-8.
 
 The issue's target, judged on the means over the seeds: the example's test PR-AUC within 10 % of the best
 logistic regression's (every variant and window), and its cumulative prequential cost below flagging
-nothing's and the nightly retrain's. The seeds (default 1-5) were used to choose no constant: the
+nothing's and the River linear reference's (beside it: the nightly retrain's, and the reference's on the
+chunks after the first). The seeds (default 1-5) were used to choose no constant: the
 generator's constants were set on seed 0 alone, the example's settings on seeds 6-8.
 
 Finished runs are kept in ``--runs`` (a JSON cache by key: seed, the history's and the config file's
@@ -71,12 +73,21 @@ MISSING_SKLEARN = 'bench_fraud.py needs scikit-learn for its offline references:
 
 #: name -> (what it is, config overrides by dotted key)
 CONFIGURATIONS: dict[str, tuple[str, dict[str, Any]]] = {
-    "example": ("alma, the example as it is (adaptive)", {}),
-    "fixed-1": ("alma, fixed wait 1", {"policy.name": "fixed", "policy.wait": 1}),
+    "example": ("alma, the example as it is (fixed wait 1, the last 3 chunks)", {}),
+    "adaptive": ("alma, adaptive", {"policy.name": "adaptive"}),
     "forecast": ("alma, forecast", {"policy.name": "forecast"}),
+    "own-chunks": (
+        "alma, adaptive, each stage on its own chunks (the example before)",
+        {"policy.name": "adaptive", "stream.replay": False, "stream.replay_keep": None, "stream.replay_examples": None},
+    ),
     "service-recipe": (
-        "alma, the example under a team task's default recipe (replay, pooled validation set)",
-        {"stream.replay": None, "stream.validation_examples": None},
+        "alma, the example under a team task's default recipe (class-aware replay, pooled validation set)",
+        {
+            "stream.replay": None,
+            "stream.replay_keep": None,
+            "stream.replay_examples": None,
+            "stream.validation_examples": None,
+        },
     ),
     "fine-tune-only": (
         "alma, the example without its from-scratch candidate (train.scratch_candidate: false)",
@@ -88,7 +99,12 @@ CONFIGURATIONS: dict[str, tuple[str, dict[str, Any]]] = {
     ),
     "nightly": (
         "alma, nightly retrain (fixed wait 1, from scratch, replay all)",
-        {"policy.name": "fixed", "policy.wait": 1, "train.from_scratch": True, "stream.replay": True},
+        {
+            "train.from_scratch": True,
+            "train.scratch_candidate": False,
+            "stream.replay_keep": "all",
+            "stream.replay_examples": None,
+        },
     ),
 }
 QUICK_CONFIGURATIONS = ["example", "nightly"]
@@ -344,6 +360,7 @@ FIELDS = [
     "test_precision",
     "test_cost",
     "cumulative_prequential_cost",
+    "cost_after_first_chunk",
     "mean_prequential_cost",
     "served_cost",
 ]
@@ -371,13 +388,24 @@ def contenders(runs: dict[str, dict], configurations: list[str], seeds: list[int
     return rows
 
 
+def field_value(record: dict, field: str) -> float | None:
+    """A record's ``field``; ``cost_after_first_chunk`` is derived: the prequential cost summed over the
+    chunks after the first. Before the first stage the daemon serves no version, while the simulated first
+    chunk is measured on the untrained network (the paper's CER counts it): a network at random flags about
+    half the transactions where River's untrained reference, its weights at zero, flags none."""
+    if field == "cost_after_first_chunk":
+        costs = record.get("prequential_cost")
+        return None if not costs or any(c is None for c in costs) else sum(costs[1:])
+    return record.get(field)
+
+
 def summarized(records: list[dict | None]) -> dict | None:
     """Mean, standard deviation (over the seeds, n - 1) and per-seed values of each field."""
     if any(r is None for r in records):
         return None
     out: dict[str, Any] = {}
     for field in FIELDS:
-        values = [r.get(field) for r in records if r is not None]
+        values = [field_value(r, field) for r in records if r is not None]
         if any(v is None for v in values):
             continue
         out[field] = {
@@ -416,25 +444,31 @@ def verdicts(summary: dict[str, dict | None], configurations: list[str]) -> dict
         "cumulative prequential cost below flagging nothing's": cumulative
         < nothing["cumulative_prequential_cost"]["mean"],
     }
-    nightly = summary.get(CONFIGURATIONS["nightly"][0]) if "nightly" in configurations else None
-    if nightly is not None:
-        result["cumulative prequential cost below the nightly retrain's"] = (
-            cumulative < nightly["cumulative_prequential_cost"]["mean"]
-        )
-    result["met"] = all(v for k, v in result.items() if isinstance(v, bool))
     reference = summary.get(REFERENCE_ROW)
     if reference is not None:
-        ours_served = example.get("served_cost")
         result["the River linear reference's cumulative prequential cost"] = reference["cumulative_prequential_cost"][
             "mean"
         ]
-        result["cumulative prequential cost at or below the River linear reference's (not in the target)"] = (
-            cumulative <= reference["cumulative_prequential_cost"]["mean"]
+        result["cumulative prequential cost below the prequential River linear reference's"] = (
+            cumulative < reference["cumulative_prequential_cost"]["mean"]
         )
-        if ours_served is not None and "served_cost" in reference:
-            result["served cost at or below the River linear reference's (not in the target)"] = (
-                ours_served["mean"] <= reference["served_cost"]["mean"]
-            )
+    result["met"] = all(v for k, v in result.items() if isinstance(v, bool))
+    # Beside the target: the nightly retrain, and the reference on the chunks a version was served on.
+    nightly = summary.get(CONFIGURATIONS["nightly"][0]) if "nightly" in configurations else None
+    if nightly is not None:
+        result["cumulative prequential cost below the nightly retrain's (beside the target)"] = (
+            cumulative < nightly["cumulative_prequential_cost"]["mean"]
+        )
+    after_first = example.get("cost_after_first_chunk")
+    if reference is not None and after_first is not None and "cost_after_first_chunk" in reference:
+        result["prequential cost after chunk 1 below the River linear reference's (beside the target)"] = (
+            after_first["mean"] < reference["cost_after_first_chunk"]["mean"]
+        )
+    ours_served = example.get("served_cost")
+    if reference is not None and ours_served is not None and "served_cost" in reference:
+        result["served cost below the River linear reference's (beside the target)"] = (
+            ours_served["mean"] < reference["served_cost"]["mean"]
+        )
     return result
 
 
@@ -460,13 +494,16 @@ def markdown(summary: dict[str, dict | None], judged: dict | None, meta: dict) -
         "Mean ± standard deviation over the seeds. Test figures: the final model on the test set; prequential: "
         "each chunk measured before the model trains on it (cumulative: the sum over the 10 chunks).",
         "",
+        "Cost after chunk 1: the prequential cost summed over chunks 2-10, those a version was served on (the "
+        "first is measured on the untrained network, as the paper's CER counts it; the daemon serves none then).",
+        "",
         "| contender | test PR-AUC | test recall | test precision | test cost | cumulative prequential cost | "
-        "mean prequential cost | served cost (chunks 6-10) | stages | s a run |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "cost after chunk 1 | mean prequential cost | served cost (chunks 6-10) | stages | s a run |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for label, row in summary.items():
         if row is None:
-            lines.append(f"| {label} | not run (or not recorded) | | | | | | | | |")
+            lines.append(f"| {label} | not run (or not recorded) | | | | | | | | | |")
             continue
         cells = [cell(row.get(field)) for field in FIELDS]
         stages = f"{row['stages']:.1f}" if "stages" in row else ""
@@ -489,14 +526,14 @@ def markdown(summary: dict[str, dict | None], judged: dict | None, meta: dict) -
         lines += ["", f"Target {'met' if judged['met'] else 'MISSED'}.", ""]
     network = summary.get(REFERENCE_NAMES[f"mlp-weighted-{NETWORK_WINDOWS[-1]}"])
     if network is not None and judged is not None:
+        ours = judged["the example's test PR-AUC"]
         # Splits the gap: what the network can do on these rows at all, and what the stream's recipe loses.
         lines += [
             f"The team's network itself, trained once offline from scratch on the last {NETWORK_WINDOWS[-1]} chunks, "
             f"reaches a test PR-AUC of {network['test_pr_auc']['mean']:.3f} "
             f"({network['test_pr_auc']['mean'] / judged['its test PR-AUC']:.0%} of the best logistic regression's): "
             "what lies between it and the logistic regression is the network's own on this few frauds, what lies "
-            "between it and the example's figure the stream's recipe's (stages on a few chunks each, a network "
-            "that learned the old rule).",
+            f"between it and the example's ({ours:.3f}) the stream's recipe's.",
             "",
         ]
     return "\n".join(lines)

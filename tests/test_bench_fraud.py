@@ -117,6 +117,12 @@ def test_the_benchmark_judges_the_issue_target_on_the_means():
     }
     judged = bench.verdicts(summary, ["example", "nightly"])
     assert judged["best logistic regression"] == names["lr-weighted-3"] and judged["met"]
+    # The prequential River reference is part of the target; the nightly retrain stands beside it.
+    behind_reference = bench.verdicts({**summary, bench.REFERENCE_ROW: row(None, 1.5)}, ["example", "nightly"])
+    assert not behind_reference["cumulative prequential cost below the prequential River linear reference's"]
+    assert not behind_reference["met"]
+    summary[labels["nightly"]] = row(0.5, 1.9)
+    assert bench.verdicts(summary, ["example", "nightly"])["met"]
     summary[labels["example"]] = row(0.5, 2.0)  # 83 % of the best logistic regression's
     judged = bench.verdicts(summary, ["example", "nightly"])
     assert not judged["PR-AUC within 10 % of the best logistic regression's"] and not judged["met"]
