@@ -36,18 +36,17 @@ from pathlib import Path
 
 import psutil
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # the package, from a checkout without an install
+from alma_daemon.data.datasets import MNIST_TASK, load_dataset
+from alma_daemon.data.events import decode_event, encode_events
+from alma_daemon.data.wire import StreamSchema
+from alma_daemon.infra.redis_keys import StreamKeys
+from alma_daemon.local_servers.servers import KafkaBroker, RedisServer
+from alma_daemon.service.ingest.cutter import EventStream
+from alma_daemon.service.ingest.worker import IngestLimits, IngestWorker
+from alma_daemon.transports.kafka import CONSUMER_SETTINGS, KafkaPublisher, KafkaSource
+from alma_daemon.transports.replay import ReplayChunk, replay
 
-from alma_daemon.data.datasets import MNIST_TASK, load_dataset  # noqa: E402
-from alma_daemon.data.events import decode_event, encode_events  # noqa: E402
-from alma_daemon.data.wire import StreamSchema  # noqa: E402
-from alma_daemon.infra.redis_keys import StreamKeys  # noqa: E402
-from alma_daemon.local_servers.servers import KafkaBroker, RedisServer  # noqa: E402
-from alma_daemon.service.ingest.cutter import EventStream  # noqa: E402
-from alma_daemon.service.ingest.worker import IngestWorker  # noqa: E402
-from alma_daemon.transports.kafka import CONSUMER_SETTINGS, KafkaPublisher, KafkaSource  # noqa: E402
-from alma_daemon.transports.replay import ReplayChunk, replay  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 STREAM = "cifar"
 TOPIC = "bench.cifar"
@@ -118,7 +117,7 @@ def alma_ingest_seconds(broker: KafkaBroker, client, records: int) -> float:
     empty_redis(client)
     keys = StreamKeys(STREAM)
     schema = StreamSchema("labeled", (32, 32, 3), num_classes=10)
-    worker = IngestWorker(KafkaSource(broker.bootstrap_servers, TOPIC), client, keys, schema, max_buffer_bytes=1 << 34)
+    worker = IngestWorker(KafkaSource(broker.bootstrap_servers, TOPIC), client, keys, schema, IngestLimits(1 << 34))
     start = time.perf_counter()
     handled = 0
     while handled < records:
@@ -247,7 +246,7 @@ def alma_events_seconds(broker: KafkaBroker, client, records: int) -> float:
         client,
         keys,
         EVENT_SCHEMA,
-        max_buffer_bytes=1 << 34,
+        IngestLimits(1 << 34),
         events=EventStream(chunk_examples=500, chunk_seconds=None),
     )
     start = time.perf_counter()

@@ -20,7 +20,7 @@ version with the publisher's own guard (``Publisher.guard``), keeping its own li
 The settings: the guard before the paired test (``promotion_margin`` 0.01 on the version's own
 sample: ``promotion_alpha`` 1, ``promotion_min_examples`` 1), the default, and variations of each
 key; for the drift stream also the default without the exception for the newest examples
-(serving/guard.py). Seeds set ``seed`` and ``stream.seed``; a run takes about 3 minutes a seed on
+(serving/publishing/guard.py). Seeds set ``seed`` and ``stream.seed``; a run takes about 3 minutes a seed on
 one core; the figures are decisions, not timings.
 
     python benchmarks/bench_promotion_guard.py [--seeds 0 1 2] [--chunks 500] [--drift-at 101] [--drift-chunks 40]
@@ -73,9 +73,9 @@ from alma_daemon.research.simulate import SimulatedStream, labeled_stream
 from alma_daemon.seeding import derive_seed
 from alma_daemon.training.loop import Trainer
 from alma_daemon.training.optim import resolve_optimizer_name
-from serving.guard import PromotionGuard, Verdict
-from serving.local_publisher import LocalPublisher
-from serving.publisher import Candidate
+from serving.publishing.guard import PromotionGuard, Verdict
+from serving.publishing.local import LocalPublisher
+from serving.publishing.publisher import Candidate
 
 SERVICE_CONFIG = "examples/service.yaml"
 DEFAULT = PromotionGuard()

@@ -29,8 +29,8 @@ from prometheus_client.openmetrics.exposition import generate_latest as generate
 from prometheus_client.parser import text_string_to_metric_families
 
 from alma_daemon.config import build_config
+from alma_daemon.metrics import REGISTRY
 from alma_daemon.observability.exporter import MetricsObserver, start_exporter
-from alma_daemon.observability.telemetry import REGISTRY
 from alma_daemon.research.simulate import run_simulation
 
 STREAM = [

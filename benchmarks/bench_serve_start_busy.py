@@ -20,7 +20,7 @@ average at each start's beginning is recorded (the machine may be shared: other 
 ``--server torchserve`` measures TorchServe (alma_daemon/local_servers/torchserve.py) the same way, on
 free loopback ports at ``serving.niceness`` 19: ``before`` under ``nice -n 19`` from its first
 instruction with a fixed wait of 120 s for ``/ping``; ``after`` at normal priority, each worker
-taking 19 once its version is loaded (serving/handler.py), and a wait that lasts as long as it keeps
+taking 19 once its version is loaded (serving/runtimes/torchserve_handler.py), and a wait that lasts as long as it keeps
 using CPU. Measured per start: seconds from the spawn to ``/ping`` answering (``start``), the first
 load (``first load``: the publisher's client registering version 1 of the same MLP, synchronously:
 it returns once the version's worker is loaded),
@@ -31,11 +31,11 @@ checked against the MLP in process).
 virtualenv) the same way, on a free loopback port at ``serving.niceness`` 19: ``before`` under ``nice -n
 19`` from its first instruction (its Python-backend processes inherit it) with a fixed wait of 120 s
 for ``/v2/health/live`` and ``ALMA_SERVING_NICENESS`` unset; ``after`` at normal priority, each
-version's Python-backend process taking 19 once its checkpoint is loaded (serving/triton_model/model.py),
+version's Python-backend process taking 19 once its checkpoint is loaded (serving/runtimes/triton/model.py),
 and a wait that lasts as long as it keeps using CPU. Measured per start: seconds from the spawn to
 ``/v2/health/live`` answering (``start``), the first load (``first load``: the OIP client's load of
 ``alma-v1``, the same MLP, its folder written in Triton's model repository first as the publisher
-writes it: serving/triton_repository.py; it returns once the version's backend process has loaded it),
+writes it: serving/runtimes/triton/repository.py; it returns once the version's backend process has loaded it),
 the switch (``switch``: the default file and the ensemble ``alma`` written, then ``alma`` loaded) and
 the first inference request to ``alma`` (``first answer``, checked against the MLP in process). The
 niceness of the backend process (and of its session's autogroup) after that answer is recorded too.
@@ -74,21 +74,20 @@ from alma_daemon.local_servers.kserve import KServeServer
 from alma_daemon.local_servers.processes import ServerStartError, group_members
 from alma_daemon.local_servers.torchserve import TorchServeServer
 from alma_daemon.local_servers.triton import TritonServer
-from serving.archiver import build_archive
-from serving.codecs import codec_for, max_abs_difference
-from serving.oip_client import LOAD_TIMEOUT_SECONDS, OipClient, OipError
-from serving.oip_codec import oip_codec_for
-from serving.oip_names import DEFAULT_FILE, versioned_name, write_default
-from serving.oip_publisher import PROBE_TOLERANCE as OIP_PROBE_TOLERANCE
-from serving.oip_token import RepositoryToken
-from serving.torchserve_publisher import (
+from serving.protocols.codecs import codec_for, max_abs_difference
+from serving.protocols.repository_token import RepositoryToken
+from serving.protocols.triton_token import TritonToken
+from serving.protocols.version_names import DEFAULT_FILE, versioned_name, write_default
+from serving.publishing.archiver import build_archive
+from serving.publishing.oip import LOAD_TIMEOUT_SECONDS, OipClient, OipError
+from serving.publishing.oip import PROBE_TOLERANCE as OIP_PROBE_TOLERANCE
+from serving.publishing.torchserve import (
     PROBE_TOLERANCE,
     REGISTER_TIMEOUT_SECONDS,
     TorchServeClient,
     TorchServeError,
 )
-from serving.triton_repository import TritonRepository, repository_root
-from serving.triton_token import TritonToken
+from serving.runtimes.triton.repository import TritonRepository, repository_root
 
 MODEL = "alma"
 NICENESS = 19
@@ -205,8 +204,8 @@ class TorchServeVersion:
         self.archive = build_archive(store.path(1), MODEL, 1, root / "archives")
         codec = codec_for(MNIST_TASK)
         x = torch.randint(0, 256, (4, *MNIST_TASK.input_shape), generator=torch.Generator().manual_seed(0))
-        self.request = codec.encode_request(x.to(torch.uint8))
-        self.expected = codec.answer(learner, self.request)
+        self.request = codec.encode_json(x.to(torch.uint8))
+        self.expected = codec.answer_json(learner, self.request)
 
 
 def one_torchserve_start(mode: str, folder: Path, version: TorchServeVersion, before_cap: float) -> dict[str, object]:
@@ -236,7 +235,7 @@ def one_torchserve_start(mode: str, folder: Path, version: TorchServeVersion, be
         began = time.monotonic()
         answer = client.predict(MODEL, None, version.request)
         row["first_answer"] = round(time.monotonic() - began, 2)
-        difference = max_abs_difference(codec.decode_response(version.expected), codec.decode_response(answer))
+        difference = max_abs_difference(codec.decode_json(version.expected), codec.decode_json(answer))
         if not difference <= PROBE_TOLERANCE:
             row["outcome"] = f"answered differently (largest difference {difference:.3g})"
             return row
@@ -264,10 +263,10 @@ class TritonVersion:
         self.store_root = store_root
         self.store = CheckpointStore(store_root, MODEL)
         self.store.save(learner, 1, {"val_error": 0.5, "kind": "finetune"})
-        self.codec = oip_codec_for(MNIST_TASK)
+        self.codec = codec_for(MNIST_TASK)
         x = torch.randint(0, 256, (4, *MNIST_TASK.input_shape), generator=torch.Generator().manual_seed(0))
-        self.request = self.codec.encode_request(x.to(torch.uint8))  # raw pixels, UINT8 as Triton's config asks
-        self.expected = self.codec.answered_in_process(learner, self.request)
+        self.request = self.codec.encode_oip(x.to(torch.uint8))  # raw pixels, UINT8 as Triton's config asks
+        self.expected = self.codec.answer_oip_in_process(learner, self.request)
 
     def forget(self) -> None:
         """No default and no repository folders: the next start is a first one."""
@@ -306,7 +305,7 @@ def one_triton_start(mode: str, folder: Path, version: TritonVersion, before_cap
         answer = client.infer(MODEL, version.request)
         row["first_answer"] = round(time.monotonic() - began, 2)
         row["backend_niceness"] = backend_niceness(server)
-        difference = max_abs_difference(version.expected, version.codec.decode_response(answer))
+        difference = max_abs_difference(version.expected, version.codec.decode_oip(answer))
         if not difference <= OIP_PROBE_TOLERANCE:
             row["outcome"] = f"answered differently (largest difference {difference:.3g})"
             return row

@@ -87,10 +87,10 @@ from alma_daemon.local_servers.torchserve import TorchServeServer
 from alma_daemon.local_servers.triton import TritonServer
 from alma_daemon.local_servers.triton_install import triton_python
 from alma_daemon.training.loop import Trainer
-from serving import make_publisher
-from serving.background import BackgroundPublisher
-from serving.oip_codec import oip_codec_for
-from serving.publisher import Publisher
+from serving.protocols.codecs import codec_for
+from serving.publishing import make_publisher
+from serving.publishing.background import BackgroundPublisher
+from serving.publishing.publisher import Publisher
 
 CLIENTS = 4
 MODEL = "alma"
@@ -218,7 +218,7 @@ SERVERS: dict[str, ServerKind] = {
         "KServe",
         start_kserve,
         f"/v2/models/{MODEL}/infer",
-        lambda task, x: oip_codec_for(task).encode_request(x),
+        lambda task, x: codec_for(task).encode_oip(x),
         kserve_rows,
         kserve_default,
     ),
@@ -227,7 +227,7 @@ SERVERS: dict[str, ServerKind] = {
         "Triton",
         start_triton,
         f"/v2/models/{MODEL}/infer",
-        lambda task, x: oip_codec_for(task).encode_request(x),
+        lambda task, x: codec_for(task).encode_oip(x),
         kserve_rows,
         kserve_default,
     ),

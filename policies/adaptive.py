@@ -36,7 +36,7 @@ length decide alike. Its counts and error sums are its persisted state.
 from __future__ import annotations
 
 import math
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 from pydantic.dataclasses import dataclass
@@ -112,11 +112,11 @@ class Adaptive(Policy):
         self.detector = build_detector(config.drift_detector)
 
     @classmethod
-    def contract_configs(cls) -> list[dict]:
+    def contract_configs(cls) -> list[dict[str, Any]]:
         return [{}, {"drift_detector": "page_hinkley"}, {"drift_detector": "adwin"}]
 
     # -- persistence ------------------------------------------------------------------------------
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         return {
             "seen": self.seen,
             "trained": self.trained,
@@ -128,7 +128,7 @@ class Adaptive(Policy):
             "drift_detector": self.detector.state_dict(),
         }
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.seen = int(state.get("seen", 0))
         self.trained = int(state.get("trained", 0))
         start = state.get("regime_start")
@@ -194,7 +194,7 @@ class Adaptive(Policy):
         """The growing wait's ratio: pending chunks per chunk trained on since the regime started."""
         return RATIO
 
-    def stage_pays(self, state: PolicyState, scale: MeasureScale, estimates: dict) -> tuple[bool, str]:
+    def stage_pays(self, state: PolicyState, scale: MeasureScale, estimates: dict[str, float]) -> tuple[bool, str]:
         """Whether a stage that the growing wait allows is worth its compute, and why (text for the
         reason; empty: nothing to add). ``estimates`` takes the numbers it decided from."""
         return True, ""
@@ -210,14 +210,14 @@ class Adaptive(Policy):
         """Pending chunks the next stage waits for."""
         return geometric_threshold(self.wait_ratio(scale), self.trained)
 
-    def _export_means(self, kind: str, estimates: dict) -> None:
+    def _export_means(self, kind: str, estimates: dict[str, float]) -> None:
         """The live and previous models' mean errors, as estimates (error rates only; NaN where none)."""
         if kind == "error":
             estimates["live_error"] = self.live.mean if self.live.chunks else math.nan
             estimates["previous_error"] = self.previous.mean if self.previous and self.previous.chunks else math.nan
 
     def _drift(
-        self, value: float, examples: int, unit_variance: float | None, scale: MeasureScale, estimates: dict
+        self, value: float, examples: int, unit_variance: float | None, scale: MeasureScale, estimates: dict[str, float]
     ) -> str | None:
         """Why the newest chunk signals a drift, or None. It is compared with the live model's errors
         so far, or right after a stage (none yet) with the previous model's."""
@@ -244,7 +244,7 @@ class Adaptive(Policy):
         why = self.detector.why()
         return f"{reason}; {why}" if why else reason
 
-    def _stage_gain(self, scale: MeasureScale, estimates: dict) -> str:
+    def _stage_gain(self, scale: MeasureScale, estimates: dict[str, float]) -> str:
         """The last stage's measured gain, as text for the reason."""
         if self.previous is None or self.last_stage_drifted is not False:
             return ""
@@ -265,7 +265,9 @@ class Adaptive(Policy):
         )
         return text
 
-    def _train(self, state: PolicyState, reason: str, estimates: dict, value: float, *, drift: bool) -> Decision:
+    def _train(
+        self, state: PolicyState, reason: str, estimates: dict[str, float], value: float, *, drift: bool
+    ) -> Decision:
         scale = MeasureScale(state.measure)
         pending = state.chunks_pending
         trained_before = self.trained

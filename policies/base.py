@@ -62,7 +62,7 @@ class Decision:
 
     Built with :meth:`wait`, :meth:`train` or :meth:`grow`. ``estimates`` holds the numbers a policy
     decided from, by name (exported as metrics where
-    :data:`alma_daemon.observability.telemetry.POLICY_ESTIMATES` names them); most policies have none.
+    :data:`alma_daemon.metrics.POLICY_ESTIMATES` names them); most policies have none.
     """
 
     action: Action
@@ -164,9 +164,9 @@ class Policy(ABC):
             reason += f"; grow at stage {stage} (grow_every={self.config.grow_every})"
         return Decision.grow(reason) if grow else Decision.train(reason)
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         """Internal state to persist across daemon restarts (JSON-able)."""
         return {}
 
-    def load_state_dict(self, state: dict) -> None:  # noqa: B027 (stateless policies need not override it)
+    def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: B027 (stateless policies need not override it)
         """Restore what :meth:`state_dict` returned."""

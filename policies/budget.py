@@ -13,7 +13,7 @@ reason shows the numbers. With replay every stage retrains on all kept chunks, s
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 from pydantic.dataclasses import dataclass
@@ -53,7 +53,7 @@ class Budget(Policy):
     time_based = True
 
     @classmethod
-    def contract_configs(cls) -> list[dict]:
+    def contract_configs(cls) -> list[dict[str, Any]]:
         # The contract's stream spends 1.5e10 FLOPs and 75 GPU-s per hour if trained greedily: one
         # budget is loose, the others bind so that the policy both waits and trains.
         return [

@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 from pydantic.dataclasses import dataclass
@@ -41,7 +41,7 @@ class FixedWait(Policy):
     config: FixedWaitConfig
 
     @classmethod
-    def contract_configs(cls) -> list[dict]:
+    def contract_configs(cls) -> list[dict[str, Any]]:
         return [{"wait": 1}, {"wait": 3}]
 
     def decide(self, state: PolicyState) -> Decision:

@@ -30,7 +30,7 @@ starts the curve again.
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 from pydantic.dataclasses import dataclass
@@ -91,7 +91,7 @@ def best_ratio(slope: Slope, penalty: float) -> float:
 class LearningCurve:
     """The live models' mean measures by the chunks they were trained on, since the stream or the last drift."""
 
-    def __init__(self, points: list | None = None):
+    def __init__(self, points: list[Any] | None = None):
         #: (chunks trained on, mean measure, examples measured on), one per closed stage.
         self.points: list[tuple[int, float, int]] = [(int(n), float(v), int(e)) for n, v, e in points or []]
 
@@ -163,13 +163,13 @@ class Forecast(Adaptive):
         self.curve = LearningCurve()
 
     @classmethod
-    def contract_configs(cls) -> list[dict]:
+    def contract_configs(cls) -> list[dict[str, Any]]:
         return [{}, {"compute_price": 1e-12}, {"drift_detector": "page_hinkley", "stage_penalty": 2.0}]
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "curve": [list(p) for p in self.curve.points]}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.curve = LearningCurve(state.get("curve"))
 
@@ -188,7 +188,7 @@ class Forecast(Adaptive):
     def regime_started(self) -> None:
         self.curve = LearningCurve()
 
-    def stage_pays(self, state: PolicyState, scale: MeasureScale, estimates: dict) -> tuple[bool, str]:
+    def stage_pays(self, state: PolicyState, scale: MeasureScale, estimates: dict[str, float]) -> tuple[bool, str]:
         slope = self._slope(scale)
         ratio = best_ratio(slope, self.stage_penalty)
         estimates.update(forecast_slope=slope.mean, forecast_slope_sd=slope.sd, wait_ratio=ratio)

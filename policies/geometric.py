@@ -10,7 +10,7 @@ why a growing wait beats every constant one (docs/policies.md has the measuremen
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 from pydantic.dataclasses import dataclass
@@ -54,7 +54,7 @@ class Geometric(Policy):
         self.ratio = DEFAULT_RATIO if config.ratio is None else config.ratio
 
     @classmethod
-    def contract_configs(cls) -> list[dict]:
+    def contract_configs(cls) -> list[dict[str, Any]]:
         return [{}, {"ratio": 2.0}]
 
     def decide(self, state: PolicyState) -> Decision:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from alma_daemon.measures import Measure
@@ -77,7 +77,7 @@ class ChunkMeasures:
     """One model's measures on the chunks it met before training on them, on the rules' scale: their
     example-weighted mean, and their pooled per-example variance (for measures that are not rates)."""
 
-    def __init__(self, data: dict | None = None):
+    def __init__(self, data: dict[str, Any] | None = None):
         data = data or {}
         self.total = float(data.get("total", 0.0))
         self.examples = int(data.get("examples", 0))
@@ -105,7 +105,7 @@ class ChunkMeasures:
         """The variance of :attr:`mean` on ``scale``."""
         return scale.variance(self.mean, self.examples, self.unit_variance)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         data = {"total": self.total, "examples": self.examples, "chunks": self.chunks}
         # Written only where measured, so an error-rate policy's state reads as before.
         return {**data, "variance_total": self.variance_total} if self.variance_total else data

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from apscheduler.triggers.cron import CronTrigger
@@ -68,7 +68,7 @@ class Schedule(Policy):
         self.next_fire: float | None = None
 
     @classmethod
-    def contract_configs(cls) -> list[dict]:
+    def contract_configs(cls) -> list[dict[str, Any]]:
         return [
             {"cron": "0 * * * *"},
             {"interval_seconds": 1800.0},
@@ -91,10 +91,10 @@ class Schedule(Policy):
         fired = f"fire time {self._show(due)} with {state.chunks_pending} new chunk(s); {later}"
         return self.train_decision(state, fired)
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         return {"schedule": self._describe(), "next_fire": self.next_fire}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         # A fire time computed for another schedule (the config changed across the restart) is stale.
         self.next_fire = state.get("next_fire") if state.get("schedule") == self._describe() else None
 

@@ -12,7 +12,7 @@ venv="$(dirname "$(dirname "$python_path")")"
 
 ready() {
   [ -x "$python_path" ] && "$python_path" -c "
-import mlserver, torch, serving.mlserver_runtime
+import mlserver, torch, serving.runtimes.mlserver
 assert mlserver.__version__ == '1.7.1' and torch.__version__.startswith('2.13.0'), (mlserver.__version__, torch.__version__)
 " 2>/dev/null
 }
@@ -38,6 +38,6 @@ if ! ready; then
   # the setuptools at hand where it is new enough (pyproject.toml's build-system) instead of
   # downloading one into an isolated build environment. One pip run: one resolution.
   "$python_path" -m pip install --quiet $(build_isolation) torch==2.13.0 mlserver==1.7.1 -e .
-  ready || { echo "MLServer's virtualenv in $venv does not import mlserver 1.7.1 and serving.mlserver_runtime" >&2; exit 1; }
+  ready || { echo "MLServer's virtualenv in $venv does not import mlserver 1.7.1 and serving.runtimes.mlserver" >&2; exit 1; }
 fi
 echo "MLServer's virtualenv ready in $venv ($(( $(date +%s) - started )) s)"

@@ -14,7 +14,7 @@ venv="$(dirname "$(dirname "$python_path")")"
 
 ready() {
   [ -x "$python_path" ] && "$python_path" -c "
-import pytriton, torch, safetensors, serving.triton_model.served
+import pytriton, torch, safetensors, serving.runtimes.triton.served
 from importlib.metadata import version
 assert version('nvidia-pytriton') == '0.7.0' and torch.__version__.startswith('2.13.0'), (version('nvidia-pytriton'), torch.__version__)
 " 2>/dev/null
@@ -40,7 +40,7 @@ if ! ready; then
   # torch is pinned to the local CPU wheel (as in pyproject.toml): no CUDA packages. The checkout is
   # built with the setuptools at hand where it is new enough, without an isolated build environment.
   "$python_path" -m pip install --quiet $(build_isolation) torch==2.13.0 -e ".[triton]"
-  ready || { echo "Triton's virtualenv in $venv does not import nvidia-pytriton 0.7.0, torch and serving.triton_model" >&2; exit 1; }
+  ready || { echo "Triton's virtualenv in $venv does not import nvidia-pytriton 0.7.0, torch and serving.runtimes.triton" >&2; exit 1; }
 fi
 # The Python backend's stub embeds the interpreter's shared library (libpython3.X.so): a Python built
 # without one cannot run it (alma_daemon/local_servers/triton.py says so at start too).

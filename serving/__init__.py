@@ -1,95 +1,15 @@
 """Serving: every checkpoint the engine writes is guarded, published and made live (docs/serving.md).
 
-The daemon calls :func:`build_publisher` once and submits each checkpoint to it once the step that
-wrote it is committed; the ``alma versions`` and ``alma rollback`` commands use
-:func:`make_publisher` directly.
+Three subpackages, by where their code runs:
 
-Imports happen inside the factories: TorchServe workers import this package (through
-:mod:`serving.handler`) and must not pay for the publisher's dependencies at every start.
+- :mod:`serving.publishing`: in the daemon. The publisher's flow and its registry (``serving.kind``),
+  one module per publisher, the promotion guard, the live pointer, archives and retention.
+- :mod:`serving.runtimes`: inside a model server. One module per server runtime (TorchServe's
+  handler, KServe's model and server, MLServer's runtime, Triton's Python-backend model and its
+  repository) and the checkpoint loading they share.
+- :mod:`serving.protocols`: on both sides. The codecs (one per task kind, for TorchServe's JSON and
+  the Open Inference Protocol), how requests are read, the protocol's version names and the
+  credentials of a server's model repository.
+
+Each imports only those after it in this list (``[tool.importlinter]`` in pyproject.toml).
 """
-
-from __future__ import annotations
-
-from collections.abc import Callable
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from alma_daemon.config import Config
-    from alma_daemon.core.checkpoints import CheckpointStore
-    from serving.background import BackgroundPublisher
-    from serving.publisher import Publisher
-
-
-def make_publisher(config: Config) -> Publisher | None:
-    """The synchronous publisher for ``serving.kind`` over ``daemon.checkpoint_dir`` (None for ``none``)."""
-    from alma_daemon.core.checkpoints import CheckpointStore
-
-    factory = PUBLISHERS.get(config.serving.kind)
-    if factory is None:
-        return None
-    return factory(config, CheckpointStore(config.daemon.checkpoint_dir, config.serving.model_name))
-
-
-def _local(config: Config, store: CheckpointStore) -> Publisher:
-    from serving.local_publisher import LocalPublisher
-    from serving.publisher import guard_settings
-
-    serving = config.serving
-    return LocalPublisher(
-        store,
-        serving.promotion_margin,
-        **guard_settings(serving),
-        keep_checkpoints=config.daemon.keep_checkpoints,
-    )
-
-
-def _torchserve(config: Config, store: CheckpointStore) -> Publisher:
-    from serving.torchserve_keys import TokenKeys, key_file_path
-    from serving.torchserve_publisher import TorchServeClient, TorchServePublisher
-
-    key_file = key_file_path(config)
-    client = TorchServeClient(
-        config.serving.management_url,
-        config.serving.inference_url,
-        TokenKeys(key_file) if key_file is not None else None,
-    )
-    return TorchServePublisher(store, config.serving, client, config.daemon.keep_checkpoints)
-
-
-def _kserve(config: Config, store: CheckpointStore) -> Publisher:
-    from serving.oip_client import OipClient
-    from serving.oip_publisher import OipPublisher
-    from serving.oip_token import RepositoryToken, check_token
-
-    check_token(config)  # a token file that cannot be read: one line at the start, not at the first swap
-    client = OipClient(config.serving.inference_url, RepositoryToken.for_config(config))
-    return OipPublisher(store, config.serving, client, config.daemon.keep_checkpoints)
-
-
-def _triton(config: Config, store: CheckpointStore) -> Publisher:
-    from serving.oip_client import OipClient
-    from serving.triton_publisher import TritonPublisher
-    from serving.triton_token import TritonToken, check_token
-
-    check_token(config)
-    client = OipClient(config.serving.inference_url, TritonToken.for_config(config))
-    return TritonPublisher(store, config.serving, client, config.daemon.keep_checkpoints)
-
-
-#: ``serving.kind`` -> the publisher's factory (``none`` has none).
-PUBLISHERS: dict[str, Callable[[Config, CheckpointStore], Publisher]] = {
-    "local": _local,
-    "torchserve": _torchserve,
-    "kserve": _kserve,
-    "triton": _triton,
-}
-
-
-def build_publisher(config: Config) -> BackgroundPublisher | None:
-    """The worker that publishes each version submitted to it in the background (the daemon submits
-    through :class:`alma_daemon.service.publish_handoff.PublishHandoff`); call ``start()`` and, at
-    shutdown, ``close()`` on it. None when ``serving.kind`` is ``none``."""
-    from serving.background import BackgroundPublisher
-
-    publisher = make_publisher(config)
-    return BackgroundPublisher(publisher) if publisher is not None else None

@@ -13,13 +13,13 @@ import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
+from alma_daemon import metrics
 from alma_daemon.config import build_config, policy_config
 from alma_daemon.core.chunk_buffer import MemoryBuffer
 from alma_daemon.core.engine import Engine, EngineState
 from alma_daemon.data.datasets import MNIST_TASK
 from alma_daemon.data.streams import Chunk, partition
 from alma_daemon.learners import build_learner
-from alma_daemon.observability import telemetry
 from alma_daemon.observability.exporter import MetricsObserver, start_exporter
 from policies import build_policy
 from policies.base import PolicyState
@@ -279,7 +279,7 @@ def test_the_policy_estimates_are_exported_as_metrics():
             text = response.read().decode()
     samples = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
     estimates = engine.state.last_decision["estimates"]
-    for name, gauge in telemetry.POLICY_ESTIMATES.items():
+    for name, gauge in metrics.POLICY_ESTIMATES.items():
         exported = samples[gauge._name]  # every gauge, NaN for an estimate the last decision lacks
         expected = estimates.get(name, math.nan)
         assert exported == expected or (math.isnan(exported) and math.isnan(expected)), name

@@ -1,4 +1,4 @@
-"""A team's model module bundled beside each checkpoint (serving/bundled_model.py), as a server that
+"""A team's model module bundled beside each checkpoint (serving/runtimes/bundled_model.py), as a server that
 builds every version in one process registers it."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from serving.bundled_model import BUNDLED_SOURCE, register_bundled_module
+from serving.runtimes.bundled_model import BUNDLED_SOURCE, register_bundled_module
 
 MODULE = "alma_test_team_network"
 

@@ -26,12 +26,12 @@ from alma_daemon.local_servers.torchserve import TorchServeServer
 from alma_daemon.logs import NOTICE, KeyValueFormatter, configure_logging, error_text, print_error
 from alma_daemon.observability.progress import ProgressBar
 from alma_daemon.service import embedded_redis
-from alma_daemon.service.daemon import Daemon
+from alma_daemon.service.daemon_parts import EnginePart
 from alma_daemon.service.heartbeat import Heartbeat
 from alma_daemon.service.publish_handoff import PublishHandoff
 from alma_daemon.service.status import phase_words
 from alma_daemon.transports.kafka import KafkaPublisher
-from serving.torchserve_publisher import TorchServeClient, TorchServeError
+from serving.publishing.torchserve import TorchServeClient, TorchServeError
 from tests.helpers.daemon import PROCESS_LIMIT_SECONDS, REPO
 from tests.helpers.data import have
 from tests.helpers.servers import free_port, free_ports
@@ -221,7 +221,7 @@ def test_an_error_at_start_up_comes_after_the_bar_is_closed_never_on_its_line(
 
     monkeypatch.setattr(embedded_redis, "connect_redis", lambda config: NoRedis())
     monkeypatch.setattr(embedded_redis, "close_redis", lambda client: None)
-    monkeypatch.setattr(Daemon, "restore", fail)
+    monkeypatch.setattr(EnginePart, "restore", fail)
     assert main(["run", "--until-chunks", "20", *_run_settings(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert err.endswith("\nalma run: error: RuntimeError: restore failed\n"), err

@@ -1,7 +1,7 @@
 """KServe's model server as ``alma serve --kind kserve`` runs it lets no one in: its model repository
 (load, unload, index) answers only the publisher's token, it listens on loopback unless told otherwise,
 it starts at normal priority and yields the cores once it serves, and bad input at its start is one line
-naming the key and the fix (serving/oip_token.py, serving/repository_guard.py,
+naming the key and the fix (serving/protocols/repository_token.py, serving/runtimes/repository_guard.py,
 alma_daemon/local_servers/kserve.py).
 
 The integration tests run real servers on loopback (the ``kserve_server`` fixture, ``alma serve``);
@@ -28,12 +28,11 @@ from alma_daemon.cli import main
 from alma_daemon.config import ConfigError, build_config
 from alma_daemon.data.datasets import MNIST_TASK
 from alma_daemon.local_servers.processes import ServerProcess, ServerStartError
-from serving import make_publisher
-from serving.oip_client import OipClient, OipRefused
-from serving.oip_codec import oip_codec_for
-from serving.oip_publisher import OipPublisher
-from serving.oip_token import KEY, RepositoryToken, read_token, write_token
-from serving.repository_guard import RepositoryGuard, is_repository_path
+from serving.protocols.codecs import codec_for
+from serving.protocols.repository_token import KEY, RepositoryToken, read_token, write_token
+from serving.publishing import make_publisher
+from serving.publishing.oip import OipClient, OipPublisher, OipRefused
+from serving.runtimes.repository_guard import RepositoryGuard, is_repository_path
 from tests.helpers.servers import free_port, http_request
 from tests.helpers.serving import save_version
 
@@ -340,11 +339,11 @@ print(nices)
 
 
 def infer(url: str, x, name: str = MODEL) -> tuple[int, dict]:
-    codec = oip_codec_for(MNIST_TASK)
+    codec = codec_for(MNIST_TASK)
     status, body = http_request(
         "POST",
         f"{url}/v2/models/{name}/infer",
-        json.dumps(codec.encode_request(x)).encode(),
+        json.dumps(codec.encode_oip(x)).encode(),
         {"Content-Type": "application/json"},
     )
     return status, json.loads(body)

@@ -35,7 +35,15 @@ from alma_daemon.service.replay_thread import ReplayThread
 from alma_daemon.service.status import format_status, read_status
 from alma_daemon.transports.kafka import KafkaPublisher
 from alma_daemon.transports.redis_stream import RedisStreamPublisher, encode_entry
-from alma_daemon.transports.replay import ReplayChunk, dataset_chunks, labeled_chunks, replay, text_chunks
+from alma_daemon.transports.replay import (
+    RecordFormat,
+    ReplayChunk,
+    ReplayPace,
+    dataset_chunks,
+    labeled_chunks,
+    replay,
+    text_chunks,
+)
 from tests.helpers.daemon import (
     PROCESS_LIMIT_SECONDS,
     REPO,
@@ -135,7 +143,7 @@ def test_sigkill_during_ingestion_and_training_loses_no_example_and_trains_none_
     producer = threading.Thread(
         target=replay,
         args=(dataset_chunks(config), publisher, stream),
-        kwargs={"rate": 2.0, "max_part_bytes": 20_000, "progress": False},
+        kwargs={"pace": ReplayPace(rate=2.0), "wire": RecordFormat(max_part_bytes=20_000), "progress": False},
     )
     daemon = start_daemon(config_path)
     wait_until(lambda: redis_db.hget(keys.daemon, "phase") == b"waiting", "waiting", daemon)
@@ -343,7 +351,7 @@ def test_a_chunk_id_far_ahead_is_dead_lettered_and_the_next_chunks_are_trained_o
 
 @pytest.mark.integration
 def test_only_committed_checkpoints_are_published(tmp_path, redis_db) -> None:
-    from serving import make_publisher
+    from serving.publishing import make_publisher
 
     config = build_config(
         service_config(tmp_path, None, "published", serving={"kind": "local", "promotion_margin": 1.0})

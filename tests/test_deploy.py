@@ -640,10 +640,14 @@ def test_k8s_inferenceservice_runs_the_kserve_server_over_the_daemons_model_stor
     assert predictor["minReplicas"] == predictor["maxReplicas"] == 1, "one server holds what the daemon loaded"
     (container,) = predictor["containers"]
     assert container["name"] == "kserve-container"
-    assert container["command"] == ["tini", "--", "python", "-m", "serving.kserve_server"]
+    assert container["command"] == ["tini", "--", "python", "-m", "serving.runtimes.kserve_server"]
     options = dict(zip(container["args"][::2], container["args"][1::2], strict=True))
     usage = subprocess.run(
-        [sys.executable, "-m", "serving.kserve_server", "--help"], capture_output=True, text=True, cwd=ROOT, check=True
+        [sys.executable, "-m", "serving.runtimes.kserve_server", "--help"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=True,
     ).stdout
     assert all(option in usage.split() for option in options), f"{sorted(options)} against:\n{usage}"
     config = k8s_config(paths)

@@ -27,10 +27,10 @@ import yaml
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from alma_daemon import metrics
 from alma_daemon.cli import build_parser
 from alma_daemon.config import Config, load_config
 from alma_daemon.config.measure_traits import MEASURE_TRAITS
-from alma_daemon.observability import telemetry
 from tests.helpers.team_records import metrics_of_a_team
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -196,7 +196,7 @@ def test_every_compose_command_of_the_deploy_guide_names_the_stack_and_each_file
 def exposition() -> str:
     """/metrics as a team's stream has it: every family with its series (tests/helpers/team_records.py)."""
     with metrics_of_a_team():
-        return generate_latest(telemetry.REGISTRY).decode()
+        return generate_latest(metrics.REGISTRY).decode()
 
 
 def exposed_families() -> dict[str, object]:
@@ -425,7 +425,7 @@ def test_the_share_of_time_training_averages_over_the_longest_stage_the_histogra
     assert shares, "no panel shows the share of time spent training"
     longest = max(
         float(sample.labels["le"])
-        for family in text_string_to_metric_families(generate_latest(telemetry.REGISTRY).decode())
+        for family in text_string_to_metric_families(generate_latest(metrics.REGISTRY).decode())
         for sample in family.samples
         if sample.name == "alma_train_duration_seconds_bucket" and sample.labels["le"] != "+Inf"
     )

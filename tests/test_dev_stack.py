@@ -155,7 +155,7 @@ def test_up_refuses_to_empty_the_folder_of_a_daemon_that_still_runs_on_it(tmp_pa
 @pytest.mark.integration
 @pytest.mark.slow
 def test_dev_up_with_kserve_points_the_daemon_s_publisher_at_it_and_down_stops_it(tmp_path, good_and_bad) -> None:
-    from serving import make_publisher
+    from serving.publishing import make_publisher
     from tests.helpers.serving import save_version
 
     folder = tmp_path / "dev"

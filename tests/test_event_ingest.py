@@ -12,7 +12,7 @@ from alma_daemon.data.wire import StreamSchema, WireRecord
 from alma_daemon.infra.redis_keys import StreamKeys
 from alma_daemon.service.ingest.cutter import EventCutter, EventStream, OpenChunk
 from alma_daemon.service.ingest.store import IngestBatch
-from alma_daemon.service.ingest.worker import IngestWorker
+from alma_daemon.service.ingest.worker import IngestLimits, IngestWorker
 from alma_daemon.service.redis_buffer import ReadyChunks
 from alma_daemon.transports.redis_stream import RedisStreamSource, encode_entry
 
@@ -59,7 +59,12 @@ def test_an_event_stream_needs_a_count_or_a_period() -> None:
 # -- through ingest, against Redis ----------------------------------------------------------------
 def event_worker(client, events: EventStream) -> IngestWorker:
     return IngestWorker(
-        RedisStreamSource(client, TRANSPORT), client, KEYS, SCHEMA, max_buffer_bytes=1 << 30, events=events
+        RedisStreamSource(client, TRANSPORT),
+        client,
+        KEYS,
+        SCHEMA,
+        IngestLimits(max_buffer_bytes=1 << 30),
+        events=events,
     )
 
 

@@ -21,7 +21,7 @@ from alma_daemon.cli import build_parser
 from alma_daemon.data.events import EVENT_JSON, EVENT_ROWS, decode_event, encode_events
 from alma_daemon.data.wire import CONTENT_TYPE, REJECT_REASONS, RejectedRecord, StreamSchema, WireRecord, encode_chunk
 from alma_daemon.transports.redis_stream import RedisStreamPublisher, decode_entry, encode_entry
-from alma_daemon.transports.replay import EventFormat, ReplayChunk, replay
+from alma_daemon.transports.replay import EventFormat, RecordFormat, ReplayChunk, replay
 
 MNIST = StreamSchema("labeled", (28, 28), num_classes=10)
 FEATURES = ("age", "income")
@@ -430,7 +430,7 @@ def test_replay_sends_each_chunks_examples_as_event_records(redis_db, content_ty
         RedisStreamPublisher(redis_db, "alma.events"),
         "mnist",
         progress=False,
-        events=EventFormat(content_type, per_record=3),
+        wire=RecordFormat(events=EventFormat(content_type, per_record=3)),
     )
     assert (report.chunks, report.records) == (3, 2 + 2 + 1)  # chunks of 4, 4, 2 examples
     keys, got_x, got_y = stream_events(redis_db, "alma.events")
@@ -442,7 +442,13 @@ def test_replay_sends_each_chunks_examples_as_event_records(redis_db, content_ty
 def test_replay_refuses_to_send_a_text_stream_as_events(redis_db) -> None:
     text = ReplayChunk(1, {"tokens": torch.arange(10, dtype=torch.int32)})
     with pytest.raises(ValueError, match="labeled"):
-        replay([text], RedisStreamPublisher(redis_db, "alma.text"), "ptb", progress=False, events=EventFormat())
+        replay(
+            [text],
+            RedisStreamPublisher(redis_db, "alma.text"),
+            "ptb",
+            progress=False,
+            wire=RecordFormat(events=EventFormat()),
+        )
     assert redis_db.xlen("alma.text") == 0
 
 
@@ -531,7 +537,7 @@ def test_kafka_event_records_have_no_key_and_spread_over_partitions(kafka_broker
     topic = f"events-{next(_topics)}"
     x, y = digits(40)
     publisher = KafkaPublisher(kafka_broker.bootstrap_servers, topic, partitions=2)
-    replay(chunks_of(x, y, 20), publisher, "mnist", progress=False, events=EventFormat())
+    replay(chunks_of(x, y, 20), publisher, "mnist", progress=False, wire=RecordFormat(events=EventFormat()))
 
     consumer = KafkaConsumer(bootstrap_servers=kafka_broker.bootstrap_servers, auto_offset_reset="earliest")
     try:

@@ -12,12 +12,12 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from alma_daemon import metrics
 from alma_daemon.cli import main
 from alma_daemon.config import build_config
 from alma_daemon.core.engine import Engine, EngineObserver
 from alma_daemon.core.records import StepRecord
 from alma_daemon.infra.unreachable import ServerUnreachable
-from alma_daemon.observability import telemetry
 from alma_daemon.observability.exporter import MetricsObserver, start_exporter
 from alma_daemon.research import simulate
 from alma_daemon.research.simulate import run_simulation
@@ -141,12 +141,12 @@ def test_catalogue_follows_design_and_naming_rules(exporter):
 def test_labelled_series_exist_before_any_event(exporter):
     samples = scrape(exporter.url)
     for label, values, name in [
-        ("set", telemetry.ERROR_SETS, "alma_error_ratio"),
-        ("kind", telemetry.UPDATE_KINDS, "alma_model_updates_total"),
-        ("action", telemetry.DECISION_ACTIONS, "alma_policy_decisions_total"),
-        ("stage", telemetry.SWAP_STAGES, "alma_swap_failures_total"),
-        ("reason", telemetry.REJECT_REASONS, "alma_records_rejected_total"),
-        ("server", telemetry.SERVERS, "alma_server_up"),
+        ("set", metrics.ERROR_SETS, "alma_error_ratio"),
+        ("kind", metrics.UPDATE_KINDS, "alma_model_updates_total"),
+        ("action", metrics.DECISION_ACTIONS, "alma_policy_decisions_total"),
+        ("stage", metrics.SWAP_STAGES, "alma_swap_failures_total"),
+        ("reason", metrics.REJECT_REASONS, "alma_records_rejected_total"),
+        ("server", metrics.SERVERS, "alma_server_up"),
     ]:
         found = {dict(labels)[label] for sample, labels in samples if sample == name}
         assert found == set(values), name
@@ -254,11 +254,11 @@ def test_sync_shows_a_resumed_engine_at_once(exporter):
     catcher = EngineCatcher()
     results = run_simulation(build_config({}, TINY), None, progress=False, observers=[catcher])
     # Gauges as a fresh process has them, so only sync() can set them right.
-    telemetry.MODEL_VERSION.set(0)
-    telemetry.CUMULATIVE_ERROR.set(0)
-    telemetry.ERROR_RATIO.labels("test").set(math.nan)
-    telemetry.MODEL_AGE_CHUNKS.set(math.nan)
-    telemetry.LAST_STAGE_TIMESTAMP.set(math.nan)
+    metrics.MODEL_VERSION.set(0)
+    metrics.CUMULATIVE_ERROR.set(0)
+    metrics.ERROR_RATIO.labels("test").set(math.nan)
+    metrics.MODEL_AGE_CHUNKS.set(math.nan)
+    metrics.LAST_STAGE_TIMESTAMP.set(math.nan)
     before = scrape(exporter.url)
 
     observer = MetricsObserver()
@@ -371,12 +371,12 @@ def test_daemon_serves_metrics_while_running_and_resumes_from_its_state(tmp_path
 
     # A restart: before its first chunk the metrics already show the saved state.
     restarted = Daemon(config, redis_db, until_chunks=4, observers=[Probe()])
-    flops_before = telemetry.REGISTRY.get_sample_value("alma_train_flops_total")
-    telemetry.MODEL_VERSION.set(0)
+    flops_before = metrics.REGISTRY.get_sample_value("alma_train_flops_total")
+    metrics.MODEL_VERSION.set(0)
     engine = restarted.restore()
     assert engine.state.model_version == 2
-    assert telemetry.REGISTRY.get_sample_value("alma_model_version") == 2
-    resumed = telemetry.REGISTRY.get_sample_value("alma_train_flops_total") - flops_before
+    assert metrics.REGISTRY.get_sample_value("alma_model_version") == 2
+    resumed = metrics.REGISTRY.get_sample_value("alma_train_flops_total") - flops_before
     assert resumed == engine.state.cumulative_train_flops > 0
     restarted.run()
     assert [r.chunk for _, _, r in seen] == [1, 2, 3, 4]

@@ -34,11 +34,12 @@ from alma_daemon.learners import Learner, build_learner
 from alma_daemon.local_servers.processes import ServerNotInstalled
 from alma_daemon.local_servers.triton import TritonServer
 from alma_daemon.local_servers.triton_install import TritonInstall, triton_python
-from serving import make_publisher
-from serving.codecs import MAX_DEPTH, MAX_INSTANCES, MAX_TEXT_CHARS, SAFETENSORS_CONTENT_TYPE, RequestError, codec_for
-from serving.oip_codec import oip_codec_for, tensors_of
-from serving.oip_names import versioned_name
-from serving.publisher import Publisher
+from serving.protocols.codecs import SAFETENSORS_CONTENT_TYPE, codec_for
+from serving.protocols.requests import MAX_DEPTH, MAX_INSTANCES, MAX_TEXT_CHARS, RequestError
+from serving.protocols.tensors import tensors_of
+from serving.protocols.version_names import versioned_name
+from serving.publishing import make_publisher
+from serving.publishing.publisher import Publisher
 from tests.helpers.configs import learner_settings
 from tests.helpers.data import separable_data
 from tests.helpers.servers import KServeServer, MLServerServer, http_request
@@ -250,7 +251,7 @@ def oip_battery() -> Iterator[Hostile]:
 
 
 def torchserve_battery() -> Iterator[Hostile]:
-    """TorchServe's hostile requests (the handler's JSON and safetensors bodies, serving/codecs.py)."""
+    """TorchServe's hostile requests (the handler's JSON and safetensors bodies, serving/protocols/codecs.py)."""
     yield Hostile(
         "bools for pixels", "pixels", {"instances": [[[True] * 28] * 28]}, "instances must be nested lists of numbers"
     )
@@ -336,7 +337,7 @@ def oip_answer(model: str, body: Any) -> list:
     document = json.loads(body) if isinstance(body, bytes) else body
     learner = served_learner(model)
     inputs = tensors_of(document.get("inputs"), "inputs")
-    return oip_codec_for(learner.task).answer(learner, inputs, document.get("parameters") or {})
+    return codec_for(learner.task).answer_oip(learner, inputs, document.get("parameters") or {})
 
 
 def torchserve_answer(model: str, body: Any, content_type: str = JSON) -> dict:
@@ -348,15 +349,15 @@ def torchserve_answer(model: str, body: Any, content_type: str = JSON) -> dict:
         except (ValueError, RecursionError):
             pass
     learner = served_learner(model)
-    return codec_for(learner.task).answer(learner, body)
+    return codec_for(learner.task).answer_json(learner, body)
 
 
 def valid_oip(model: str) -> dict:
-    return oip_codec_for(TASKS[model]).encode_request(sample_for(model, 2).x)
+    return codec_for(TASKS[model]).encode_oip(sample_for(model, 2).x)
 
 
 def valid_torchserve(model: str) -> dict:
-    return codec_for(TASKS[model]).encode_request(sample_for(model, 2).x)
+    return codec_for(TASKS[model]).encode_json(sample_for(model, 2).x)
 
 
 def one_line(error: BaseException) -> str:

@@ -13,11 +13,11 @@ import time
 
 import pytest
 
+from alma_daemon import metrics
 from alma_daemon.data.wire import HEADER_PARTS, REJECT_REASONS
 from alma_daemon.infra.redis_keys import StreamKeys
-from alma_daemon.observability import telemetry
 from alma_daemon.service.ingest.assembler import Assembler
-from alma_daemon.service.ingest.worker import IngestWorker
+from alma_daemon.service.ingest.worker import IngestClock, IngestLimits, IngestWorker
 from alma_daemon.service.redis_buffer import ReadyChunks
 from alma_daemon.service.reorder import ReorderGate
 from alma_daemon.transports.redis_stream import RedisStreamSource, encode_entry
@@ -42,16 +42,19 @@ class FakeClock:
         self.now += seconds
 
 
-def redis_worker(client, max_buffer_bytes: int = 1 << 30, **kwargs) -> IngestWorker:
-    return IngestWorker(
-        RedisStreamSource(client, TRANSPORT), client, KEYS, SCHEMA, max_buffer_bytes=max_buffer_bytes, **kwargs
-    )
+def redis_worker(
+    client, max_buffer_bytes: int = 1 << 30, incomplete_chunk_seconds: float | None = None, **kwargs
+) -> IngestWorker:
+    limits = IngestLimits(max_buffer_bytes, incomplete_chunk_seconds=incomplete_chunk_seconds)
+    return IngestWorker(RedisStreamSource(client, TRANSPORT), client, KEYS, SCHEMA, limits, **kwargs)
 
 
 def aging_worker(client, clock: FakeClock) -> IngestWorker:
     """An ingest worker that gives chunks up after LIMIT_SECONDS by ``clock`` and asks the transport's
     lag at every step (so a test knows when it has caught up)."""
-    return redis_worker(client, incomplete_chunk_seconds=LIMIT_SECONDS, clock=clock, lag_refresh_seconds=0)
+    return redis_worker(
+        client, incomplete_chunk_seconds=LIMIT_SECONDS, clock=IngestClock(now=clock, lag_refresh_seconds=0)
+    )
 
 
 def publish(client, records) -> None:
@@ -168,7 +171,7 @@ def test_an_absurd_count_of_parts_is_dead_lettered_at_once_and_the_next_chunk_is
 @pytest.mark.integration
 def test_a_chunk_incomplete_for_too_long_is_dead_lettered_deleted_and_no_longer_waited_for(redis_db) -> None:
     clock = FakeClock()
-    before = telemetry.RECORDS_REJECTED.labels("incomplete")._value.get()
+    before = metrics.RECORDS_REJECTED.labels("incomplete")._value.get()
     one, two = records_of(1, n=3), records_of(2, n=2)
     publish(redis_db, [one[0], *two])
     worker = aging_worker(redis_db, clock)
@@ -185,7 +188,7 @@ def test_a_chunk_incomplete_for_too_long_is_dead_lettered_deleted_and_no_longer_
     ingest = redis_db.hgetall(KEYS.ingest)
     assert ingest[b"rejected:incomplete"] == b"1" and ingest[b"records_rejected"] == b"1"
     assert ingest[b"refused_chunks"] == b"1"
-    assert telemetry.RECORDS_REJECTED.labels("incomplete")._value.get() == before + 1
+    assert metrics.RECORDS_REJECTED.labels("incomplete")._value.get() == before + 1
     lowest = ReadyChunks(redis_db, KEYS).lowest_assembling()
     assert lowest is None and ReorderGate(30.0).choose([2], 0, lowest, clock()).take == 2
 

@@ -9,6 +9,7 @@ import pytest
 import redis
 import torch
 
+from alma_daemon import metrics
 from alma_daemon.config import Config
 from alma_daemon.data.wire import (
     MAX_ID,
@@ -19,9 +20,8 @@ from alma_daemon.data.wire import (
 from alma_daemon.data.wire_format import DEFAULT_MAX_CHUNKS_AHEAD
 from alma_daemon.infra.outages import OutageBoard
 from alma_daemon.infra.redis_keys import StreamKeys
-from alma_daemon.observability import telemetry
 from alma_daemon.service.ingest.assembler import Assembler
-from alma_daemon.service.ingest.worker import IngestWorker
+from alma_daemon.service.ingest.worker import IngestLimits, IngestWorker
 from alma_daemon.service.redis_buffer import ReadyChunks
 from alma_daemon.transports.redis_stream import RedisStreamSource, encode_entry
 from tests.helpers.records import (
@@ -189,7 +189,7 @@ def test_a_broker_lost_before_the_topic_exists_is_reported_and_the_topic_is_read
     outages = OutageBoard(limit_seconds=float("inf"))
     keys = StreamKeys(STREAM)
     source = KafkaSource(broker.bootstrap_servers, topic)
-    worker = IngestWorker(source, redis_db, keys, SCHEMA, max_buffer_bytes=1 << 30, outages=outages)
+    worker = IngestWorker(source, redis_db, keys, SCHEMA, IngestLimits(max_buffer_bytes=1 << 30), outages=outages)
     try:
         assert worker.step(timeout=0.2) == 0
         admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap_servers)
@@ -229,7 +229,7 @@ def test_ingest_started_before_its_broker_reports_kafka_down_then_reads_the_topi
     keys = StreamKeys(STREAM)
     threads_before = kafka_io_threads()
     source = KafkaSource(broker.bootstrap_servers, topic)
-    worker = IngestWorker(source, redis_db, keys, SCHEMA, max_buffer_bytes=1 << 30, outages=outages)
+    worker = IngestWorker(source, redis_db, keys, SCHEMA, IngestLimits(max_buffer_bytes=1 << 30), outages=outages)
     try:
         worker.start()
         wait_for(lambda: outages.is_down("kafka"), "Kafka reported down", worker)
@@ -308,7 +308,7 @@ def test_each_kind_of_bad_record_is_dead_lettered_and_ingestion_continues(kafka_
     # "fields" is an event's reason (tests/test_events.py): a chunk part has no fields to miss; "incomplete"
     # is a whole chunk's, given up in time (tests/test_incomplete_chunks.py).
     assert set(bad) == set(REJECT_REASONS) - {"fields", "incomplete"}, "a rejection reason has no bad record here"
-    before = {reason: telemetry.RECORDS_REJECTED.labels(reason)._value.get() for reason in bad}
+    before = {reason: metrics.RECORDS_REJECTED.labels(reason)._value.get() for reason in bad}
     # Chunk 3 completes first, so the part of chunk 2 among the bad records arrives out of order.
     stream = records_of(3) + list(bad.values()) + records_of(4)
     publish_kafka(kafka_broker, topic, stream)
@@ -324,7 +324,7 @@ def test_each_kind_of_bad_record_is_dead_lettered_and_ingestion_continues(kafka_
     assert int(redis_db.hget(keys.ingest, "records_rejected")) == len(bad)
     for reason in bad:
         assert int(redis_db.hget(keys.ingest, f"rejected:{reason}")) == 1
-        assert telemetry.RECORDS_REJECTED.labels(reason)._value.get() == before[reason] + 1
+        assert metrics.RECORDS_REJECTED.labels(reason)._value.get() == before[reason] + 1
 
 
 @pytest.mark.integration
@@ -335,7 +335,9 @@ def test_redis_stream_transport_stores_parts_and_trims_what_it_stored(redis_db) 
         redis_db.xadd(transport, encode_entry(record))
     redis_db.xadd(transport, {"key": b"tiny/9", "value": b"", "headers": b"not json"})
     keys = StreamKeys(STREAM)
-    worker = IngestWorker(RedisStreamSource(redis_db, transport), redis_db, keys, SCHEMA, max_buffer_bytes=1 << 30)
+    worker = IngestWorker(
+        RedisStreamSource(redis_db, transport), redis_db, keys, SCHEMA, IngestLimits(max_buffer_bytes=1 << 30)
+    )
     deadline = time.monotonic() + 30
     while redis_db.xlen(transport) and time.monotonic() < deadline:
         worker.step(timeout=0.2)
@@ -346,7 +348,9 @@ def test_redis_stream_transport_stores_parts_and_trims_what_it_stored(redis_db) 
     # A restart reads nothing twice: the stored offset is the last entry id.
     for record in records_of(3):
         redis_db.xadd(transport, encode_entry(record))
-    restarted = IngestWorker(RedisStreamSource(redis_db, transport), redis_db, keys, SCHEMA, max_buffer_bytes=1 << 30)
+    restarted = IngestWorker(
+        RedisStreamSource(redis_db, transport), redis_db, keys, SCHEMA, IngestLimits(max_buffer_bytes=1 << 30)
+    )
     while redis_db.xlen(transport) and time.monotonic() < deadline:
         restarted.step(timeout=0.2)
     assert [int(c) for c in redis_db.zrange(keys.ready, 0, -1)] == [1, 2, 3]
@@ -361,7 +365,9 @@ def test_ingest_pauses_while_the_buffer_is_full(redis_db) -> None:
             redis_db.xadd(transport, encode_entry(record))
     keys = StreamKeys(STREAM)
     one_chunk = sum(len(r.value) for r in records_of(1))
-    worker = IngestWorker(RedisStreamSource(redis_db, transport), redis_db, keys, SCHEMA, max_buffer_bytes=one_chunk)
+    worker = IngestWorker(
+        RedisStreamSource(redis_db, transport), redis_db, keys, SCHEMA, IngestLimits(max_buffer_bytes=one_chunk)
+    )
     while not worker.paused:
         worker.step(timeout=0.2)
     worker.flush()

@@ -12,11 +12,12 @@ import time
 import pytest
 import redis
 
+from alma_daemon import metrics
+from alma_daemon.data.wire_format import DEFAULT_MAX_CHUNKS_AHEAD
 from alma_daemon.infra.outages import OutageBoard
 from alma_daemon.infra.redis_keys import StreamKeys
-from alma_daemon.observability import telemetry
 from alma_daemon.service.ingest.assembler import Assembler
-from alma_daemon.service.ingest.worker import IngestWorker
+from alma_daemon.service.ingest.worker import IngestLimits, IngestWorker
 from alma_daemon.transports.redis_stream import RedisStreamSource, encode_entry
 from tests.helpers.records import SCHEMA, STREAM, decoded, records_of
 from tests.helpers.servers import RedisServer
@@ -26,9 +27,12 @@ PART = len(records_of(1, n=1)[0].value)
 KEYS = StreamKeys(STREAM)
 
 
-def redis_worker(client, max_buffer_bytes: int, transport_client=None, **kwargs) -> IngestWorker:
+def redis_worker(
+    client, max_buffer_bytes: int, transport_client=None, max_chunks_ahead: int = DEFAULT_MAX_CHUNKS_AHEAD, **kwargs
+) -> IngestWorker:
     source = RedisStreamSource(transport_client or client, TRANSPORT)
-    return IngestWorker(source, client, KEYS, SCHEMA, max_buffer_bytes=max_buffer_bytes, **kwargs)
+    limits = IngestLimits(max_buffer_bytes, max_chunks_ahead)
+    return IngestWorker(source, client, KEYS, SCHEMA, limits, **kwargs)
 
 
 def publish(client, records) -> None:
@@ -119,7 +123,7 @@ def test_a_redis_stream_entry_with_deeply_nested_headers_is_dead_lettered_and_in
 
 @pytest.mark.integration
 def test_a_chunk_larger_than_the_buffer_limit_is_dead_lettered_and_the_next_chunk_is_stored(redis_db) -> None:
-    before = telemetry.RECORDS_REJECTED.labels("size")._value.get()
+    before = metrics.RECORDS_REJECTED.labels("size")._value.get()
     publish(redis_db, records_of(1, n=40) + records_of(2, n=4))
     worker = redis_worker(redis_db, max_buffer_bytes=10 * PART)
     read_all(worker, redis_db)
@@ -129,7 +133,7 @@ def test_a_chunk_larger_than_the_buffer_limit_is_dead_lettered_and_the_next_chun
     [(reason, detail)] = dead_letters(redis_db)
     assert reason == "size" and detail.startswith("chunk 1 is larger than redis.max_buffer_bytes")
     assert int(redis_db.hget(KEYS.ingest, "rejected:size")) == 1
-    assert telemetry.RECORDS_REJECTED.labels("size")._value.get() == before + 1
+    assert metrics.RECORDS_REJECTED.labels("size")._value.get() == before + 1
     assert int(redis_db.hget(KEYS.ingest, "queued_bytes")) == 4 * PART
     assert_parts_match_chunks(redis_db)
 
@@ -291,7 +295,7 @@ def test_a_committed_chunk_is_reported_though_the_transport_then_refuses_to_trim
         )
         reader = transport.client(username="reader", password="unused")
         publish(admin, records_of(1, n=3))
-        received = telemetry.CHUNKS_RECEIVED._value.get()
+        received = metrics.CHUNKS_RECEIVED._value.get()
         ready_calls = []
         worker = redis_worker(redis_db, 1 << 30, reader, on_chunk_ready=lambda: ready_calls.append(1))
         deadline = time.monotonic() + 30
@@ -300,7 +304,7 @@ def test_a_committed_chunk_is_reported_though_the_transport_then_refuses_to_trim
                 worker.step(timeout=0.2)
                 worker.flush()
         assert chunk_ids(redis_db, KEYS.ready) == [1]
-        assert ready_calls == [1] and telemetry.CHUNKS_RECEIVED._value.get() == received + 1
+        assert ready_calls == [1] and metrics.CHUNKS_RECEIVED._value.get() == received + 1
         worker.stop()
         reader.close()
         admin.close()
@@ -382,7 +386,7 @@ class HeldSource(RedisStreamSource):
 @pytest.mark.integration
 def test_a_stop_that_outwaits_its_timeout_leaves_the_source_to_the_thread_still_polling(redis_db, caplog) -> None:
     source = HeldSource(redis_db)
-    worker = IngestWorker(source, redis_db, KEYS, SCHEMA, max_buffer_bytes=1 << 30)
+    worker = IngestWorker(source, redis_db, KEYS, SCHEMA, IngestLimits(max_buffer_bytes=1 << 30))
     worker.start()
     try:
         assert source.polling.wait(30), "the ingest thread never polled"

@@ -22,9 +22,9 @@ from kafka import KafkaProducer
 from kafka.protocol.consumer.fetch import FetchRequest, FetchResponse
 from kafka.protocol.consumer.offsets import ListOffsetsRequest, ListOffsetsResponse
 
+from alma_daemon import metrics
 from alma_daemon.data.wire import WireRecord
 from alma_daemon.infra.redis_keys import StreamKeys
-from alma_daemon.observability import telemetry
 from alma_daemon.transports.kafka import KafkaSource
 from tests.helpers.records import STREAM, drain, kafka_worker, new_topic, publish_kafka, records_of
 from tests.helpers.servers import LOOPBACK, KafkaBroker, free_port
@@ -176,7 +176,7 @@ def as_messages(records: list[WireRecord]) -> list[dict[str, Any]]:
 
 
 def sample(name: str, **labels: str) -> float:
-    value = telemetry.REGISTRY.get_sample_value(name, labels)
+    value = metrics.REGISTRY.get_sample_value(name, labels)
     assert value is not None, name
     return value
 

@@ -1,4 +1,4 @@
-"""KServe's side of serving (serving/kserve_model.py) in process, without its server: where a forward
+"""KServe's side of serving (serving/runtimes/kserve.py) in process, without its server: where a forward
 pass runs, and the repository's names (the server itself: tests/test_serving_kserve.py)."""
 
 from __future__ import annotations
@@ -8,17 +8,18 @@ import asyncio
 import pytest
 
 from alma_daemon.data.datasets import MNIST_TASK
-from serving.oip_codec import oip_codec_for, tensors_of
+from serving.protocols.codecs import codec_for
+from serving.protocols.tensors import tensors_of
 from tests.helpers.data import separable_data
 from tests.helpers.serving import new_learner
 
-kserve_model = pytest.importorskip("serving.kserve_model", reason="KServe's model server is not installed")
+kserve_model = pytest.importorskip("serving.runtimes.kserve", reason="KServe's model server is not installed")
 
 
 def answer_many(model, batch: int, times: int) -> int:
     """Answer ``times`` requests of ``batch`` MNIST examples; how many ran on a thread."""
-    codec = oip_codec_for(MNIST_TASK)
-    inputs = tensors_of(codec.encode_request(separable_data(MNIST_TASK, batch, seed=0).x)["inputs"], "inputs")
+    codec = codec_for(MNIST_TASK)
+    inputs = tensors_of(codec.encode_oip(separable_data(MNIST_TASK, batch, seed=0).x)["inputs"], "inputs")
     threaded = 0
     real = asyncio.to_thread
 

@@ -1,6 +1,7 @@
-"""The Open Inference Protocol's tensors (serving/oip_codec.py) and version names (serving/oip_names.py),
-without a server: each task kind's request and answer round trip to the learner's own answers, and a
-bad request is refused with one clear line, the words of serving/codecs.py where the two check alike."""
+"""The Open Inference Protocol's tensors (serving/protocols/tensors.py, the codecs' ``*_oip`` methods in
+serving/protocols/codecs.py) and version names (serving/protocols/version_names.py), without a server:
+each task kind's request and answer round trip to the learner's own answers, and a bad request is
+refused with one clear line, in the same words as TorchServe's JSON where the two check alike."""
 
 from __future__ import annotations
 
@@ -15,9 +16,10 @@ import torch
 from alma_daemon.data.datasets import MNIST_TASK, TaskInfo
 from alma_daemon.data.text import WordVocabulary, sequences
 from alma_daemon.learners import Learner, build_learner
-from serving.codecs import RequestError
-from serving.oip_codec import OipTensor, oip_codec_for, request_body, tensors_of
-from serving.oip_names import DEFAULT_FILE, read_default, version_of, versioned_name, write_default
+from serving.protocols.codecs import codec_for
+from serving.protocols.requests import RequestError
+from serving.protocols.tensors import OipTensor, request_body, tensors_of
+from serving.protocols.version_names import DEFAULT_FILE, read_default, version_of, versioned_name, write_default
 from tests.helpers.configs import learner_settings
 from tests.helpers.contract import FEATURES as REGRESSION_TASK
 from tests.helpers.contract import linear_data
@@ -48,9 +50,9 @@ def over_the_wire(document: dict) -> dict:
 
 def answer_json(learner: Learner, request: dict) -> dict:
     """The response a server sends to ``request``, through JSON both ways."""
-    codec = oip_codec_for(learner.task)
+    codec = codec_for(learner.task)
     request = over_the_wire(request)
-    outputs = codec.answer(learner, tensors_of(request["inputs"], "inputs"), request.get("parameters") or {})
+    outputs = codec.answer_oip(learner, tensors_of(request["inputs"], "inputs"), request.get("parameters") or {})
     return over_the_wire({"model_name": "alma", "outputs": [t.to_json() for t in outputs]})
 
 
@@ -79,8 +81,8 @@ def refusal(learner: Learner, request: dict) -> str:
 
 def test_a_classifier_answers_its_probabilities_and_no_class_names_where_the_task_names_none():
     learner, x = new_learner(), separable_data(MNIST_TASK, 6, seed=3).x
-    codec = oip_codec_for(MNIST_TASK)
-    request = codec.encode_request(x)
+    codec = codec_for(MNIST_TASK)
+    request = codec.encode_oip(x)
     (sent,) = request["inputs"]
     assert (sent["datatype"], sent["shape"]) == ("UINT8", [6, 28, 28])
 
@@ -89,28 +91,28 @@ def test_a_classifier_answers_its_probabilities_and_no_class_names_where_the_tas
     assert set(outputs) == {"probabilities"}
     assert (outputs["probabilities"]["datatype"], outputs["probabilities"]["shape"]) == ("FP32", [6, 10])
     expected = learner.predict_proba(x)
-    torch.testing.assert_close(codec.decode_response(response), expected, rtol=0, atol=1e-6)
-    torch.testing.assert_close(codec.answered_in_process(learner, request), codec.decode_response(response))
+    torch.testing.assert_close(codec.decode_oip(response), expected, rtol=0, atol=1e-6)
+    torch.testing.assert_close(codec.answer_oip_in_process(learner, request), codec.decode_oip(response))
 
 
 def test_uint8_and_fp32_examples_of_the_same_pixels_get_the_same_answer():
     learner, x = new_learner(), separable_data(MNIST_TASK, 4, seed=5).x
-    codec = oip_codec_for(MNIST_TASK)
+    codec = codec_for(MNIST_TASK)
     as_uint8 = {"inputs": [tensor("x", "UINT8", [4, 28, 28], x.reshape(-1).tolist())]}
     as_fp32 = {"inputs": [tensor("pixels", "FP32", [4, 28, 28], x.float().reshape(-1).tolist())]}
-    torch.testing.assert_close(codec.answered_in_process(learner, as_uint8), learner.predict_proba(x), rtol=0, atol=0)
+    torch.testing.assert_close(codec.answer_oip_in_process(learner, as_uint8), learner.predict_proba(x), rtol=0, atol=0)
     torch.testing.assert_close(
-        codec.answered_in_process(learner, as_fp32), learner.predict_proba(x.float()), rtol=0, atol=1e-6
+        codec.answer_oip_in_process(learner, as_fp32), learner.predict_proba(x.float()), rtol=0, atol=1e-6
     )
     torch.testing.assert_close(
-        codec.answered_in_process(learner, as_uint8), codec.answered_in_process(learner, as_fp32), rtol=0, atol=1e-6
+        codec.answer_oip_in_process(learner, as_uint8), codec.answer_oip_in_process(learner, as_fp32), rtol=0, atol=1e-6
     )
 
 
 def test_named_features_one_tensor_each_in_any_order_answer_with_class_names():
     learner = build_learner("sm", FEATURE_TASK, learner_settings("sm", {"width": 8}), 0)
     x = feature_data(5, seed=3).x
-    codec = oip_codec_for(FEATURE_TASK)
+    codec = codec_for(FEATURE_TASK)
     shuffled = list(reversed(range(len(FEATURE_NAMES))))
     request = {"inputs": [by_feature(x)["inputs"][i] for i in shuffled]}
 
@@ -120,10 +122,10 @@ def test_named_features_one_tensor_each_in_any_order_answer_with_class_names():
     assert (outputs["class"]["datatype"], outputs["class"]["shape"]) == ("BYTES", [5])
     expected = learner.predict_proba(x)
     assert outputs["class"]["data"] == [FEATURE_TASK.classes[i] for i in expected.argmax(1).tolist()]
-    torch.testing.assert_close(codec.decode_response(response), expected, rtol=0, atol=1e-6)
-    torch.testing.assert_close(codec.answered_in_process(learner, request), codec.decode_response(response))
+    torch.testing.assert_close(codec.decode_oip(response), expected, rtol=0, atol=1e-6)
+    torch.testing.assert_close(codec.answer_oip_in_process(learner, request), codec.decode_oip(response))
     # The examples as one tensor are still asked and answered alike.
-    torch.testing.assert_close(codec.answered_in_process(learner, codec.encode_request(x)), expected, rtol=0, atol=1e-6)
+    torch.testing.assert_close(codec.answer_oip_in_process(learner, codec.encode_oip(x)), expected, rtol=0, atol=1e-6)
 
 
 def test_a_binary_versions_threshold_decides_the_class_and_is_answered_beside_it():
@@ -135,7 +137,7 @@ def test_a_binary_versions_threshold_decides_the_class_and_is_answered_beside_it
     outputs = outputs_by_name(answer_json(learner, by_feature(x)))
     assert outputs["class"]["data"] == ["fraud"] * 6  # every probability reaches the lowest one
     assert outputs["threshold"]["data"] == pytest.approx([low])
-    signature = {o["name"]: o for o in oip_codec_for(learner.task).signature()[1]}
+    signature = {o["name"]: o for o in codec_for(learner.task).oip_signature()[1]}
     assert signature["threshold"] == {"name": "threshold", "datatype": "FP32", "shape": [1]}
 
 
@@ -144,14 +146,14 @@ def test_a_regression_answers_one_prediction_per_example():
     learner = build_learner("sm", REGRESSION_TASK, learner_settings("sm", {"width": 8}), 0)
     learner.take_statistics(sample)
     x = sample.x[:7]
-    codec = oip_codec_for(learner.task)
-    request = codec.encode_request(x)
+    codec = codec_for(learner.task)
+    request = codec.encode_oip(x)
 
     response = answer_json(learner, request)
     (output,) = response["outputs"]
     assert (output["name"], output["datatype"], output["shape"]) == ("predictions", "FP32", [7])
-    torch.testing.assert_close(codec.decode_response(response), learner.predict_outputs(x), rtol=0, atol=1e-5)
-    torch.testing.assert_close(codec.answered_in_process(learner, request), codec.decode_response(response))
+    torch.testing.assert_close(codec.decode_oip(response), learner.predict_outputs(x), rtol=0, atol=1e-5)
+    torch.testing.assert_close(codec.answer_oip_in_process(learner, request), codec.decode_oip(response))
 
 
 def lm_learner() -> Learner:
@@ -159,9 +161,9 @@ def lm_learner() -> Learner:
 
 
 def test_a_language_model_answers_the_top_k_next_tokens_of_each_text():
-    learner, codec = lm_learner(), oip_codec_for(LM_TASK)
+    learner, codec = lm_learner(), codec_for(LM_TASK)
     x = sequences(WORDS.encode(TEXT), 8).x[:3]
-    request = codec.encode_request(x)
+    request = codec.encode_oip(x)
     (sent,) = request["inputs"]
     assert (sent["name"], sent["datatype"], sent["shape"]) == ("text", "BYTES", [3])
 
@@ -179,12 +181,12 @@ def test_a_language_model_answers_the_top_k_next_tokens_of_each_text():
         [WORDS.decode([i]) for i in row] for row in ids.tolist()
     ]
     dense = torch.zeros(3, LM_TASK.num_classes).scatter_(1, ids, best)
-    torch.testing.assert_close(codec.decode_response(response), dense, rtol=0, atol=1e-6)
+    torch.testing.assert_close(codec.decode_oip(response), dense, rtol=0, atol=1e-6)
 
     # Without the parameter, the default top 10.
     response = answer_json(learner, request)
     assert outputs_by_name(response)["tokens"]["shape"] == [3, 10]
-    torch.testing.assert_close(codec.answered_in_process(learner, request), codec.decode_response(response))
+    torch.testing.assert_close(codec.answer_oip_in_process(learner, request), codec.decode_oip(response))
 
 
 # ---------------------------------------------------------------------------------- bad requests
@@ -293,14 +295,14 @@ def test_bad_named_features_are_refused_with_the_words_of_the_wire():
 def test_data_of_any_number_type_fitting_its_datatype_is_taken():
     """Strict is not narrow: integers for FP32, any number type the data fits, data nested as the shape."""
     learner, x = new_learner(), separable_data(MNIST_TASK, 2, seed=5).x
-    codec = oip_codec_for(MNIST_TASK)
+    codec = codec_for(MNIST_TASK)
     expected = learner.predict_proba(x)
     pixels = x.reshape(-1).tolist()  # Python ints
     for datatype in ("UINT8", "INT16", "INT64", "FP16", "FP32", "FP64"):
-        answer = codec.answered_in_process(learner, {"inputs": [tensor("x", datatype, [2, 28, 28], pixels)]})
+        answer = codec.answer_oip_in_process(learner, {"inputs": [tensor("x", datatype, [2, 28, 28], pixels)]})
         torch.testing.assert_close(answer, expected, rtol=0, atol=1e-6)
     nested = {"inputs": [tensor("x", "UINT8", [2, 28, 28], x.tolist())]}
-    torch.testing.assert_close(codec.answered_in_process(learner, nested), expected, rtol=0, atol=0)
+    torch.testing.assert_close(codec.answer_oip_in_process(learner, nested), expected, rtol=0, atol=0)
 
     features = feature_learner()
     rows = feature_data(3, seed=3).x
@@ -309,7 +311,7 @@ def test_data_of_any_number_type_fitting_its_datatype_is_taken():
     exact = rows.clone()
     exact[:, 5] = torch.tensor([3.0, 4.0, 5.0])
     torch.testing.assert_close(
-        oip_codec_for(FEATURE_TASK).answered_in_process(features, request), features.predict_proba(exact)
+        codec_for(FEATURE_TASK).answer_oip_in_process(features, request), features.predict_proba(exact)
     )
 
 
@@ -342,8 +344,8 @@ def test_a_tensor_given_twice_is_refused_rather_than_one_replacing_the_other():
 
 @pytest.mark.parametrize("top_k", [0, 1001, 2.5, True, "3"])
 def test_a_top_k_out_of_range_is_refused(top_k):
-    codec = oip_codec_for(LM_TASK)
-    request = {**codec.encode_request(sequences(WORDS.encode(TEXT), 8).x[:1]), "parameters": {"top_k": top_k}}
+    codec = codec_for(LM_TASK)
+    request = {**codec.encode_oip(sequences(WORDS.encode(TEXT), 8).x[:1]), "parameters": {"top_k": top_k}}
     assert "top_k must be an integer in [1, 1000]" in refusal(lm_learner(), request)
 
 
@@ -361,9 +363,9 @@ def test_a_bad_request_for_text_is_refused(inputs, words):
 
 
 def test_a_response_without_the_expected_output_is_an_error_naming_it():
-    codec = oip_codec_for(MNIST_TASK)
+    codec = codec_for(MNIST_TASK)
     with pytest.raises(RequestError, match="the response has no output 'probabilities'"):
-        codec.decode_response({"outputs": [tensor("predictions", "FP32", [1], [0.5])]})
+        codec.decode_oip({"outputs": [tensor("predictions", "FP32", [1], [0.5])]})
 
 
 def test_tensors_keep_their_shape_and_text_through_json():
@@ -377,8 +379,8 @@ def test_tensors_keep_their_shape_and_text_through_json():
 
 
 def test_a_task_kind_without_a_codec_is_named():
-    with pytest.raises(KeyError, match="no OIP codec for task kind 'segmentation'"):
-        oip_codec_for(dataclasses.replace(MNIST_TASK, kind="segmentation"))
+    with pytest.raises(KeyError, match="no serving codec for task kind 'segmentation'"):
+        codec_for(dataclasses.replace(MNIST_TASK, kind="segmentation"))
 
 
 # ------------------------------------------------------------------------------------------ names

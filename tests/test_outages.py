@@ -23,7 +23,7 @@ from alma_daemon.infra.outages import OutageBoard, OutageTooLong
 from alma_daemon.infra.redis_keys import StreamKeys
 from alma_daemon.research.simulate import run_simulation
 from alma_daemon.runtime import run_beside_training
-from alma_daemon.service.daemon import STATUS_FILE
+from alma_daemon.service.heartbeat import STATUS_FILE
 from alma_daemon.transports.kafka import KafkaPublisher
 from alma_daemon.transports.redis_stream import RedisStreamPublisher
 from alma_daemon.transports.replay import dataset_chunks, replay

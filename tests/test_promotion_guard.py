@@ -1,5 +1,6 @@
-"""The promotion guard's decision (serving/guard.py, serving/paired_tests.py): judged on the task's measure,
-right about noise, never fooled by a truly worse version, and protective of a binary task's minority.
+"""The promotion guard's decision (serving/publishing/guard.py, serving/publishing/paired_tests.py):
+judged on the task's measure, right about noise, never fooled by a truly worse version, and protective
+of a binary task's minority.
 
 The versions here are outputs drawn with seeded generators, so the rates are exact and the tests
 deterministic; the publisher's tests at the end guard real checkpoints (tests/test_serving_local.py
@@ -24,11 +25,11 @@ from alma_daemon.data.datasets import TaskInfo
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import Learner
 from alma_daemon.measures import MEASURES, Measure, Target, build_measure
-from serving import guard as guard_module
-from serving import make_publisher, paired_tests
-from serving.guard import PromotionGuard, Verdict
-from serving.local_publisher import LocalPublisher
-from serving.paired_tests import binomial_tail, resample_counts, sign_flip_test
+from serving.publishing import guard as guard_module
+from serving.publishing import make_publisher, paired_tests
+from serving.publishing.guard import PromotionGuard, Verdict
+from serving.publishing.local import LocalPublisher
+from serving.publishing.paired_tests import binomial_tail, resample_counts, sign_flip_test
 from tests.helpers.data import separable_data
 from tests.helpers.serving import new_learner, quick_trainer, save_version
 
@@ -539,10 +540,10 @@ def test_a_refusal_is_one_line_naming_the_sample_size_and_the_test(tmp_path, goo
     save_version(store, 2, bad, sample)
     publisher = LocalPublisher(store, promotion_margin=0.01)
     publisher.publish(1)
-    with caplog.at_level(logging.WARNING, logger="serving.publisher"):
+    with caplog.at_level(logging.WARNING, logger="serving.publishing.publisher"):
         outcome = publisher.publish(2)
     assert outcome.action == "refused" and outcome.examples == len(sample)
-    (record,) = [r for r in caplog.records if r.name == "serving.publisher"]
+    (record,) = [r for r in caplog.records if r.name == "serving.publishing.publisher"]
     message = record.getMessage()
     assert "\n" not in message
     assert message.startswith("version 2 not promoted, version 1 stays live: on 200 examples, error ")
@@ -602,10 +603,10 @@ def test_the_issues_candidate_is_refused_once_the_sample_is_topped_up_to_thirty_
     sample = publisher.guard_sample(publisher.load_candidate(26))
     assert int(sample.y.sum()) == 30 and len(sample) == 12 + 60 * 25 + 5
     publisher.publish(25)
-    with caplog.at_level(logging.WARNING, logger="serving.publisher"):
+    with caplog.at_level(logging.WARNING, logger="serving.publishing.publisher"):
         outcome = publisher.publish(26)
     assert outcome.action == "refused" and outcome.positives == 30
-    (record,) = [r for r in caplog.records if r.name == "serving.publisher"]
+    (record,) = [r for r in caplog.records if r.name == "serving.publishing.publisher"]
     assert "recall of fraud 0.00 against the live version's" in record.getMessage()
     assert "on the 30 fraud examples: it misses" in record.getMessage()
 

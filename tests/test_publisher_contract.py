@@ -16,9 +16,9 @@ import torch
 from alma_daemon.config import build_config
 from alma_daemon.core.checkpoints import CheckpointStore, load_checkpoint
 from alma_daemon.testing import Backend, ContractError, yield_publisher_checks
-from serving import make_publisher
-from serving.local_publisher import LocalPublisher
-from serving.publisher import Publisher, guard_settings
+from serving.publishing import make_publisher
+from serving.publishing.local import LocalPublisher
+from serving.publishing.publisher import Publisher, guard_settings
 from tests.helpers.serving import CHECKS
 
 

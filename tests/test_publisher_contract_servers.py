@@ -16,11 +16,10 @@ import torch
 from alma_daemon.config import build_config
 from alma_daemon.data.datasets import MNIST_TASK
 from alma_daemon.testing import Backend, yield_publisher_checks
-from serving import make_publisher
-from serving.codecs import codec_for
-from serving.oip_codec import oip_codec_for
-from serving.oip_publisher import OipPublisher
-from serving.publisher import Publisher
+from serving.protocols.codecs import codec_for
+from serving.publishing import make_publisher
+from serving.publishing.oip import OipPublisher
+from serving.publishing.publisher import Publisher
 from tests.helpers.servers import http_request
 from tests.helpers.serving import CHECKS
 
@@ -48,8 +47,8 @@ def oip_backend(name: str, start: Callable[..., object], root: Path) -> Backend:
 
     def served(publisher: Publisher, x: torch.Tensor) -> torch.Tensor:
         assert isinstance(publisher, OipPublisher)
-        codec = oip_codec_for(MNIST_TASK)
-        return codec.decode_response(publisher.client.infer(MODEL, codec.encode_request(x)))
+        codec = codec_for(MNIST_TASK)
+        return codec.decode_oip(publisher.client.infer(MODEL, codec.encode_oip(x)))
 
     return Backend(name, make, served)
 
@@ -79,12 +78,12 @@ def torchserve_backend(start: Callable[[], object], root: Path) -> Backend:
 
     def served(publisher: Publisher, x: torch.Tensor) -> torch.Tensor:
         codec = codec_for(MNIST_TASK)
-        body = json.dumps(codec.encode_request(x)).encode()
+        body = json.dumps(codec.encode_json(x)).encode()
         status, answer = http_request(
             "POST", f"{inference[id(publisher)]}/predictions/{MODEL}", body, {"Content-Type": "application/json"}
         )
         assert status == 200, answer
-        return codec.decode_response(json.loads(answer))
+        return codec.decode_json(json.loads(answer))
 
     return Backend("torchserve", make, served)
 

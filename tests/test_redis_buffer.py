@@ -203,28 +203,3 @@ def test_an_unusable_chunk_store_fails_in_one_line_naming_the_key(tmp_path, wher
     message = str(caught.value)
     assert message.startswith("redis.chunk_store: cannot write to ") and "\n" not in message
     assert "s3cret" not in message
-
-
-@pytest.mark.integration
-def test_chunks_an_older_daemon_buffered_in_redis_move_to_the_store(redis_db, tmp_path) -> None:
-    import safetensors.torch
-
-    def blob(data: LabeledData) -> bytes:
-        return safetensors.torch.save({"x": data.x.contiguous(), "y": data.y.contiguous()})
-
-    old = {chunk_id: split(chunk_id) for chunk_id in (1, 2)}
-    for chunk_id, chunk in old.items():
-        redis_db.hset(
-            KEYS.legacy_split(chunk_id),
-            mapping={"train": blob(chunk.train), "val": blob(chunk.val), "examples": 20},
-        )
-    redis_db.zadd(KEYS.pending, {2: 2})
-    redis_db.zadd(KEYS.kept, {1: 1})
-    store = ChunkStore(str(tmp_path / "chunks"), KEYS.stream)
-    buffer = RedisBuffer.open(redis_db, KEYS, store)
-    assert stored(store) == ["1.safetensors", "2.safetensors"]
-    assert not redis_db.exists(KEYS.legacy_split(1), KEYS.legacy_split(2))
-    assert buffer.pending_examples() == 20 and buffer.kept_examples() == 20
-    assert torch.equal(buffer.split(2).train.x, old[2].train.x)
-    # Started again, it finds them where they moved.
-    assert RedisBuffer.open(redis_db, KEYS, store).kept_chunks() == [1]

@@ -11,6 +11,7 @@ import json
 import pytest
 import torch
 
+from alma_daemon import metrics
 from alma_daemon.cli import main
 from alma_daemon.config import ConfigError, build_config
 from alma_daemon.core import reference_fit
@@ -23,7 +24,6 @@ from alma_daemon.core.reference_fit import AUTO_MAX_FEATURES, resolved_kind
 from alma_daemon.data.datasets import MNIST_TASK, TaskInfo
 from alma_daemon.data.streams import Chunk, partition
 from alma_daemon.data.tensors import LabeledData
-from alma_daemon.observability import telemetry
 from alma_daemon.observability.exporter import MetricsObserver
 from alma_daemon.observability.report import write_report
 from alma_daemon.research.simulate import run_simulation
@@ -294,7 +294,7 @@ def test_a_simulated_river_run_shows_the_reference_in_its_summary_report_status_
 
     last = StepRecord.from_row(rows[-1])
     MetricsObserver.show(last)
-    sample = telemetry.REGISTRY.get_sample_value
+    sample = metrics.REGISTRY.get_sample_value
     assert sample("alma_reference_prequential_measure", {"measure": "error"}) == last.reference
     assert sample("alma_reference_prequential_window_measure", {"measure": "error"}) == last.reference_window
 

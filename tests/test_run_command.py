@@ -15,7 +15,7 @@ import pytest
 from alma_daemon.data.datasets import resolve_data_root
 from alma_daemon.infra.unreachable import unreachable_line
 from alma_daemon.service.status import live_state, model_row
-from serving.live_pointer import ServingState
+from serving.publishing.live_pointer import ServingState
 from tests.helpers.daemon import PROCESS_LIMIT_SECONDS, REPO, sigkill, wait_until
 from tests.helpers.servers import free_port
 

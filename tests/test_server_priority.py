@@ -1,6 +1,6 @@
 """A model server starts at normal priority and takes ``serving.niceness`` once it serves: on a busy
 machine its start and first load are slowed, not stalled, and afterwards it yields the cores to training.
-TorchServe's workers lower their own priority once their version is loaded (serving/handler.py)."""
+TorchServe's workers lower their own priority once their version is loaded (serving/runtimes/torchserve_handler.py)."""
 
 from __future__ import annotations
 

@@ -21,13 +21,13 @@ from alma_daemon.data.datasets import MNIST_TASK, TaskInfo
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.data.text import WordVocabulary, sequences
 from alma_daemon.learners import build_learner
-from serving import make_publisher
-from serving.background import BackgroundPublisher
-from serving.bundled_model import BUNDLED_SOURCE
-from serving.live_pointer import withdraw
-from serving.oip_codec import oip_codec_for
-from serving.oip_names import read_default
-from serving.oip_publisher import OipPublisher
+from serving.protocols.codecs import codec_for
+from serving.protocols.version_names import read_default
+from serving.publishing import make_publisher
+from serving.publishing.background import BackgroundPublisher
+from serving.publishing.live_pointer import withdraw
+from serving.publishing.oip import OipPublisher
+from serving.runtimes.bundled_model import BUNDLED_SOURCE
 from tests.helpers.configs import learner_settings
 from tests.helpers.data import separable_data
 from tests.helpers.servers import KServeServer, free_port, http_request
@@ -110,10 +110,10 @@ def infer(server: KServeServer, request: dict, name: str = MODEL) -> tuple[int, 
 
 def served_answer(server: KServeServer, x: torch.Tensor) -> tuple[str, torch.Tensor]:
     """The served version and its probabilities for MNIST examples ``x``."""
-    codec = oip_codec_for(MNIST_TASK)
-    status, answer = infer(server, codec.encode_request(x))
+    codec = codec_for(MNIST_TASK)
+    status, answer = infer(server, codec.encode_oip(x))
     assert status == 200, answer
-    return answer["model_version"], codec.decode_response(answer)
+    return answer["model_version"], codec.decode_oip(answer)
 
 
 def ready(server: KServeServer, name: str) -> int:
@@ -152,17 +152,17 @@ def test_served_answers_equal_the_learner_in_process(kserve_server, tmp_path, na
         assert learner.num_parameters() > before, "the case must serve a grown architecture"
     save_version(publisher.store, 1, learner, sample)
     assert publisher.publish(1).action == "promoted"
-    codec = oip_codec_for(task)
+    codec = codec_for(task)
 
-    request = codec.encode_request(sample.x)
+    request = codec.encode_oip(sample.x)
     status, answer = infer(server, request)
     assert status == 200, answer
     assert (answer["model_name"], answer["model_version"]) == (MODEL, "1")
     torch.testing.assert_close(
-        codec.decode_response(answer), codec.answered_in_process(learner, request), rtol=0, atol=1e-5
+        codec.decode_oip(answer), codec.answer_oip_in_process(learner, request), rtol=0, atol=1e-5
     )
     if task.kind == "classification":
-        torch.testing.assert_close(codec.decode_response(answer), learner.predict_proba(sample.x), rtol=0, atol=1e-5)
+        torch.testing.assert_close(codec.decode_oip(answer), learner.predict_proba(sample.x), rtol=0, atol=1e-5)
     if task == MNIST_TASK:
         # The codec's own line, or the protocol's where a tensor cannot be read; never a server error.
         for words, bad in bad_pixel_requests(sample.x[:1]).items():
@@ -177,7 +177,7 @@ def test_served_answers_equal_the_learner_in_process(kserve_server, tmp_path, na
         status, answer = infer(server, {"inputs": by_feature})
         assert status == 200, answer
         expected = learner.predict_proba(sample.x)
-        torch.testing.assert_close(codec.decode_response(answer), expected, rtol=0, atol=1e-5)
+        torch.testing.assert_close(codec.decode_oip(answer), expected, rtol=0, atol=1e-5)
         (names,) = [o["data"] for o in answer["outputs"] if o["name"] == "class"]
         assert names == [task.classes[i] for i in expected.argmax(1).tolist()]
         status, answer = infer(server, {"inputs": by_feature[1:]})
@@ -302,7 +302,7 @@ def test_clients_see_no_failure_during_ten_swaps(kserve_server, tmp_path, good_a
     for version in range(1, 12):
         save_version(publisher.store, version, new_learner(seed=version), sample)
     publisher.publish(1)
-    request = oip_codec_for(MNIST_TASK).encode_request(sample.x[:4])
+    request = codec_for(MNIST_TASK).encode_oip(sample.x[:4])
     versions: list[list[int]] = [[] for _ in range(4)]
 
     def ask(client: int) -> str:
@@ -394,11 +394,9 @@ def test_a_version_withdrawn_and_redone_under_the_same_number_serves_its_new_wei
     version, answers = served_answer(server, x)
     assert version == "2"
     torch.testing.assert_close(answers, redone.predict_proba(x), rtol=0, atol=1e-5)
-    status, answer = infer(server, oip_codec_for(MNIST_TASK).encode_request(x), f"{MODEL}-v2")
+    status, answer = infer(server, codec_for(MNIST_TASK).encode_oip(x), f"{MODEL}-v2")
     assert status == 200, answer
-    torch.testing.assert_close(
-        oip_codec_for(MNIST_TASK).decode_response(answer), redone.predict_proba(x), rtol=0, atol=1e-5
-    )
+    torch.testing.assert_close(codec_for(MNIST_TASK).decode_oip(answer), redone.predict_proba(x), rtol=0, atol=1e-5)
     assert publisher.served_versions() == [1, 2]
 
 
@@ -440,16 +438,16 @@ def test_alma_serve_starts_a_kserve_server_the_publisher_can_use_and_stops_it(tm
         assert isinstance(publisher, OipPublisher)
         save_version(publisher.store, 1, good, sample)
         assert publisher.publish(1).action == "promoted"
-        codec = oip_codec_for(MNIST_TASK)
+        codec = codec_for(MNIST_TASK)
         status, answer = http_request(
             "POST",
             f"{url}/v2/models/{MODEL}/infer",
-            json.dumps(codec.encode_request(sample.x[:4])).encode(),
+            json.dumps(codec.encode_oip(sample.x[:4])).encode(),
             {"Content-Type": "application/json"},
         )
         assert status == 200, answer
         torch.testing.assert_close(
-            codec.decode_response(json.loads(answer)), good.predict_proba(sample.x[:4]), rtol=0, atol=1e-5
+            codec.decode_oip(json.loads(answer)), good.predict_proba(sample.x[:4]), rtol=0, atol=1e-5
         )
     finally:
         assert main(["serve", "--kind", "kserve", *config, "--stop"]) == 0

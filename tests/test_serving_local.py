@@ -29,13 +29,13 @@ from alma_daemon.learners import build_learner
 from alma_daemon.service.bootstrap import drop_uncommitted_checkpoints
 from alma_daemon.service.publish_handoff import PublishHandoff
 from policies import build_policy
-from serving import build_publisher
-from serving.archiver import ARCHIVES, build_archive
-from serving.background import BackgroundPublisher
-from serving.live_pointer import LivePointer, ServingState
-from serving.local_publisher import LocalPublisher
-from serving.publisher import Candidate, Outcome, PublishError
-from serving.retention import prune_after_commit, unneeded
+from serving.publishing import build_publisher
+from serving.publishing.archiver import ARCHIVES, build_archive
+from serving.publishing.background import BackgroundPublisher
+from serving.publishing.live_pointer import LivePointer, ServingState
+from serving.publishing.local import LocalPublisher
+from serving.publishing.publisher import Candidate, Outcome, PublishError
+from serving.publishing.retention import prune_after_commit, unneeded
 from tests.helpers.data import separable_data
 from tests.helpers.serving import metric_value, new_learner, save_version
 
@@ -169,7 +169,7 @@ def test_a_live_version_missing_from_the_store_is_warned_about_once_not_at_every
     publisher = LocalPublisher(store, promotion_margin=0.0)
     publisher.publish(1)
     shutil.rmtree(store.path(1))
-    with caplog.at_level(logging.WARNING, logger="serving.publisher"):
+    with caplog.at_level(logging.WARNING, logger="serving.publishing.publisher"):
         for _ in range(3):
             publisher.resync()
     assert caplog.text.count("live version missing from the model store") == 1
@@ -656,11 +656,11 @@ def test_versions_shows_the_newest_and_the_live_one_and_says_how_many_it_left_ou
 
 def test_a_json_body_is_read_as_json_even_with_leading_whitespace():
     """Pretty-printed JSON sent as bytes: it was taken for a safetensors body and refused."""
-    from serving.codecs import codec_for
+    from serving.protocols.codecs import codec_for
 
     instance = torch.zeros(MNIST_TASK.input_shape).tolist()
     body = ("\n  " + json.dumps({"instances": [instance]})).encode()
-    assert codec_for(MNIST_TASK).inputs(body).shape == (1, *MNIST_TASK.input_shape)
+    assert codec_for(MNIST_TASK).examples_from_json(body).shape == (1, *MNIST_TASK.input_shape)
 
 
 def test_versions_with_embedded_reads_the_store_of_the_daemon_run_with_embedded(

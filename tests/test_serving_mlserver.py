@@ -1,7 +1,7 @@
 """The Open Inference Protocol publisher (``serving.kind: kserve``) against a real MLServer 1.7.1 (no mocks).
 
 The same publisher and client as against KServe's model server, pointed at MLServer through
-``serving.inference_url``; the server side is serving/mlserver_runtime.py. MLServer runs from a
+``serving.inference_url``; the server side is serving/runtimes/mlserver.py. MLServer runs from a
 virtualenv of its own (scripts/setup_mlserver.sh); without it these tests are skipped. Each test
 starts its own MLServer.
 """
@@ -19,10 +19,9 @@ from alma_daemon.config import build_config
 from alma_daemon.core.checkpoint_index import WEIGHTS
 from alma_daemon.learners import Learner
 from alma_daemon.local_servers.mlserver import MLServerServer
-from serving import make_publisher
-from serving.oip_client import OipClient, OipError
-from serving.oip_codec import ClassificationOipCodec
-from serving.oip_publisher import OipPublisher
+from serving.protocols.codecs import ClassificationCodec
+from serving.publishing import make_publisher
+from serving.publishing.oip import OipClient, OipError, OipPublisher
 from tests.helpers.serving import clients_during, metric_value, new_learner, save_version
 
 pytestmark = pytest.mark.integration
@@ -45,9 +44,9 @@ def publisher_for(server: MLServerServer, store_root: Path, **serving) -> OipPub
 
 def served(client: OipClient, name: str, x: torch.Tensor, learner: Learner) -> tuple[torch.Tensor, str]:
     """The probabilities ``name`` answers for ``x``, and the version it says it is."""
-    codec = ClassificationOipCodec(learner.task)
-    answer = client.infer(name, codec.encode_request(x))
-    return codec.decode_response(answer), answer["model_version"]
+    codec = ClassificationCodec(learner.task)
+    answer = client.infer(name, codec.encode_oip(x))
+    return codec.decode_oip(answer), answer["model_version"]
 
 
 def test_published_version_answers_like_the_learner_in_process(mlserver_server, tmp_path, good_and_bad):
@@ -61,10 +60,10 @@ def test_published_version_answers_like_the_learner_in_process(mlserver_server, 
         probabilities, version = served(publisher.client, name, sample.x, good)
         torch.testing.assert_close(probabilities, good.predict_proba(sample.x), rtol=0, atol=1e-5)
         assert version == "1"
-    codec = ClassificationOipCodec(good.task)
-    float_request = codec.encode_request(sample.x[:8].float())  # the same pixels as FP32
+    codec = ClassificationCodec(good.task)
+    float_request = codec.encode_oip(sample.x[:8].float())  # the same pixels as FP32
     torch.testing.assert_close(
-        codec.decode_response(publisher.client.infer(MODEL, float_request)),
+        codec.decode_oip(publisher.client.infer(MODEL, float_request)),
         good.predict_proba(sample.x[:8]),
         rtol=0,
         atol=1e-5,

@@ -23,11 +23,11 @@ from alma_daemon.data.tensors import LabeledData
 from alma_daemon.data.text import WordVocabulary, sequences
 from alma_daemon.learners import build_learner
 from alma_daemon.service.bootstrap import drop_uncommitted_checkpoints
-from serving import make_publisher
-from serving.background import BackgroundPublisher
-from serving.codecs import SAFETENSORS_CONTENT_TYPE, codec_for
-from serving.publisher import PublishError
-from serving.torchserve_publisher import TorchServePublisher
+from serving.protocols.codecs import SAFETENSORS_CONTENT_TYPE, codec_for
+from serving.publishing import make_publisher
+from serving.publishing.background import BackgroundPublisher
+from serving.publishing.publisher import PublishError
+from serving.publishing.torchserve import TorchServePublisher
 from tests.helpers.configs import learner_settings
 from tests.helpers.data import separable_data
 from tests.helpers.servers import TorchServeServer, free_ports, http_request, java_available
@@ -126,25 +126,23 @@ def test_handler_answers_like_the_learner_in_process(torchserve_server, tmp_path
     assert publisher.publish(1).action == "promoted"
     codec = codec_for(task)
 
-    request = codec.encode_request(sample.x)
+    request = codec.encode_json(sample.x)
     status, answer = predict(server, json.dumps(request).encode())
     assert status == 200, answer
-    expected = codec.answer(learner, request)
-    torch.testing.assert_close(codec.decode_response(answer), codec.decode_response(expected), rtol=0, atol=1e-5)
+    expected = codec.answer_json(learner, request)
+    torch.testing.assert_close(codec.decode_json(answer), codec.decode_json(expected), rtol=0, atol=1e-5)
     if task.kind == "classification":
-        torch.testing.assert_close(codec.decode_response(answer), learner.predict_proba(sample.x), rtol=0, atol=1e-5)
+        torch.testing.assert_close(codec.decode_json(answer), learner.predict_proba(sample.x), rtol=0, atol=1e-5)
         status, answer = predict(server, safetensors.torch.save({"x": sample.x.contiguous()}), SAFETENSORS_CONTENT_TYPE)
         assert status == 200, answer
-        torch.testing.assert_close(codec.decode_response(answer), learner.predict_proba(sample.x), rtol=0, atol=1e-5)
+        torch.testing.assert_close(codec.decode_json(answer), learner.predict_proba(sample.x), rtol=0, atol=1e-5)
         status, answer = predict(server, json.dumps({"instances": [[1, 2, 3]]}).encode())
         assert status == 400 and "each example must have shape" in answer["error"]
         if task.classes:  # a team's task: the JSON of its events in, its class names out
             events = [dict(zip(FEATURE_NAMES, row)) for row in sample.x.tolist()]
             status, answer = predict(server, json.dumps(events).encode())
             assert status == 200, answer
-            torch.testing.assert_close(
-                codec.decode_response(answer), learner.predict_proba(sample.x), rtol=0, atol=1e-5
-            )
+            torch.testing.assert_close(codec.decode_json(answer), learner.predict_proba(sample.x), rtol=0, atol=1e-5)
             best = learner.predict_proba(sample.x).argmax(1).tolist()
             assert [p["class"] for p in answer["predictions"]] == [task.classes[i] for i in best]
             status, answer = predict(server, json.dumps({**events[0], FEATURE_NAMES[1]: "7"}).encode())

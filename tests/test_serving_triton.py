@@ -29,14 +29,13 @@ from alma_daemon.local_servers.processes import ServerNotInstalled
 from alma_daemon.local_servers.triton import TritonServer
 from alma_daemon.local_servers.triton_install import PYTHON_ENV, TritonInstall, triton_python
 from alma_daemon.testing import Backend, yield_publisher_checks
-from serving import make_publisher
-from serving.live_pointer import withdraw
-from serving.oip_client import OipClient, OipError
-from serving.oip_codec import oip_codec_for
-from serving.oip_names import read_default, version_of
-from serving.triton_model.served import ServedVersion
-from serving.triton_publisher import TritonPublisher
-from serving.triton_repository import (
+from serving.protocols.codecs import codec_for
+from serving.protocols.version_names import read_default, version_of
+from serving.publishing import make_publisher
+from serving.publishing.live_pointer import withdraw
+from serving.publishing.oip import OipClient, OipError
+from serving.publishing.triton import TritonPublisher
+from serving.runtimes.triton.repository import (
     BYTECODE_BLOCKER,
     CONFIG,
     MODEL_FILE,
@@ -45,6 +44,7 @@ from serving.triton_repository import (
     check_name,
     repository_root,
 )
+from serving.runtimes.triton.served import ServedVersion
 from tests.helpers.configs import learner_settings
 from tests.helpers.data import separable_data
 from tests.helpers.servers import free_port, http_request
@@ -257,10 +257,10 @@ def infer(server: TritonServer, name: str, request: dict) -> tuple[int, dict]:
 
 def served_answer(server: TritonServer, name: str, x: torch.Tensor) -> tuple[str, torch.Tensor]:
     """The version ``name`` answers with, and its probabilities for MNIST examples ``x``."""
-    codec = oip_codec_for(MNIST_TASK)
-    status, answer = infer(server, name, codec.encode_request(x))
+    codec = codec_for(MNIST_TASK)
+    status, answer = infer(server, name, codec.encode_oip(x))
     assert status == 200, answer
-    return answer["model_version"], codec.decode_response(answer)
+    return answer["model_version"], codec.decode_oip(answer)
 
 
 @pytest.mark.integration
@@ -275,14 +275,14 @@ def test_served_answers_equal_the_learner_in_process_and_bad_requests_get_a_400(
         learner, sample = learner_for(name, task, overrides), sample_for(task, 16)
         save_version(publisher.store, 1, learner, sample)
         assert publisher.publish(1).action == "promoted"
-        codec = oip_codec_for(task)
-        request = codec.encode_request(sample.x)
+        codec = codec_for(task)
+        request = codec.encode_oip(sample.x)
         for served_name in (publisher.model, f"{publisher.model}-v1"):
             status, answer = infer(triton, served_name, request)
             assert status == 200, answer
             assert answer["model_version"] == "1"
             torch.testing.assert_close(
-                codec.decode_response(answer), codec.answered_in_process(learner, request), rtol=0, atol=1e-5
+                codec.decode_oip(answer), codec.answer_oip_in_process(learner, request), rtol=0, atol=1e-5
             )
         if task.kind == "language_model":  # request parameters reach the model through the ensemble
             status, answer = infer(triton, publisher.model, {**request, "parameters": {"top_k": 3}})
@@ -382,7 +382,7 @@ def test_clients_see_no_failure_during_swaps(triton, good_and_bad):
     for version in range(1, 7):
         save_version(publisher.store, version, new_learner(seed=version), sample)
     publisher.publish(1)
-    request = oip_codec_for(MNIST_TASK).encode_request(sample.x[:4])
+    request = codec_for(MNIST_TASK).encode_oip(sample.x[:4])
     versions: list[list[int]] = [[] for _ in range(4)]
 
     def ask(client: int) -> str:
@@ -480,16 +480,16 @@ def test_alma_serve_starts_a_triton_the_publisher_can_use_and_stops_it(tmp_path,
 
 
 def served_answer_at(url: str, x: torch.Tensor) -> tuple[str, torch.Tensor]:
-    codec = oip_codec_for(MNIST_TASK)
+    codec = codec_for(MNIST_TASK)
     status, body = http_request(
         "POST",
         f"{url}/v2/models/alma/infer",
-        json.dumps(codec.encode_request(x)).encode(),
+        json.dumps(codec.encode_oip(x)).encode(),
         {"Content-Type": "application/json"},
     )
     assert status == 200, body
     answer = json.loads(body)
-    return answer["model_version"], codec.decode_response(answer)
+    return answer["model_version"], codec.decode_oip(answer)
 
 
 @pytest.mark.integration

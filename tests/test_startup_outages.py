@@ -25,9 +25,9 @@ from alma_daemon.config import build_config
 from alma_daemon.infra.connections import redis_client
 from alma_daemon.infra.outages import OutageBoard, OutageTooLong, wait_out
 from alma_daemon.infra.redis_keys import StreamKeys
-from alma_daemon.service import daemon as daemon_module
-from alma_daemon.service.daemon import STATUS_FILE, Daemon
-from alma_daemon.service.heartbeat import Heartbeat
+from alma_daemon.service import daemon_parts
+from alma_daemon.service.daemon import Daemon
+from alma_daemon.service.heartbeat import STATUS_FILE, Heartbeat
 from alma_daemon.service.ingest.store import IngestStore
 from alma_daemon.service.stream_identity import StreamIdentity
 from alma_daemon.transports.kafka import KafkaPublisher
@@ -130,7 +130,7 @@ def test_an_error_that_is_no_outage_is_not_retried() -> None:
 #: Start-up steps that talk to Redis, and where to cut it: before the step's first command.
 STEPS: dict[str, tuple[object, str]] = {
     "identity": (StreamIdentity, "establish"),
-    "restore": (daemon_module, "restore_engine"),
+    "restore": (daemon_parts, "restore_engine"),
     "heartbeat": (Heartbeat, "started"),
     "ingest": (IngestStore, "follow_server"),
 }

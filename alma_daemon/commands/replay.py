@@ -94,7 +94,15 @@ def replay_config(args: argparse.Namespace) -> Config:
 
 def run(args: argparse.Namespace) -> int:
     from alma_daemon.service.embedded_redis import close_redis, connect_redis
-    from alma_daemon.transports.replay import chunk_source, labeled_chunks, parse_rate, replay, replay_publisher
+    from alma_daemon.transports.replay import (
+        RecordFormat,
+        ReplayPace,
+        chunk_source,
+        labeled_chunks,
+        parse_rate,
+        replay,
+        replay_publisher,
+    )
 
     config = replay_config(args)
     rate = parse_rate(args.rate)
@@ -105,18 +113,21 @@ def run(args: argparse.Namespace) -> int:
         chunks = labeled_chunks(load_npz(args.npz, declared_kind(config.task) == "regression"), config)
     else:
         chunks = chunk_source(config)
-    options = dict(
-        rate=rate,
-        max_part_bytes=args.max_part_bytes,
-        progress=not args.no_progress,
-        total=config.stream.megabatches,
-        events=event_format(args, config),
-    )
+    pace = ReplayPace(rate, total=config.stream.megabatches)
+    wire = RecordFormat(args.max_part_bytes, event_format(args, config))
     # Only the embedded transport needs Redis: a Kafka replay runs without a service.
     client = connect_redis(config) if config.kafka.transport == "redis" else None
     try:
         publisher, first = replay_publisher(config, client, partitions=args.partitions)
-        report = replay(chunks, publisher, config.daemon.stream, first_chunk=args.from_chunk or first, **options)
+        report = replay(
+            chunks,
+            publisher,
+            config.daemon.stream,
+            first_chunk=args.from_chunk or first,
+            progress=not args.no_progress,
+            pace=pace,
+            wire=wire,
+        )
     finally:
         if client is not None:
             close_redis(client)

@@ -17,7 +17,7 @@ def add_parser(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from alma_daemon.config import load_config
-    from serving import make_publisher
+    from serving.publishing import make_publisher
 
     config = load_config(args.config, config_overrides(args))
     publisher = make_publisher(config)

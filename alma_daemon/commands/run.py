@@ -2,8 +2,9 @@
 
 Under torchrun rank 0 is the daemon and the other ranks follow its steps (service/rank_followers.py).
 Rank 0 holds the model store's daemon lock (service/store_lock.py) from before it connects to Redis
-until it exits: a second daemon on the same stream is refused at start. The lock and Redis are
-components (service/components.py) around the daemon, which runs its own parts the same way.
+until it exits: a second daemon on the same stream is refused at start. The lock, Redis, the
+progress bar and the status printed at exit (service/run_parts.py) are the first components of the
+daemon's one graph (service/components.py), before its own parts.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from alma_daemon.logs import error_text, print_error
 if TYPE_CHECKING:
     from alma_daemon.config import Config
     from alma_daemon.service.daemon import Daemon
-    from alma_daemon.service.embedded_redis import RedisConnection
     from alma_daemon.training.ranks import World
 
 
@@ -106,67 +106,49 @@ def check_replay_format(args: argparse.Namespace, config: Config) -> None:
 
 
 def serve(args: argparse.Namespace, config: Config, world: World) -> int:
-    """The daemon, with the other ranks (if any) following it, inside the model store's lock and Redis."""
+    """The daemon, with the other ranks (if any) following it; the model store's lock and Redis start
+    first in its graph, and stop last."""
     from alma_daemon.core.checkpoints import CheckpointStore
-    from alma_daemon.service.components import ComponentGraph
-    from alma_daemon.service.embedded_redis import RedisConnection
+    from alma_daemon.service.daemon import Daemon
+    from alma_daemon.service.embedded_redis import ClientOf, RedisConnection
+    from alma_daemon.service.rank_followers import RankLeader
+    from alma_daemon.service.run_parts import ExitStatus, ProgressPart
+    from alma_daemon.service.signals import StepAbandoned
+    from alma_daemon.service.status import format_status
     from alma_daemon.service.store_lock import StoreLock
 
     redis = RedisConnection(config)
-    with ComponentGraph([StoreLock(CheckpointStore(config.daemon.checkpoint_dir, config.serving.model_name)), redis]):
-        return serve_on(args, config, world, redis)
-
-
-def serve_on(args: argparse.Namespace, config: Config, world: World, redis: RedisConnection) -> int:
-    from alma_daemon.infra.redis_keys import StreamKeys
-    from alma_daemon.observability.progress import ProgressBar
-    from alma_daemon.service.daemon import Daemon
-    from alma_daemon.service.rank_followers import RankLeader
-    from alma_daemon.service.signals import StepAbandoned
-    from alma_daemon.service.status import (
-        engine_counters,
-        format_status,
-        freshness_bound,
-        read_status,
-        serving_state,
+    progress = ProgressPart(config, redis, args.until_chunks, enabled=not args.no_progress)
+    at_exit = ExitStatus(config, redis, wanted=lambda: daemon.ended_cleanly and replay_failure(daemon) is None)
+    lock = StoreLock(CheckpointStore(config.daemon.checkpoint_dir, config.serving.model_name))
+    daemon = Daemon(
+        config,
+        ClientOf(redis),
+        until_chunks=args.until_chunks,
+        observers=[progress],
+        followers=RankLeader(world),
+        on_waiting=progress.show_waiting,
+        replay=bool(args.replay),
+        outer=[lock, redis, at_exit, progress],
     )
-
-    keys = StreamKeys(config.daemon.stream)
-    client = redis.client
-    # The bar starts at the chunks processed before a restart, which restore() reads too.
-    processed = int(redis.wait_out(lambda: engine_counters(client, keys)).get("chunks_seen", 0))
-    bar = ProgressBar(args.until_chunks, enabled=not args.no_progress, initial=processed)
-    daemon: Daemon | None = None
-    # The bar is closed before any error is printed, so that no error shares its line.
+    # The bar is closed (the progress part stopped) before any error is printed, so that no error shares its line.
     try:
-        daemon = Daemon(
-            config,
-            client,
-            until_chunks=args.until_chunks,
-            observers=[bar],
-            followers=RankLeader(world),
-            on_waiting=bar.show_waiting,
-            replay=bool(args.replay),
-        )
         daemon.run()
     except StepAbandoned as exc:
-        bar.close()
         print_error(f"alma run: {exc}")
         return 130
     finally:
-        bar.close()
         replay_error = replay_failure(daemon)
         if replay_error is not None:
             print(f"alma run: replay failed: {error_text(replay_error)}", file=sys.stderr)
     if replay_error is not None:
         return 1
-    status = read_status(client, keys, config.daemon.poll_seconds, serving_state(config), freshness_bound(config))
-    print(format_status(status))
+    print(format_status(at_exit.status()))
     return 0
 
 
-def replay_failure(daemon: Daemon | None) -> BaseException | None:
+def replay_failure(daemon: Daemon) -> BaseException | None:
     """Why ``--replay``'s thread failed; None without it, or when it did not fail."""
-    if daemon is None or daemon.replayer is None:
+    if daemon.replayer is None:
         return None
     return daemon.replayer.error

@@ -83,8 +83,8 @@ def validation_values(metrics: dict) -> dict:
 def served_versions(config: Config) -> list[int] | None:
     """The versions the server has loaded (TorchServe), None where it cannot say. Asked through the
     publisher, which imports torch; listing the model store needs neither."""
-    from serving import make_publisher
-    from serving.publisher import PublishError
+    from serving.publishing import make_publisher
+    from serving.publishing.publisher import PublishError
 
     publisher = make_publisher(config)
     assert publisher is not None  # run() asks only a server that loads versions
@@ -120,7 +120,7 @@ def _cell(value) -> str:
 def run(args: argparse.Namespace) -> int:
     from alma_daemon.config import load_config
     from alma_daemon.core.checkpoint_index import CheckpointIndex
-    from serving.live_pointer import LivePointer
+    from serving.publishing.live_pointer import LivePointer
 
     config = load_config(args.config, config_overrides(args))
     if config.serving.kind == "none":

@@ -39,7 +39,7 @@ class CheckpointIndex:
 
     def metrics(self, version: int) -> dict | None:
         """``version``'s metrics.json; None where the version was deleted since it was listed (the
-        daemon keeps only the newest ``daemon.keep_checkpoints``, see ``serving/retention.py``)."""
+        daemon keeps only the newest ``daemon.keep_checkpoints``, see ``serving/publishing/retention.py``)."""
         try:
             return json.loads((self.path(version) / METRICS).read_text())
         except FileNotFoundError:

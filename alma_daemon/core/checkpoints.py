@@ -7,7 +7,7 @@ the step that wrote it never committed: a restarted daemon deletes that version 
 (``alma_daemon/service/bootstrap.py``). Weights are safetensors: loading one never runs code.
 
 A version is deleted (:meth:`CheckpointStore.delete`: an old one past ``daemon.keep_checkpoints``,
-``serving/retention.py``, or an uncommitted one) by renaming its folder to a trash name first, so a
+``serving/publishing/retention.py``, or an uncommitted one) by renaming its folder to a trash name first, so a
 crash part-way leaves a trash folder that :meth:`CheckpointStore.sweep_trash` removes later, never
 a half-deleted version.
 """

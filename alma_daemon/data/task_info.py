@@ -4,7 +4,7 @@ define; without torch, so that ``alma config check`` can judge a config against 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
@@ -32,7 +32,7 @@ _TARGET_DEFAULTS = {
 }
 
 
-def _pair(values: list) -> tuple[float, float]:
+def _pair(values: list[float]) -> tuple[float, float]:
     slope, intercept = (float(v) for v in values)
     return slope, intercept
 
@@ -55,7 +55,7 @@ class TaskInfo:
     #: Channel axis of a raw example ("last" for HWC images as stored on the wire).
     channels_last: bool = False
     augment: bool = False
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
     #: The measure the task is judged by (``task.measure``); "" = the kind's default (alma_daemon/measures).
     measure: str = ""
     #: The classes' names in label-index order (``task.classes``); empty = their indexes.
@@ -150,7 +150,7 @@ class TaskInfo:
         """A standardizing task before its first chunk: its statistics are not known yet."""
         return self.normalization == "standardize" and not self.mean
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "kind": self.kind,
             "input_shape": list(self.input_shape),
@@ -167,7 +167,7 @@ class TaskInfo:
             **{key: value for key, value in self._target_terms().items() if value != _TARGET_DEFAULTS[key]},
         }
 
-    def _target_terms(self) -> dict:
+    def _target_terms(self) -> dict[str, Any]:
         return {
             "measure": self.measure,
             "classes": list(self.classes),
@@ -184,7 +184,7 @@ class TaskInfo:
         }
 
     @classmethod
-    def from_dict(cls, data: dict) -> TaskInfo:
+    def from_dict(cls, data: dict[str, Any]) -> TaskInfo:
         return cls(
             kind=data["kind"],
             input_shape=tuple(data["input_shape"]),

@@ -22,7 +22,7 @@ def configured_task(task: TaskInfo, config: Config) -> TaskInfo:
     """``task`` as ``dataset.normalization`` and the ``task`` section shape it: its normalization and
     statistics, its measure, class names, positive class, costs and loss weights. A term that does not
     fit the task is refused, naming its key. The names of an event's fields (``stream.features``) go
-    in ``extra["features"]``, so serving takes the JSON the wire takes (serving/codecs.py)."""
+    in ``extra["features"]``, so serving takes the JSON the wire takes (serving/protocols/codecs.py)."""
     task = with_target_terms(normalized_task(task, config), config.task)
     if config.stream.features:
         task = replace(task, extra={**task.extra, "features": list(config.stream.features)})

@@ -25,7 +25,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from tokenizers import Tokenizer as HFTokenizer
@@ -48,7 +48,7 @@ class Tokenizer(Protocol):
 
     def decode(self, ids: Sequence[int]) -> str: ...
 
-    def to_dict(self) -> dict: ...
+    def to_dict(self) -> dict[str, Any]: ...
 
 
 class WordVocabulary:
@@ -86,7 +86,7 @@ class WordVocabulary:
     def decode(self, ids: Sequence[int]) -> str:
         return re.sub(f" ?{EOS} ?", "\n", " ".join(self.words[i] for i in ids))
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"kind": "words", "words": self.words}
 
 
@@ -120,17 +120,17 @@ class BPETokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids))
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"kind": "bpe", "json": self.tokenizer.to_str()}
 
 
-_TOKENIZER_KINDS: dict[str, Callable[[dict], Tokenizer]] = {
+_TOKENIZER_KINDS: dict[str, Callable[[dict[str, Any]], Tokenizer]] = {
     "words": lambda d: WordVocabulary(d["words"]),
     "bpe": lambda d: BPETokenizer(HFTokenizer.from_str(d["json"])),
 }
 
 
-def tokenizer_from_dict(data: dict) -> Tokenizer:
+def tokenizer_from_dict(data: dict[str, Any]) -> Tokenizer:
     return _TOKENIZER_KINDS[data["kind"]](data)
 
 
@@ -153,7 +153,9 @@ class TextCorpus:
 _CORPORA: dict[str, Callable[[DatasetConfig, int], TextCorpus]] = {}
 
 
-def register_corpus(name: str) -> Callable:
+def register_corpus(
+    name: str,
+) -> Callable[[Callable[[DatasetConfig, int], TextCorpus]], Callable[[DatasetConfig, int], TextCorpus]]:
     def wrap(fn: Callable[[DatasetConfig, int], TextCorpus]) -> Callable[[DatasetConfig, int], TextCorpus]:
         _CORPORA[name] = fn
         return fn

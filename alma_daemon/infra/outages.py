@@ -17,21 +17,21 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
+from alma_daemon import metrics
 from alma_daemon.infra.unreachable import SERVER_KINDS, ServerUnreachable, gave_up_line, outage_line
 from alma_daemon.logs import NOTICE, ExplainedError, error_text
-from alma_daemon.observability import telemetry
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-SERVERS = telemetry.SERVERS
+SERVERS = metrics.SERVERS
 #: What redis-py raises when the server is unreachable, restarting, or still loading its data.
 REDIS_UNREACHABLE: tuple[type[BaseException], ...] = (redis.ConnectionError, redis.TimeoutError)
 #: First and longest wait between attempts to reach a server that is down.
@@ -87,8 +87,8 @@ class OutageBoard:
         self._lock = threading.Lock()
         self._down: dict[str, Outage] = {}
         for server in SERVERS:
-            telemetry.SERVER_UP.labels(server).set(1)
-        telemetry.DEGRADED_SINCE.set(0)
+            metrics.SERVER_UP.labels(server).set(1)
+        metrics.DEGRADED_SINCE.set(0)
 
     def down(self, server: str, error: BaseException | str) -> Outage:
         """``server`` failed; an outage already under way keeps its start and takes the new reason."""
@@ -128,7 +128,7 @@ class OutageBoard:
                     gave_up_line(outage.server, outage.address, outage.reason, now - outage.since, self.limit_seconds)
                 )
 
-    def as_status(self) -> dict:
+    def as_status(self) -> dict[str, Any]:
         """For ``alma status`` and the local status file."""
         outages = self.outages()
         return {
@@ -141,8 +141,8 @@ class OutageBoard:
 
     def _export(self) -> None:
         for server in SERVERS:
-            telemetry.SERVER_UP.labels(server).set(0 if server in self._down else 1)
-        telemetry.DEGRADED_SINCE.set(min((o.since for o in self._down.values()), default=0))
+            metrics.SERVER_UP.labels(server).set(0 if server in self._down else 1)
+        metrics.DEGRADED_SINCE.set(min((o.since for o in self._down.values()), default=0))
 
 
 def wait_out(

@@ -30,10 +30,6 @@ class StreamKeys:
     def chunk(self, chunk: int) -> str:
         return f"{self.prefix}:chunk:{chunk}"
 
-    def legacy_split(self, chunk: int) -> str:
-        """A buffered chunk as daemons before the chunk store kept it; read once, to move it there."""
-        return f"{self.prefix}:split:{chunk}"
-
     @property
     def assembling(self) -> str:
         return f"{self.prefix}:assembling"

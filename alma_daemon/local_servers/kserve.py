@@ -1,10 +1,10 @@
 """KServe's model server as a local server: the one ``alma serve --kind kserve`` runs, and the one the
 ``kserve_server`` fixture and the benchmarks start.
 
-It runs :mod:`serving.kserve_server` over the daemon's model store (``daemon.checkpoint_dir``) and
+It runs :mod:`serving.runtimes.kserve_server` over the daemon's model store (``daemon.checkpoint_dir``) and
 model (``serving.model_name``), on the port of ``serving.inference_url`` and the address of
 ``serving.bind_host`` (else the URL's host: loopback by default). Its model repository API answers
-only the token of ``serving.repository_token_file`` (:mod:`serving.oip_token`), which it writes in
+only the token of ``serving.repository_token_file`` (:mod:`serving.protocols.repository_token`), which it writes in
 its folder where the key is unset. It starts at normal priority and takes ``serving.niceness`` once
 it serves a version, and the wait for it lasts as long as it keeps using CPU (up to
 :data:`START_TIMEOUT_SECONDS`): on a busy machine its start and first load do not wait for spare CPU
@@ -26,7 +26,7 @@ from pathlib import Path
 
 from alma_daemon.config import Config, ConfigError
 from alma_daemon.local_servers.processes import LOOPBACK, RecordedServer, ServerNotInstalled, free_port, http_ok
-from serving.oip_token import TOKEN_FILE, kserve_folder, read_token, write_token
+from serving.protocols.repository_token import TOKEN_FILE, kserve_folder, read_token, write_token
 
 PID_FILE = "kserve.pid"
 #: The longest wait for a start that keeps using CPU: minutes on a machine whose cores training holds.
@@ -122,9 +122,9 @@ class KServeServer(RecordedServer):
         self.ports = [free_port()]
 
     def command(self) -> list[str]:
-        # No `nice`: the server lowers its own priority once it serves (serving/kserve_model.py).
+        # No `nice`: the server lowers its own priority once it serves (serving/runtimes/kserve.py).
         return [
-            sys.executable, "-m", "serving.kserve_server",
+            sys.executable, "-m", "serving.runtimes.kserve_server",
             "--model-store", str(self.store_root),
             "--model-name", self.model,
             "--host", self.host,

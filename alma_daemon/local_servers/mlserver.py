@@ -3,7 +3,7 @@ publisher of ``serving.kind: kserve`` is tested against (tests/test_serving_mlse
 
 MLServer 1.7 pins FastAPI and Starlette versions that KServe's cannot share, so it runs from a
 virtualenv of its own (scripts/setup_mlserver.sh makes it; :data:`PYTHON_ENV` names its interpreter)
-with alma-daemon installed in it, and loads :mod:`serving.mlserver_runtime` from this checkout.
+with alma-daemon installed in it, and loads :mod:`serving.runtimes.mlserver` from this checkout.
 ``mlserver start <folder>`` reads the settings.json that :class:`MLServerServer` writes in its
 folder, beside its log and pid file.
 """
@@ -42,7 +42,7 @@ class MLServerServer(RecordedServer):
 
     Its gRPC port, which MLServer always opens, is a second free port; its metrics server is off.
     Inference runs in the server's main process (``parallel_workers: 0``), where the model
-    repository and the runtimes share what is loaded (serving/mlserver_runtime.py). Its model
+    repository and the runtimes share what is loaded (serving/runtimes/mlserver.py). Its model
     repository API (REST and gRPC) cannot be closed with a token as KServe's is (MLServer has no
     authentication, and what alma plugs into never sees a request: docs/serving.md), so both ports
     are on loopback only.
@@ -96,7 +96,7 @@ class MLServerServer(RecordedServer):
             "grpc_port": self.ports[1],
             "metrics_endpoint": None,
             "parallel_workers": 0,
-            "model_repository_implementation": "serving.mlserver_runtime.CheckpointRepository",
+            "model_repository_implementation": "serving.runtimes.mlserver.CheckpointRepository",
             "model_repository_implementation_args": {
                 "store_root": str(self.store_root),
                 "model": self.model,

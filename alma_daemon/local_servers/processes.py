@@ -481,7 +481,7 @@ class RecordedServer(ServerProcess):
 
     pid_file = "server.pid"
     #: True for a server that starts at normal priority and takes :attr:`niceness` once it serves: by
-    #: itself, told on its command line (KServe's: serving/kserve_model.py), or in each model process
+    #: itself, told on its command line (KServe's: serving/runtimes/kserve.py), or in each model process
     #: once its version is loaded, told in ``NICENESS_ENV`` (TorchServe's workers, Triton's Python
     #: backend: alma_daemon/infra/priority.py). Its imports and first load then do not wait for spare
     #: CPU on a busy machine. Else the server runs at :attr:`niceness` from its first instruction.

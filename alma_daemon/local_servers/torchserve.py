@@ -31,7 +31,7 @@ from pathlib import Path
 from alma_daemon.config import Config, ServingConfig
 from alma_daemon.infra.priority import NICENESS_ENV
 from alma_daemon.local_servers.processes import LOOPBACK, RecordedServer, ServerNotInstalled, free_ports
-from serving.torchserve_keys import KEY_FILE, TokenKeys, torchserve_folder
+from serving.protocols.torchserve_keys import KEY_FILE, TokenKeys, torchserve_folder
 
 log = logging.getLogger(__name__)
 
@@ -57,10 +57,10 @@ class TorchServeServer(RecordedServer):
     and stops it (``alma serve --stop``). Without one (the tests, the benchmarks) it takes free
     loopback ports, chosen again when another process takes one first, at niceness 0, without token
     authorization. It starts at normal priority, and each worker takes ``serving.niceness`` once its
-    version is loaded (serving/handler.py), so a busy machine slows the start and the first load without
-    stalling them; ``report`` is told each stage of a start, which waits as long as the server keeps
-    using CPU (up to :data:`START_TIMEOUT_SECONDS`). Registered
-    models are forgotten on restart; the model store's files stay.
+    version is loaded (serving/runtimes/torchserve_handler.py), so a busy machine slows the start and
+    the first load without stalling them; ``report`` is told each stage of a start, which waits as
+    long as the server keeps using CPU (up to :data:`START_TIMEOUT_SECONDS`). Registered models are
+    forgotten on restart; the model store's files stay.
     """
 
     name = "torchserve"
@@ -153,7 +153,8 @@ class TorchServeServer(RecordedServer):
             "--ts-config", str(self.config_path),
         ]  # fmt: skip
         # At normal priority: the JVM's start and a version's first load do not wait for spare CPU on
-        # a busy machine. Each worker lowers its own once its version is loaded (serving/handler.py).
+        # a busy machine. Each worker lowers its own once its version is loaded
+        # (serving/runtimes/torchserve_handler.py).
         return command
 
     def environment(self) -> dict[str, str]:

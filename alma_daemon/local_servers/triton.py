@@ -4,18 +4,18 @@ tests/test_serving_triton.py and benchmarks/bench_swap.py start.
 tritonserver comes from nvidia-pytriton's wheel (the ``triton`` extra), in a virtualenv of its own
 (scripts/setup_triton.sh; :data:`PYTHON_ENV` names its interpreter): the wheel's numpy pin is not the
 package's. That virtualenv's Python is also the one Triton's Python backend runs each checkpoint in
-(serving/triton_model/): the backend's stub process embeds the interpreter's shared library, found
+(serving/runtimes/triton/): the backend's stub process embeds the interpreter's shared library, found
 through ``LD_LIBRARY_PATH``, and takes the virtualenv for its own by finding its ``python3`` first on
 ``PATH``; it ignores ``PYTHONPATH``, so this checkout is named in :data:`PATH_ENV` instead. The
 server's folder holds its log, pid file, token and a copy of the Python backend with the stub built
 for that Python (as PyTriton itself lays it out).
 
-It serves the model repository in the model store (serving/triton_repository.py; the publisher writes
+It serves the model repository in the model store (serving/runtimes/triton/repository.py; the publisher writes
 it), in explicit model control: a name loads when the publisher asks. A restarted server loads at its
 start the default name and its versioned name, where their folders and the default file say so. It
 listens on one address (``serving.bind_host``, else the host of ``serving.inference_url``), HTTP only
 (no gRPC, no metrics port); the APIs that change the server answer only the token
-(serving/triton_token.py). It starts at normal priority; each version's Python-backend process takes
+(serving/protocols/triton_token.py). It starts at normal priority; each version's Python-backend process takes
 ``serving.niceness`` once its checkpoint is loaded (and the session's autogroup with it, which later
 loads run in: alma_daemon/infra/priority.py), so a busy machine slows the start and the first load
 without stalling them.
@@ -43,10 +43,10 @@ from alma_daemon.local_servers.processes import (
     http_ok,
 )
 from alma_daemon.local_servers.triton_install import CHECKOUT, TritonInstall, triton_python
-from serving.oip_names import read_default, versioned_name
-from serving.oip_token import TOKEN_FILE, read_token, write_token
-from serving.triton_repository import PATH_ENV, TritonRepository, repository_root
-from serving.triton_token import triton_folder
+from serving.protocols.repository_token import TOKEN_FILE, read_token, write_token
+from serving.protocols.triton_token import triton_folder
+from serving.protocols.version_names import read_default, versioned_name
+from serving.runtimes.triton.repository import PATH_ENV, TritonRepository, repository_root
 
 PID_FILE = "triton.pid"
 #: The longest wait for a start that keeps using CPU (models loaded at the start import torch).
@@ -175,7 +175,7 @@ class TritonServer(RecordedServer):
             f"--backend-directory={self.workdir / 'backends'}",
             f"--http-address={self.host}",
             f"--http-port={self.port}",
-            # The configs are complete (serving/triton_repository.py): completing one would run the
+            # The configs are complete (serving/runtimes/triton/repository.py): completing one would run the
             # model's Python, torch's import included, once more per load.
             "--disable-auto-complete-config",
             "--allow-grpc=false",

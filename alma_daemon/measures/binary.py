@@ -11,7 +11,8 @@ import math
 import torch
 
 from alma_daemon.measures.base import Measure, Measurement, mean_measurement, on_cpu, proportion, register_measure
-from alma_daemon.measures.classification import ErrorRate, binary_details
+from alma_daemon.measures.classification import BalancedError  # so MEASURES lists the classifier's measures first
+from alma_daemon.measures.details import binary_details
 
 
 class PositiveClassMeasure(Measure):
@@ -38,7 +39,7 @@ class Recall(PositiveClassMeasure):
     rate = True
     # Flagging everything (recall) or only the surest case (precision) maximizes it: a stage stops
     # early on the balanced error instead, which neither trick improves.
-    stopping_measure = "balanced_error"
+    stopping_measure = BalancedError.name
     description = "binary: share of the positive class's examples predicted positive"
 
     @on_cpu
@@ -60,7 +61,7 @@ class Precision(PositiveClassMeasure):
     rate = True
     # Flagging everything (recall) or only the surest case (precision) maximizes it: a stage stops
     # early on the balanced error instead, which neither trick improves.
-    stopping_measure = "balanced_error"
+    stopping_measure = BalancedError.name
     description = "binary: share of the examples predicted positive that are positive"
 
     @on_cpu
@@ -172,12 +173,3 @@ class Cost(PositiveClassMeasure):
             ~positives & flagged
         ).double() * self.target.false_positive_cost
         return losses, torch.ones_like(losses, dtype=torch.bool)
-
-
-#: The measures a binary task's details show, in order.
-BINARY_DETAILS: dict[str, type[Measure]] = {
-    "error": ErrorRate,
-    "recall": Recall,
-    "precision": Precision,
-    "pr_auc": PrAuc,
-}

@@ -7,6 +7,7 @@ import math
 import torch
 
 from alma_daemon.measures.base import Measure, Measurement, Target, mean_measurement, on_cpu, register_measure
+from alma_daemon.measures.details import binary_details
 
 #: Probabilities are clipped to this before their log: a confident mistake costs a large, finite loss.
 LOG_LOSS_FLOOR = 1e-12
@@ -123,11 +124,3 @@ def class_details(measure: Measure, outputs: torch.Tensor, y: torch.Tensor) -> d
     for c, recall in enumerate(per_class_recall(outputs, y, measure.target)):
         details[f"recall[{measure.target.class_name(c)}]"] = recall
     return details
-
-
-def binary_details(measure: Measure, outputs: torch.Tensor, y: torch.Tensor, *, skip: str) -> dict[str, float]:
-    """A binary task's measures beside ``skip`` (the headline): error, recall, precision, PR-AUC."""
-    from alma_daemon.measures.binary import BINARY_DETAILS
-
-    outputs, y = outputs.cpu(), y.cpu()
-    return {name: cls(measure.target).measure(outputs, y).value for name, cls in BINARY_DETAILS.items() if name != skip}

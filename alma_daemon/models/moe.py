@@ -16,6 +16,7 @@ tree still reaches one of the two identical children, so a split never changes t
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -26,11 +27,11 @@ from alma_daemon.models.noise import DrawsNoise
 LEAF = {"expert": 0}
 
 
-def count_experts(tree: dict) -> int:
+def count_experts(tree: dict[str, Any]) -> int:
     return 1 if "expert" in tree else sum(count_experts(child) for child in tree["children"])
 
 
-def split_leaf(tree: dict, expert: int, gate: int, new_expert: int) -> dict:
+def split_leaf(tree: dict[str, Any], expert: int, gate: int, new_expert: int) -> dict[str, Any]:
     """A copy of ``tree`` whose leaf ``expert`` became gate ``gate`` over ``expert`` and ``new_expert``."""
     if "expert" in tree:
         if tree["expert"] != expert:
@@ -50,7 +51,9 @@ class TreeGatedMoE(DrawsNoise):
     Hard gating samples each gate's choice in training from ``self.generator`` (see
     :mod:`alma_daemon.models.noise`)."""
 
-    def __init__(self, experts: list[nn.Module], gates: list[nn.Module], tree: dict, hard: bool, input_size: int):
+    def __init__(
+        self, experts: list[nn.Module], gates: list[nn.Module], tree: dict[str, Any], hard: bool, input_size: int
+    ):
         super().__init__()
         if count_experts(tree) != len(experts):
             raise ValueError(f"tree has {count_experts(tree)} leaves but {len(experts)} experts were given")

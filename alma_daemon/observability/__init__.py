@@ -1,3 +1,4 @@
-"""What a person watches: the Prometheus metrics (one registry) and their exporter, the results log
-of a run (``results.json``, ``series.csv``), and the reports and figures drawn from any run folder.
+"""What a person watches: the exporter of the Prometheus metrics (their one registry is
+:mod:`alma_daemon.metrics`, below the layers that update it), the results log of a run
+(``results.json``, ``series.csv``), and the reports and figures drawn from any run folder.
 """

@@ -1,5 +1,5 @@
 """The Prometheus exporter: an HTTP server for ``/metrics``, ``/healthz`` and ``/readyz``, and the
-engine observer that feeds the engine's measures into :mod:`alma_daemon.observability.telemetry`.
+engine observer that feeds the engine's measures into :mod:`alma_daemon.metrics`.
 
 The daemon (``alma run``) and ``alma simulate --metrics-port P`` start it the same way::
 
@@ -24,10 +24,10 @@ from prometheus_client import Gauge, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 
+from alma_daemon import metrics
 from alma_daemon.core.engine import Engine, EngineObserver
 from alma_daemon.core.records import StageRecord, StepRecord
 from alma_daemon.infra.unreachable import ServerUnreachable
-from alma_daemon.observability import telemetry
 from policies import Decision
 
 log = logging.getLogger(__name__)
@@ -116,7 +116,7 @@ def _server_class(host: str) -> type[ThreadingWSGIServer]:
     return Server
 
 
-def start_exporter(port: int, host: str = "127.0.0.1", registry: Collector = telemetry.REGISTRY) -> Exporter:
+def start_exporter(port: int, host: str = "127.0.0.1", registry: Collector = metrics.REGISTRY) -> Exporter:
     """Serve ``registry`` on ``host:port`` (0 = any free port) from a background thread.
 
     Raises :class:`~alma_daemon.infra.unreachable.ServerUnreachable`, naming ``metrics.port``, when
@@ -135,7 +135,7 @@ def _or_nan(value: float | None) -> float:
 def _set_policy_estimates(estimates: dict[str, float]) -> None:
     """Every estimate gauge from one decision: one it does not carry is NaN, not a stale earlier value
     (so a restarted daemon exports what an uninterrupted one does)."""
-    for name, gauge in telemetry.POLICY_ESTIMATES.items():
+    for name, gauge in metrics.POLICY_ESTIMATES.items():
         gauge.set(estimates.get(name, math.nan))
 
 
@@ -165,8 +165,8 @@ class MetricsObserver(EngineObserver):
         if state.series:
             self.show(StepRecord.from_row(state.series[-1]))
         # Stages started between chunks (time-based policies) are newer than the last record.
-        telemetry.MODEL_VERSION.set(state.model_version)
-        telemetry.PARAMETERS.set(engine.learner.num_parameters())
+        metrics.MODEL_VERSION.set(state.model_version)
+        metrics.PARAMETERS.set(engine.learner.num_parameters())
         _set_policy_estimates(state.last_decision.get("estimates", {}))
         _show_freshness(engine)
         self._examples_seen = state.examples_seen
@@ -175,32 +175,32 @@ class MetricsObserver(EngineObserver):
         """Raise the counter to the stream's ``total``. A step redone after a reload from Redis (an
         outage, a restart beneath it) reaches a total already counted, and adds nothing again."""
         if total > self._flops_counted:
-            telemetry.TRAIN_FLOPS.inc(total - self._flops_counted)
+            metrics.TRAIN_FLOPS.inc(total - self._flops_counted)
             self._flops_counted = total
 
     def on_decision(self, decision: Decision, engine: Engine) -> None:
-        telemetry.POLICY_DECISIONS.labels(decision.action).inc()
+        metrics.POLICY_DECISIONS.labels(decision.action).inc()
         _set_policy_estimates(decision.estimates)
 
     def on_stage(self, stage: StageRecord, engine: Engine) -> None:
-        telemetry.MODEL_UPDATES.labels(stage.kind).inc()
+        metrics.MODEL_UPDATES.labels(stage.kind).inc()
         # The engine adds the stage to its total after its observers have seen it.
         self._count_flops_up_to(engine.state.cumulative_train_flops + stage.train_flops)
-        telemetry.TRAIN_DURATION.observe(stage.train_seconds)
+        metrics.TRAIN_DURATION.observe(stage.train_seconds)
         # A new version exists as soon as the stage ends, before the test evaluation of on_step.
-        telemetry.MODEL_VERSION.set(stage.model_version)
-        telemetry.PARAMETERS.set(stage.parameters)
+        metrics.MODEL_VERSION.set(stage.model_version)
+        metrics.PARAMETERS.set(stage.parameters)
         # A stage between chunks (on_tick) makes the model new without a step record.
         _show_freshness(engine)
 
     def on_step(self, record: StepRecord, engine: Engine) -> None:
         if self.in_process_source:
-            telemetry.CHUNKS_RECEIVED.inc()
-            telemetry.EXAMPLES_RECEIVED.inc(record.examples_seen - self._examples_seen)
-            telemetry.BUFFER_CHUNKS.set(len(engine.buffer.pending_chunks()))
+            metrics.CHUNKS_RECEIVED.inc()
+            metrics.EXAMPLES_RECEIVED.inc(record.examples_seen - self._examples_seen)
+            metrics.BUFFER_CHUNKS.set(len(engine.buffer.pending_chunks()))
         self._examples_seen = record.examples_seen
         if record.late:
-            telemetry.LATE_CHUNKS.inc()
+            metrics.LATE_CHUNKS.inc()
         self.show(record)
         _show_freshness(engine)
 
@@ -210,16 +210,16 @@ class MetricsObserver(EngineObserver):
         # The paper's families carry their own measure only: the error rate for classifiers judged by it,
         # perplexity for language models; the other family holds NaN (no measurement).
         is_error = record.measure == "error"
-        for name in telemetry.ERROR_SETS:
-            telemetry.ERROR_RATIO.labels(name).set(_or_nan(record.measured("error", on=name)))
-            telemetry.PERPLEXITY.labels(name).set(_or_nan(record.measured("perplexity", on=name)))
-        telemetry.CUMULATIVE_ERROR.set(_or_nan(record.cumulative if is_error else None))
-        telemetry.CUMULATIVE_PREQUENTIAL_ERROR.set(_or_nan(record.cumulative_prequential if is_error else None))
+        for name in metrics.ERROR_SETS:
+            metrics.ERROR_RATIO.labels(name).set(_or_nan(record.measured("error", on=name)))
+            metrics.PERPLEXITY.labels(name).set(_or_nan(record.measured("perplexity", on=name)))
+        metrics.CUMULATIVE_ERROR.set(_or_nan(record.cumulative if is_error else None))
+        metrics.CUMULATIVE_PREQUENTIAL_ERROR.set(_or_nan(record.cumulative_prequential if is_error else None))
         _show_measure(record)
-        telemetry.PARAMETERS.set(record.parameters)
-        telemetry.CUMULATIVE_PARAMETERS.set(record.cumulative_parameters)
-        telemetry.MODEL_VERSION.set(record.model_version)
-        telemetry.MODEL_AGE_CHUNKS.set(_or_nan(record.model_age_chunks))
+        metrics.PARAMETERS.set(record.parameters)
+        metrics.CUMULATIVE_PARAMETERS.set(record.cumulative_parameters)
+        metrics.MODEL_VERSION.set(record.model_version)
+        metrics.MODEL_AGE_CHUNKS.set(_or_nan(record.model_age_chunks))
 
 
 def _show_freshness(engine: Engine) -> None:
@@ -227,29 +227,29 @@ def _show_freshness(engine: Engine) -> None:
     seconds counts from (``time() - alma_last_stage_timestamp_seconds``), and ``policy.max_model_age_*``."""
     chunks, _ = engine.model_age()
     state, policy = engine.state, engine.config.policy
-    telemetry.MODEL_AGE_CHUNKS.set(chunks)
-    telemetry.LAST_STAGE_TIMESTAMP.set(state.last_stage_at if state.last_stage_at is not None else state.started_at)
-    telemetry.FRESHNESS_BOUND_CHUNKS.set(_or_nan(policy.max_model_age_chunks))
-    telemetry.FRESHNESS_BOUND_SECONDS.set(_or_nan(policy.max_model_age_seconds))
+    metrics.MODEL_AGE_CHUNKS.set(chunks)
+    metrics.LAST_STAGE_TIMESTAMP.set(state.last_stage_at if state.last_stage_at is not None else state.started_at)
+    metrics.FRESHNESS_BOUND_CHUNKS.set(_or_nan(policy.max_model_age_chunks))
+    metrics.FRESHNESS_BOUND_SECONDS.set(_or_nan(policy.max_model_age_seconds))
 
 
 def _show_measure(record: StepRecord) -> None:
     """The task's measure's families: the record's measure and details, each set's (NaN where not taken)."""
     m = record.measure
-    _show_only(telemetry.TASK_MEASURE, {(m, on): _or_nan(record.measured(m, on=on)) for on in telemetry.ERROR_SETS})
+    _show_only(metrics.TASK_MEASURE, {(m, on): _or_nan(record.measured(m, on=on)) for on in metrics.ERROR_SETS})
     _show_only(
-        telemetry.CUMULATIVE_MEASURE,
+        metrics.CUMULATIVE_MEASURE,
         {(m, "test"): _or_nan(record.cumulative), (m, "prequential"): record.cumulative_prequential},
     )
-    _show_only(telemetry.BASELINE_MEASURE, {(m,): _or_nan(record.baseline)})
-    _show_only(telemetry.PREQUENTIAL_WINDOW_MEASURE, {(m,): _or_nan(record.prequential_window)})
-    _show_only(telemetry.REFERENCE_PREQUENTIAL_MEASURE, {(m,): _or_nan(record.reference)})
-    _show_only(telemetry.REFERENCE_PREQUENTIAL_WINDOW_MEASURE, {(m,): _or_nan(record.reference_window)})
+    _show_only(metrics.BASELINE_MEASURE, {(m,): _or_nan(record.baseline)})
+    _show_only(metrics.PREQUENTIAL_WINDOW_MEASURE, {(m,): _or_nan(record.prequential_window)})
+    _show_only(metrics.REFERENCE_PREQUENTIAL_MEASURE, {(m,): _or_nan(record.reference)})
+    _show_only(metrics.REFERENCE_PREQUENTIAL_WINDOW_MEASURE, {(m,): _or_nan(record.reference_window)})
     details = {"test": record.test_measures or {}, "prequential": record.prequential_measures or {}}
     names = dict.fromkeys([*details["test"], *details["prequential"]])
     _show_only(
-        telemetry.MEASURE_DETAIL,
-        {(name, on): _or_nan(details[on].get(name)) for name in names for on in telemetry.ERROR_SETS},
+        metrics.MEASURE_DETAIL,
+        {(name, on): _or_nan(details[on].get(name)) for name in names for on in metrics.ERROR_SETS},
     )
 
 

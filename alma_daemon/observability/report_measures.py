@@ -16,7 +16,8 @@ from pathlib import Path
 
 from alma_daemon.core.records import StepRecord
 from alma_daemon.measures import MEASURES
-from alma_daemon.measures.binary import BINARY_DETAILS, PositiveClassMeasure
+from alma_daemon.measures.binary import PositiveClassMeasure
+from alma_daemon.measures.details import BINARY_DETAILS
 from alma_daemon.observability.figures import RunLike, plot_error_curves
 from alma_daemon.observability.measure_words import (
     PAPER_MEASURE,
@@ -30,7 +31,7 @@ from alma_daemon.observability.served_measure import served_measure, served_refe
 #: The measures whose columns every report table has (:data:`alma_daemon.observability.report.TABLE_HEADER`).
 PAPER_COLUMNS = ("error", "perplexity")
 #: A binary task's measures of its positive class, drawn in :data:`DETAILS_PLOT`.
-POSITIVE_CLASS_MEASURES = tuple(name for name, cls in BINARY_DETAILS.items() if issubclass(cls, PositiveClassMeasure))
+POSITIVE_CLASS_MEASURES = tuple(name for name in BINARY_DETAILS if issubclass(MEASURES[name], PositiveClassMeasure))
 DETAILS_PLOT = ("measures_vs_time.png", "recall, precision and PR-AUC of the positive class vs time")
 #: How the details figure names a measure.
 _TITLES = {"pr_auc": "PR-AUC"}

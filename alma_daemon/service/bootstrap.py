@@ -2,7 +2,7 @@
 
 A step is either committed or not at all. After a crash the daemon reloads the committed state,
 withdraws the checkpoint an uncommitted stage may have written (version = committed + 1; see
-:func:`serving.live_pointer.withdraw`), loads the checkpoint of the committed version and redoes
+:func:`serving.publishing.live_pointer.withdraw`), loads the checkpoint of the committed version and redoes
 the interrupted step. Every stage's randomness derives from (seed, stage), so the redone step and
 the series equal an uninterrupted run.
 """
@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import logging
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
 
 from alma_daemon.config import Config, ConfigError, to_dict
 from alma_daemon.core.assembly import assemble_engine
@@ -28,7 +27,7 @@ from alma_daemon.service.chunk_store import ChunkStore
 from alma_daemon.service.engine_store import EngineStateStore
 from alma_daemon.service.ingest.cutter import EventStream
 from alma_daemon.service.redis_buffer import RedisBuffer
-from serving.live_pointer import withdraw
+from serving.publishing.live_pointer import withdraw
 
 log = logging.getLogger(__name__)
 
@@ -60,31 +59,6 @@ def event_stream(config: Config) -> EventStream | None:
     if stream.chunk_examples is None and stream.chunk_seconds is None:
         return None
     return EventStream(stream.chunk_examples, stream.chunk_seconds, tuple(stream.features))
-
-
-def redis_name(config: Config) -> str:
-    """Where Redis is, for messages: host:port, or the embedded server's database file."""
-    if config.redis.url:
-        from alma_daemon.infra.connections import redis_server
-
-        return redis_server(config.redis.url)
-    from alma_daemon.service.embedded_redis import embedded_db_path
-
-    return f"the embedded server ({embedded_db_path(config)})"
-
-
-def redis_location(config: Config) -> str:
-    """Which Redis database, as the model store records it (service/stream_identity.py): scheme, host,
-    port and database of ``redis.url`` (never its credentials), or ``embedded:<database file>``."""
-    if not config.redis.url:
-        from alma_daemon.service.embedded_redis import embedded_db_path
-
-        return f"embedded:{embedded_db_path(config)}"
-    parts = urlsplit(config.redis.url)
-    if parts.scheme == "unix":
-        db = parse_qs(parts.query).get("db", ["0"])[0]
-        return f"unix://{parts.path}?db={db}"
-    return f"{parts.scheme}://{parts.hostname}:{parts.port or 6379}/{parts.path.strip('/') or '0'}"
 
 
 def restore_engine(
@@ -133,7 +107,7 @@ def restore_engine(
 
 def drop_uncommitted_checkpoints(store: CheckpointStore, version: int) -> None:
     """Withdraw from serving and delete the checkpoint a stage wrote after committed ``version``
-    (see :func:`serving.live_pointer.withdraw`).
+    (see :func:`serving.publishing.live_pointer.withdraw`).
 
     The folder is withdrawn even when incomplete (not a version to :meth:`CheckpointStore.versions`):
     a deletion cut short by a crash leaves one in the way of the redone step, and the next start

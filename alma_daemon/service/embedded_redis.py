@@ -12,6 +12,7 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import parse_qs, urlsplit
 
 from alma_daemon.config import Config
 from alma_daemon.infra.connections import redis_client, redis_server
@@ -33,6 +34,25 @@ EMBEDDED_OVERRIDES = ("kafka.transport=redis", "redis.url=null")
 
 def embedded_db_path(config: Config) -> Path:
     return Path(config.daemon.state_dir).resolve() / EMBEDDED_DB
+
+
+def redis_name(config: Config) -> str:
+    """Where Redis is, for messages: host:port, or the embedded server's database file."""
+    if config.redis.url:
+        return redis_server(config.redis.url)
+    return f"the embedded server ({embedded_db_path(config)})"
+
+
+def redis_location(config: Config) -> str:
+    """Which Redis database, as the model store records it (service/stream_identity.py): scheme, host,
+    port and database of ``redis.url`` (never its credentials), or ``embedded:<database file>``."""
+    if not config.redis.url:
+        return f"embedded:{embedded_db_path(config)}"
+    parts = urlsplit(config.redis.url)
+    if parts.scheme == "unix":
+        db = parse_qs(parts.query).get("db", ["0"])[0]
+        return f"unix://{parts.path}?db={db}"
+    return f"{parts.scheme}://{parts.hostname}:{parts.port or 6379}/{parts.path.strip('/') or '0'}"
 
 
 def connect_redis(config: Config) -> Any:
@@ -101,3 +121,15 @@ class RedisConnection(Component):
 
     def stop(self) -> None:
         close_redis(self.client)
+
+
+class ClientOf:
+    """The client of a :class:`RedisConnection`, for the daemon's parts, which are built before the
+    connection starts (they are one graph with it): every attribute is the started connection's
+    client's, and :class:`~alma_daemon.service.components.NotStarted` before it starts."""
+
+    def __init__(self, redis: RedisConnection):
+        self._redis = redis
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._redis.client, name)

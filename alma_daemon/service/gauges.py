@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from alma_daemon.observability import telemetry
+from alma_daemon import metrics
 from alma_daemon.service.redis_buffer import ReadyChunks, RedisBuffer
 
 
@@ -11,4 +11,4 @@ def update_buffer_gauge(ready: ReadyChunks, buffer: RedisBuffer | None) -> None:
     buffered = ready.count()
     if buffer is not None:
         buffered += len(buffer.pending_chunks()) + len(buffer.kept_chunks())
-    telemetry.BUFFER_CHUNKS.set(buffered)
+    metrics.BUFFER_CHUNKS.set(buffered)

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from alma_daemon.infra.outages import REDIS_UNREACHABLE, OutageBoard
-from alma_daemon.observability.exporter import Exporter
 from alma_daemon.service.ingest.worker import IngestWorker
 
 log = logging.getLogger(__name__)
@@ -19,13 +19,14 @@ log = logging.getLogger(__name__)
 class Health:
     """Health checks (from the scheduler's thread) and reports (after each change of an outage)."""
 
-    def __init__(self, client: Any, outages: OutageBoard):
+    def __init__(self, client: Any, outages: OutageBoard, set_ready: Callable[[bool], None] = lambda ready: None):
+        """``set_ready`` is told the health after each report (``/readyz``: the metrics part)."""
         self.client = client
         self.outages = outages
+        self.set_ready = set_ready
         self.healthy = True
         #: Set while the main loop rides out a Redis outage: it declares Redis back itself, after reloading.
         self.riding_out = threading.Event()
-        self.exporter: Exporter | None = None
 
     def check(self, ingest: IngestWorker | None, quiet: bool = False) -> None:
         """Ping Redis, then report."""
@@ -52,5 +53,4 @@ class Health:
                 extra={"healthy": healthy, "ingest": "running" if ingest_ok else "stopped", "down": down},
             )
         self.healthy = healthy
-        if self.exporter is not None:
-            self.exporter.set_ready(healthy)
+        self.set_ready(healthy)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -91,6 +92,37 @@ class Heartbeat:
             "ingest": ingest_state(ingest),
             "degraded": json.dumps(self.outages.as_status()),
         }
+
+
+class Phases:
+    """The daemon's phase as it changes: to the heartbeat, and a wait that is shown to ``on_waiting``
+    too (the progress bar)."""
+
+    def __init__(self, heartbeat: Heartbeat, on_waiting: Callable[[str], None] = lambda waiting_for: None):
+        self.heartbeat = heartbeat
+        #: Told what the daemon waits for whenever that changes (empty: it works).
+        self.on_waiting = on_waiting
+        self._shown_wait = ""
+
+    def set(self, phase: str, waiting_for: str = "", *, shown: bool = False, redis_down: bool = False) -> None:
+        """Enter ``phase`` (:meth:`Heartbeat.set_phase`).
+
+        A wait ``shown`` goes to :attr:`on_waiting` too (a server down, a missing chunk, the last
+        swap; not the next chunk, which the bar's stillness says) and stays there until another wait
+        or a chunk replaces it: a policy check in between does not."""
+        show = self._shown_wait
+        if waiting_for or phase.startswith("processing"):
+            show = waiting_for if shown else ""
+        if show != self._shown_wait:
+            self._shown_wait = show
+            self.on_waiting(show)
+        self.heartbeat.set_phase(phase, waiting_for, redis_down=redis_down)
+
+    def show_redis_down(self, phase: str, waiting_for: str) -> None:
+        """A start-up step's wait for Redis (``redis_outage.StartupWait``), shown, and in the status file
+        at once, before the ingest thread runs."""
+        self.set(phase, waiting_for, shown=True, redis_down=True)
+        self.heartbeat.write_file(False, None)
 
 
 def ingest_state(ingest: IngestWorker | None) -> str:

@@ -1,7 +1,7 @@
 """The hand-off of new model versions to the publisher, once their step is committed.
 
 A stage writes its checkpoint before its step commits, and the checkpoint of a step that never
-commits is withdrawn (see :func:`serving.live_pointer.withdraw`): a version is handed to the
+commits is withdrawn (see :func:`serving.publishing.live_pointer.withdraw`): a version is handed to the
 publisher only after the commit that keeps it.
 """
 
@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from alma_daemon.core.engine import Engine, EngineObserver
 from alma_daemon.logs import NOTICE
-from serving.background import BackgroundPublisher
+from serving.publishing.background import BackgroundPublisher
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ class PublishHandoff:
 
     def reloading(self) -> None:
         """The engine is about to be reloaded: nothing handed over so far is published any more (see
-        :func:`serving.live_pointer.withdraw`). Called before the reload deletes anything, so that the
+        :func:`serving.publishing.live_pointer.withdraw`). Called before the reload deletes anything, so that the
         publisher cannot take it in between."""
         if self.publisher is not None:
             self.publisher.forget_pending()

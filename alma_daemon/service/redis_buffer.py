@@ -96,11 +96,6 @@ class ReadyChunks:
         pipe.hincrby(self.keys.ingest, "queued_bytes", -size)
 
 
-def _decode(blob: bytes) -> LabeledData:
-    tensors = safetensors.torch.load(blob)
-    return LabeledData(tensors["x"], tensors["y"])
-
-
 class RedisBuffer:
     """A ``ChunkBuffer`` whose chunks' ids and sizes live in Redis and their examples in a
     :class:`ChunkStore`; membership changes are saved at commit.
@@ -131,7 +126,6 @@ class RedisBuffer:
         store.check_writable()
         buffer = cls(client, keys, store)
         named = set(buffer._examples)
-        buffer._move_legacy_splits(named - store.sweep(named))
         missing = sorted(named - store.sweep(named))
         if missing:
             raise ConfigError(
@@ -140,19 +134,6 @@ class RedisBuffer:
                 "started with"
             )
         return buffer
-
-    def _move_legacy_splits(self, chunk_ids: set[int]) -> None:
-        """Chunks a daemon before the chunk store buffered in Redis (``alma:{s}:split:<chunk>``) move to
-        the store: each file is written before its hash is deleted, so a crash between repeats the move."""
-        for chunk_id in sorted(chunk_ids):
-            legacy = self.keys.legacy_split(chunk_id)
-            train, val, examples = self.client.hmget(legacy, ["train", "val", "examples"])
-            if train is None or val is None:
-                continue
-            self.store.write(SplitChunk(chunk_id, _decode(train), _decode(val)))
-            self.client.hset(self.keys.buffered, chunk_id, int(examples or 0))
-            self._examples[chunk_id] = int(examples or 0)
-            self.client.delete(legacy)
 
     def add(self, chunk: SplitChunk) -> None:
         if chunk.index in self._examples:

@@ -31,8 +31,8 @@ from alma_daemon.infra.outages import (
 from alma_daemon.infra.unreachable import outage_line
 
 if TYPE_CHECKING:
+    # Named only for types: this module is torch-free (see above), and these import torch.
     from alma_daemon.core.engine import Engine
-    from alma_daemon.service.daemon import Daemon
     from alma_daemon.service.stream_identity import StreamIdentity
 
 log = logging.getLogger(__name__)
@@ -141,14 +141,3 @@ class StartupWait:
             self.show("starting", "")
         else:
             self.show("waiting", outage.describe())
-
-
-def start_step(daemon: Daemon, work: Callable[[], T]) -> T:
-    """``work``, a step of ``daemon``'s start, waiting out Redis (:class:`StartupWait`) on the daemon's
-    outage board, with its phase and status file."""
-
-    def show(phase: str, waiting_for: str) -> None:
-        daemon.set_phase(phase, waiting_for, shown=True, redis_down=True)
-        daemon.heartbeat.write_file(False, daemon.ingest)
-
-    return StartupWait(daemon.outages, show, daemon.config.daemon.poll_seconds).run(work)

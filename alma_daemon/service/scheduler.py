@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Callable
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
@@ -17,18 +17,16 @@ from apscheduler.schedulers.background import BackgroundScheduler
 HEALTH_SECONDS = 5.0
 
 
-class DaemonJobs(Protocol):
-    def request_policy_check(self) -> None: ...
-
-    def write_status(self) -> None: ...
-
-    def check_health(self) -> None: ...
-
-
-def build_scheduler(jobs: DaemonJobs, poll_seconds: float) -> BackgroundScheduler:
+def build_scheduler(
+    poll_seconds: float,
+    *,
+    policy_check: Callable[[], None],
+    status: Callable[[], None],
+    health: Callable[[], None],
+) -> BackgroundScheduler:
     """A not-yet-started scheduler running the three jobs; a late run is merged into the next, never doubled."""
     scheduler = BackgroundScheduler(timezone="UTC", job_defaults={"coalesce": True, "max_instances": 1})
-    scheduler.add_job(jobs.request_policy_check, "interval", seconds=poll_seconds, id="policy_check")
-    scheduler.add_job(jobs.write_status, "interval", seconds=poll_seconds, id="status")
-    scheduler.add_job(jobs.check_health, "interval", seconds=max(poll_seconds, HEALTH_SECONDS), id="health")
+    scheduler.add_job(policy_check, "interval", seconds=poll_seconds, id="policy_check")
+    scheduler.add_job(status, "interval", seconds=poll_seconds, id="status")
+    scheduler.add_job(health, "interval", seconds=max(poll_seconds, HEALTH_SECONDS), id="health")
     return scheduler

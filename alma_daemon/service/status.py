@@ -24,7 +24,7 @@ from alma_daemon.observability.measure_words import (
 )
 from alma_daemon.service.engine_store import last_record
 from alma_daemon.service.redis_tx import text_hash
-from serving.live_pointer import LivePointer, ServingState
+from serving.publishing.live_pointer import LivePointer, ServingState
 
 #: A daemon whose heartbeat is older than this many poll intervals is reported as not running.
 STALE_HEARTBEATS = 5

@@ -11,10 +11,10 @@ import json
 import logging
 from typing import Any
 
+from alma_daemon import metrics
 from alma_daemon.core.engine import Engine
 from alma_daemon.data.wire import RejectedRecord
 from alma_daemon.infra.redis_keys import StreamKeys
-from alma_daemon.observability import telemetry
 from alma_daemon.service.engine_store import EngineStateStore
 from alma_daemon.service.redis_buffer import ReadyChunks, RedisBuffer
 from alma_daemon.service.redis_tx import dead_letter, watched_transaction
@@ -56,7 +56,7 @@ class StepCommit:
             ready.stage_consume(pipe, chunk_id)
             dead_letter(pipe, self.keys, rejection.reason, rejection.detail, f"chunk {chunk_id}")
             pipe.execute()
-        telemetry.RECORDS_REJECTED.labels(rejection.reason).inc()
+        metrics.RECORDS_REJECTED.labels(rejection.reason).inc()
         log.warning(
             "ready chunk rejected", extra={"chunk": chunk_id, "reason": rejection.reason, "detail": rejection.detail}
         )

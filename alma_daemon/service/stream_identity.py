@@ -49,7 +49,7 @@ def server_run_id(client: Any) -> str:
 
 
 def describe_location(location: str) -> str:
-    """A location as :func:`alma_daemon.service.bootstrap.redis_location` writes it, for messages."""
+    """A location as :func:`alma_daemon.service.embedded_redis.redis_location` writes it, for messages."""
     if location.startswith("embedded:"):
         return f"the embedded Redis of {location.removeprefix('embedded:')}"
     return location
@@ -59,7 +59,7 @@ class StreamIdentity:
     """The stream's identity, as Redis and the model store each hold it.
 
     The model store's record also names the Redis it was written against: its location (``redis``,
-    from :func:`alma_daemon.service.bootstrap.redis_location`) and the database's own identity
+    from :func:`alma_daemon.service.embedded_redis.redis_location`) and the database's own identity
     (``redis_id``, the key ``alma:redis-id``). A Redis without the stream is then told apart: another
     Redis than the store's (:class:`ForeignModelStore`: set ``daemon.checkpoint_dir``), or the store's
     own Redis, which has lost its data or had the stream's keys deleted (:class:`RedisLostTheStream`).

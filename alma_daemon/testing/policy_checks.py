@@ -38,7 +38,7 @@ SECONDS_PER_EXAMPLE = 0.5
 MEASURES_DECIDED_ON = ("recall", "cost", "mse", "perplexity")
 GROW_EVERY = (0, 1, 2)
 
-Trace = list[tuple[PolicyState, dict, Decision]]
+Trace = list[tuple[PolicyState, dict[str, Any], Decision]]
 
 
 @dataclass

@@ -19,7 +19,7 @@ import torch
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import Learner
 from alma_daemon.testing.checks import Check, ContractError, answers_alike, expect, run_checks
-from serving.publisher import Publisher, PublishError
+from serving.publishing.publisher import Publisher, PublishError
 
 #: Examples each check asks the served version about.
 ASKED = 4

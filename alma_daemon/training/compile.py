@@ -40,6 +40,8 @@ import logging
 import os
 import shutil
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -102,31 +104,44 @@ class _Loss(nn.Module):
             return self.objective(self.net, x, y)
 
 
-def _train_step(
-    loss: _Loss,
-    names: tuple[str, ...],
-    flat: torch.Tensor,
-    buffers: dict[str, torch.Tensor],
-    rule: UpdateRule,
-    state: dict,
-    group: dict,
-    x: torch.Tensor,
-    y: torch.Tensor,
-) -> None:
-    """One step, traced whole: the gradient of ``loss`` with respect to ``flat`` and the update rule on it.
+@dataclass(frozen=True)
+class FlatLoss:
+    """The stage's loss as the traced step reads it: the module, the names of the parameters that the
+    flat tensor holds (in its order), and the module's buffers (batch-norm statistics)."""
+
+    module: _Loss
+    names: tuple[str, ...]
+    buffers: dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class FlatUpdate:
+    """One update of the optimizer's flat parameter tensor: the tensor, the update rule, its state
+    (updated in place) and the parameter group's hyperparameters."""
+
+    flat: torch.Tensor
+    rule: UpdateRule
+    state: dict[str, Any]
+    group: dict[str, Any]
+
+
+def _train_step(loss: FlatLoss, update: FlatUpdate, x: torch.Tensor, y: torch.Tensor) -> None:
+    """One step, traced whole: the gradient of ``loss`` with respect to ``update.flat`` and the update
+    rule on it.
 
     Buffers (batch-norm statistics) are arguments, not captured tensors: ``torch.func.grad`` refuses
     in-place updates of captured tensors.
     """
-    shapes = [loss.get_parameter(name).shape for name in names]
+    module, names = loss.module, loss.names
+    shapes = [module.get_parameter(name).shape for name in names]
 
     def loss_of(flat: torch.Tensor, buffers: dict[str, torch.Tensor]) -> torch.Tensor:
         parts = flat.split([shape.numel() for shape in shapes])
         views = {name: part.view(shape) for name, part, shape in zip(names, parts, shapes)}
-        return functional_call(loss, {**views, **buffers}, (x, y))
+        return functional_call(module, {**views, **buffers}, (x, y))
 
-    grad = torch.func.grad(loss_of)(flat, buffers)
-    rule(flat, grad, state, group)
+    grad = torch.func.grad(loss_of)(update.flat, loss.buffers)
+    update.rule(update.flat, grad, update.state, update.group)
 
 
 #: Traces of the step kept per process. Every stage of a growing model (Firefly, gEns, gMoE) is a new
@@ -168,6 +183,7 @@ class CompiledStep:
         names = {id(p): f"net.{name}" for name, p in net.named_parameters()}
         self.names = tuple(names[id(p)] for group in optimizer.groups for p in group)
         self.buffers = dict(self.loss.named_buffers())
+        self.flat_loss = FlatLoss(self.loss, self.names, self.buffers)
         self.lr: torch.Tensor | None = None  # the learning rate as the compiled step takes it; set at the first step
 
     def takes(self, x: torch.Tensor) -> bool:
@@ -194,7 +210,7 @@ class CompiledStep:
         # Numbers that change from step to step go in as tensors, or each new value would compile again.
         group["lr"] = self.lr.fill_(group["lr"])
         step = compiled_train_step(flat.device.type)
-        args = (self.loss, self.names, flat, self.buffers, inner.rule, state, group, x, y)
+        args = (self.flat_loss, FlatUpdate(flat, inner.rule, state, group), x, y)
         if not first:
             with torch.no_grad():
                 step(*args)
@@ -203,7 +219,7 @@ class CompiledStep:
         with torch.no_grad(), torch._dynamo.config.patch(recompile_limit=TRACES_KEPT):
             step(*args)
 
-    def _prepare(self, flat: torch.Tensor, state: dict) -> torch.Tensor:
+    def _prepare(self, flat: torch.Tensor, state: dict[str, Any]) -> torch.Tensor:
         """Before the stage's first compiled step: Python numbers in the optimizer state (Adam's step
         count) become tensors, which the rules then update in place; on CUDA, the tensors the step
         updates in place are marked static. Returns the tensor that will hold the learning rate."""

@@ -54,7 +54,7 @@ def optimizer_factory(
 class Stepper(Protocol):
     """What :class:`FlatOptimizer` needs of the optimizer it runs on its flat tensors (a torch.optim one fits)."""
 
-    param_groups: list[dict]
+    param_groups: list[dict[str, Any]]
     state: Any
 
     def step(self) -> None: ...
@@ -62,7 +62,7 @@ class Stepper(Protocol):
 
 #: ``rule(param, grad, state, group)``: one algorithm's update of ``param`` in place; ``grad`` may be
 #: overwritten, ``state`` (empty at the first step) is the parameter's own.
-UpdateRule = Callable[[torch.Tensor, torch.Tensor, dict, dict], None]
+UpdateRule = Callable[[torch.Tensor, torch.Tensor, dict[str, Any], dict[str, Any]], None]
 
 
 def _as_tensors(param: torch.Tensor, **constants: float) -> dict[str, torch.Tensor]:
@@ -81,7 +81,7 @@ def _add_scaled(param: torch.Tensor, scale: float | torch.Tensor, update: torch.
         param.add_(update, alpha=scale)
 
 
-def adadelta_update(param: torch.Tensor, grad: torch.Tensor, state: dict, group: dict) -> None:
+def adadelta_update(param: torch.Tensor, grad: torch.Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
     """``torch.optim.Adadelta``'s single-tensor update, op for op; its two temporaries live in ``state``."""
     if not state:
         state.update({k: torch.zeros_like(param) for k in ("square_avg", "acc_delta", "std", "delta")})
@@ -98,7 +98,7 @@ def adadelta_update(param: torch.Tensor, grad: torch.Tensor, state: dict, group:
     _add_scaled(param, -group["lr"], delta)
 
 
-def sgd_update(param: torch.Tensor, grad: torch.Tensor, state: dict, group: dict) -> None:
+def sgd_update(param: torch.Tensor, grad: torch.Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
     """``torch.optim.SGD``'s single-tensor update (no Nesterov), op for op."""
     momentum, weight_decay = group["momentum"], group["weight_decay"]
     if weight_decay != 0:
@@ -114,7 +114,7 @@ def sgd_update(param: torch.Tensor, grad: torch.Tensor, state: dict, group: dict
     _add_scaled(param, -group["lr"], grad)
 
 
-def adam_update(param: torch.Tensor, grad: torch.Tensor, state: dict, group: dict) -> None:
+def adam_update(param: torch.Tensor, grad: torch.Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
     """``torch.optim.Adam``'s single-tensor update (no AMSGrad), op for op; its temporary lives in ``state``."""
     if not state:
         state.update({"step": 0.0, **{k: torch.zeros_like(param) for k in ("exp_avg", "exp_avg_sq", "denom")}})
@@ -148,10 +148,10 @@ class InPlaceOptimizer:
     Unlike torch.optim it may overwrite the gradients (:class:`FlatOptimizer` hands it its own copies).
     """
 
-    def __init__(self, params: Sequence[torch.Tensor], rule: UpdateRule, hyper: dict):
+    def __init__(self, params: Sequence[torch.Tensor], rule: UpdateRule, hyper: dict[str, Any]):
         self.rule = rule
         self.param_groups = [{"params": list(params), **hyper}]
-        self.state: dict[torch.Tensor, dict] = {}
+        self.state: dict[torch.Tensor, dict[str, Any]] = {}
 
     @torch.no_grad()
     def step(self) -> None:
@@ -193,7 +193,7 @@ class FlatOptimizer:
         self.inner = build(self.flats)
 
     @property
-    def param_groups(self) -> list[dict]:
+    def param_groups(self) -> list[dict[str, Any]]:
         return self.inner.param_groups
 
     def zero_grad(self) -> None:
@@ -250,7 +250,9 @@ class FlatOptimizer:
                 self.inner.state[new] = _carried_state(state, flat, lambda v: v[part].clone())
 
 
-def _carried_state(state: dict, flat: torch.Tensor, take: Callable[[torch.Tensor], torch.Tensor]) -> dict:
+def _carried_state(
+    state: dict[str, Any], flat: torch.Tensor, take: Callable[[torch.Tensor], torch.Tensor]
+) -> dict[str, Any]:
     """``flat``'s optimizer state for another flat tensor: ``take`` maps each per-element tensor (moments,
     momentum buffers); the rest (constants, step counts) is copied."""
     return {

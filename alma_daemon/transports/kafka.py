@@ -31,10 +31,10 @@ from kafka.errors import (
     for_code,
 )
 
+from alma_daemon import metrics
 from alma_daemon.data.wire import WireRecord
 from alma_daemon.infra.connections import kafka_client
 from alma_daemon.infra.unreachable import ServerUnreachable
-from alma_daemon.observability import telemetry
 from alma_daemon.transports.source import SourceRecord
 
 log = logging.getLogger(__name__)
@@ -276,7 +276,7 @@ class KafkaSource:
                 "continue_at": "earliest" if offset is None else offset,
             },
         )
-        telemetry.KAFKA_OFFSET_RESETS.inc()
+        metrics.KAFKA_OFFSET_RESETS.inc()
         if offset is None:
             self.consumer.seek_to_beginning(tp)
         else:

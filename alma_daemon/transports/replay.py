@@ -27,13 +27,14 @@ from tqdm import tqdm
 
 from alma_daemon.config import Config, ConfigError
 from alma_daemon.data.datasets import TaskInfo, load_dataset
-from alma_daemon.data.events import EVENT_JSON, encode_events
+from alma_daemon.data.events import encode_events
 from alma_daemon.data.river_streams import read_configured_river
 from alma_daemon.data.streams import build_drift, drifted, megabatch_stream, ordered_stream
 from alma_daemon.data.table import read_table
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.data.text import text_stream, token_run
-from alma_daemon.data.wire import DEFAULT_MAX_PART_BYTES, HEADER_CHUNK, WireRecord, encode_chunk
+from alma_daemon.data.wire import WireRecord, encode_chunk
+from alma_daemon.data.wire_format import DEFAULT_MAX_PART_BYTES, EVENT_JSON, HEADER_CHUNK
 from alma_daemon.infra.connections import kafka_security
 from alma_daemon.infra.redis_keys import StreamKeys
 from alma_daemon.transports.redis_stream import RedisStreamPublisher, decode_entry
@@ -200,24 +201,40 @@ class ReplayReport:
     seconds: float = 0.0
 
 
+@dataclass(frozen=True)
+class ReplayPace:
+    """How fast a replay goes and how far: at most ``rate`` chunks per second (None: as fast as the
+    publisher takes them), of ``total`` chunks in all (the progress bar's length; None: not known)."""
+
+    rate: float | None = None
+    total: int | None = None
+
+
+@dataclass(frozen=True)
+class RecordFormat:
+    """The records a chunk travels in: chunk parts of at most ``max_part_bytes`` each or, with ``events``,
+    event records."""
+
+    max_part_bytes: int = DEFAULT_MAX_PART_BYTES
+    events: EventFormat | None = None
+
+
 def replay(
     chunks: Iterable[ReplayChunk],
     publisher: Publisher,
     stream: str,
     *,
-    rate: float | None = None,
     first_chunk: int = 1,
-    max_part_bytes: int = DEFAULT_MAX_PART_BYTES,
     progress: bool = True,
-    total: int | None = None,
     stop: Callable[[], bool] = lambda: False,
-    events: EventFormat | None = None,
+    pace: ReplayPace = ReplayPace(),
+    wire: RecordFormat = RecordFormat(),
 ) -> ReplayReport:
-    """Publish every chunk with id >= ``first_chunk``, at most ``rate`` chunks per second, as chunk
-    parts or, with ``events``, as event records."""
+    """Publish every chunk with id >= ``first_chunk``, at most ``pace.rate`` chunks per second, in the
+    records of ``wire``, until ``stop()`` says so."""
     report = ReplayReport()
     start = time.monotonic()
-    bar = tqdm(total=total, unit="chunk", disable=not progress, dynamic_ncols=True, desc=f"replay {stream}")
+    bar = tqdm(total=pace.total, unit="chunk", disable=not progress, dynamic_ncols=True, desc=f"replay {stream}")
     try:
         for chunk in chunks:
             if stop():
@@ -225,14 +242,15 @@ def replay(
             if chunk.chunk_id < first_chunk:
                 bar.update(1)
                 continue
-            if rate is not None:
-                time.sleep(max(0.0, start + report.chunks / rate - time.monotonic()))
-            if events is None:
-                records = encode_chunk(stream, chunk.chunk_id, max_part_bytes=max_part_bytes, **chunk.tensors)
+            if pace.rate is not None:
+                time.sleep(max(0.0, start + report.chunks / pace.rate - time.monotonic()))
+            if wire.events is None:
+                records = encode_chunk(stream, chunk.chunk_id, max_part_bytes=wire.max_part_bytes, **chunk.tensors)
             elif "x" in chunk.tensors:
                 x, y = chunk.tensors["x"], chunk.tensors["y"]
+                events = wire.events
                 records = encode_events(
-                    x, y, events.content_type, events.features, events.per_record, max_part_bytes=max_part_bytes
+                    x, y, events.content_type, events.features, events.per_record, max_part_bytes=wire.max_part_bytes
                 )
             else:
                 raise ValueError(f"event records carry labeled examples; stream {stream!r} is text")

@@ -20,7 +20,7 @@ from alma_daemon.data.wire import (
     encode_chunk,
 )
 from alma_daemon.infra.redis_keys import StreamKeys
-from alma_daemon.service.ingest.worker import IngestWorker
+from alma_daemon.service.ingest.worker import IngestLimits, IngestWorker
 
 STREAM = "tiny"
 
@@ -121,7 +121,7 @@ def kafka_worker(broker, topic: str, client, **kwargs) -> IngestWorker:
         client,
         StreamKeys(STREAM),
         SCHEMA,
-        max_buffer_bytes=kwargs.pop("max_buffer_bytes", 1 << 30),
+        IngestLimits(max_buffer_bytes=1 << 30),
         **kwargs,
     )
 

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from alma_daemon import metrics
 from alma_daemon.config import TrainConfig
 from alma_daemon.core.checkpoints import CheckpointStore
 from alma_daemon.data.datasets import MNIST_TASK, TaskInfo
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import Learner, build_learner
-from alma_daemon.observability import telemetry
 from alma_daemon.training.loop import Trainer
 from tests.helpers.configs import learner_settings
 from tests.helpers.data import separable_data
@@ -58,7 +58,7 @@ def good_and_bad() -> tuple[Learner, Learner, LabeledData]:
 
 
 def metric_value(name: str, **labels: str) -> float:
-    return telemetry.REGISTRY.get_sample_value(name, labels) or 0.0
+    return metrics.REGISTRY.get_sample_value(name, labels) or 0.0
 
 
 def clients_during(ask: Callable[[int], str], work: Callable[[], None], clients: int = 4) -> list[list[str]]:

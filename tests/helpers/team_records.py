@@ -7,8 +7,8 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+from alma_daemon import metrics
 from alma_daemon.core.records import StepRecord
-from alma_daemon.observability import telemetry
 from alma_daemon.observability.exporter import MetricsObserver
 
 
@@ -80,13 +80,13 @@ def fraud_rows(chunks: int = 4, *, lift: float = 0.0, with_test: bool = True) ->
 def forget_measures() -> None:
     """The metric families of the task's measure as a fresh process has them: no series yet."""
     for gauge in (
-        telemetry.TASK_MEASURE,
-        telemetry.CUMULATIVE_MEASURE,
-        telemetry.BASELINE_MEASURE,
-        telemetry.MEASURE_DETAIL,
-        telemetry.PREQUENTIAL_WINDOW_MEASURE,
-        telemetry.REFERENCE_PREQUENTIAL_MEASURE,
-        telemetry.REFERENCE_PREQUENTIAL_WINDOW_MEASURE,
+        metrics.TASK_MEASURE,
+        metrics.CUMULATIVE_MEASURE,
+        metrics.BASELINE_MEASURE,
+        metrics.MEASURE_DETAIL,
+        metrics.PREQUENTIAL_WINDOW_MEASURE,
+        metrics.REFERENCE_PREQUENTIAL_MEASURE,
+        metrics.REFERENCE_PREQUENTIAL_WINDOW_MEASURE,
     ):
         gauge.clear()
 

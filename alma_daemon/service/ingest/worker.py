@@ -23,15 +23,17 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
+from alma_daemon import metrics
+from alma_daemon.config import Config
 from alma_daemon.data.wire import RejectedRecord, StreamSchema, decode_record
 from alma_daemon.data.wire_format import DEFAULT_MAX_CHUNKS_AHEAD
 from alma_daemon.infra.outages import REDIS_UNREACHABLE, OutageBoard, one_line, retry_delays
 from alma_daemon.infra.redis_keys import StreamKeys
 from alma_daemon.infra.unreachable import outage_line
 from alma_daemon.logs import NOTICE
-from alma_daemon.observability import telemetry
 from alma_daemon.runtime import run_beside_training
 from alma_daemon.service.ingest.cutter import EventCollector, EventStream
 from alma_daemon.service.ingest.store import IngestBatch, IngestStore
@@ -50,6 +52,32 @@ MAX_IN_FLIGHT = 2
 LAG_REFRESH_SECONDS = 2.0
 
 
+@dataclass(frozen=True)
+class IngestLimits:
+    """What ingest holds at most: complete chunks waiting for the engine (``redis.max_buffer_bytes``;
+    polling pauses above it), chunk ids ahead of the oldest in progress (``daemon.max_chunks_ahead``),
+    and how long a chunk may stay incomplete (``daemon.incomplete_chunk_seconds``; None: for ever)."""
+
+    max_buffer_bytes: int
+    max_chunks_ahead: int = DEFAULT_MAX_CHUNKS_AHEAD
+    incomplete_chunk_seconds: float | None = None
+
+    @classmethod
+    def from_config(cls, config: Config) -> IngestLimits:
+        return cls(
+            config.redis.max_buffer_bytes, config.daemon.max_chunks_ahead, config.daemon.incomplete_chunk_seconds
+        )
+
+
+@dataclass(frozen=True)
+class IngestClock:
+    """Time as ingest reads it: ``now`` stamps the chunks' arrival and ages them; ``lag_refresh_seconds``
+    spaces the lag queries."""
+
+    now: Callable[[], float] = time.time
+    lag_refresh_seconds: float = LAG_REFRESH_SECONDS
+
+
 class CommitSkipped(RuntimeError):
     """A batch not written because an earlier batch's transaction failed; it is read again after resync."""
 
@@ -63,18 +91,14 @@ class IngestWorker:
         client: Any,
         keys: StreamKeys,
         schema: StreamSchema,
+        limits: IngestLimits,
         *,
-        max_buffer_bytes: int,
-        max_chunks_ahead: int = DEFAULT_MAX_CHUNKS_AHEAD,
+        events: EventStream | None = None,
         on_chunk_ready: Callable[[], None] = lambda: None,
         outages: OutageBoard | None = None,
-        events: EventStream | None = None,
-        incomplete_chunk_seconds: float | None = None,
-        clock: Callable[[], float] = time.time,
-        lag_refresh_seconds: float = LAG_REFRESH_SECONDS,
+        clock: IngestClock | None = None,
     ):
-        """``clock`` stamps the chunks' arrival and ages them (``incomplete_chunk_seconds``; None: they
-        wait for ever); ``lag_refresh_seconds`` spaces the lag queries."""
+        """``events``: the stream's records are labeled events, cut into chunks (None: chunk parts)."""
         self.source = source
         #: Where this thread reports Redis and transport outages (the daemon's board).
         self.outages = outages or OutageBoard(limit_seconds=float("inf"))
@@ -82,11 +106,10 @@ class IngestWorker:
         self.store = IngestStore(client, keys)
         self.keys = keys
         self.schema = schema
-        self.max_buffer_bytes = max_buffer_bytes
-        self.max_chunks_ahead = max_chunks_ahead
-        self.incomplete_chunk_seconds = incomplete_chunk_seconds
-        self.clock = clock
-        self.lag_refresh_seconds = lag_refresh_seconds
+        self.limits = limits
+        clock = clock or IngestClock()
+        self.clock = clock.now
+        self.lag_refresh_seconds = clock.lag_refresh_seconds
         #: Records the transport held unread at the last lag query; None while unknown (the transport down).
         self.last_lag: int | None = None
         self.on_chunk_ready = on_chunk_ready
@@ -101,7 +124,7 @@ class IngestWorker:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         # The first lag query waits one period: at start-up the gauge matters less than the first poll.
-        self._next_lag = time.monotonic() + lag_refresh_seconds
+        self._next_lag = time.monotonic() + self.lag_refresh_seconds
         # A single committer thread runs the transactions one at a time, in submission order.
         self._committer = ThreadPoolExecutor(
             max_workers=1, thread_name_prefix=f"ingest-commit-{keys.stream}", initializer=run_beside_training
@@ -146,8 +169,9 @@ class IngestWorker:
 
     def _load_progress(self) -> None:
         """The chunks in progress as Redis holds them: the assembler's, or an event stream's open chunk."""
+        limits = self.limits
         self.assembler = self.store.load_assembler(
-            self.max_buffer_bytes, self.max_chunks_ahead, self.incomplete_chunk_seconds, self.clock
+            limits.max_buffer_bytes, limits.max_chunks_ahead, limits.incomplete_chunk_seconds, self.clock
         )
         self.collector: EventCollector | None = None
         if self.events is not None:
@@ -214,35 +238,35 @@ class IngestWorker:
         # upper bound: Redis is asked only when that bound crosses the limit, once the batches
         # submitted are committed (else their chunks would be missed, and each uncounted batch could
         # take the total one more poll past the limit).
-        if self._queued_bound > self.max_buffer_bytes:
+        if self._queued_bound > self.limits.max_buffer_bytes:
             self.flush()
             self._queued_bound = self.store.queued_bytes()
-        over = self._queued_bound > self.max_buffer_bytes
+        over = self._queued_bound > self.limits.max_buffer_bytes
         if over != self.paused:
             self.paused = over
             # Backpressure, not a fault: a producer ahead of training pauses ingest again and again.
             log.info(
                 "ingest paused: buffer full" if over else "ingest resumed",
-                extra={"stream": self.keys.stream, "max_buffer_bytes": self.max_buffer_bytes},
+                extra={"stream": self.keys.stream, "max_buffer_bytes": self.limits.max_buffer_bytes},
             )
         return over
 
     def _report(self, batch: IngestBatch) -> None:
         for record, rejection in batch.rejected:
-            telemetry.RECORDS_REJECTED.labels(rejection.reason).inc()
+            metrics.RECORDS_REJECTED.labels(rejection.reason).inc()
             log.warning(
                 "record rejected",
                 extra={"reason": rejection.reason, "origin": record.origin, "detail": rejection.detail[:300]},
             )
         for chunk_id, _, why in batch.abandoned:
-            telemetry.RECORDS_REJECTED.labels(why.reason).inc()
+            metrics.RECORDS_REJECTED.labels(why.reason).inc()
             log.warning(
                 "incomplete chunk abandoned",
                 extra={"chunk": chunk_id, "reason": why.reason, "detail": why.detail[:300]},
             )
         for chunk_id, progress in batch.completed.items():
-            telemetry.CHUNKS_RECEIVED.inc()
-            telemetry.EXAMPLES_RECEIVED.inc(progress.examples)
+            metrics.CHUNKS_RECEIVED.inc()
+            metrics.EXAMPLES_RECEIVED.inc(progress.examples)
             log.info(
                 "chunk received", extra={"chunk": chunk_id, "examples": progress.examples, "parts": progress.parts}
             )
@@ -272,7 +296,7 @@ class IngestWorker:
         self.last_lag = lag
         self._transport_answered()
         if lag is not None:
-            telemetry.INGEST_LAG.set(lag)
+            metrics.INGEST_LAG.set(lag)
 
     def resync(self) -> None:
         """After a failed Redis call: forget in-memory progress and continue from what Redis holds.
