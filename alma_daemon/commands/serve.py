@@ -1,5 +1,5 @@
-"""``alma serve``: start (or ``--stop``) a model server configured for the daemon: TorchServe, or
-KServe's model server (``--kind kserve``).
+"""``alma serve``: start (or ``--stop``) a model server configured for the daemon: TorchServe, KServe's
+model server (``--kind kserve``) or Triton (``--kind triton``).
 
 It runs in the background by default; ``--foreground`` keeps the command attached to it (a
 container's main process) and stops it on SIGTERM or Ctrl-C.
@@ -24,7 +24,8 @@ KINDS = {"torchserve": "TorchServe", "kserve": "KServe's model server", "triton"
 
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser(
-        "serve", help="start a model server for the daemon in the background: TorchServe or KServe (or --stop it)"
+        "serve",
+        help="start a model server for the daemon in the background: TorchServe, KServe or Triton (or --stop it)",
     )
     add_config_arguments(parser)
     add_embedded_argument(parser)

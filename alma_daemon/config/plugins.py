@@ -1,6 +1,6 @@
 """The ``learner`` and ``policy`` sections: each learner and each policy declares its own config model.
 
-A learner's model lives in its module next to the learner (``learners/sm.py``: ``SingleModelConfig``),
+A learner's config model (the built-ins' in ``learners/configs.py``: ``SingleModelConfig``)
 subclasses :class:`LearnerConfig`, narrows ``name`` to the learner's name and adds the keys it reads; the
 learner class names it as ``config_model`` and registers. The section is the union of those models,
 discriminated by ``name``, so a key the chosen learner does not read fails at start-up. Policies alike.
