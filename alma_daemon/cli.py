@@ -48,7 +48,7 @@ class _Subcommands(argparse._SubParsersAction):
 
     def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser:
         kwargs.setdefault("description", kwargs.get("help"))
-        parser = super().add_parser(name, **kwargs)
+        parser: argparse.ArgumentParser = super().add_parser(name, **kwargs)
         # ``alma simulate ... -v`` as ``alma -v simulate ...``: unset here, the value before the command stands.
         add_global_options(parser, default=argparse.SUPPRESS)
         return parser

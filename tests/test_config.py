@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from alma_daemon.config import ConfigError, LearnerConfig, PolicyConfig, build_config, load_config
+from alma_daemon.config import ConfigError, PolicyConfig, build_config, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -149,7 +149,7 @@ def test_a_key_of_another_learner_names_the_key_and_the_chosen_learner():
 
 
 def test_the_learner_and_policy_registries_refuse_a_name_twice_a_name_not_narrowed_and_an_unknown_name():
-    from alma_daemon.config import PolicyConfig, policy_config
+    from alma_daemon.config import policy_config
     from alma_daemon.learners import learner_class, register_learner
     from policies import build_policy, register_policy
 
@@ -350,64 +350,6 @@ def test_a_checkpoint_spec_with_a_key_its_learner_does_not_read_fails_naming_it(
     spec["config"]["member_count"] = 3
     with pytest.raises(ConfigError, match="spec.config.member_count"):
         learner_from_spec(spec)
-
-
-def test_plugin_names_in_the_reference_come_from_the_registries():
-    from alma_daemon.config.reference import keys
-    from alma_daemon.learners import learner_names
-    from policies import policy_names
-
-    described = {key.name: key.description for key in keys(PolicyConfig)} | {
-        f"learner.{key.name}": key.description for key in keys(LearnerConfig)
-    }
-    assert all(name in described["name"] for name in policy_names()), described["name"]
-    assert all(name in described["learner.name"] for name in learner_names()), described["learner.name"]
-    assert "{" not in described["name"] + described["learner.name"]
-
-
-def test_every_module_of_a_plugin_package_that_registers_a_plugin_is_a_builtin_module():
-    import importlib
-    import pkgutil
-
-    import alma_daemon.learners as learners_package
-    import policies as policies_package
-    from alma_daemon.learners import BUILTIN_MODULES as LEARNER_MODULES
-    from alma_daemon.learners import LEARNERS
-    from policies import BUILTIN_MODULES as POLICY_MODULES
-    from policies import POLICIES
-
-    for package, listed, registry in (
-        (learners_package, LEARNER_MODULES, LEARNERS),
-        (policies_package, POLICY_MODULES, POLICIES),
-    ):
-        for module in pkgutil.iter_modules(package.__path__):
-            importlib.import_module(f"{package.__name__}.{module.name}")
-        registering = {cls.__module__.rsplit(".", 1)[1] for cls in registry.values()}
-        assert registering == set(listed), f"{package.__name__}: list {sorted(registering - set(listed))}"
-
-
-def test_the_builtin_learners_config_models_are_those_their_learners_name_in_their_order():
-    """learners/configs.py holds them apart from the learners, so that reading a config imports no
-    learner (nor torch): a learner missing there would be unknown to a config read in a new process."""
-    from alma_daemon.learners import BUILTIN_MODULES, LEARNERS, learner_names
-    from alma_daemon.learners.configs import BUILTIN_CONFIGS
-
-    learner_names()  # imports the built-in learners
-    builtins = {name: cls for name, cls in LEARNERS.items() if cls.__module__.rsplit(".", 1)[1] in BUILTIN_MODULES}
-    assert {name: cls.config_model for name, cls in builtins.items()} == BUILTIN_CONFIGS
-    assert [builtins[name].__module__.rsplit(".", 1)[1] for name in BUILTIN_CONFIGS] == BUILTIN_MODULES
-
-
-def test_every_registered_policy_is_in_the_readme_and_has_its_section_in_the_policies_page():
-    from pathlib import Path
-
-    from policies import policy_names
-
-    root = Path(__file__).parents[1]
-    readme, page = (root / "README.md").read_text(), (root / "docs" / "policies.md").read_text()
-    for name in policy_names():
-        assert f"`{name}`" in readme, f"README.md does not name the policy {name}"
-        assert f"\n## `{name}`" in page, f"docs/policies.md has no section for the policy {name}"
 
 
 @pytest.mark.parametrize(

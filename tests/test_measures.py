@@ -8,8 +8,6 @@ import pytest
 import torch
 
 from alma_daemon.config import build_config
-from alma_daemon.config.measure_traits import MEASURE_TRAITS
-from alma_daemon.config.sections import MEASURE_NAMES
 from alma_daemon.measures import MEASURES, Target, build_measure
 from alma_daemon.measures.binary import average_precision
 
@@ -34,16 +32,6 @@ def outputs_for(target: Target, n: int = 200, seed: int = 0) -> tuple[torch.Tens
 
 
 CASES = [(name, kind) for name, cls in MEASURES.items() for kind in cls.kinds if kind != "language_model"]
-
-
-def test_the_config_offers_exactly_the_registered_measures():
-    assert set(MEASURE_NAMES) == set(MEASURES)
-
-
-def test_the_torch_free_traits_are_the_measures_own():
-    assert [(name, cls.higher_is_better, cls.rate, cls.kinds) for name, cls in MEASURES.items()] == [
-        (name, traits.higher_is_better, traits.rate, traits.kinds) for name, traits in MEASURE_TRAITS.items()
-    ]
 
 
 @pytest.mark.parametrize("name,kind", CASES)
@@ -154,11 +142,3 @@ def test_the_task_section_names_a_term_that_does_not_fit():
         configured({"feature_mean": [0.0] * 784, "feature_std": [1.0] * 784})
     with pytest.raises(ConfigError, match="task.false_negative_cost: costs are read only by task.measure: cost"):
         configured({"false_negative_cost": 5})
-
-
-def test_the_measures_page_describes_every_registered_measure():
-    from pathlib import Path
-
-    page = (Path(__file__).parents[1] / "docs" / "measures.md").read_text()
-    table = page[page.index("## The measures") : page.index("**The task's other measures.**")]
-    assert all(f"`{name}`" in table for name in MEASURES)

@@ -8,7 +8,7 @@ from pathlib import Path
 from alma_daemon.cli import add_config_arguments
 
 
-def add_parser(subparsers) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "ablate-iid",
         help="train on the first k chunks sequentially and all at once; compare (same steps only with train.steps_per_chunk)",

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 
-def add_parser(subparsers) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("config", help="the config's JSON Schema and reference, or check a config file")
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     schema = actions.add_parser("schema", help="print the JSON Schema of a config file (every learner and policy)")

@@ -45,7 +45,7 @@ EXAMPLE = Path("examples/service.yaml")
 DATA_FOLDERS = ("redis", "kafka", "prometheus", "kserve", "daemon")
 
 
-def add_parser(subparsers) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "dev", help="a local stack without Docker: Redis, a Kafka broker and Prometheus on free loopback ports"
     )

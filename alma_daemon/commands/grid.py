@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 
-def add_parser(subparsers) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("grid", help="run a grid of simulations into one folder")
     parser.add_argument("grid", help="grid file (base config, fixed overrides, lists of values)")
     parser.add_argument("--out", "-o", required=True, help="folder collecting one sub-folder per run")

@@ -26,7 +26,7 @@ FLAG_KEYS = {
 }
 
 
-def add_parser(subparsers) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("replay", help="publish a dataset as a stream of chunks (Kafka or embedded)")
     add_config_arguments(parser)
     parser.add_argument("--dataset", help="dataset to stream (mnist, cifar10, ptb, text, river); default: dataset.name")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 
-def add_parser(subparsers) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("report", help="plots + markdown table of every run under a folder")
     parser.add_argument("folder", help="a run folder, a grid folder, or a daemon state folder")
     parser.add_argument("--out", "-o", help="where to write the report (default: the folder itself)")

@@ -7,7 +7,7 @@ import argparse
 from alma_daemon.cli import add_config_arguments, add_embedded_argument, config_overrides
 
 
-def add_parser(subparsers) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("rollback", help="serve an earlier model version by default again")
     add_config_arguments(parser)
     add_embedded_argument(parser)

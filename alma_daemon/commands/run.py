@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from alma_daemon.training.ranks import World
 
 
-def add_parser(subparsers) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("run", help="start the daemon: ingest, decide, train, checkpoint (resumes)")
     add_config_arguments(parser)
     parser.add_argument(

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 from alma_daemon.cli import add_config_arguments, add_embedded_argument, config_overrides
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from alma_daemon.config import Config
     from alma_daemon.local_servers.processes import RecordedServer
 
@@ -22,7 +24,7 @@ if TYPE_CHECKING:
 KINDS = {"torchserve": "TorchServe", "kserve": "KServe's model server", "triton": "Triton"}
 
 
-def add_parser(subparsers) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "serve",
         help="start a model server for the daemon in the background: TorchServe, KServe or Triton (or --stop it)",
@@ -81,7 +83,7 @@ def server_for(kind: str, config: Config) -> tuple[RecordedServer, list[tuple[st
     return torchserve, rows
 
 
-def _triton(config: Config, report) -> tuple[RecordedServer, list[tuple[str, str]]]:
+def _triton(config: Config, report: Callable[[str], None]) -> tuple[RecordedServer, list[tuple[str, str]]]:
     """Triton over the daemon's model store (alma_daemon/local_servers/triton.py)."""
     from alma_daemon.local_servers.triton import TritonServer
 

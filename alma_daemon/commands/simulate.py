@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 from contextlib import ExitStack
+from typing import Any
 
 from alma_daemon.cli import add_config_arguments, check_config_under_ranks
 
 
-def add_parser(subparsers) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("simulate", help="replay a dataset as a stream through the engine")
     add_config_arguments(parser)
     parser.add_argument("--out", "-o", help="folder for results.json and series.csv")
@@ -23,7 +24,7 @@ def add_parser(subparsers) -> None:
     parser.set_defaults(func=run)
 
 
-def format_summary(summary: dict) -> str:
+def format_summary(summary: dict[str, Any]) -> str:
     from alma_daemon.observability.measure_words import summary_rows
 
     rows = [

@@ -11,7 +11,7 @@ from pathlib import Path
 from alma_daemon.cli import add_config_arguments, add_embedded_argument, config_overrides
 
 
-def add_parser(subparsers) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "status",
         help="chunks received/buffered/trained, last decision, model and live versions, the model's age, the task's measure",

@@ -10,7 +10,7 @@ import sys
 STUDIES = ("paper",)
 
 
-def add_parser(subparsers) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "study", help="run the experiments behind the paper's findings, judge each finding, write a report"
     )

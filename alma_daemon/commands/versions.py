@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from alma_daemon.cli import add_config_arguments, add_embedded_argument, config_overrides
 
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 DEFAULT_LAST = 20
 
 
-def add_parser(subparsers) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("versions", help="list model versions with their metrics and the live one")
     add_config_arguments(parser)
     add_embedded_argument(parser)
@@ -53,7 +53,7 @@ def shown_versions(versions: list[int], live: int | None, last: int | None) -> l
 
 def version_rows(
     store: CheckpointIndex, live: int | None, served: list[int] | None, registers: bool, last: int | None = None
-) -> list[dict]:
+) -> list[dict[str, Any]]:
     """One row per checkpoint version (the ``last`` newest and the live one, see
     :func:`shown_versions`), oldest first; ``registered`` only for servers that load versions
     (``registers``), None where the server could not say (``served`` None)."""
@@ -72,7 +72,7 @@ def version_rows(
     return rows
 
 
-def validation_values(metrics: dict) -> dict:
+def validation_values(metrics: dict[str, Any]) -> dict[str, Any]:
     """A version's validation measures, ``validation_<measure>`` each: the task's measure (``val_cost`` of a
     cost-judged task), a language model's perplexity beside its error; ``validation_error`` None where
     the stage recorded none."""
@@ -95,7 +95,7 @@ def served_versions(config: Config) -> list[int] | None:
         return None
 
 
-def format_table(rows: list[dict]) -> str:
+def format_table(rows: list[dict[str, Any]]) -> str:
     validation = list(dict.fromkeys(c for row in rows for c in row if c.startswith("validation_")))
     columns = [
         c
@@ -109,7 +109,7 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
-def _cell(value) -> str:
+def _cell(value: object) -> str:
     if value is None:
         return "-"
     if isinstance(value, bool):

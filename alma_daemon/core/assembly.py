@@ -10,6 +10,7 @@ reference learner (``reference.kind``, core/reference.py) from the config and th
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from safetensors import SafetensorError
 from safetensors.torch import load_file
@@ -17,7 +18,8 @@ from safetensors.torch import load_file
 from alma_daemon.config import Config, ConfigError
 from alma_daemon.core.checkpoints import CheckpointStore
 from alma_daemon.core.chunk_buffer import ChunkBuffer
-from alma_daemon.core.engine import Engine, EngineObserver, EngineState
+from alma_daemon.core.engine import Engine, EngineObserver
+from alma_daemon.core.engine_state import EngineState
 from alma_daemon.core.reference import build_reference
 from alma_daemon.core.task_fit import check_config_against_task
 from alma_daemon.data.datasets import TaskInfo
@@ -36,7 +38,7 @@ def assemble_engine(
     test_set: LabeledData | None = None,
     checkpoints: CheckpointStore | None = None,
     state: EngineState | None = None,
-    policy_state: dict | None = None,
+    policy_state: dict[str, Any] | None = None,
     observers: list[EngineObserver] | tuple[EngineObserver, ...] = (),
 ) -> Engine:
     """An engine for a stream of ``task``: fresh, or resumed from ``state`` and ``policy_state``.

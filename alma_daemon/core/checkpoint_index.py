@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 WEIGHTS, SPEC, METRICS = "weights.safetensors", "spec.json", "metrics.json"
 
@@ -37,7 +38,7 @@ class CheckpointIndex:
         versions = self.versions()
         return versions[-1] if versions else None
 
-    def metrics(self, version: int) -> dict | None:
+    def metrics(self, version: int) -> dict[str, Any] | None:
         """``version``'s metrics.json; None where the version was deleted since it was listed (the
         daemon keeps only the newest ``daemon.keep_checkpoints``, see ``serving/publishing/retention.py``)."""
         try:

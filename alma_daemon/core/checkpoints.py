@@ -20,6 +20,7 @@ import shutil
 import tempfile
 import uuid
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import load_file, load_model, save_file
@@ -49,7 +50,7 @@ class CheckpointStore(CheckpointIndex):
         self,
         learner: Learner,
         version: int,
-        metrics: dict,
+        metrics: dict[str, Any],
         validation: LabeledData | None = None,
         reservoirs: dict[str, dict[str, torch.Tensor]] | None = None,
     ) -> Path:
@@ -133,7 +134,7 @@ def save_weights(model: nn.Module, path: Path) -> None:
     digests (serving) taken over them differed.
     """
     state = model.state_dict()
-    kept: set[tuple] = set()
+    kept: set[tuple[Any, ...]] = set()
     tensors: dict[str, torch.Tensor] = {}
     for name in sorted(state):
         tensor = state[name]

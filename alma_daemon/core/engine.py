@@ -20,7 +20,9 @@ import copy
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 import torch
 
@@ -56,7 +58,7 @@ class EngineObserver:
 
     def on_stage(self, stage: StageRecord, engine: Engine) -> None: ...
 
-    def on_checkpoint(self, version: int, path: str, metrics: dict, engine: Engine) -> None: ...
+    def on_checkpoint(self, version: int, path: str, metrics: dict[str, Any], engine: Engine) -> None: ...
 
     def on_step(self, record: StepRecord, engine: Engine) -> None: ...
 
@@ -84,8 +86,8 @@ class Engine:
         checkpoints: CheckpointStore | None = None,
         observers: list[EngineObserver] | tuple[EngineObserver, ...] = (),
         state: EngineState | None = None,
-        clock=time.time,
-    ):
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.learner = learner.to(device)
         self.policy = policy
         self.buffer = buffer

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -28,7 +29,7 @@ class EngineState:
     #: Cost of the last training stage per training example, for budget-aware policies.
     last_stage_flops_per_example: float | None = None
     last_stage_seconds_per_example: float | None = None
-    last_decision: dict = field(default_factory=dict)
+    last_decision: dict[str, Any] = field(default_factory=dict)
     #: chunks_seen and the time when the last stage ended: the model's age counts from them (from 0 and
     #: started_at before the first stage).
     last_stage_chunks_seen: int = 0
@@ -37,8 +38,8 @@ class EngineState:
     recent_prequential: list[float] = field(default_factory=list)
     #: The reference learner (reference.kind, core/reference.py): its state as JSON (None: no reference, or a
     #: state written before there was one), the sum of its prequential measures and its newest ones.
-    reference: dict | None = None
+    reference: dict[str, Any] | None = None
     cumulative_reference: float = 0.0
     recent_reference: list[float] = field(default_factory=list)
     #: The steps' records as rows (:meth:`StepRecord.as_row`), the form results files and Redis hold.
-    series: list[dict] = field(default_factory=list)
+    series: list[dict[str, Any]] = field(default_factory=list)

@@ -66,7 +66,7 @@ def no_column(**kwargs: Any) -> Any:
     return field(metadata={"column": None}, **kwargs)
 
 
-def columns_of(record_type: type) -> Iterator[tuple[Field, Column]]:
+def columns_of(record_type: type) -> Iterator[tuple[Field[Any], Column]]:
     """The fields of a record type that rows hold, in field order, with their columns."""
     for f in fields(record_type):
         how = f.metadata.get("column")
@@ -300,7 +300,7 @@ def timeless(row: Mapping[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in row.items() if key not in TIMING_FIELDS | SOURCE_FIELDS}
 
 
-def read_rows(rows: list[dict]) -> list[StepRecord]:
+def read_rows(rows: list[dict[str, Any]]) -> list[StepRecord]:
     """The records of a series of rows."""
     return [StepRecord.from_row(row) for row in rows]
 

@@ -42,7 +42,7 @@ STATE_VERSION = 1
 DEFAULT_LR = 0.01
 
 
-def build_reference(kind: str, task: TaskInfo, state: dict | None = None) -> ReferenceLearner | None:
+def build_reference(kind: str, task: TaskInfo, state: dict[str, Any] | None = None) -> ReferenceLearner | None:
     """The reference ``reference.kind`` asks for on ``task`` (None: none), continued from its saved
     ``state`` (:meth:`ReferenceLearner.state_dict`) where there is one."""
     if resolved_kind(kind, task) == "none":
@@ -139,7 +139,7 @@ class ReferenceLearner:
         return x.reshape(len(x), -1).double().numpy()
 
     # -- its state, as JSON -----------------------------------------------------------------------------
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         """What :meth:`load_state_dict` continues from: plain JSON data (floats kept exactly)."""
         scaler = self.scaler
         state: dict[str, Any] = {
@@ -157,7 +157,7 @@ class ReferenceLearner:
             state["linear"] = _linear_state(self.model)
         return state
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from :meth:`state_dict`'s ``state``, refused where it is another task's."""
         mine = (STATE_VERSION, self.kind, self.features)
         theirs = (state.get("version"), state.get("kind"), state.get("features"))
@@ -177,7 +177,7 @@ class ReferenceLearner:
         self.examples = int(state["examples"])
 
 
-def _linear_state(model: Any) -> dict:
+def _linear_state(model: Any) -> dict[str, Any]:
     """A River GLM's learnt state: its weights (in their order), intercept and optimizer steps (which a
     learning-rate schedule reads)."""
     return {
@@ -187,7 +187,7 @@ def _linear_state(model: Any) -> dict:
     }
 
 
-def _load_linear(model: Any, state: dict) -> Any:
+def _load_linear(model: Any, state: dict[str, Any]) -> Any:
     from river import utils
 
     model._weights = utils.VectorDict({name: float(w) for name, w in state["weights"].items()})

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -64,7 +65,7 @@ class TableData:
     #: "date-time" or "number"; None without a time.
     time_kind: str | None = None
 
-    def notes(self) -> dict:
+    def notes(self) -> dict[str, Any]:
         """What reading the history left out, for the results' summary: ``rows_dropped``, ``text_columns``."""
         return {"rows_dropped": self.rows_dropped, "text_columns": list(self.text_columns)}
 

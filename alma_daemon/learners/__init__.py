@@ -42,7 +42,7 @@ def build_learner(name: str, task: TaskInfo, config: LearnerConfig, seed: int) -
     return learner_class(name)(task, config, seed)
 
 
-def learner_from_spec(spec: dict) -> Learner:
+def learner_from_spec(spec: dict[str, Any]) -> Learner:
     """Rebuild the architecture described by a learner's ``spec()`` (weights are loaded separately)."""
     from alma_daemon.learners.base import config_from_spec
 

@@ -82,7 +82,7 @@ class Learner(ABC):
     #: The task kinds (``TaskInfo.kind``) the learner learns; another is refused when it is built.
     task_kinds: ClassVar[tuple[str, ...]] = ("classification", "regression")
 
-    def __init__(self, task: TaskInfo, config: LearnerConfig, seed: int, arch: dict | None = None):
+    def __init__(self, task: TaskInfo, config: LearnerConfig, seed: int, arch: dict[str, Any] | None = None):
         # torch imports its compiler stack (over a second) when the first FLOP counter or optimizer is
         # made; importing it with the learner keeps that cost out of the first chunk of a stream.
         import torch._dynamo  # noqa: F401
@@ -102,12 +102,12 @@ class Learner(ABC):
         self._standardized_inputs: dict[tuple[int, torch.device], torch.Tensor] = {}
 
     # -- what subclasses provide ------------------------------------------------------------------
-    def initial_architecture(self) -> dict:
+    def initial_architecture(self) -> dict[str, Any]:
         """The JSON description of the architecture before any growth."""
         return {}
 
     @abstractmethod
-    def build(self, arch: dict) -> nn.Module:
+    def build(self, arch: dict[str, Any]) -> nn.Module:
         """Create the module for ``arch`` (called under torch's RNG seeded with ``self.build_seed``)."""
 
     @abstractmethod
@@ -124,7 +124,7 @@ class Learner(ABC):
         raise NotImplementedError(f"learner {self.name!r} does not learn a regression")
 
     @classmethod
-    def contract_cases(cls) -> list[tuple[str, dict]]:
+    def contract_cases(cls) -> list[tuple[str, dict[str, Any]]]:
         """(task name, learner config overrides) pairs the shared contract test runs this learner on: at
         least one for each kind of :attr:`task_kinds`.
 
@@ -302,7 +302,7 @@ class Learner(ABC):
         """Call after growth: cached figures that depend on the architecture are recomputed."""
         self._inference_flops = None
 
-    def spec(self) -> dict:
+    def spec(self) -> dict[str, Any]:
         """JSON that rebuilds this exact (possibly grown) architecture with :func:`learner_from_spec`."""
         return {
             "learner": self.name,
@@ -348,7 +348,7 @@ def learners_of(kind: str) -> str:
     return f"use {', '.join(names)}" if names else "no learner does"
 
 
-def config_from_spec(spec: dict, model: type[LearnerConfig]) -> tuple[TaskInfo, LearnerConfig]:
+def config_from_spec(spec: dict[str, Any], model: type[LearnerConfig]) -> tuple[TaskInfo, LearnerConfig]:
     """The task and learner config saved in a spec.json, read as ``model`` (the spec's learner's).
 
     No key is dropped: a renamed or unknown key fails, naming it, rather than load its default."""

@@ -8,7 +8,7 @@ own initialization, shuffling and early stopping, with the results of training t
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import ClassVar, cast
+from typing import Any, ClassVar, cast
 
 import torch
 from torch import nn
@@ -16,8 +16,8 @@ from torch import nn
 from alma_daemon.config import LearnerConfig
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import register_learner
-from alma_daemon.learners.base import BackboneConfig, Learner, build_network, seeded_members
-from alma_daemon.learners.configs import EnsembleConfig
+from alma_daemon.learners.base import Learner, build_network, seeded_members
+from alma_daemon.learners.configs import BackboneConfig, EnsembleConfig
 from alma_daemon.training.distributed import train_members
 from alma_daemon.training.loop import FitReport, Trainer
 from alma_daemon.training.losses import TaskLoss
@@ -69,7 +69,7 @@ class Ensemble(Learner):
     config_model: ClassVar[type[LearnerConfig]] = EnsembleConfig
     model: nn.ModuleList
 
-    def build(self, arch: dict) -> nn.Module:
+    def build(self, arch: dict[str, Any]) -> nn.Module:
         # gEns shares this class but not the key: it builds its members from arch.
         members = cast(EnsembleConfig, self.config).members
         return nn.ModuleList(self.new_members(range(members)))

@@ -32,7 +32,7 @@ import math
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -188,7 +188,7 @@ def split_candidates(layer: GrowableLayer, t: LayerTrace, g: torch.Generator) ->
         return unit_rows(direction) * size.view(-1, *[1] * (weight.dim() - 1)), gains()
 
 
-def new_unit_candidates(net: GrowableNet, index: int, t: LayerTrace, count: int, g: torch.Generator) -> tuple:
+def new_unit_candidates(net: GrowableNet, index: int, t: LayerTrace, count: int, g: torch.Generator) -> tuple[Any, ...]:
     """Incoming and outgoing weights of ``count`` new units for a layer, and each one's loss decrease."""
     layer, consumer = net.layer(index), net.consumer(index)
     weight, out_weight = layer.op.weight.detach(), consumer.weight.detach()
@@ -198,7 +198,7 @@ def new_unit_candidates(net: GrowableNet, index: int, t: LayerTrace, count: int,
     columns = random_direction((out_weight.shape[0], count, *out_weight.shape[2:]), g, weight.device)
     conv = isinstance(layer.op, nn.Conv2d)
 
-    def features() -> tuple[torch.Tensor, tuple | None]:
+    def features() -> tuple[torch.Tensor, tuple[Any, ...] | None]:
         c = apply_op(layer.op, t.z, unit_rows(rows) * in_size)
         if not conv:
             return layer.pool(F.relu(c)), None
@@ -260,10 +260,10 @@ def propose(
 
 
 #: ``count(added units per layer, inserted_after)``: the parameters of the network grown that way.
-Pricing = Callable[[Counter, int | None], int]
+Pricing = Callable[[Counter[int], int | None], int]
 
 
-def fill(candidates: list[Candidate], budget: float, price: Callable[[Counter], int]) -> list[Candidate] | None:
+def fill(candidates: list[Candidate], budget: float, price: Callable[[Counter[int]], int]) -> list[Candidate] | None:
     """Greedily, the width candidates with the largest positive gains whose parameters fit in ``budget``.
 
     ``price(added)`` is the number of parameters the step adds; it counts the weights between
@@ -326,7 +326,7 @@ def insert_layer(net: GrowableNet, index: int, delta: torch.Tensor, x: torch.Ten
 
 def firefly_step(
     net: GrowableNet, task: TaskInfo, data: LabeledData, budget: float, g: torch.Generator, task_loss: TaskLoss
-) -> dict:
+) -> dict[str, Any]:
     """One growth step of about ``budget`` parameters on ``data``, scored on ``task_loss``; returns a JSON summary."""
     before = sum(p.numel() for p in net.parameters())
     traces, loss_before = trace(net, data.x, data.y, task_loss)
@@ -366,13 +366,13 @@ class Firefly(GrowsOnceTrained, SingleNetwork):
     model: GrowableNet
     config: FireflyConfig
 
-    def initial_architecture(self) -> dict:
+    def initial_architecture(self) -> dict[str, Any]:
         return {**initial_architecture(self.task, self.config.width), "trained": False}
 
-    def build(self, arch: dict) -> nn.Module:
+    def build(self, arch: dict[str, Any]) -> nn.Module:
         return GrowableNet(self.task, arch)
 
-    def __init__(self, task: TaskInfo, config: LearnerConfig, seed: int, arch: dict | None = None):
+    def __init__(self, task: TaskInfo, config: LearnerConfig, seed: int, arch: dict[str, Any] | None = None):
         firefly = cast(FireflyConfig, config)
         start = parameter_count(task, initial_architecture(task, firefly.width))
         refuse_cap_without_room("max_parameters", firefly.max_parameters, start, "parameters")
@@ -389,7 +389,7 @@ class Firefly(GrowsOnceTrained, SingleNetwork):
             for i in range(len(self.arch["widths"]))
         )
 
-    def growth_skipped(self) -> dict:
+    def growth_skipped(self) -> dict[str, Any]:
         return {"parameters_added": 0}
 
     def grow_trained(self, val: LabeledData, trainer: Trainer) -> GrowthReport:

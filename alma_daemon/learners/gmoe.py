@@ -16,6 +16,8 @@ data, not the last one's.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -93,13 +95,13 @@ class GrowingMixtureOfExperts(GrowsOnceTrained, SingleNetwork):
     config: GrowingMixtureOfExpertsConfig
 
     @classmethod
-    def contract_cases(cls) -> list[tuple[str, dict]]:
+    def contract_cases(cls) -> list[tuple[str, dict[str, Any]]]:
         return [("mlp", {}), ("vgg", {"width": 4}), ("mlp", {"gating": "hard"}), ("regression", {})]
 
-    def initial_architecture(self) -> dict:
+    def initial_architecture(self) -> dict[str, Any]:
         return {"trees": [LEAF] * MIXTURE_LAYERS, "trained": False}
 
-    def build(self, arch: dict) -> nn.Module:
+    def build(self, arch: dict[str, Any]) -> nn.Module:
         layers = self.mixable_layers()
         sizes = layer_input_sizes(self.task, layers, MIXTURE_LAYERS)
         for i, tree in enumerate(arch["trees"]):
@@ -131,7 +133,7 @@ class GrowingMixtureOfExperts(GrowsOnceTrained, SingleNetwork):
     def grown_size(self) -> int:
         return max(len(m.experts) for m in self.mixtures())
 
-    def growth_skipped(self) -> dict:
+    def growth_skipped(self) -> dict[str, Any]:
         return {"split": []}
 
     def grow_trained(self, val: LabeledData, trainer: Trainer) -> GrowthReport:

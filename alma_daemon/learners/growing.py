@@ -38,7 +38,7 @@ class GrowsOnceTrained:
     """
 
     grows = True
-    arch: dict
+    arch: dict[str, Any]
     config: Any
     #: The ``learner`` key of the size cap, in the unit the learner grows by (its value None: unbounded);
     #: None for a learner without a cap.
@@ -77,7 +77,7 @@ class GrowsOnceTrained:
     def mark_untrained(self) -> None:
         self.arch = {**self.arch, "trained": False}
 
-    def growth_skipped(self) -> dict:
+    def growth_skipped(self) -> dict[str, Any]:
         """The details of a growth step that grew nothing (keys as in :meth:`grow_trained`'s)."""
         return {}
 

@@ -19,7 +19,7 @@ from alma_daemon.learners.growth_report import GrowthReport
 from alma_daemon.training.loop import Trainer
 
 
-def current_architecture(arch: dict) -> dict:
+def current_architecture(arch: dict[str, Any]) -> dict[str, Any]:
     """A saved ``arch`` in the current form.
 
     switch-lm-gens saved ``trained`` as the number of members trained (all of them: the newest part
@@ -48,14 +48,14 @@ class GrowsByMembers(GrowsOnceTrained):
     device: Any
     new_members: Any
 
-    def __init__(self, task: TaskInfo, config: LearnerConfig, seed: int, arch: dict | None = None):
+    def __init__(self, task: TaskInfo, config: LearnerConfig, seed: int, arch: dict[str, Any] | None = None):
         saved = None if arch is None else current_architecture(arch)
         super().__init__(task, config, seed, saved)  # type: ignore[call-arg]
 
-    def initial_architecture(self) -> dict:
+    def initial_architecture(self) -> dict[str, Any]:
         return {"members": 1, "frozen": 0, "trained": False}
 
-    def build(self, arch: dict) -> nn.Module:
+    def build(self, arch: dict[str, Any]) -> nn.Module:
         return nn.ModuleList(self.new_members(range(arch["members"])))
 
     def members_to_train(self) -> range:
@@ -68,7 +68,7 @@ class GrowsByMembers(GrowsOnceTrained):
     def grown_size(self) -> int:
         return int(self.arch["members"])
 
-    def growth_skipped(self) -> dict:
+    def growth_skipped(self) -> dict[str, Any]:
         return {"added": 0, "members": self.arch["members"]}
 
     def grow_trained(self, val: LabeledData, trainer: Trainer) -> GrowthReport:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import nn
 
 from alma_daemon.learners import register_learner
@@ -17,5 +19,5 @@ class SingleModel(SingleNetwork):
     config_model = SingleModelConfig
     config: SingleModelConfig
 
-    def build(self, arch: dict) -> nn.Module:
+    def build(self, arch: dict[str, Any]) -> nn.Module:
         return build_network(self.task, self.config)

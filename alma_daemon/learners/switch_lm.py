@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -57,7 +57,7 @@ class LanguageModel(Learner):
     config: LanguageModelConfig
 
     @classmethod
-    def contract_cases(cls) -> list[tuple[str, dict]]:
+    def contract_cases(cls) -> list[tuple[str, dict[str, Any]]]:
         return [("tokens", {"layers": 1, "d_model": 16, "heads": 2, "d_ff": 32, "experts": 2})]
 
     def new_network(self, experts: list[int] | None = None) -> SwitchLM:
@@ -131,7 +131,7 @@ class SwitchLanguageModel(LanguageModel):
     config_model: ClassVar[type[LearnerConfig]] = SwitchLanguageModelConfig
     splits_batches_over_ranks = True
 
-    def build(self, arch: dict) -> nn.Module:
+    def build(self, arch: dict[str, Any]) -> nn.Module:
         return self.new_network()
 
     def fit(self, train: LabeledData, val: LabeledData, trainer: Trainer) -> FitReport:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import ClassVar, cast
+from typing import Any, ClassVar, cast
 
 import torch
 from torch import nn
@@ -32,7 +32,7 @@ class SwitchLMEnsemble(LanguageModel):
     config_model: ClassVar[type[LearnerConfig]] = SwitchLMEnsembleConfig
     model: nn.ModuleList
 
-    def build(self, arch: dict) -> nn.Module:
+    def build(self, arch: dict[str, Any]) -> nn.Module:
         # switch-lm-gens shares this class but not the key: it builds its members from arch.
         members = cast(SwitchLMEnsembleConfig, self.config).members
         return nn.ModuleList(self.new_members(range(members)))

@@ -10,6 +10,8 @@ that ranks the experts are charged to the stage's training FLOPs by the engine.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -51,16 +53,16 @@ class GrowingSwitchLM(GrowsOnceTrained, SwitchLanguageModel):
     model: SwitchLM
     config: GrowingSwitchLMConfig
 
-    def initial_architecture(self) -> dict:
+    def initial_architecture(self) -> dict[str, Any]:
         return {"experts": [self.config.experts] * self.config.layers, "trained": False}
 
-    def build(self, arch: dict) -> nn.Module:
+    def build(self, arch: dict[str, Any]) -> nn.Module:
         return self.new_network(arch["experts"])
 
     def grown_size(self) -> int:
         return max(self.arch["experts"])
 
-    def growth_skipped(self) -> dict:
+    def growth_skipped(self) -> dict[str, Any]:
         return {"copied": [], "experts": list(self.arch["experts"])}
 
     def grow_trained(self, val: LabeledData, trainer: Trainer) -> GrowthReport:

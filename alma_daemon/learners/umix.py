@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -30,5 +32,5 @@ class UniformMixture(SingleNetwork):
     config_model = UniformMixtureConfig
     config: UniformMixtureConfig
 
-    def build(self, arch: dict) -> nn.Module:
+    def build(self, arch: dict[str, Any]) -> nn.Module:
         return LogitAverage(independent_members(self, range(self.config.members)))

@@ -11,6 +11,7 @@ operation below keeps the modules in step with it, so a spec rebuilds a grown ne
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -27,7 +28,7 @@ def input_size(task: TaskInfo) -> int:
     return math.prod(task.input_shape)
 
 
-def initial_architecture(task: TaskInfo, width: int) -> dict:
+def initial_architecture(task: TaskInfo, width: int) -> dict[str, Any]:
     """The SM backbone: 2 hidden layers (MLP) or 16 conv layers with a pool after each block (VGG)."""
     if is_image_task(task):
         pools = [i == convs - 1 for convs in VGG19_BLOCKS for i in range(convs)]
@@ -95,7 +96,7 @@ class GrowableNet(nn.Module):
     hidden: nn.ModuleList
     classifier: nn.Linear
 
-    def __init__(self, task: TaskInfo, arch: dict):
+    def __init__(self, task: TaskInfo, arch: dict[str, Any]):
         super().__init__()
         conv = is_image_task(task)
         fan_in = input_size(task)
@@ -123,7 +124,7 @@ class GrowableNet(nn.Module):
             z = layer(z)
         return self.classifier(z.flatten(1))
 
-    def architecture(self) -> dict:
+    def architecture(self) -> dict[str, Any]:
         return {
             "widths": [layer.width for layer in self.hidden],
             "pools": [isinstance(layer.pool, nn.MaxPool2d) for layer in self.hidden],
@@ -227,7 +228,9 @@ class GrowableNet(nn.Module):
         return eye
 
 
-def grown_architecture(arch: dict, added: dict[int, int], inserted_after: int | None = None) -> dict:
+def grown_architecture(
+    arch: dict[str, Any], added: dict[int, int], inserted_after: int | None = None
+) -> dict[str, Any]:
     """``arch`` after adding ``added[i]`` units to hidden layer ``i``, then a layer after ``inserted_after``."""
     widths = [w + added.get(i, 0) for i, w in enumerate(arch["widths"])]
     pools = list(arch["pools"])
@@ -237,7 +240,7 @@ def grown_architecture(arch: dict, added: dict[int, int], inserted_after: int | 
     return {"widths": widths, "pools": pools}
 
 
-def parameter_count(task: TaskInfo, arch: dict) -> int:
+def parameter_count(task: TaskInfo, arch: dict[str, Any]) -> int:
     """Parameters of :class:`GrowableNet` ``(task, arch)``, without building it (growth prices many variants)."""
     conv = is_image_task(task)
     kernel, per_unit = (9, 2) if conv else (1, 1)  # 3x3 kernels and BatchNorm's scale and shift, or a bias

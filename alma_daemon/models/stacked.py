@@ -17,7 +17,7 @@ already keep the cores busy, and grouped convolutions would change the arithmeti
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TypeGuard
+from typing import Any, TypeGuard
 
 import torch
 from torch import nn
@@ -58,12 +58,12 @@ class StackedLinear(torch.autograd.Function):
     """``out[m] = x[m] @ w[m]^T + b[m]`` for every member m, with ``F.linear``'s backward products."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(x, weight)
         return torch.baddbmm(bias.unsqueeze(1), x, weight.transpose(1, 2))
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor):
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
         x, weight = ctx.saved_tensors
         grad_x = grad.bmm(weight) if ctx.needs_input_grad[0] else None
         # One product per member, as F.linear computes it: MKL's batched product of these shapes can

@@ -18,6 +18,7 @@ import math
 import socket
 import threading
 from collections.abc import Callable, Iterable
+from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import Gauge, make_wsgi_app
@@ -35,7 +36,7 @@ log = logging.getLogger(__name__)
 
 class _QuietHandler(WSGIRequestHandler):
     # A scrape a second would otherwise write an access-log line a second to stderr.
-    def log_message(self, format: str, *args) -> None:
+    def log_message(self, format: str, *args: Any) -> None:
         pass
 
 
@@ -89,10 +90,10 @@ class Exporter:
     def __enter__(self) -> Exporter:
         return self
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
-    def _app(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
+    def _app(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "")
         if path == "/metrics":
             return self._metrics(environ, start_response)

@@ -31,7 +31,7 @@ import functools
 import math
 import re
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Protocol
@@ -93,16 +93,16 @@ _LONGEST_VALUE = 24
 
 class RunLike(Protocol):
     @property
-    def config(self) -> dict: ...
+    def config(self) -> dict[str, Any]: ...
 
     @property
-    def summary(self) -> dict: ...
+    def summary(self) -> dict[str, Any]: ...
 
     @property
-    def series(self) -> list[dict]: ...
+    def series(self) -> list[dict[str, Any]]: ...
 
 
-def flat(config: dict, prefix: str = "") -> dict[str, Any]:
+def flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     """A nested config as dotted keys."""
     out: dict[str, Any] = {}
     for key, value in config.items():
@@ -168,7 +168,7 @@ def _value(value: Any) -> str:
     return "…" + tail
 
 
-def describe(params: dict) -> str:
+def describe(params: dict[str, Any]) -> str:
     """A short name for a configuration: ``ens width=4 wait=10 replay``. A key the configuration does
     not have (``learner.members`` of an SM beside an Ens) is left out, not shown as ``members=None``."""
     parts: list[str] = []
@@ -207,7 +207,7 @@ def policy_defaults(name: Any) -> dict[str, Any]:
     return flat({"policy": dataclasses.asdict(model())}) if model else {}
 
 
-def _params(run: RunLike, keys: list[str]) -> dict:
+def _params(run: RunLike, keys: list[str]) -> dict[str, Any]:
     f = flat(run.config)
     f[CHUNKS_KEY] = cut_short(run)
     defaults = policy_defaults(f.get("policy.name"))
@@ -226,16 +226,16 @@ def _params(run: RunLike, keys: list[str]) -> dict:
     return params
 
 
-def _order_key(params: dict) -> tuple:
+def _order_key(params: dict[str, Any]) -> tuple[Any, ...]:
     return tuple((str(type(v)), v if isinstance(v, int | float) else str(v)) for v in params.values())
 
 
-def configurations(runs: Sequence[RunLike]) -> dict[tuple, list[RunLike]]:
+def configurations(runs: Sequence[RunLike]) -> dict[tuple[Any, ...], list[RunLike]]:
     """Runs grouped by configuration (same values of the varying keys, seeds aside), each keyed by
     those values and the learner's name, which a legend always starts with."""
     varying = varying_keys(runs)
     keys = varying if "learner.name" in varying else ["learner.name", *varying]
-    groups: dict[tuple, list[RunLike]] = defaultdict(list)
+    groups: dict[tuple[Any, ...], list[RunLike]] = defaultdict(list)
     for run in runs:
         groups[tuple(_params(run, keys).items())].append(run)
     return dict(groups)
@@ -251,13 +251,13 @@ def _legend_title(groups: Sequence[Sequence[RunLike]]) -> str:
     return f"configuration (mean of up to {seeds} runs)" if seeds > 1 else "configuration"
 
 
-def cer_lines(runs: Sequence[RunLike], x_key: str, y_key: str) -> dict[str, list[tuple[float, float, dict]]]:
+def cer_lines(runs: Sequence[RunLike], x_key: str, y_key: str) -> dict[str, list[tuple[float, float, dict[str, Any]]]]:
     """Per line: its points (x, y, the policy key it joins and its value), in order of that value.
 
     A line is one configuration but for the one policy key it joins (:func:`joined_key`: a schedule's
     waits, as the paper's Fig. 2 joins them); runs of different policies are different lines, so no line
     runs from a fixed schedule to an adaptive policy as if they were one configuration."""
-    families: dict[tuple, list[tuple[dict, float, float]]] = defaultdict(list)
+    families: dict[tuple[Any, ...], list[tuple[dict[str, Any], float, float]]] = defaultdict(list)
     for config, group in configurations(runs).items():
         xs = [r.summary.get(x_key) or 0.0 for r in group]
         ys = [r.summary.get(y_key) for r in group]
@@ -267,11 +267,11 @@ def cer_lines(runs: Sequence[RunLike], x_key: str, y_key: str) -> dict[str, list
         family = {k: v for k, v in params.items() if not k.startswith(POLICY_PREFIX) or k == "policy.name"}
         families[tuple(family.items())].append((params, _mean(xs), _mean([float(y) for y in ys if y is not None])))
     # The key joined is a policy's, over all its configurations: its lines of one point are named alike.
-    by_policy: dict[Any, list[dict]] = defaultdict(list)
+    by_policy: dict[Any, list[dict[str, Any]]] = defaultdict(list)
     for members in families.values():
         by_policy[members[0][0].get("policy.name")] += [params for params, _, _ in members]
     joined_keys = {name: joined_key(params) for name, params in by_policy.items()}
-    lines: dict[str, list[tuple[float, float, dict]]] = defaultdict(list)
+    lines: dict[str, list[tuple[float, float, dict[str, Any]]]] = defaultdict(list)
     for members in families.values():
         joined = joined_keys[members[0][0].get("policy.name")]
         for params, x, y in members:
@@ -287,7 +287,7 @@ def cer_lines(runs: Sequence[RunLike], x_key: str, y_key: str) -> dict[str, list
 JOINED_KEYS = ("policy.wait", "policy.ratio", "policy.compute_price")
 
 
-def joined_key(members: Sequence[dict]) -> str | None:
+def joined_key(members: Sequence[dict[str, Any]]) -> str | None:
     """The policy key a line joins the configurations ``members`` (of one policy) along: the first of
     :data:`JOINED_KEYS` whose values differ between them, else the first other policy key that does; None
     where none does (one point)."""
@@ -296,7 +296,7 @@ def joined_key(members: Sequence[dict]) -> str | None:
     return next((k for k in JOINED_KEYS if k in varying), varying[0] if varying else None)
 
 
-def natural(text: str) -> list:
+def natural(text: str) -> list[Any]:
     """Sort key that puts ``width=8`` before ``width=16``."""
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text)]
 
@@ -306,7 +306,7 @@ _MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 _DASHES = ("-", "--", ":", "-.")
 
 
-def _style(label: str, labels) -> tuple[str, str]:
+def _style(label: str, labels: Collection[str]) -> tuple[str, str]:
     """A line's color and marker: one color per method (the label's first word, as the paper colors
     its methods), one marker per size within a method."""
     methods = sorted({name.split(" ")[0] for name in labels})
@@ -319,7 +319,7 @@ def _style(label: str, labels) -> tuple[str, str]:
     return colors[methods.index(method) % len(colors)], _MARKERS[siblings.index(label) % len(_MARKERS)]
 
 
-def _figure(panels: int = 1):
+def _figure(panels: int = 1) -> tuple[Any, list[Any]]:
     """A figure of ``panels`` axes one above the other (one x and one y range), whose title, legend
     and note, placed outside the axes, are laid out with it."""
     height = 4.8 if panels == 1 else 3.3 * panels
@@ -329,7 +329,7 @@ def _figure(panels: int = 1):
     return fig, list(axes[:, 0])
 
 
-def _finish(fig, title: str, note: str | Sequence[str] | None, legend_title: str | None, path: Path) -> None:
+def _finish(fig: Any, title: str, note: str | Sequence[str] | None, legend_title: str | None, path: Path) -> None:
     """Title on top, the legend right of the axes (never over a curve nor an axis label), the note
     (or notes, joined by "; " and wrapped) under the axes; saved and closed. The title and the note are
     centred over the axes, not the figure: a title longer than the axes are wide (a single
@@ -454,7 +454,7 @@ _SHARED_COLOR = "0.35"
 
 
 def _companion_curves(
-    ordered: Sequence[tuple[tuple, list[RunLike]]], key: str, colors: Sequence[str]
+    ordered: Sequence[tuple[tuple[Any, ...], list[RunLike]]], key: str, colors: Sequence[str]
 ) -> list[tuple[str, list[int], list[float]]]:
     """Each configuration's curve of ``key`` (color, ts, ys), where it is a line drawn beside the
     configuration's own (its baseline, its reference learner): one grey curve where every configuration
@@ -610,7 +610,7 @@ def replay_pairs(
     """Configurations run both without and with replay: (name, (x, y) without, (x, y) with)."""
     if REPLAY_KEY not in varying_keys(runs):
         return []
-    points: dict[tuple, dict[bool, tuple[float, float]]] = defaultdict(dict)
+    points: dict[tuple[Any, ...], dict[bool, tuple[float, float]]] = defaultdict(dict)
     names = {}
     for config, group in configurations(runs).items():
         params = dict(config)

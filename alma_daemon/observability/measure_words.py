@@ -8,6 +8,7 @@ status`` say the same thing: ``recall (higher is better)``, ``cumulative recall`
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from alma_daemon.config.measure_traits import MEASURE_TRAITS
 
@@ -90,7 +91,7 @@ _PAPER_ROWS = {
 }
 
 
-def summary_rows(summary: dict) -> list[tuple[str, object, str]]:
+def summary_rows(summary: dict[str, Any]) -> list[tuple[str, object, str]]:
     """The lines of a run's summary (``alma simulate``) about its measure, as (name, value, format):
     the paper's for the error rate and a perplexity, the measure's by name for another; the baseline and
     the other measures (the test set's, else the last chunk's) where recorded; what users saw (the served

@@ -14,6 +14,7 @@ import math
 import re
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from alma_daemon.observability.figures import _figure, _finish, plt
 from alma_daemon.observability.policy_regret import Outcome, pareto_front
@@ -35,7 +36,7 @@ def policy_families(outcomes: Sequence[Outcome]) -> dict[str, list[Outcome]]:
     return {name: sorted(members, key=lambda o: o.price) for name, members in families.items()}
 
 
-def _draw_schedules(ax, outcomes: Sequence[Outcome]) -> None:
+def _draw_schedules(ax: Any, outcomes: Sequence[Outcome]) -> None:
     """The schedules as named grey dots, their Pareto front a dashed step line."""
     schedules = [o for o in outcomes if o.schedule]
     ax.scatter(
@@ -66,7 +67,7 @@ def _draw_schedules(ax, outcomes: Sequence[Outcome]) -> None:
     )
 
 
-def _draw_policies(ax, outcomes: Sequence[Outcome]) -> None:
+def _draw_policies(ax: Any, outcomes: Sequence[Outcome]) -> None:
     """Each policy family as a marker (a line through its prices, each labelled)."""
     for i, (family, members) in enumerate(policy_families(outcomes).items()):
         color = _COLORS[i % len(_COLORS)]

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from alma_daemon.core.records import CUMULATIVE_MEASURES, StepRecord, read_rows
 from alma_daemon.observability.figures import (
@@ -89,15 +90,15 @@ class Run:
     seconds is the stream's; a backtest's is how fast the machine trained."""
 
     name: str
-    results: dict
+    results: dict[str, Any]
     arrival_times: bool = False
 
     @property
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, Any]:
         return self.results.get("summary", {})
 
     @property
-    def series(self) -> list[dict]:
+    def series(self) -> list[dict[str, Any]]:
         return self.results.get("series", [])
 
     @property
@@ -105,7 +106,7 @@ class Run:
         return read_rows(self.series)
 
     @property
-    def config(self) -> dict:
+    def config(self) -> dict[str, Any]:
         return self.results.get("config", {})
 
 
@@ -254,7 +255,7 @@ def left_out(drawn: list[tuple[str, str]], prefix: str = "", measure: str = PAPE
     ]
 
 
-def _fmt(value, spec: str) -> str:
+def _fmt(value: object, spec: str) -> str:
     return "" if value is None else format(value, spec)
 
 

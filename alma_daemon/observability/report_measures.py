@@ -13,6 +13,7 @@ import dataclasses
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from alma_daemon.core.records import StepRecord
 from alma_daemon.measures import MEASURES
@@ -74,9 +75,9 @@ def has_reference(runs: Sequence[RunLike], measure: str) -> bool:
 class _Flattened:
     """A run whose rows also hold each detail as ``test_<name>`` and ``prequential_<name>``."""
 
-    config: dict
-    summary: dict
-    series: list[dict]
+    config: dict[str, Any]
+    summary: dict[str, Any]
+    series: list[dict[str, Any]]
 
 
 def flattened(run: RunLike) -> _Flattened:
@@ -117,7 +118,7 @@ def _cell(value: object, measure: str) -> str:
     return f"{value:.4f}" if MEASURES[measure].rate else f"{value:.4g}"
 
 
-def _details(run: RunLike) -> dict:
+def _details(run: RunLike) -> dict[str, Any]:
     """The run's other measures at its end: the test set's, else the last chunk's."""
     return run.summary.get("final_test_measures") or run.summary.get("final_prequential_measures") or {}
 
@@ -131,7 +132,9 @@ def _summary_cell(key: str, measure: str) -> Callable[[RunLike], str]:
     return lambda run: _cell(run.summary.get(key), measure)
 
 
-def _served_cell(served: Callable[[Sequence[dict], str], float | None], measure: str) -> Callable[[RunLike], str]:
+def _served_cell(
+    served: Callable[[Sequence[dict[str, Any]], str], float | None], measure: str
+) -> Callable[[RunLike], str]:
     """A run's served ``measure`` (the network's or the reference's) from its rows; empty for a run of another measure."""
     return lambda run: _cell(served(run.series, measure) if run_measure(run) == measure else None, measure)
 

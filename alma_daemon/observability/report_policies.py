@@ -24,6 +24,7 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from alma_daemon.observability.figures import POLICY_PREFIX, SEED_KEYS, RunLike, configurations, describe, flat
 from alma_daemon.observability.measure_words import (
@@ -82,8 +83,8 @@ class PolicyLine:
 
 
 def _outcomes(
-    by_policy: dict[str, dict[tuple, RunLike]],
-    seeds: list[tuple],
+    by_policy: dict[str, dict[tuple[Any, ...], RunLike]],
+    seeds: list[tuple[Any, ...]],
     loss: Callable[[RunLike], float | None],
     unit: str,
     decimals: int,
@@ -114,7 +115,7 @@ def policy_lines(runs: Sequence[RunLike]) -> dict[str, PolicyLine]:
     """Per configuration (its policy keys aside) with both schedules and policies: each policy's CER,
     served measure and longest wait on the seeds that every policy of the configuration ran."""
     # line -> policy -> seeds -> run
-    lines: dict[str, dict[str, dict[tuple, RunLike]]] = defaultdict(dict)
+    lines: dict[str, dict[str, dict[tuple[Any, ...], RunLike]]] = defaultdict(dict)
     for config, group in configurations(runs).items():
         params = dict(config)
         line = describe({k: v for k, v in params.items() if not k.startswith(POLICY_PREFIX)})

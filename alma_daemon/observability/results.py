@@ -11,9 +11,11 @@ import io
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from alma_daemon.core.atomic_json import finite, write_text_atomic
-from alma_daemon.core.engine import Engine, EngineObserver, EngineState
+from alma_daemon.core.engine import Engine, EngineObserver
+from alma_daemon.core.engine_state import EngineState
 from alma_daemon.core.records import CUMULATIVE_MEASURES, StageRecord, StepRecord, csv_columns, read_rows
 from alma_daemon.observability.measure_words import PAPER_MEASURE, higher_is_better
 from alma_daemon.observability.served_measure import judged_mean, longest_untrained
@@ -22,7 +24,7 @@ from alma_daemon.observability.served_measure import judged_mean, longest_untrai
 CSV_COLUMNS = csv_columns()
 
 
-def summarize(series: list[dict], wall_seconds: float, state: EngineState | None = None) -> dict:
+def summarize(series: list[dict[str, Any]], wall_seconds: float, state: EngineState | None = None) -> dict[str, Any]:
     """The run's summary: the CER (Eq. 1) and final error, or the task's measure's
     (:func:`measure_summary`), cumulative FLOPs and parameters (Eq. 2).
 
@@ -35,7 +37,9 @@ def summarize(series: list[dict], wall_seconds: float, state: EngineState | None
     return summarize_records(read_rows(series), wall_seconds, state)
 
 
-def summarize_records(records: Sequence[StepRecord], wall_seconds: float, state: EngineState | None = None) -> dict:
+def summarize_records(
+    records: Sequence[StepRecord], wall_seconds: float, state: EngineState | None = None
+) -> dict[str, Any]:
     """:func:`summarize` of a series already read."""
     last: StepRecord | None = records[-1] if records else None
     # Both carry model_version and the cumulative training FLOPs and seconds.
@@ -56,7 +60,7 @@ def summarize_records(records: Sequence[StepRecord], wall_seconds: float, state:
     return summary
 
 
-def measure_summary(records: Sequence[StepRecord], last: StepRecord) -> dict:
+def measure_summary(records: Sequence[StepRecord], last: StepRecord) -> dict[str, Any]:
     """The task's measure ``m`` at the end of the series: ``final_test_{m}``, ``cumulative_{m}`` (the CER
     of the error rate, also kept as ``cer``), ``cumulative_prequential_{m}``, the last details
     (``final_test_measures``, ``final_prequential_measures``) and ``baseline_{m}``, where recorded. A
@@ -67,7 +71,7 @@ def measure_summary(records: Sequence[StepRecord], last: StepRecord) -> dict:
     row without a stage. Where a reference learner ran beside the network (``reference.kind``):
     ``served_reference_{m}`` and ``cumulative_reference_{m}``, its measures on the same chunks."""
     m = last.measure
-    summary: dict = {}
+    summary: dict[str, Any] = {}
     if m == PAPER_MEASURE:
         summary["cer"] = last.cumulative
     if m == "perplexity":
@@ -105,7 +109,7 @@ def measure_summary(records: Sequence[StepRecord], last: StepRecord) -> dict:
     return summary
 
 
-def _csv_text(fields: list) -> str:
+def _csv_text(fields: list[Any]) -> str:
     """``fields`` as one CSV line, with its line end."""
     out = io.StringIO()
     csv.writer(out).writerow(fields)
@@ -115,12 +119,12 @@ def _csv_text(fields: list) -> str:
 CSV_HEADER = _csv_text(CSV_COLUMNS)
 
 
-def csv_line(row: dict) -> str:
+def csv_line(row: dict[str, Any]) -> str:
     """A series row as a line of series.csv (CSV_COLUMNS; None as an empty field)."""
     return _csv_text(["" if row.get(k) is None else row.get(k) for k in CSV_COLUMNS])
 
 
-def results_text(results: dict, series_lines: Sequence[str]) -> str:
+def results_text(results: dict[str, Any], series_lines: Sequence[str]) -> str:
     """``results.json``'s text, laid out as ``json.dumps(indent=1)`` would but with one row of the series
     a line, given already encoded in ``series_lines``."""
     fields = []
@@ -154,11 +158,11 @@ class ResultsWriter(EngineObserver):
     def __init__(
         self,
         folder: str | Path,
-        config: dict,
-        extra: dict | None = None,
+        config: dict[str, Any],
+        extra: dict[str, Any] | None = None,
         *,
         history: bool = False,
-        notes: dict | None = None,
+        notes: dict[str, Any] | None = None,
     ):
         self.folder = Path(folder)
         self.config = config
@@ -169,7 +173,7 @@ class ResultsWriter(EngineObserver):
         self.folder.mkdir(parents=True, exist_ok=True)
         #: The rows encoded so far, kept alive so that the identity check in _encode never meets a
         #: reused object id.
-        self._rows: list[dict] = []
+        self._rows: list[dict[str, Any]] = []
         self._json_lines: list[str] = []
         self._csv_lines: list[str] = []
         self._records: list[StepRecord] = []
@@ -210,7 +214,7 @@ class ResultsWriter(EngineObserver):
         append_lines(history, [json.dumps(finite(row)) for row in rows if row.get("t", 0) <= last])
         history.touch()
 
-    def write(self, engine: Engine) -> dict:
+    def write(self, engine: Engine) -> dict[str, Any]:
         new = self._encode(engine.state.series)
         results = results_of(engine, self.config, self.extra, records=self._records, notes=self.notes)
         if self.history:
@@ -224,7 +228,7 @@ class ResultsWriter(EngineObserver):
             write_text_atomic(self.folder / "series.csv", CSV_HEADER + "".join(self._csv_lines))
         return results
 
-    def _encode(self, series: list[dict]) -> int:
+    def _encode(self, series: list[dict[str, Any]]) -> int:
         """Encode the rows not encoded yet; return how many. The engine appends rows, and a daemon's
         drops its oldest (``t`` counts them, one a step); an engine whose state was replaced (restored
         from its store) holds other row objects, and is encoded again whole."""
@@ -321,12 +325,12 @@ def _row_t(line: bytes) -> int | None:
 
 def results_of(
     engine: Engine,
-    config: dict,
-    extra: dict | None = None,
+    config: dict[str, Any],
+    extra: dict[str, Any] | None = None,
     *,
     records: Sequence[StepRecord] | None = None,
-    notes: dict | None = None,
-) -> dict:
+    notes: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """What ``results.json`` holds for ``engine``'s run so far: ``config`` (the resolved config, as a
     dict), the series, its summary (wall time on the engine's clock, from its start; ``notes``, what
     reading the data left out, added to it) and ``extra``. ``records``: the series already read, if the
@@ -337,13 +341,13 @@ def results_of(
     return {"config": config, "series": series, "summary": summary | (notes or {}), **(extra or {})}
 
 
-def read_results(path: str | Path) -> dict:
+def read_results(path: str | Path) -> dict[str, Any]:
     """Read a run's results.json (a folder or the file itself); a daemon's, whose results.json holds the
     newest rows, with its whole series from the history file it names."""
     path = Path(path)
     if path.is_dir():
         path = path / "results.json"
-    results = json.loads(path.read_text())
+    results: dict[str, Any] = json.loads(path.read_text())
     history = results.pop("series_file", None)
     if history is not None and (path.parent / history).exists():
         results["series"] = read_history(path.parent / history)
@@ -354,7 +358,7 @@ def read_results(path: str | Path) -> dict:
     return results
 
 
-def read_history(path: Path) -> list[dict]:
+def read_history(path: Path) -> list[dict[str, Any]]:
     """The rows of a daemon's series.jsonl; a row half written by a crash, not committed, is left out."""
     rows = []
     with path.open(encoding="utf-8") as lines:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from typing import Any
 
 from alma_daemon.config import Config, policy_config, to_dict
 from alma_daemon.core.records import read_rows
@@ -23,7 +24,7 @@ from alma_daemon.observability.progress import ProgressBar
 from alma_daemon.research.simulate import SimulatedStream, build_engine, simulated_stream
 
 
-def ablate_iid(config: Config, chunks: int, progress: bool = True) -> dict:
+def ablate_iid(config: Config, chunks: int, progress: bool = True) -> dict[str, Any]:
     """Train on the first ``chunks`` chunks sequentially and at once; return both runs' results."""
     stream = simulated_stream(config)
     first = list(itertools.islice(stream.chunks, chunks))
@@ -32,7 +33,7 @@ def ablate_iid(config: Config, chunks: int, progress: bool = True) -> dict:
     steps = config.train.steps_per_chunk
     settings = {"sequential": (1, steps), "iid": (chunks, chunks * steps)}
     measure = task_measure(stream.task).name
-    results: dict = {"chunks": chunks, "measure": measure, "config": to_dict(config)}
+    results: dict[str, Any] = {"chunks": chunks, "measure": measure, "config": to_dict(config)}
     for mode, (wait, mode_steps) in settings.items():
         mode_config = dataclasses.replace(
             config,
@@ -48,7 +49,7 @@ def ablate_iid(config: Config, chunks: int, progress: bool = True) -> dict:
     return results
 
 
-def run_summary(series: list[dict], measure: str) -> dict:
+def run_summary(series: list[dict[str, Any]], measure: str) -> dict[str, Any]:
     """Final test measure, steps and FLOPs of one run, plus the test measure after every chunk."""
     records = read_rows(series)
     return {

@@ -24,9 +24,9 @@ class RunResult:
     """One finished run: the study experiment it belongs to, the values its grid set, its seed."""
 
     experiment: str
-    params: dict
+    params: dict[str, Any]
     seed: int
-    summary: dict
+    summary: dict[str, Any]
     test_error: list[float] = field(default_factory=list)
 
     @property
@@ -71,7 +71,7 @@ class MissingRuns(LookupError):
 
 
 #: A rule: the runs of one seed -> (whether the finding holds, the evidence).
-Judge = Callable[[list["RunResult"]], tuple[bool, dict]]
+Judge = Callable[[list["RunResult"]], tuple[bool, dict[Any, Any]]]
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,7 @@ class Finding:
     judge: Judge
 
 
-def _select(runs: Iterable[RunResult], experiment: str | None = None, **params) -> list[RunResult]:
+def _select(runs: Iterable[RunResult], experiment: str | None = None, **params: Any) -> list[RunResult]:
     """Runs of ``experiment`` whose params match ``params`` (``learner`` for learner.name, etc.)."""
     keys = {"learner": "learner.name", "width": "learner.width", "wait": "policy.wait", "policy": "policy.name"}
     chosen = []
@@ -96,14 +96,14 @@ def _select(runs: Iterable[RunResult], experiment: str | None = None, **params) 
     return chosen
 
 
-def _one(runs: Iterable[RunResult], experiment: str, **params) -> RunResult:
+def _one(runs: Iterable[RunResult], experiment: str, **params: Any) -> RunResult:
     found = _select(runs, experiment, **params)
     if len(found) != 1:
         raise MissingRuns(f"{experiment} {params}: {len(found)} run(s) for one seed")
     return found[0]
 
 
-def _values(runs: Iterable[RunResult], experiment: str, key: str) -> list:
+def _values(runs: Iterable[RunResult], experiment: str, key: str) -> list[Any]:
     values = {run.params.get(key) for run in runs if run.experiment == experiment}
     if not values:
         raise MissingRuns(f"no runs of {experiment}")
@@ -140,7 +140,7 @@ def finding(id: str, claim: str, rule: str) -> Callable[[Judge], Judge]:
     "for SM on MNIST, the smallest width's lowest-CER wait lies strictly between the smallest and "
     "largest waits tried, and the largest width's lowest-CER wait is smaller than it",
 )
-def judge_intermediate_wait_best_for_small_models(runs: list[RunResult]) -> tuple[bool, dict]:
+def judge_intermediate_wait_best_for_small_models(runs: list[RunResult]) -> tuple[bool, dict[str, Any]]:
     waits, widths = _values(runs, "mnist-wait", "policy.wait"), _values(runs, "mnist-wait", "learner.width")
     best: dict[int, int] = {}
     cer: dict[int, dict[int, float]] = {}
@@ -161,7 +161,7 @@ def judge_intermediate_wait_best_for_small_models(runs: list[RunResult]) -> tupl
     "tardy; greedy's mean test error over the first tenth of the stream is below the best "
     "intermediate wait's, and its final error above it; the tardy run's final error is the lowest",
 )
-def judge_intermediate_wait_best_on_cifar(runs: list[RunResult]) -> tuple[bool, dict]:
+def judge_intermediate_wait_best_on_cifar(runs: list[RunResult]) -> tuple[bool, dict[str, Any]]:
     waits, widths = _values(runs, "cifar-wait", "policy.wait"), _values(runs, "cifar-wait", "learner.width")
     by_wait = {w: _one(runs, "cifar-wait", width=widths[0], wait=w) for w in waits}
     greedy, tardy = by_wait[waits[0]], by_wait[waits[-1]]
@@ -203,7 +203,7 @@ F3_EXPERIMENTS = {"mnist": ("mnist-wait",), "cifar": ("cifar-wait", "cifar-large
     f"at w = {F3_WAIT}, the largest SM's test error after B/10 chunks is below the smallest SM's "
     "final test error, on every dataset of the study that has two widths",
 )
-def judge_large_models_learn_more_per_example(runs: list[RunResult]) -> tuple[bool, dict]:
+def judge_large_models_learn_more_per_example(runs: list[RunResult]) -> tuple[bool, dict[str, Any]]:
     evidence, oks = {}, []
     for dataset in ("mnist", "cifar"):
         sizes = [
@@ -235,7 +235,7 @@ def _mnist_pool(runs: list[RunResult]) -> list[RunResult]:
     return [r for r in runs if r.experiment in ("mnist-methods", "mnist-sm-sizes")]
 
 
-def _best_within(candidates: list[RunResult], budget: Callable[[RunResult], float], limit: float):
+def _best_within(candidates: list[RunResult], budget: Callable[[RunResult], float], limit: float) -> RunResult | None:
     within = [r for r in candidates if budget(r) <= limit]
     return min(within, key=lambda r: r.cer) if within else None
 
@@ -249,7 +249,7 @@ def _best_within(candidates: list[RunResult], budget: Callable[[RunResult], floa
     "lower CER; for every gEns run, the best Ens with no higher final inference FLOPs per example "
     "has a lower CER",
 )
-def judge_growing_does_not_pay(runs: list[RunResult]) -> tuple[bool, dict]:
+def judge_growing_does_not_pay(runs: list[RunResult]) -> tuple[bool, dict[str, Any]]:
     pool = _mnist_pool(runs)
     sms = [r for r in pool if r.learner == "sm"]
     comparisons, oks = [], []
@@ -286,7 +286,7 @@ def _label(run: RunResult) -> str:
     return f"{run.learner}-{run.width}"
 
 
-def _comparison(run: RunResult, best: RunResult | None, budget: str, ok: bool) -> dict:
+def _comparison(run: RunResult, best: RunResult | None, budget: str, ok: bool) -> dict[str, Any]:
     return {
         "run": _label(run),
         "budget": budget,
@@ -303,7 +303,7 @@ def _comparison(run: RunResult, best: RunResult | None, budget: str, ok: bool) -
     "on MNIST at the methods' wait: UMix's CER is below Ens's at the smallest member width, and "
     "Ens's below UMix's at the largest",
 )
-def judge_umix_edges_ens_only_for_small_members(runs: list[RunResult]) -> tuple[bool, dict]:
+def judge_umix_edges_ens_only_for_small_members(runs: list[RunResult]) -> tuple[bool, dict[str, Any]]:
     widths = _values(runs, "mnist-methods", "learner.width")
     cer = {
         width: {m: _one(runs, "mnist-methods", learner=m, width=width).cer for m in ("umix", "ens")}
@@ -336,7 +336,7 @@ def _dominated(run: RunResult, others: Iterable[RunResult], budget: Callable[[Ru
     "methods, and no run of the pool (every method and SM size) is at least as good in CER at no "
     "more cumulative training FLOPs, nor at no more cumulative parameters",
 )
-def judge_ens_best_trade_off_for_large_models(runs: list[RunResult]) -> tuple[bool, dict]:
+def judge_ens_best_trade_off_for_large_models(runs: list[RunResult]) -> tuple[bool, dict[str, Any]]:
     pool = _mnist_pool(runs)
     widths = _values(runs, "mnist-methods", "learner.width")
     large = [r for r in pool if r.experiment == "mnist-methods" and r.width == widths[-1]]
@@ -360,7 +360,7 @@ def judge_ens_best_trade_off_for_large_models(runs: list[RunResult]) -> tuple[bo
     "every replay run is matched (at most its training FLOPs and at most its CER, one of them "
     "strictly) by some MNIST run without replay",
 )
-def judge_replay_lowers_error_not_the_trade_off(runs: list[RunResult]) -> tuple[bool, dict]:
+def judge_replay_lowers_error_not_the_trade_off(runs: list[RunResult]) -> tuple[bool, dict[str, Any]]:
     replayed = _select(runs, "mnist-replay", **{"stream.replay": True})
     if not replayed:
         raise MissingRuns("mnist-replay has no run with replay")
@@ -391,7 +391,7 @@ def judge_replay_lowers_error_not_the_trade_off(runs: list[RunResult]) -> tuple[
     "error than one stage on the whole stream (w = B), which sees the same examples for the same "
     "epochs (the same training FLOPs): `alma ablate-iid` with k = B",
 )
-def judge_sequential_is_harder_than_iid(runs: list[RunResult]) -> tuple[bool, dict]:
+def judge_sequential_is_harder_than_iid(runs: list[RunResult]) -> tuple[bool, dict[str, Any]]:
     waits, widths = _values(runs, "mnist-wait", "policy.wait"), _values(runs, "mnist-wait", "learner.width")
     evidence, oks = {}, []
     for width in widths:
@@ -416,7 +416,7 @@ def judge_sequential_is_harder_than_iid(runs: list[RunResult]) -> tuple[bool, di
     "for every SM width on MNIST, the geometric policy's CER (ratio 0.5) is below the lowest CER "
     "of the constant waits tried",
 )
-def judge_geometric_beats_every_constant_wait(runs: list[RunResult]) -> tuple[bool, dict]:
+def judge_geometric_beats_every_constant_wait(runs: list[RunResult]) -> tuple[bool, dict[int, dict[str, Any]]]:
     geometric = _select(runs, "mnist-geometric")
     if not geometric:
         raise MissingRuns("no runs of mnist-geometric")
@@ -438,7 +438,7 @@ def judge_geometric_beats_every_constant_wait(runs: list[RunResult]) -> tuple[bo
     return all(oks), evidence
 
 
-def judge(finding: Finding, runs: list[RunResult]) -> dict:
+def judge(finding: Finding, runs: list[RunResult]) -> dict[str, Any]:
     """The finding's verdict over the seeds present, with every seed's evidence."""
     seeds = sorted({run.seed for run in runs})
     per_seed, missing = {}, None
@@ -462,11 +462,11 @@ def judge(finding: Finding, runs: list[RunResult]) -> dict:
     return entry
 
 
-def spread(per_seed: dict) -> dict:
+def spread(per_seed: dict[int, dict[Any, Any]]) -> dict[str, Any]:
     """Mean, min and max over the seeds of every number that each seed's evidence has at one path."""
     leaves: dict[str, list[float]] = {}
 
-    def walk(value, path: str) -> None:
+    def walk(value: Any, path: str) -> None:
         if isinstance(value, dict):
             for key, sub in value.items():
                 walk(sub, f"{path}.{key}" if path else str(key))
@@ -483,6 +483,6 @@ def spread(per_seed: dict) -> dict:
     return {"over_seeds": stats} if len(per_seed) > 1 else {}
 
 
-def judge_all(runs: list[RunResult], ids: Iterable[str] | None = None) -> list[dict]:
+def judge_all(runs: list[RunResult], ids: Iterable[str] | None = None) -> list[dict[str, Any]]:
     wanted = set(ids) if ids is not None else None
     return [judge(f, runs) for f in FINDINGS if wanted is None or f.id in wanted]

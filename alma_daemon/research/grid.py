@@ -29,7 +29,7 @@ class GridRun:
     """One combination: its folder name and its overrides."""
 
     name: str
-    overrides: dict
+    overrides: dict[str, Any]
 
 
 def _short(value: Any) -> str:
@@ -37,7 +37,7 @@ def _short(value: Any) -> str:
     return "_".join(map(str, value.values())) if isinstance(value, dict) else str(value)
 
 
-def expand_grid(spec: dict) -> list[GridRun]:
+def expand_grid(spec: dict[str, Any]) -> list[GridRun]:
     grid = spec.get("grid") or {}
     if not isinstance(grid, dict) or not all(isinstance(v, list) and v for v in grid.values()):
         raise ConfigError("grid: must map config keys to non-empty lists of values")
@@ -72,7 +72,7 @@ def load_grid(path: str | Path) -> list[tuple[GridRun, Config | ConfigError]]:
     return runs
 
 
-def _config(base: dict, overrides: dict) -> Config | ConfigError:
+def _config(base: dict[str, Any], overrides: dict[str, Any]) -> Config | ConfigError:
     data = copy.deepcopy(base)
     try:
         for key, value in overrides.items():
@@ -84,7 +84,7 @@ def _config(base: dict, overrides: dict) -> Config | ConfigError:
         return exc
 
 
-def run_grid(path: str | Path, out: str | Path, progress: bool = True) -> dict:
+def run_grid(path: str | Path, out: str | Path, progress: bool = True) -> dict[str, Any]:
     """Run every combination; one that the config refuses or that fails is reported once (one line,
     and its entry in ``grid.json``) and the others still run."""
     runs = load_grid(path)

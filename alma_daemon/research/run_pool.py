@@ -34,7 +34,7 @@ class PoolRun:
 
     key: str
     function: Callable[..., Any]
-    arguments: tuple = ()
+    arguments: tuple[Any, ...] = ()
 
 
 class RunCache(Protocol):
@@ -70,17 +70,17 @@ class RunFolders:
     A run is finished when that file holds the whole stream of the config planned for it; a run
     stopped mid-stream, or one written by another scale or code version, runs again."""
 
-    def __init__(self, planned: Mapping[str, tuple[Path, dict]]):
+    def __init__(self, planned: Mapping[str, tuple[Path, dict[str, Any]]]):
         self.planned = planned
 
-    def get(self, key: str) -> dict | None:
+    def get(self, key: str) -> dict[str, Any] | None:
         return folder_results(*self.planned[key])
 
     def put(self, key: str, result: Any) -> None:
         """Nothing to keep: the run wrote its folder itself, each file replaced atomically."""
 
 
-def folder_results(folder: Path, config: dict) -> dict | None:
+def folder_results(folder: Path, config: dict[str, Any]) -> dict[str, Any] | None:
     """The results in ``folder`` when they hold the whole stream for ``config``, else None."""
     from alma_daemon.observability.results import read_results
 
@@ -166,7 +166,7 @@ def one_torch_thread() -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
-def simulate_on_one_thread(config: Config, folder: str | Path | None = None) -> dict:
+def simulate_on_one_thread(config: Config, folder: str | Path | None = None) -> dict[str, Any]:
     """One simulated stream on one torch thread, without a progress bar: its results (written into
     ``folder`` as it goes, when given)."""
     from alma_daemon.research.simulate import run_simulation

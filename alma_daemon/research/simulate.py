@@ -6,6 +6,7 @@ import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from alma_daemon.config import Config, ConfigError, to_dict
 from alma_daemon.core.assembly import assemble_engine
@@ -34,7 +35,7 @@ class SimulatedStream:
     test: LabeledData | None
     length: int
     #: What reading the data left out, for the results' summary (a table's ``rows_dropped``, ``text_columns``).
-    notes: dict = dataclasses.field(default_factory=dict)
+    notes: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def simulated_stream(config: Config) -> SimulatedStream:
@@ -147,7 +148,7 @@ def run_simulation(
     progress: bool = True,
     observers: Sequence[EngineObserver] | None = None,
     checkpoint_dir: str | Path | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """Run a whole simulated stream and return the results (also written to ``out`` when given)."""
     config = replayed(config)
     config.policy.check_stream_length(config.stream.megabatches)

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from alma_daemon.config import build_config, set_dotted, to_dict
 from alma_daemon.core.atomic_json import write_json_atomic
@@ -34,8 +35,8 @@ class Experiment:
 
     name: str
     what: str
-    fixed: dict
-    grid: dict
+    fixed: dict[str, Any]
+    grid: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,7 @@ class Scale:
     cifar_width: int
     cifar_large_width: int
     test_examples: int
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 #: The scale of ``alma study paper``: docs/findings.md explains each choice.
@@ -178,10 +179,10 @@ class PlannedRun:
     """One run of a study: its experiment, the config values it sets, its seed, its folder."""
 
     experiment: str
-    params: dict
+    params: dict[str, Any]
     seed: int
     folder: Path
-    config: dict
+    config: dict[str, Any]
 
     @property
     def label(self) -> str:
@@ -194,7 +195,7 @@ def plan_runs(experiments: list[Experiment], seeds: int, out: Path) -> list[Plan
     for seed in range(seeds):
         for experiment in experiments:
             for grid_run in expand_grid({"grid": experiment.grid}):
-                data: dict = {}
+                data: dict[str, Any] = {}
                 for key, value in {**experiment.fixed, **grid_run.overrides}.items():
                     set_dotted(data, key, value)
                 set_dotted(data, "seed", seed)
@@ -207,7 +208,7 @@ def plan_runs(experiments: list[Experiment], seeds: int, out: Path) -> list[Plan
     return runs
 
 
-def execute_run(config: dict, folder: str) -> float:
+def execute_run(config: dict[str, Any], folder: str) -> float:
     """Run one planned simulation into ``folder``; return its wall seconds."""
     start = time.perf_counter()
     simulate_on_one_thread(build_config(config), folder)
@@ -260,7 +261,7 @@ def run_study(
     jobs: int = 1,
     experiments: list[Experiment] | None = None,
     say: Callable[[str], None] = print,
-) -> list[dict]:
+) -> list[dict[str, Any]]:
     """Run (or resume) the study into ``out``, judge the findings, write the report; return them."""
     out = Path(out)
     experiments = experiments if experiments is not None else paper_experiments(scale)

@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import html
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from alma_daemon.observability.report import PLOTS, Run, draw_plots, find_runs, left_out, markdown_table
 from alma_daemon.observability.report_html import html_page
 
+if TYPE_CHECKING:
+    from alma_daemon.research.study import Scale
 
-def _key_numbers(finding: dict) -> str:
+
+def _key_numbers(finding: dict[str, Any]) -> str:
     """The evidence a reader checks first: how many seeds held, and what was missing."""
     evidence = finding.get("evidence", {})
     parts = [f"{evidence['seeds_holding']} seeds hold"] if "seeds_holding" in evidence else []
@@ -30,7 +34,12 @@ def _figures(runs: list[Run], folder: Path, prefix: str) -> list[tuple[str, str]
 
 
 def write_study_report(
-    out: Path, experiments: list, findings: list[dict], scale, seeds: int, judged: list[int] | None = None
+    out: Path,
+    experiments: list[Any],
+    findings: list[dict[str, Any]],
+    scale: Scale,
+    seeds: int,
+    judged: list[int] | None = None,
 ) -> Path:
     """Write ``report.md``, ``report.html`` and ``figures/*.png`` for a study in ``out``.
 

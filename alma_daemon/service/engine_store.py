@@ -15,12 +15,12 @@ from alma_daemon.core.engine_state import EngineState
 from alma_daemon.infra.redis_keys import StreamKeys
 
 
-def state_fields(state: EngineState) -> dict:
+def state_fields(state: EngineState) -> dict[str, Any]:
     """Every field of ``state`` but the series, as JSON-ready data."""
     return {f.name: getattr(state, f.name) for f in dataclasses.fields(state) if f.name != "series"}
 
 
-def last_record(client: Any, keys: StreamKeys) -> dict | None:
+def last_record(client: Any, keys: StreamKeys) -> dict[str, Any] | None:
     """The newest committed per-chunk record, without reading the rest of the series."""
     raw = client.lindex(keys.series, -1)
     return json.loads(raw) if raw is not None else None

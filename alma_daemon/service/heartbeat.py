@@ -39,7 +39,7 @@ class Heartbeat:
         self.since = time.time()
         self._last_wait = ("", self.since)
 
-    def started(self, bound: dict | None = None) -> None:
+    def started(self, bound: dict[str, Any] | None = None) -> None:
         """The daemon started; ``bound`` is the freshness bound it runs by ({chunks, seconds}), which
         ``alma status`` shows whatever config it is itself given."""
         fields = {"pid": os.getpid(), "started_at": f"{time.time():.3f}"}
@@ -68,7 +68,7 @@ class Heartbeat:
             # Status only: the main loop notices the outage at its next Redis call.
             self.outages.down("redis", exc)
 
-    def _phase_fields(self) -> dict:
+    def _phase_fields(self) -> dict[str, Any]:
         return {"phase": self.phase, "waiting_for": self.waiting_for, "phase_since": f"{self.since:.3f}"}
 
     @property
@@ -82,7 +82,7 @@ class Heartbeat:
     def write_file(self, healthy: bool, ingest: IngestWorker | None) -> None:
         write_json_atomic(self.path, self.status(healthy, ingest))
 
-    def status(self, healthy: bool, ingest: IngestWorker | None) -> dict:
+    def status(self, healthy: bool, ingest: IngestWorker | None) -> dict[str, Any]:
         return {
             "pid": os.getpid(),
             **self._phase_fields(),

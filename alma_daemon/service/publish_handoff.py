@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 from alma_daemon.core.engine import Engine, EngineObserver
 from alma_daemon.logs import NOTICE
@@ -31,7 +32,7 @@ class CheckpointClock(EngineObserver):
     def __init__(self) -> None:
         self.written_at: dict[int, float] = {}
 
-    def on_checkpoint(self, version: int, path: str, metrics: dict, engine: Engine) -> None:
+    def on_checkpoint(self, version: int, path: str, metrics: dict[str, Any], engine: Engine) -> None:
         self.written_at[version] = time.monotonic()
 
     def take(self) -> list[tuple[int, float]]:

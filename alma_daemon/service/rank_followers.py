@@ -37,7 +37,8 @@ import torch.distributed as dist
 
 from alma_daemon.config import Config, PolicyConfig
 from alma_daemon.core.chunk_buffer import MemoryBuffer
-from alma_daemon.core.engine import Engine, EngineObserver, EngineState
+from alma_daemon.core.engine import Engine, EngineObserver
+from alma_daemon.core.engine_state import EngineState
 from alma_daemon.data.streams import Chunk, SplitChunk
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import learner_from_spec
@@ -66,7 +67,7 @@ class RankChannel:
         # NCCL moves CUDA tensors only; gloo moves CPU ones.
         self.device = device if dist.get_backend() == "nccl" else torch.device("cpu")
 
-    def send(self, header: dict, tensors: tuple[torch.Tensor, ...] = ()) -> None:
+    def send(self, header: dict[str, Any], tensors: tuple[torch.Tensor, ...] = ()) -> None:
         header = {**header, "tensors": [[list(t.shape), str(t.dtype).removeprefix("torch.")] for t in tensors]}
         payload = torch.frombuffer(bytearray(json.dumps(header).encode()), dtype=torch.uint8).to(self.device)
         dist.broadcast(torch.tensor([len(payload)], device=self.device), src=0)
@@ -74,7 +75,7 @@ class RankChannel:
         for tensor in tensors:
             dist.broadcast(tensor.contiguous().to(self.device), src=0)
 
-    def receive(self) -> tuple[dict, list[torch.Tensor]]:
+    def receive(self) -> tuple[dict[str, Any], list[torch.Tensor]]:
         """The next header and its tensors, on the CPU."""
         length = torch.zeros(1, dtype=torch.int64, device=self.device)
         dist.broadcast(length, src=0)
@@ -184,7 +185,7 @@ class FollowedPolicy(Policy):
         return Decision(header["action"], header["reason"], header["estimates"])
 
 
-def expect(header: dict, kind: str) -> None:
+def expect(header: dict[str, Any], kind: str) -> None:
     if header["kind"] != kind:
         raise RuntimeError(f"rank 0 sent {header['kind']!r} where {kind!r} was due: the ranks are out of step")
 
@@ -221,7 +222,7 @@ def follow_steps(config: Config) -> None:
 
 
 def follower_engine(
-    config: Config, device: torch.device, channel: RankChannel, header: dict, tensors: list[torch.Tensor]
+    config: Config, device: torch.device, channel: RankChannel, header: dict[str, Any], tensors: list[torch.Tensor]
 ) -> Engine:
     """An engine as rank 0's: its learner (architecture, then weights), counters and buffered chunks."""
     ids = header["kept"] + header["pending"]

@@ -9,6 +9,7 @@ clean exit, read after the daemon's parts stopped (its phase ``stopped``), befor
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from alma_daemon.config import Config
 from alma_daemon.core.engine import Engine, EngineObserver
@@ -61,7 +62,7 @@ class ExitStatus(Component):
         self.config = config
         self.redis = redis
         self.wanted = wanted
-        self._status: dict | None = None
+        self._status: dict[str, Any] | None = None
         self._error: Exception | None = None
 
     def stop(self) -> None:
@@ -79,7 +80,7 @@ class ExitStatus(Component):
         except Exception as exc:  # raised by status() in the command, as a failed read would be
             self._error = exc
 
-    def status(self) -> dict:
+    def status(self) -> dict[str, Any]:
         """The status read at the stop; the error if the read failed."""
         if self._error is not None:
             raise self._error

@@ -23,7 +23,7 @@ class StopSignals:
         self.stop_requested = stop_requested
         self.request_stop = request_stop
         self.in_step = in_step
-        self._previous: dict = {}
+        self._previous: dict[signal.Signals, Any] = {}
 
     def install(self) -> None:
         """Install the handlers (only the main thread can); :meth:`restore` puts the previous ones back."""

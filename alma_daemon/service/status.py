@@ -39,7 +39,7 @@ def serving_state(config: Config) -> ServingState | None:
     return LivePointer(CheckpointIndex(config.daemon.checkpoint_dir, config.serving.model_name).folder).read()
 
 
-def daemon_liveness(daemon: dict, poll_seconds: float) -> dict:
+def daemon_liveness(daemon: dict[str, Any], poll_seconds: float) -> dict[str, Any]:
     """Whether the daemon runs (a heartbeat fresher than :data:`STALE_HEARTBEATS` polls, and not
     stopped), its pid, phase (what it waits for, and for how long) and heartbeat age, from its
     heartbeat fields (Redis hash or status file)."""
@@ -58,9 +58,9 @@ def daemon_liveness(daemon: dict, poll_seconds: float) -> dict:
     }
 
 
-def phase_words(daemon: dict) -> str:
+def phase_words(daemon: dict[str, Any]) -> str:
     """``waiting for the swap of version 12, 40 s``: the phase, what it waits for and for how long."""
-    phase = daemon["phase"]
+    phase: str = daemon["phase"]
     if phase == "waiting" and daemon.get("waiting_for"):
         phase = f"waiting for {daemon['waiting_for']}"
     seconds = daemon.get("phase_seconds")
@@ -70,18 +70,18 @@ def phase_words(daemon: dict) -> str:
     return phase
 
 
-def engine_counters(client: Any, keys: StreamKeys) -> dict:
+def engine_counters(client: Any, keys: StreamKeys) -> dict[str, Any]:
     """The committed engine state's counters (``chunks_seen``, ``model_version``...), without its series."""
     raw = client.get(keys.engine)
     return json.loads(raw) if raw is not None else {}
 
 
-def freshness_bound(config: Config) -> dict:
+def freshness_bound(config: Config) -> dict[str, Any]:
     """``policy.max_model_age_chunks`` and ``max_model_age_seconds`` as ``{chunks, seconds}`` (None: unset)."""
     return {"chunks": config.policy.max_model_age_chunks, "seconds": config.policy.max_model_age_seconds}
 
 
-def model_age(engine: dict, now: float) -> tuple[int | None, float | None]:
+def model_age(engine: dict[str, Any], now: float) -> tuple[int | None, float | None]:
     """Chunks arrived and seconds passed since the last stage (since the stream's start before the first),
     as Engine.model_age counts them, from the committed engine state; None where it does not say (no
     chunk yet, or a state written before the model's age was kept)."""
@@ -92,7 +92,7 @@ def model_age(engine: dict, now: float) -> tuple[int | None, float | None]:
     return int(engine.get("chunks_seen", 0)) - int(engine["last_stage_chunks_seen"]), seconds
 
 
-def prequential_window(engine: dict, last: StepRecord | None) -> dict | None:
+def prequential_window(engine: dict[str, Any], last: StepRecord | None) -> dict[str, Any] | None:
     """The latest windowed prequential measure (``mean``) and the chunks it is the mean of (``chunks``:
     up to ``stream.prequential_window``); None before the first chunk and in rows written before it was kept."""
     if last is None or last.prequential_window is None:
@@ -100,7 +100,7 @@ def prequential_window(engine: dict, last: StepRecord | None) -> dict | None:
     return finite({"chunks": len(engine.get("recent_prequential", [])), "mean": last.prequential_window})
 
 
-def reference_window(engine: dict, last: StepRecord | None) -> dict | None:
+def reference_window(engine: dict[str, Any], last: StepRecord | None) -> dict[str, Any] | None:
     """The reference learner's windowed prequential measure beside the network's, over the same chunks
     (``reference.kind``, core/reference.py): ``mean``, ``network`` (the network's), ``chunks`` and
     ``behind`` (the network's is worse); None without a reference, or before its first chunk."""
@@ -118,8 +118,8 @@ def read_status(
     keys: StreamKeys,
     poll_seconds: float = 1.0,
     serving: ServingState | None = None,
-    bound: dict | None = None,
-) -> dict:
+    bound: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Counters, buffer sizes, the engine's progress and the daemon's heartbeat, as plain data;
     ``serving`` (from :func:`serving_state`) adds the live version, ``bound`` (from
     :func:`freshness_bound`) the freshness bound the model's age is held to, where the daemon has not
@@ -227,7 +227,7 @@ LIVE_STATE_WORDS = {
 }
 
 
-def model_row(status: dict) -> tuple[str, str]:
+def model_row(status: dict[str, Any]) -> tuple[str, str]:
     """``model version  10 (live: 8, rolled back)``: the newest version and the one served."""
     version, state = status["model_version"], status.get("live_state")
     if state is None:
@@ -249,7 +249,7 @@ def duration_words(seconds: float) -> str:
     return f"{value:.1f}".removesuffix(".0") + f" {unit}"
 
 
-def model_age_row(status: dict) -> tuple[str, str]:
+def model_age_row(status: dict[str, Any]) -> tuple[str, str]:
     """``model age  12 chunk(s), 3 h since the last stage (bound: 50 chunks, 24 h)``: how old the model is,
     and the freshness bound that forces a stage (``policy.max_model_age_*``), with ``passed`` once it is."""
     chunks, seconds = status.get("model_age_chunks"), status.get("model_age_seconds")
@@ -271,7 +271,7 @@ def model_age_row(status: dict) -> tuple[str, str]:
     return "model age", f"{chunks} chunk(s), {duration_words(seconds)} {since} ({limit})"
 
 
-def degradation(daemon: dict) -> dict:
+def degradation(daemon: dict[str, Any]) -> dict[str, Any]:
     """The daemon's outages as it last reported them (``degraded``, ``degraded_since``, ``outages``)."""
     reported = json.loads(daemon["degraded"]) if daemon.get("degraded") else {}
     return {
@@ -281,7 +281,9 @@ def degradation(daemon: dict) -> dict:
     }
 
 
-def local_status(path: Path, redis_error: str, poll_seconds: float, serving: ServingState | None = None) -> dict:
+def local_status(
+    path: Path, redis_error: str, poll_seconds: float, serving: ServingState | None = None
+) -> dict[str, Any]:
     """What ``alma status`` can tell while Redis is down: the daemon's own status file, and the live
     version from the serving's pointer (the newest version is known to Redis only)."""
     daemon = json.loads(path.read_text()) if path.is_file() else {}
@@ -294,7 +296,7 @@ def local_status(path: Path, redis_error: str, poll_seconds: float, serving: Ser
     }
 
 
-def format_local_status(status: dict) -> str:
+def format_local_status(status: dict[str, Any]) -> str:
     daemon = status["daemon"]
     rows = [("redis", f"unreachable: {status['redis_unreachable']}")]
     if daemon["phase"] is None:
@@ -320,7 +322,7 @@ def _aligned(rows: list[tuple[str, str]]) -> str:
     return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
 
 
-def degraded_row(daemon: dict) -> tuple[str, str]:
+def degraded_row(daemon: dict[str, Any]) -> tuple[str, str]:
     if not daemon.get("degraded"):
         return "degraded", "no"
     since = daemon["degraded_since"]
@@ -330,12 +332,12 @@ def degraded_row(daemon: dict) -> tuple[str, str]:
     )
 
 
-def _server_words(outage: dict) -> str:
+def _server_words(outage: dict[str, Any]) -> str:
     """``kafka at 127.0.0.1:9092`` (a status file written before addresses were kept: ``kafka``)."""
     return f"{outage['server']} at {outage['address']}" if outage.get("address") else outage["server"]
 
 
-def format_status(status: dict) -> str:
+def format_status(status: dict[str, Any]) -> str:
     """A few human-readable lines."""
     daemon = status["daemon"]
     state = "running" if daemon["running"] else "not running"
@@ -370,7 +372,7 @@ def format_status(status: dict) -> str:
     return _aligned(rows)
 
 
-def measure_status(last: StepRecord) -> dict:
+def measure_status(last: StepRecord) -> dict[str, Any]:
     """The task's measure after the latest chunk: its name and direction, the test and prequential
     values, their running sums (the CER of the error rate), the input-blind baseline and the other
     measures (``details``, of the test set, else of the chunk: ``details_on``). NaN reads as None."""
@@ -394,7 +396,7 @@ def measure_status(last: StepRecord) -> dict:
 NOT_MEASURED = "n/a (no test set or no chunk yet)"
 
 
-def measure_rows(status: dict) -> list[tuple[str, str]]:
+def measure_rows(status: dict[str, Any]) -> list[tuple[str, str]]:
     """The task's measure: its latest test and prequential values and the mean of the last chunks'
     (``stream.prequential_window``), its running sum (a classifier's CER), the input-blind baseline, the
     reference learner's mean over the same chunks (and whether the network is behind it) and the other

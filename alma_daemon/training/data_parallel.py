@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -48,7 +49,7 @@ class DataParallel(World):
     def spans_ranks(self) -> bool:
         return self.size > 1
 
-    def own(self) -> tuple:
+    def own(self) -> tuple[Any, ...]:
         """What to add to a generator's purpose so that each rank draws its own numbers."""
         return ("rank", self.rank) if self.spans_ranks else ()
 

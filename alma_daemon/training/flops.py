@@ -13,7 +13,7 @@ count itself (the totals are the same, tests/test_flops.py checks).
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -29,7 +29,7 @@ class _TotalFlops(TorchDispatchMode):
         super().__init__()
         self.total = 0
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         if func is not torch.ops.prim.device.default:
             with self:

@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -177,7 +178,7 @@ class Trainer:
         """A CPU generator for shuffling/augmentation that depends only on the stage seed and ``purpose``."""
         return seeded_generator(self.seed, *purpose)
 
-    def autocast(self) -> AbstractContextManager:
+    def autocast(self) -> AbstractContextManager[Any]:
         """``train.precision``: bfloat16 autocast around forward passes, or nothing."""
         if self.config.precision == "bf16":
             return torch.autocast(self.device.type, dtype=torch.bfloat16)
@@ -293,7 +294,13 @@ class Trainer:
             queue = queue[batch:]
 
     def step(
-        self, net: nn.Module, optimizer, objective: Objective, x: torch.Tensor, y: torch.Tensor, share: float = 1.0
+        self,
+        net: nn.Module,
+        optimizer: FlatOptimizer,
+        objective: Objective,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        share: float = 1.0,
     ) -> None:
         """One optimizer step on ``share`` times the batch's loss (1 but for a rank's uneven slice)."""
         optimizer.zero_grad()

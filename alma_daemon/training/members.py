@@ -29,7 +29,7 @@ from alma_daemon.training.compile import say_eager_once
 from alma_daemon.training.flops import FlopMeter
 from alma_daemon.training.loop import EVAL_BATCH, EarlyStopping, FitReport, StageInputs, Trainer
 from alma_daemon.training.losses import TaskLoss
-from alma_daemon.training.optim import build_optimizer
+from alma_daemon.training.optim import FlatOptimizer, build_optimizer
 
 
 def stacked_fitter(
@@ -149,7 +149,12 @@ def fit_stacked(
 
 
 def _stacked_step(
-    trainer: Trainer, loss: TaskLoss, model: StackedMLP, optimizer, x: torch.Tensor, y: torch.Tensor
+    trainer: Trainer,
+    loss: TaskLoss,
+    model: StackedMLP,
+    optimizer: FlatOptimizer,
+    x: torch.Tensor,
+    y: torch.Tensor,
 ) -> None:
     """One optimizer step of every member on its own batch; the loss is the sum of the members' mean losses."""
     optimizer.zero_grad()

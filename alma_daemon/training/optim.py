@@ -280,7 +280,7 @@ class LinearWarmupDecay:
     optimizer has at that moment.
     """
 
-    def __init__(self, optimizer, steps: int, warmup: int):
+    def __init__(self, optimizer: FlatOptimizer, steps: int, warmup: int) -> None:
         self.optimizer = optimizer
         self.steps = steps
         self.warmup = min(warmup, steps)

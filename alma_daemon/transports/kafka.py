@@ -299,7 +299,7 @@ class KafkaSource:
         """The next offset to read. While a reset (``seek_to_beginning``) gets no answer, position()
         without a time limit waits kafka-python's request timeout (30 s) and then returns None."""
         assert self.consumer is not None  # partitions are assigned only once connected
-        position = self.consumer.position(tp, timeout_ms=LAG_TIMEOUT_MS)
+        position: int | None = self.consumer.position(tp, timeout_ms=LAG_TIMEOUT_MS)
         if position is None:
             raise KafkaTimeoutError(f"{self.topic}/{tp.partition}: no position within {LAG_TIMEOUT_MS} ms")
         return position

@@ -107,15 +107,15 @@ class Codec(ABC):
     # TorchServe's JSON
 
     @abstractmethod
-    def answer_json(self, learner: Learner, body: Any) -> dict:
+    def answer_json(self, learner: Learner, body: Any) -> dict[str, Any]:
         """The JSON response to one request body (a parsed JSON value, bytes or text); raises RequestError."""
 
     @abstractmethod
-    def encode_json(self, x: torch.Tensor) -> dict:
+    def encode_json(self, x: torch.Tensor) -> dict[str, Any]:
         """A JSON request body asking about ``x``, examples as stored in a validation sample."""
 
     @abstractmethod
-    def decode_json(self, payload: dict) -> torch.Tensor:
+    def decode_json(self, payload: dict[str, Any]) -> torch.Tensor:
         """The numbers a response carries, as a float tensor (one row per instance)."""
 
     # The Open Inference Protocol's tensors
@@ -127,23 +127,23 @@ class Codec(ABC):
         """The output tensors for a request's input tensors and parameters; raises RequestError."""
 
     @abstractmethod
-    def encode_oip(self, x: torch.Tensor) -> dict:
+    def encode_oip(self, x: torch.Tensor) -> dict[str, Any]:
         """A JSON request asking about ``x``, examples as stored in a validation sample."""
 
     @abstractmethod
-    def decode_oip(self, payload: dict) -> torch.Tensor:
+    def decode_oip(self, payload: dict[str, Any]) -> torch.Tensor:
         """The numbers a JSON response carries, as a float tensor (one row per instance)."""
 
     @abstractmethod
-    def oip_signature(self) -> tuple[list[dict], list[dict]]:
+    def oip_signature(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """The input and output tensors as the protocol's model metadata lists them (``-1``: any size)."""
 
-    def answer_oip_in_process(self, learner: Learner, request: dict) -> torch.Tensor:
+    def answer_oip_in_process(self, learner: Learner, request: dict[str, Any]) -> torch.Tensor:
         """The answer a server gives to the JSON ``request`` with ``learner``, computed here and decoded."""
         outputs = self.answer_oip(learner, tensors_of(request.get("inputs"), "inputs"), request.get("parameters") or {})
         return self.decode_oip({"outputs": [t.to_json() for t in outputs]})
 
-    def oip_outputs(self, payload: dict) -> dict[str, np.ndarray]:
+    def oip_outputs(self, payload: dict[str, Any]) -> dict[str, np.ndarray]:
         """A JSON response's output tensors, by name."""
         if not isinstance(payload, dict):
             raise RequestError("a response must be a JSON object")
@@ -170,10 +170,10 @@ class ExamplesCodec(Codec):
         super().__init__(task)
         self.features = tuple(task.extra.get("features", ()))
 
-    def encode_json(self, x: torch.Tensor) -> dict:
+    def encode_json(self, x: torch.Tensor) -> dict[str, Any]:
         return {"instances": x.tolist()}
 
-    def encode_oip(self, x: torch.Tensor) -> dict:
+    def encode_oip(self, x: torch.Tensor) -> dict[str, Any]:
         if x.dtype == torch.uint8:
             return request_body(OipTensor("x", "UINT8", x.numpy()))
         return request_body(OipTensor("x", "FP32", x.float().numpy()))
@@ -237,7 +237,7 @@ class ExamplesCodec(Codec):
         check_leaves(nested, NUMBER_TYPES, "instances", "nested lists of numbers")
         return float32_of(nested.leaves, "instances").reshape(nested.shape)
 
-    def named(self, objects: list) -> torch.Tensor:
+    def named(self, objects: list[Any]) -> torch.Tensor:
         """The examples of named-feature objects (each field one value, or a list of one per example),
         with the rules of an event's fields (data/events.py)."""
         if not self.features:
@@ -298,7 +298,7 @@ class ExamplesCodec(Codec):
             raise RequestError(f"tensor {SAFETENSORS_INPUT!r} must be uint8 or float32; got {x.dtype}")
         return x
 
-    def oip_input_signature(self) -> list[dict]:
+    def oip_input_signature(self) -> list[dict[str, Any]]:
         if self.features:
             return [_described(name, "FP32", -1) for name in self.features]
         return [_described("x", "FP32", -1, *self.task.input_shape)]
@@ -317,7 +317,7 @@ class ClassificationCodec(ExamplesCodec):
     decision has one.
     """
 
-    def answer_json(self, learner: Learner, body: Any) -> dict:
+    def answer_json(self, learner: Learner, body: Any) -> dict[str, Any]:
         probabilities = learner.predict_proba(self.examples_from_json(body))
         names = self.task.classes
         # The version's decision: the positive class from this probability on (task.decision).
@@ -333,7 +333,7 @@ class ClassificationCodec(ExamplesCodec):
             **decision,
         }
 
-    def decode_json(self, payload: dict) -> torch.Tensor:
+    def decode_json(self, payload: dict[str, Any]) -> torch.Tensor:
         rows = payload["predictions"]
         if self.task.classes:
             rows = [[row["probabilities"][name] for name in self.task.classes] for row in rows]
@@ -353,7 +353,7 @@ class ClassificationCodec(ExamplesCodec):
             outputs.append(OipTensor("threshold", "FP32", np.array([self.task.threshold], dtype=np.float32)))
         return outputs
 
-    def oip_signature(self) -> tuple[list[dict], list[dict]]:
+    def oip_signature(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         outputs = [_described("probabilities", "FP32", -1, self.task.num_classes)]
         if self.task.classes:
             outputs.append(_described("class", "BYTES", -1))
@@ -361,7 +361,7 @@ class ClassificationCodec(ExamplesCodec):
             outputs.append(_described("threshold", "FP32", 1))
         return self.oip_input_signature(), outputs
 
-    def decode_oip(self, payload: dict) -> torch.Tensor:
+    def decode_oip(self, payload: dict[str, Any]) -> torch.Tensor:
         return torch.from_numpy(_output(self.oip_outputs(payload), "probabilities").astype(np.float32))
 
 
@@ -373,10 +373,10 @@ class RegressionCodec(ExamplesCodec):
     Protocol: ``predictions`` (FP32 ``[N]``).
     """
 
-    def answer_json(self, learner: Learner, body: Any) -> dict:
+    def answer_json(self, learner: Learner, body: Any) -> dict[str, Any]:
         return {"predictions": learner.predict_outputs(self.examples_from_json(body)).tolist()}
 
-    def decode_json(self, payload: dict) -> torch.Tensor:
+    def decode_json(self, payload: dict[str, Any]) -> torch.Tensor:
         return torch.tensor(payload["predictions"], dtype=torch.float32)
 
     def answer_oip(
@@ -386,10 +386,10 @@ class RegressionCodec(ExamplesCodec):
             OipTensor("predictions", "FP32", learner.predict_outputs(self.examples_from_oip(inputs)).float().numpy())
         ]
 
-    def oip_signature(self) -> tuple[list[dict], list[dict]]:
+    def oip_signature(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         return self.oip_input_signature(), [_described("predictions", "FP32", -1)]
 
-    def decode_oip(self, payload: dict) -> torch.Tensor:
+    def decode_oip(self, payload: dict[str, Any]) -> torch.Tensor:
         return torch.from_numpy(_output(self.oip_outputs(payload), "predictions").astype(np.float32))
 
 
@@ -416,7 +416,7 @@ class LanguageModelCodec(Codec):
         self.tokenizer = tokenizer_from_task(task)
         self.context = task.input_shape[0]
 
-    def answer_json(self, learner: Learner, body: Any) -> dict:
+    def answer_json(self, learner: Learner, body: Any) -> dict[str, Any]:
         texts, top_k = self._texts_and_k(body)
         predictions = []
         for text in texts:
@@ -433,10 +433,10 @@ class LanguageModelCodec(Codec):
             )
         return {"predictions": predictions}
 
-    def encode_json(self, x: torch.Tensor) -> dict:
+    def encode_json(self, x: torch.Tensor) -> dict[str, Any]:
         return {"instances": [self.tokenizer.decode(row.tolist()) for row in x]}
 
-    def decode_json(self, payload: dict) -> torch.Tensor:
+    def decode_json(self, payload: dict[str, Any]) -> torch.Tensor:
         """One row per text over the whole vocabulary: the top-k probabilities, zeros elsewhere."""
         dense = torch.zeros(len(payload["predictions"]), self.task.num_classes)
         for row, prediction in enumerate(payload["predictions"]):
@@ -461,15 +461,15 @@ class LanguageModelCodec(Codec):
             OipTensor("texts", "BYTES", np.array([p["texts"] for p in predictions], dtype=np.object_)),
         ]
 
-    def oip_signature(self) -> tuple[list[dict], list[dict]]:
+    def oip_signature(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         outputs = [_described("tokens", "INT64", -1, -1), _described("probabilities", "FP32", -1, -1)]
         return [_described("text", "BYTES", -1)], [*outputs, _described("texts", "BYTES", -1, -1)]
 
-    def encode_oip(self, x: torch.Tensor) -> dict:
+    def encode_oip(self, x: torch.Tensor) -> dict[str, Any]:
         texts = self.encode_json(x)["instances"]
         return request_body(OipTensor("text", "BYTES", np.array(texts, dtype=np.object_)))
 
-    def decode_oip(self, payload: dict) -> torch.Tensor:
+    def decode_oip(self, payload: dict[str, Any]) -> torch.Tensor:
         """One row per text over the whole vocabulary: the top-k probabilities, zeros elsewhere."""
         outputs = self.oip_outputs(payload)
         tokens, probabilities = _output(outputs, "tokens"), _output(outputs, "probabilities")
@@ -522,5 +522,5 @@ def _output(outputs: Mapping[str, np.ndarray], name: str) -> np.ndarray:
     return outputs[name]
 
 
-def _described(name: str, datatype: str, *shape: int) -> dict:
+def _described(name: str, datatype: str, *shape: int) -> dict[str, Any]:
     return {"name": name, "datatype": datatype, "shape": list(shape)}

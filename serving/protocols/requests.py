@@ -68,7 +68,7 @@ class Nested:
     kinds: frozenset[type]
 
 
-def nested_lists(doc: list, what: str) -> Nested:
+def nested_lists(doc: list[Any], what: str) -> Nested:
     """``doc``'s leaves and shape, where its lists nest regularly; a RequestError naming ``what`` otherwise.
 
     One level at a time with C-level ``map``/``chain`` (as the wire reads an event): a batch of 4096
@@ -113,7 +113,7 @@ def float32_of(numbers: list[Any], what: str) -> torch.Tensor:
     return torch.from_numpy(wide).to(torch.float32)
 
 
-def instances_of(body: Any) -> list:
+def instances_of(body: Any) -> list[Any]:
     """The ``instances`` list of a parsed KServe v1 style JSON body."""
     instances = body.get("instances") if isinstance(body, dict) else None
     if not isinstance(instances, list) or not instances:

@@ -67,7 +67,7 @@ class OipTensor:
     datatype: str
     data: np.ndarray
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         """The tensor as the protocol's JSON carries it (``data`` flat, text as UTF-8 strings)."""
         flat = self.data.reshape(-1).tolist()
         if self.datatype == "BYTES":
@@ -166,7 +166,7 @@ def _array(what: str, leaves: list[Any], datatype: str) -> np.ndarray:
         raise RequestError(f"{what}: data does not fit its shape and datatype: {err}") from None
 
 
-def request_body(*tensors: OipTensor, parameters: Mapping[str, Any] | None = None) -> dict:
+def request_body(*tensors: OipTensor, parameters: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The JSON request holding ``tensors``."""
     body: dict[str, Any] = {"inputs": [t.to_json() for t in tensors]}
     if parameters:

@@ -28,9 +28,12 @@ def make_publisher(config: Config) -> Publisher | None:
     """The synchronous publisher for ``serving.kind`` over ``daemon.checkpoint_dir`` (None for ``none``)."""
     from alma_daemon.core.checkpoints import CheckpointStore
 
-    factory = PUBLISHERS.get(config.serving.kind)
-    if factory is None:
+    kind = config.serving.kind
+    if kind == "none":
         return None
+    if kind not in PUBLISHERS:  # a kind added to ServingConfig.kind alone would otherwise publish nothing
+        raise KeyError(f"serving.kind {kind!r} has no publisher; known: {', '.join(sorted(PUBLISHERS))}, none")
+    factory = PUBLISHERS[kind]
     return factory(config, CheckpointStore(config.daemon.checkpoint_dir, config.serving.model_name))
 
 

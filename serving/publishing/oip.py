@@ -127,7 +127,7 @@ class OipClient:
                 self._has_index = False
         return list(self._call("GET", "/v2/models")["models"])
 
-    def infer(self, name: str, request: dict) -> dict:
+    def infer(self, name: str, request: dict[str, Any]) -> dict[str, Any]:
         return self._call("POST", f"/v2/models/{_quoted(name)}/infer", body=json.dumps(request).encode())
 
     def _repository_call(self, path: str, *, body: bytes = b"{}", timeout: float = REQUEST_TIMEOUT_SECONDS) -> Any:

@@ -94,7 +94,7 @@ class Candidate:
     learner: Learner
     sample: LabeledData
 
-    def probe(self) -> tuple[dict, torch.Tensor]:
+    def probe(self) -> tuple[dict[str, Any], torch.Tensor]:
         """The request a staged version is probed with (the sample's first :data:`PROBE_EXAMPLES`,
         encoded as a client sends them) and the answers the checkpoint gives to it in process, decoded."""
         codec = codec_for(self.learner.task)
@@ -438,7 +438,7 @@ def refusal_message(outcome: Outcome, promotion: PromotionGuard) -> str:
     return f"{head}: {outcome.reason}"
 
 
-def _fields(outcome: Outcome, *said: str) -> dict:
+def _fields(outcome: Outcome, *said: str) -> dict[str, Any]:
     """The outcome's fields for a log line: not the empty ones, the action or those the message ``said``
     already, or the monotonic clock reading."""
     left_out = ("action", "promoted_at", *said)

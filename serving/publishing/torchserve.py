@@ -79,7 +79,7 @@ class TorchServeClient:
         )
         self._call("POST", f"/models?{query}", timeout=REGISTER_TIMEOUT_SECONDS)
 
-    def versions(self, model: str) -> dict[int, dict]:
+    def versions(self, model: str) -> dict[int, dict[str, Any]]:
         """Registered versions of ``model`` with their descriptions; empty if none."""
         try:
             described = self._call("GET", f"/models/{model}/all")
@@ -106,7 +106,7 @@ class TorchServeClient:
     def pending_requests(self, model: str, version: int) -> int:
         return int(self._call("GET", f"/models/{model}/{version}")[0]["jobQueueStatus"]["pendingRequests"])
 
-    def predict(self, model: str, version: int | None, payload: dict) -> dict:
+    def predict(self, model: str, version: int | None, payload: dict[str, Any]) -> dict[str, Any]:
         path = f"/predictions/{model}" + (f"/{version}" if version is not None else "")
         return self._call("POST", path, api="inference", body=json.dumps(payload).encode())
 
@@ -158,7 +158,7 @@ class TorchServeClient:
             ) from None
 
 
-def _archive_file(registration: dict) -> str:
+def _archive_file(registration: dict[str, Any]) -> str:
     """The file name of the archive a version was registered from: its ``modelUrl`` is the archive's
     ``file://`` URL, or its name in TorchServe's model store."""
     return Path(urllib.parse.urlparse(registration.get("modelUrl", "")).path).name

@@ -15,6 +15,7 @@ import os
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 from alma_daemon.core.checkpoint_index import SPEC as SPEC_FILE
 
@@ -22,7 +23,7 @@ from alma_daemon.core.checkpoint_index import SPEC as SPEC_FILE
 BUNDLED_SOURCE = "learner_model.py"
 
 
-def model_module(spec: dict) -> str | None:
+def model_module(spec: dict[str, Any]) -> str | None:
     """The dotted module name of the spec's ``learner.model``, if it has one."""
     path = spec.get("config", {}).get("model")
     return path.partition(":")[0] if path else None

@@ -83,10 +83,10 @@ class CheckpointModel(kserve.Model):
         self.seconds_per_example = per_example if previous is None else 0.9 * previous + 0.1 * per_example
         return outputs
 
-    def get_input_types(self) -> list[dict]:
+    def get_input_types(self) -> list[dict[str, Any]]:
         return self.codec.oip_signature()[0]
 
-    def get_output_types(self) -> list[dict]:
+    def get_output_types(self) -> list[dict[str, Any]]:
         return self.codec.oip_signature()[1]
 
     async def predict(

@@ -18,7 +18,8 @@ from typing import Any
 
 import torch
 
-from alma_daemon.core.checkpoints import SPEC, load_checkpoint
+from alma_daemon.core.checkpoint_index import SPEC
+from alma_daemon.core.checkpoints import load_checkpoint
 from alma_daemon.infra.priority import lower_priority_once_loaded
 from alma_daemon.learners import Learner
 from serving.protocols.codecs import Codec, codec_for
@@ -50,7 +51,7 @@ class AlmaHandler:
         log.info("model loaded", extra={"learner": self.learner.name, "device": device})
         lower_priority_once_loaded()
 
-    def handle(self, data: list[dict], context: Any) -> list[dict]:
+    def handle(self, data: list[dict[str, Any]], context: Any) -> list[dict[str, Any]]:
         """One response per request of TorchServe's batch; a malformed request gets a 400 of its own."""
         assert self.learner is not None and self.codec is not None  # TorchServe calls initialize first
         responses = []

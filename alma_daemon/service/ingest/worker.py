@@ -130,7 +130,7 @@ class IngestWorker:
             max_workers=1, thread_name_prefix=f"ingest-commit-{keys.stream}", initializer=run_beside_training
         )
         #: The commits submitted and not yet waited for, oldest first.
-        self._in_flight: deque[Future] = deque()
+        self._in_flight: deque[Future[Any]] = deque()
         self._commit_failed = False
 
     # -- one step ---------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ Triton's 400 with the codec's words, any other failure a 500 for that request al
 from __future__ import annotations
 
 import traceback
+from typing import Any
 
 import triton_python_backend_utils as pb_utils
 
@@ -30,10 +31,10 @@ class TritonPythonModel:
         pb_utils.Logger.log_info(f"{args.get('model_name')} serves checkpoint version {self.served.version}")
         lower_priority_once_loaded()
 
-    def execute(self, requests: list) -> list:
+    def execute(self, requests: list[Any]) -> list[Any]:
         return [self._answer(request) for request in requests]
 
-    def _answer(self, request):  # a pb_utils.InferenceRequest -> a pb_utils.InferenceResponse
+    def _answer(self, request: Any) -> Any:  # a pb_utils.InferenceRequest -> a pb_utils.InferenceResponse
         try:
             inputs = {tensor.name(): tensor.as_numpy() for tensor in request.inputs()}
             outputs = self.served.answer(inputs, request.parameters())

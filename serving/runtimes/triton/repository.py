@@ -39,7 +39,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from alma_daemon.core.checkpoint_index import SPEC, WEIGHTS, CheckpointIndex
 from serving.protocols.version_names import version_of, versioned_name
@@ -178,7 +178,7 @@ def fingerprint(checkpoint: Path) -> str:
     return f"{stat.st_ino}-{stat.st_mtime_ns}-{stat.st_size}"
 
 
-def tensors_of(task: TaskInfo) -> tuple[list[dict], list[dict]]:
+def tensors_of(task: TaskInfo) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The input and output tensors a name of ``task`` declares, as the protocol's metadata lists them.
 
     The codec's (:meth:`serving.protocols.codecs.Codec.oip_signature`), with one datatype each, as Triton checks
@@ -198,7 +198,9 @@ def tensors_of(task: TaskInfo) -> tuple[list[dict], list[dict]]:
     return inputs, outputs
 
 
-def python_config(name: str, model: str, version: int, tensors: tuple[list[dict], list[dict]], checkpoint: str) -> str:
+def python_config(
+    name: str, model: str, version: int, tensors: tuple[list[dict[str, Any]], list[dict[str, Any]]], checkpoint: str
+) -> str:
     """The config.pbtxt of ``<model>-v<N>``: the Python backend, checkpoint ``version`` only.
 
     ``max_batch_size: 0``: the first dimension is the request's examples, any number of them. No
@@ -213,7 +215,9 @@ def python_config(name: str, model: str, version: int, tensors: tuple[list[dict]
     )
 
 
-def ensemble_config(name: str, version: int, tensors: tuple[list[dict], list[dict]], step: str) -> str:
+def ensemble_config(
+    name: str, version: int, tensors: tuple[list[dict[str, Any]], list[dict[str, Any]]], step: str
+) -> str:
     """The config.pbtxt of ``<model>``: an ensemble of one step, ``step``, each tensor passed as it is."""
     inputs, outputs = tensors
     maps = [f"input_map {{ key: {_text(t['name'])} value: {_text(t['name'])} }}" for t in inputs]
@@ -236,7 +240,13 @@ def check_name(model: str) -> None:
         )
 
 
-def _config(name: str, kind: list[str], version: int, tensors: tuple[list[dict], list[dict]], rest: list[str]) -> str:
+def _config(
+    name: str,
+    kind: list[str],
+    version: int,
+    tensors: tuple[list[dict[str, Any]], list[dict[str, Any]]],
+    rest: list[str],
+) -> str:
     inputs, outputs = tensors
     lines = [
         f"name: {_text(name)}",
@@ -254,7 +264,7 @@ def _config(name: str, kind: list[str], version: int, tensors: tuple[list[dict],
     return "\n".join(lines) + "\n"
 
 
-def _tensor(tensor: dict, optional: bool = False) -> str:
+def _tensor(tensor: dict[str, Any], optional: bool = False) -> str:
     dims = ", ".join(str(size) for size in tensor["shape"])
     flag = " optional: true" if optional else ""
     return f"  {{ name: {_text(tensor['name'])} data_type: {TRITON_TYPES[tensor['datatype']]} dims: [ {dims} ]{flag} }}"
