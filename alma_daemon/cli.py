@@ -1,4 +1,5 @@
-"""The ``alma`` command line. Each subcommand lives in ``alma_daemon/commands/<name>.py``.
+"""The ``alma`` command line. Each subcommand lives in ``alma_daemon/commands/<name>.py``, named by an entry
+point of group ``alma_daemon.commands`` (pyproject.toml; ``alma --help`` lists them by name).
 
 A command module provides ``add_parser(subparsers)`` (which sets ``func``) ; any error exits
 non-zero with a one-line reason on a line of its own (``-vv`` adds the traceback).
@@ -12,34 +13,17 @@ models); each command imports what it runs inside its functions. ``alma --help``
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import os
 import sys
 from typing import TYPE_CHECKING, Any
 
 from alma_daemon.logs import configure_logging, error_text, print_error
+from alma_daemon.registry import COMMANDS
 from alma_daemon.training.ranks import launched_ranks, launched_with_ranks
 
 if TYPE_CHECKING:
     from alma_daemon.config import Config
-
-#: Subcommand modules under alma_daemon.commands, in the order ``alma --help`` lists them.
-COMMANDS = [
-    "simulate",
-    "grid",
-    "report",
-    "run",
-    "replay",
-    "status",
-    "serve",
-    "versions",
-    "rollback",
-    "ablate_iid",
-    "study",
-    "config",
-    "dev",
-]
 
 
 class _Subcommands(argparse._SubParsersAction):
@@ -83,8 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="alma", description="Anytime learning at macroscale: simulate, serve, watch.")
     add_global_options(parser)
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in COMMANDS:
-        importlib.import_module(f"alma_daemon.commands.{name}").add_parser(subparsers)
+    for name in COMMANDS:  # the entry points of group alma_daemon.commands: each names a command's module
+        COMMANDS[name].add_parser(subparsers)
     return parser
 
 

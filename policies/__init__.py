@@ -1,34 +1,30 @@
-"""Policy registry: ``policy.name`` in config maps to a class, one module per policy."""
+"""Policy registry: ``policy.name`` in config maps to a class, one module per policy.
+
+The policies by name come from the entry points of group ``alma_daemon.policies`` (pyproject.toml).
+"""
 
 from __future__ import annotations
 
+from typing import cast
+
 from alma_daemon.config import PolicyConfig
-from alma_daemon.config.registry import PluginRegistry
+from alma_daemon.registry import POLICIES, Registry
 from policies.base import Decision, Policy, PolicyState
 
-#: Modules whose import registers the built-in policies; add a line here for a new policy.
-BUILTIN_MODULES: list[str] = ["fixed", "schedule", "budget", "geometric", "adaptive", "forecast"]
-
-_REGISTRY: PluginRegistry[Policy] = PluginRegistry("policy", __name__, BUILTIN_MODULES)
-POLICIES = _REGISTRY.classes
-
-
-def register_policy(cls: type[Policy]) -> type[Policy]:
-    """Class decorator adding a policy to the registry under ``cls.name``, with its ``config_model``."""
-    return _REGISTRY.register(cls)
+_POLICIES = cast("Registry[type[Policy]]", POLICIES)
 
 
 def policy_names() -> list[str]:
-    return _REGISTRY.names()
+    return _POLICIES.names()
 
 
 def policy_config_models() -> dict[str, type[PolicyConfig]]:
     """Each policy's config model by name: the ``policy`` section is their union, discriminated by name."""
-    return _REGISTRY.config_models()
+    return {name: policy.config_model for name, policy in _POLICIES.items()}
 
 
 def build_policy(config: PolicyConfig) -> Policy:
-    return _REGISTRY.get(config.name)(config)
+    return _POLICIES[config.name](config)
 
 
 __all__ = [
@@ -39,5 +35,4 @@ __all__ = [
     "build_policy",
     "policy_config_models",
     "policy_names",
-    "register_policy",
 ]

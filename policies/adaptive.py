@@ -43,7 +43,6 @@ from pydantic.dataclasses import dataclass
 
 from alma_daemon.config import PolicyConfig
 from alma_daemon.config.base import PLUGIN_SECTION
-from policies import register_policy
 from policies.base import Decision, Policy, PolicyState
 from policies.drift_detectors import Rise, build_detector
 from policies.geometric import DEFAULT_RATIO, geometric_threshold
@@ -73,7 +72,6 @@ class AdaptiveConfig(PolicyConfig):
     )
 
 
-@register_policy
 class Adaptive(Policy):
     """Waits a number of chunks that grows with the data trained on; trains at once when the newest
     chunk's error jumps (a drift); grows at every stage where growth keeps the function, else each

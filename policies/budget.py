@@ -20,7 +20,6 @@ from pydantic.dataclasses import dataclass
 
 from alma_daemon.config import ConfigError, PolicyConfig
 from alma_daemon.config.base import PLUGIN_SECTION, Float
-from policies import register_policy
 from policies.base import Decision, Policy, PolicyState
 
 
@@ -43,7 +42,6 @@ class BudgetConfig(PolicyConfig):
             )
 
 
-@register_policy
 class Budget(Policy):
     """Train when spending the next stage's estimated compute keeps the hourly average within budget."""
 

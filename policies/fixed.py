@@ -12,7 +12,6 @@ from pydantic.dataclasses import dataclass
 
 from alma_daemon.config import ConfigError, PolicyConfig
 from alma_daemon.config.base import PLUGIN_SECTION, Int
-from policies import register_policy
 from policies.base import Decision, Policy, PolicyState
 
 
@@ -32,7 +31,6 @@ class FixedWaitConfig(PolicyConfig):
             )
 
 
-@register_policy
 class FixedWait(Policy):
     """Train every ``wait`` chunks."""
 

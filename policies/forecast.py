@@ -36,7 +36,6 @@ from pydantic import Field
 from pydantic.dataclasses import dataclass
 
 from alma_daemon.config.base import PLUGIN_SECTION, Float, Int
-from policies import register_policy
 from policies.adaptive import Adaptive, AdaptiveConfig
 from policies.base import PolicyState
 from policies.measure_scale import ChunkMeasures, MeasureScale
@@ -147,7 +146,6 @@ class ForecastConfig(AdaptiveConfig):
     )
 
 
-@register_policy
 class Forecast(Adaptive):
     """Fits the stream's learning curve after each stage; waits the ratio of chunks trained on that
     minimizes the forecast anytime error; with a compute price, trains only when the stage pays."""

@@ -17,7 +17,6 @@ from pydantic.dataclasses import dataclass
 
 from alma_daemon.config import PolicyConfig
 from alma_daemon.config.base import PLUGIN_SECTION, Float
-from policies import register_policy
 from policies.base import Decision, Policy, PolicyState
 
 #: ``policy.ratio`` when it is not set.
@@ -42,7 +41,6 @@ class GeometricConfig(PolicyConfig):
     )
 
 
-@register_policy
 class Geometric(Policy):
     """Train when the pending chunks reach ``ratio`` times the chunks trained on so far (at least one)."""
 

@@ -20,7 +20,6 @@ from pydantic.dataclasses import dataclass
 
 from alma_daemon.config import ConfigError, PolicyConfig
 from alma_daemon.config.base import PLUGIN_SECTION, Float, Str
-from policies import register_policy
 from policies.base import Decision, Policy, PolicyState
 
 _WEEKDAYS = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
@@ -50,7 +49,6 @@ class ScheduleConfig(PolicyConfig):
             _cron_trigger(self.cron, tz)
 
 
-@register_policy
 class Schedule(Policy):
     """Train on a cron schedule or a fixed interval, once per period, if a new chunk has arrived."""
 

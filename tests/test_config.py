@@ -148,23 +148,28 @@ def test_a_key_of_another_learner_names_the_key_and_the_chosen_learner():
     assert build_config({}, ["learner.name=gens", "learner.grow_members=2"]).learner.grow_members == 2
 
 
-def test_the_learner_and_policy_registries_refuse_a_name_twice_a_name_not_narrowed_and_an_unknown_name():
-    from alma_daemon.config import policy_config
-    from alma_daemon.learners import learner_class, register_learner
-    from policies import build_policy, register_policy
+def test_a_registry_refuses_a_name_twice_a_misnamed_plugin_a_declaration_not_its_class_and_an_unknown_name():
+    from types import SimpleNamespace
 
-    fixed = type(build_policy(policy_config()))
-    for register, existing, kind in [
-        (register_learner, learner_class("sm"), "learner"),
-        (register_policy, fixed, "policy"),
-    ]:
-        with pytest.raises(ValueError, match=rf"^{kind} name '{existing.name}' registered twice$"):
-            register(existing)
-        unnarrowed = type("Unnarrowed", (), {"name": "unnarrowed", "config_model": existing.config_model})
+    from alma_daemon.learners import learner_class
+    from alma_daemon.registry import LEARNERS, POLICIES
+    from policies import build_policy
+
+    fixed = POLICIES["fixed"]
+    with pytest.raises(ValueError, match=r"^policy name 'fixed' registered twice$"):
+        POLICIES.register("fixed", fixed)
+    with pytest.raises(ValueError, match=r"^policy 'waiting': .* calls itself 'fixed'$"):
+        POLICIES.register("waiting", fixed)
+    assert "waiting" not in POLICIES
+    # A declaration whose class does not name it back (its config_model is sm's own): refused on first use.
+    LEARNERS.register("sm-copy", SimpleNamespace(implementation="alma_daemon.learners.sm:SingleModel"))
+    try:
         with pytest.raises(
-            ValueError, match=rf"^{kind} 'unnarrowed': its config_model must narrow name to Literal\['unnarrowed'\]$"
+            TypeError, match=r"^learner 'sm-copy': alma_daemon.learners.sm:SingleModel.config_model is not"
         ):
-            register(unnarrowed)
+            learner_class("sm-copy")
+    finally:
+        LEARNERS.unregister("sm-copy")
     with pytest.raises(KeyError, match=r"unknown learner 'nope'; known: ens, "):
         learner_class("nope")
     with pytest.raises(KeyError, match=r"unknown policy 'nope'; known: adaptive, budget, "):

@@ -30,7 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from alma_daemon import metrics
 from alma_daemon.cli import build_parser
 from alma_daemon.config import Config, load_config
-from alma_daemon.config.measure_traits import MEASURE_TRAITS
+from alma_daemon.config.measure_traits import measure_traits
 from tests.helpers.team_records import metrics_of_a_team
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -276,7 +276,7 @@ def test_the_alert_rules_name_exported_metrics_and_pass_promtool():
         assert rule["labels"]["severity"] and rule["annotations"]["summary"] and rule["annotations"]["description"]
     # The measure rule compares the other way round where higher is better: the measures named are those.
     (measure_rule,) = (rule for rule in rules if rule["alert"] == "AlmaWindowedMeasureWorse")
-    higher = {name for name, traits in MEASURE_TRAITS.items() if traits.higher_is_better}
+    higher = {name for name, traits in measure_traits().items() if traits.higher_is_better}
     for regex in re.findall(r'measure[!=]~"([^"]+)"', measure_rule["expr"]):
         assert set(regex.split("|")) == higher, regex
     if shutil.which("promtool"):

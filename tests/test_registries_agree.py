@@ -1,10 +1,10 @@
 """Every kind of plugin, one place: its registry, what the config accepts and describes, and the docs agree.
 
-A registry is the truth; beside it some lists are kept by hand (mostly so that reading a config imports no
-torch), and the docs name the plugins. Each ``*_problems()`` below reads them all as they are and returns
-every disagreement as a line; its test asserts there is none, and a second test breaks one list for the
-length of the test (``monkeypatch``, ``drop``) and asserts the check says so: no check can silently pass.
-CONTRIBUTING.md, "Adding a plugin", names these lists.
+The registries (alma_daemon/registry.py) are the truth, fed by pyproject.toml's entry points; the config
+derives its names from them, and the docs name the plugins. Each ``*_problems()`` below reads them all as
+they are and returns every disagreement as a line; its test asserts there is none, and a second test breaks
+one side for the length of the test (``monkeypatch``, ``drop``) and asserts the check says so: no check can
+silently pass. CONTRIBUTING.md, "Adding a plugin", says what to write.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import fnmatch
 import importlib
+import inspect
 import pkgutil
 import re
 from collections.abc import Iterable
@@ -20,6 +21,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import tomllib
 from pydantic import TypeAdapter
 
 from alma_daemon.config import ConfigError, LearnerConfig, PolicyConfig, build_config
@@ -71,18 +73,18 @@ def accepted_plugin_names(kind: type[LearnerConfig] | type[PolicyConfig]) -> set
 
 @pytest.fixture
 def drop():
-    """``drop(registry, name)`` deletes a name from a registry until the test ends, then puts it back where
-    it was (``monkeypatch.delitem`` appends it: the config reference lists the plugins in their order)."""
-    saved: list[tuple[dict, dict]] = []
+    """``drop(registry, name)`` takes a plugin out of a registry until the test ends, then puts the registry
+    back as it was (its names' order too: the config reference lists the plugins in that order)."""
+    saved: list[tuple[Any, dict]] = []
 
-    def drop_(registry: dict, name: str) -> None:
-        saved.append((registry, dict(registry)))
-        del registry[name]
+    def drop_(registry: Any, name: str) -> None:
+        saved.append((registry, dict(registry.entries)))
+        registry.unregister(name)
 
     yield drop_
-    for registry, items in reversed(saved):
-        registry.clear()
-        registry.update(items)
+    for registry, entries in reversed(saved):
+        registry.entries.clear()
+        registry.entries.update(entries)
 
 
 def difference(what: str, found: Iterable[str], expected: Iterable[str]) -> list[str]:
@@ -93,64 +95,138 @@ def difference(what: str, found: Iterable[str], expected: Iterable[str]) -> list
     return [f"{what}: lacks {lacks}, extra {extra}"]
 
 
-# -- learners and policies: the modules that register them -----------------------------------------------------------
+# -- every kind: pyproject's entry points, the installed ones, and the plugins the packages define ----------------
 
 
-def builtin_module_problems() -> list[str]:
-    """Each module of learners/ and policies/ that registers a plugin is in its package's BUILTIN_MODULES,
-    which the registry imports; a module missing there registers only once something else imports it."""
-    import alma_daemon.learners as learners_package
-    import policies as policies_package
+def registries() -> dict[str, Any]:
+    from alma_daemon import registry
 
+    kinds = (
+        registry.LEARNERS,
+        registry.POLICIES,
+        registry.MEASURES,
+        registry.PUBLISHERS,
+        registry.CODECS,
+        registry.SOURCES,
+        registry.COMMANDS,
+    )
+    return {kind.group: kind for kind in kinds}
+
+
+def entry_point_problems() -> list[str]:
+    """Each registry's names against pyproject.toml's entry points of its group (the installed metadata is
+    stale until ``pip install -e .`` runs again), and every plugin loads (a declaration and the class it
+    names agree)."""
+    pyproject = tomllib.loads(text("pyproject.toml"))["project"]["entry-points"]
     problems = []
-    for package in (learners_package, policies_package):
-        for module in pkgutil.iter_modules(package.__path__):
-            importlib.import_module(f"{package.__name__}.{module.name}")
-        registry = package.LEARNERS if package is learners_package else package.POLICIES
-        registering = {cls.__module__.rsplit(".", 1)[1] for cls in registry.values()}
-        problems += difference(f"{package.__name__}.BUILTIN_MODULES", package.BUILTIN_MODULES, registering)
+    for group, registry in registries().items():
+        problems += difference(f"{group}, installed against pyproject.toml", registry, pyproject.get(group, {}))
+        for name in registry:
+            try:
+                registry[name]
+            except Exception as failed:  # any failure to load is a problem to report, with its words
+                problems.append(f"{group} {name}: {failed}")
     return problems
 
 
-def test_every_module_that_registers_a_plugin_is_a_builtin_module():
-    assert builtin_module_problems() == []
+def test_every_entry_point_is_installed_and_loads():
+    assert entry_point_problems() == []
 
 
-def test_a_module_missing_from_builtin_modules_is_found(monkeypatch):
+def test_an_entry_point_missing_from_the_installed_metadata_is_found(drop):
+    from alma_daemon.registry import CODECS
+
+    drop(CODECS, "regression")
+    assert entry_point_problems() == [
+        "alma_daemon.codecs, installed against pyproject.toml: lacks ['regression'], extra []"
+    ]
+
+
+def defined_plugins() -> dict[str, set[Any]]:
+    """The plugins the project's packages define, by entry point group: each concrete learner, policy, measure,
+    codec, publisher and source class, and each command module."""
+    import alma_daemon.commands
+    import alma_daemon.learners
+    import alma_daemon.measures
+    import alma_daemon.transports
     import policies
+    import serving.protocols
+    import serving.publishing
+    from alma_daemon.learners.base import Learner
+    from alma_daemon.measures import Measure
+    from policies import Policy
+    from serving.protocols.codecs import Codec
+    from serving.publishing.publisher import Publisher
 
-    monkeypatch.setattr(policies, "BUILTIN_MODULES", [m for m in policies.BUILTIN_MODULES if m != "forecast"])
-    assert builtin_module_problems() == ["policies.BUILTIN_MODULES: lacks ['forecast'], extra []"]
+    def classes(package: Any, is_plugin: Any) -> set[type]:
+        found = set()
+        for module in pkgutil.iter_modules(package.__path__):
+            loaded = importlib.import_module(f"{package.__name__}.{module.name}")
+            found |= {
+                c
+                for c in vars(loaded).values()
+                if isinstance(c, type) and c.__module__ == loaded.__name__ and is_plugin(c)
+            }
+        return found
+
+    def concrete(base: type, mark: str) -> Any:
+        return lambda c: issubclass(c, base) and mark in vars(c) and not inspect.isabstract(c)
+
+    commands = alma_daemon.commands
+    return {
+        "alma_daemon.learners": classes(alma_daemon.learners, concrete(Learner, "name")),
+        "alma_daemon.policies": classes(policies, concrete(Policy, "name")),
+        "alma_daemon.measures": classes(alma_daemon.measures, concrete(Measure, "traits")),
+        "alma_daemon.publishers": classes(serving.publishing, concrete(Publisher, "kind")),
+        "alma_daemon.codecs": classes(serving.protocols, lambda c: issubclass(c, Codec) and not inspect.isabstract(c)),
+        "alma_daemon.sources": classes(alma_daemon.transports, lambda c: "from_config" in vars(c)),
+        "alma_daemon.commands": {
+            importlib.import_module(f"{commands.__name__}.{m.name}") for m in pkgutil.iter_modules(commands.__path__)
+        },
+    }
+
+
+def declared_plugins(registry: Any) -> set[Any]:
+    """The objects a registry's entry points reach: a publisher's or source's ``from_config`` stands for its class."""
+    return {getattr(registry[name], "__self__", registry[name]) for name in registry}
+
+
+def undeclared_problems() -> list[str]:
+    """Every plugin a package defines is reached by an entry point of its kind (one missing from pyproject.toml
+    would be a class nothing can choose)."""
+    problems = []
+    kinds = registries()
+    for group, defined in defined_plugins().items():
+        missing = defined - declared_plugins(kinds[group])
+        problems += [f"{group}: no entry point names {getattr(p, '__qualname__', p.__name__)}" for p in missing]
+    return sorted(problems)
+
+
+def test_every_plugin_the_packages_define_has_an_entry_point():
+    assert undeclared_problems() == []
+
+
+def test_a_plugin_without_an_entry_point_is_found(drop):
+    from alma_daemon.registry import COMMANDS, POLICIES
+
+    drop(POLICIES, "budget")
+    drop(COMMANDS, "grid")
+    assert undeclared_problems() == [
+        "alma_daemon.commands: no entry point names alma_daemon.commands.grid",
+        "alma_daemon.policies: no entry point names Budget",
+    ]
 
 
 # -- learners --------------------------------------------------------------------------------------------------------
 
 
-def learner_problems(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The learner registry against: ``BUILTIN_CONFIGS`` (learners/configs.py, torch-free: what a config read
-    without the learners knows), in ``BUILTIN_MODULES``' order; the ``learner.name`` values the config
-    accepts, with and without the learners imported; the names ``learner.name``'s description lists; the
-    README's list of learners (``switch-lm*`` stands for the family) and docs/results.md's."""
+def learner_problems() -> list[str]:
+    """The learner registry against: the ``learner.name`` values the config accepts; the names ``learner.name``'s description lists; the README's list of learners
+    (``switch-lm*`` stands for the family) and docs/results.md's."""
     from alma_daemon import learners
-    from alma_daemon.learners.configs import BUILTIN_CONFIGS
 
     names = set(learners.learner_names())
-    builtins = {
-        n: c for n, c in learners.LEARNERS.items() if c.__module__.rsplit(".", 1)[1] in learners.BUILTIN_MODULES
-    }
-    problems = difference("BUILTIN_CONFIGS", BUILTIN_CONFIGS, builtins)
-    problems += [
-        f"BUILTIN_CONFIGS[{name!r}] is not {cls.__name__}.config_model"
-        for name, cls in builtins.items()
-        if name in BUILTIN_CONFIGS and BUILTIN_CONFIGS[name] is not cls.config_model
-    ]
-    order = [builtins[name].__module__.rsplit(".", 1)[1] for name in BUILTIN_CONFIGS if name in builtins]
-    if order != [module for module in learners.BUILTIN_MODULES if module in order]:
-        problems.append(f"BUILTIN_CONFIGS is not in BUILTIN_MODULES' order: {order}")
-    problems += difference("learner.name accepts", accepted_plugin_names(LearnerConfig), names)
-    with monkeypatch.context() as torch_free:  # a process that imported no learner: the entry point alone
-        torch_free.setattr(learners, "LEARNERS", {})
-        problems += difference("learner.name accepts without torch", accepted_plugin_names(LearnerConfig), names)
+    problems = difference("learner.name accepts", accepted_plugin_names(LearnerConfig), names)
     problems += difference("learner.name's description", listed_names(field_description(LearnerConfig, "name")), names)
 
     readme = section(text("README.md"), "**Learners**", "**Policies**")
@@ -167,25 +243,15 @@ def learner_problems(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return problems
 
 
-def test_the_learners_registry_config_and_docs_agree(monkeypatch):
-    assert learner_problems(monkeypatch) == []
+def test_the_learners_registry_config_and_docs_agree():
+    assert learner_problems() == []
 
 
-def test_a_learner_missing_from_a_list_is_found(monkeypatch, drop):
-    from alma_daemon.learners import configs
+def test_a_learner_missing_from_the_registry_is_found(drop):
+    from alma_daemon.registry import LEARNERS
 
-    drop(configs.BUILTIN_CONFIGS, "umix")
-    problems = learner_problems(monkeypatch)
-    assert "BUILTIN_CONFIGS: lacks ['umix'], extra []" in problems
-    assert "learner.name accepts without torch: lacks ['umix'], extra []" in problems
-
-
-def test_a_learner_missing_from_the_registry_is_found(monkeypatch, drop):
-    from alma_daemon import learners
-
-    learners.learner_names()
-    drop(learners.LEARNERS, "firefly")
-    problems = learner_problems(monkeypatch)
+    drop(LEARNERS, "firefly")
+    problems = learner_problems()
     assert "docs/results.md's learners: lacks [], extra ['firefly']" in problems
     assert "README.md names no learner firefly" in problems
 
@@ -216,7 +282,6 @@ def test_the_policies_registry_config_and_docs_agree():
 def test_a_policy_missing_from_a_list_is_found(drop):
     import policies
 
-    policies.policy_names()
     drop(policies.POLICIES, "budget")
     # The config reads its policies from the registry (the entry point): only the docs are left behind.
     assert policy_problems() == [
@@ -227,7 +292,7 @@ def test_a_policy_missing_from_a_list_is_found(drop):
 
 # -- measures --------------------------------------------------------------------------------------------------------
 
-#: How docs/measures.md names the task kinds of a measure, as MEASURE_TRAITS does.
+#: How docs/measures.md names the task kinds of a measure, as a measure's traits do.
 DOC_KINDS = {
     "classification": ("binary", "multiclass"),
     "binary": ("binary",),
@@ -237,27 +302,20 @@ DOC_KINDS = {
 
 
 def measure_problems() -> list[str]:
-    """The measure registry (``MEASURES``) against: ``MEASURE_NAMES``, ``task.measure``'s accepted values and
-    its description (which names each); ``MEASURE_TRAITS`` (direction, rate, kinds, in the registry's
-    order); docs/measures.md's "The measures" (each name, with its kinds and direction)."""
-    from alma_daemon.config.measure_traits import MEASURE_TRAITS
-    from alma_daemon.config.sections import MEASURE_NAMES, TaskConfig
+    """The measure registry (``MEASURES``) against: ``task.measure``'s accepted values (read from the entry
+    points when the config is imported) and its description (which names each); docs/measures.md's "The
+    measures" (each name, with its kinds and direction as the measure's declaration gives them)."""
+    from alma_daemon.config.sections import TaskConfig
     from alma_daemon.measures import MEASURES
 
     names = set(MEASURES)
-    problems = difference("MEASURE_NAMES", MEASURE_NAMES, names)
-    problems += difference("task.measure accepts", accepted(TaskConfig, "measure"), names)
+    problems = difference("task.measure accepts", accepted(TaskConfig, "measure"), names)
     description = field_description(TaskConfig, "measure")
     problems += [
         f"task.measure's description does not name {n}"
         for n in sorted(names)
         if not re.search(rf"\b{n}\b", description)
     ]
-    traits = [(n, t.higher_is_better, t.rate, t.kinds) for n, t in MEASURE_TRAITS.items()]
-    own = [(n, c.higher_is_better, c.rate, c.kinds) for n, c in MEASURES.items()]
-    if traits != own:
-        problems.append(f"MEASURE_TRAITS differ from the measures' own traits: {sorted(set(traits) ^ set(own))}")
-
     page = section(text("docs/measures.md"), "## The measures", "**The task's other measures.**")
     documented = {}
     for line in re.findall(r"^- (.*)$", page, re.M):
@@ -279,23 +337,26 @@ def test_the_measures_registry_traits_config_and_docs_agree():
 
 
 def test_a_measure_missing_from_a_list_is_found(monkeypatch):
-    from alma_daemon.config import measure_traits
+    from alma_daemon.config.measure_traits import MeasureTraits
     from alma_daemon.measures import MEASURES
 
     class Brier(MEASURES["mse"]):
         name = "brier"
 
-    monkeypatch.setitem(MEASURES, "brier", Brier)
-    monkeypatch.setitem(measure_traits.MEASURE_TRAITS, "mse", measure_traits.MeasureTraits(higher_is_better=True))
-    problems = measure_problems()
-    for line in (
-        "MEASURE_NAMES: lacks ['brier'], extra []",
-        "task.measure accepts: lacks ['brier'], extra []",
-        "task.measure's description does not name brier",
-        "docs/measures.md's measures: lacks ['brier'], extra []",
-    ):
-        assert line in problems
-    assert any(line.startswith("MEASURE_TRAITS differ") for line in problems)
+    class MseUpsideDown(MEASURES["mse"]):
+        traits = MeasureTraits("tests:MseUpsideDown", higher_is_better=True, kinds=("regression",))
+
+    monkeypatch.setitem(MEASURES.entries, "mse", MseUpsideDown)
+    MEASURES.register("brier", Brier)
+    try:
+        assert measure_problems() == [
+            "task.measure accepts: lacks ['brier'], extra []",
+            "task.measure's description does not name brier",
+            "docs/measures.md's measures: lacks ['brier'], extra []",
+            "docs/measures.md says mse is lower is better, for ('regression',)",
+        ]
+    finally:
+        MEASURES.unregister("brier")
 
 
 # -- publishers ------------------------------------------------------------------------------------------------------
@@ -385,28 +446,21 @@ def test_a_task_kind_without_a_codec_is_found(drop):
 
 def source_problems(transports: set[str]) -> list[str]:
     """``build_source`` against ``transports`` (``kafka.transport``'s accepted values): each builds a source
-    of its own (its ``server`` is the transport's name; nothing connects at construction), and every source
-    class of alma_daemon/transports is built for one of them."""
+    of its own (its ``server`` is the transport's name; nothing connects at construction)."""
     import alma_daemon.transports as package
 
-    problems, built = [], set()
+    problems = []
     config = build_config()
     for transport in sorted(transports):
         kafka = copy.copy(config.kafka)
-        object.__setattr__(kafka, "transport", transport)  # a value the Literal does not hold yet, too
-        source: Any = package.build_source(SimpleNamespace(kafka=kafka), client=object())
-        built.add(type(source))
+        object.__setattr__(kafka, "transport", transport)  # a value the Literal does not hold, too
+        try:
+            source: Any = package.build_source(SimpleNamespace(kafka=kafka), client=object())
+        except KeyError as unknown:
+            problems.append(f"kafka.transport {transport}: {unknown.args[0]}")
+            continue
         if source.server != transport:
             problems.append(f"kafka.transport {transport} builds a {type(source).__name__} ({source.server})")
-    classes = set()
-    for module in pkgutil.iter_modules(package.__path__):
-        loaded = importlib.import_module(f"{package.__name__}.{module.name}")
-        classes |= {
-            c
-            for n, c in vars(loaded).items()
-            if n.endswith("Source") and hasattr(c, "server") and c.__module__ == loaded.__name__
-        }
-    problems += [f"{cls.__name__} is built for no kafka.transport" for cls in sorted(classes - built, key=str)]
     return problems
 
 
@@ -416,52 +470,48 @@ def test_every_transport_builds_its_own_source():
     assert source_problems(accepted(KafkaConfig, "transport")) == []
 
 
-def test_a_transport_without_a_source_is_found():
+def test_a_transport_without_a_source_is_found(monkeypatch):
     from alma_daemon.config.sections import KafkaConfig
+    from alma_daemon.transports import SOURCES
+    from alma_daemon.transports.kafka import KafkaSource
 
-    # What build_source does with a value added to kafka.transport's Literal alone: a Kafka source.
     assert source_problems(accepted(KafkaConfig, "transport") | {"pulsar"}) == [
-        "kafka.transport pulsar builds a KafkaSource (kafka)"
+        "kafka.transport pulsar: unknown source 'pulsar'; known: kafka, redis"
     ]
-    assert source_problems({"kafka"}) == ["RedisStreamSource is built for no kafka.transport"]
+    monkeypatch.setitem(SOURCES.entries, "redis", KafkaSource.from_config)
+    assert source_problems({"redis"}) == ["kafka.transport redis builds a KafkaSource (kafka)"]
 
 
 # -- commands --------------------------------------------------------------------------------------------------------
 
 
 def command_problems() -> list[str]:
-    """``cli.COMMANDS`` against the modules of alma_daemon/commands, the subcommands the parser has (each
-    module's, in ``COMMANDS``' order: a module's ``_`` is a ``-``), and the ``alma <command>`` the README,
-    CONTRIBUTING.md and docs/ mention (every subcommand, and none that is not one)."""
+    """The command registry against the subcommands the parser has (each command module's, in the registry's
+    order: a module's ``_`` is a ``-``), and the ``alma <command>`` the README, CONTRIBUTING.md and docs/
+    mention (every subcommand, and none that is not one). The generic check above finds a module of
+    alma_daemon/commands that no entry point names."""
     import argparse
 
-    import alma_daemon.commands as package
     from alma_daemon import cli
+    from alma_daemon.registry import COMMANDS
 
     problems = []
-    if len(set(cli.COMMANDS)) != len(cli.COMMANDS):
-        problems.append(f"cli.COMMANDS names a module twice: {cli.COMMANDS}")
-    modules = [module.name for module in pkgutil.iter_modules(package.__path__)]
-    problems += difference("cli.COMMANDS", cli.COMMANDS, modules)
     parser = cli.build_parser()
     subcommands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
-    if list(subcommands) != [module.replace("_", "-") for module in cli.COMMANDS]:
-        problems.append(f"the parser's subcommands {list(subcommands)} are not cli.COMMANDS {cli.COMMANDS}")
+    if list(subcommands) != [name.replace("_", "-") for name in COMMANDS]:
+        problems.append(f"the parser's subcommands {list(subcommands)} are not the registry's {list(COMMANDS)}")
     pages = ["README.md", "CONTRIBUTING.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))]
     mentioned = {name for page in pages for name in re.findall(r"(?:`|^)alma ([a-z][a-z_-]*)", text(page), re.M)}
     problems += difference("the docs' alma commands", mentioned, set(subcommands))
     return problems
 
 
-def test_the_commands_modules_parser_and_docs_agree():
+def test_the_commands_parser_and_docs_agree():
     assert command_problems() == []
 
 
-def test_a_command_missing_from_commands_is_found(monkeypatch):
-    from alma_daemon import cli
+def test_a_command_missing_from_the_registry_is_found(drop):
+    from alma_daemon.registry import COMMANDS
 
-    monkeypatch.setattr(cli, "COMMANDS", [name for name in cli.COMMANDS if name != "grid"])
-    assert command_problems() == [
-        "cli.COMMANDS: lacks ['grid'], extra []",
-        "the docs' alma commands: lacks [], extra ['grid']",
-    ]
+    drop(COMMANDS, "grid")
+    assert command_problems() == ["the docs' alma commands: lacks [], extra ['grid']"]

@@ -144,7 +144,9 @@ def test_a_regression_learner_refuses_to_answer_probabilities():
 @pytest.mark.parametrize("name", ["switch-lm", "switch-lm-ens", "switch-lm-gens", "switch-lm-gmoe"])
 def test_a_language_model_refuses_a_regression_when_built(name):
     settings = learner_settings(name, {}, {})
-    with pytest.raises(ConfigError, match=r"learner.name: .* cannot learn a regression task; use sm, ens, umix"):
+    with pytest.raises(
+        ConfigError, match=r"learner.name: .* cannot learn a regression task; use ens, firefly, gens, gmoe, sm, umix"
+    ):
         build_learner(name, FEATURES, settings, 0)
     build_learner(name, TOKENS, settings, 0)
 

@@ -3,7 +3,7 @@
 ``base`` holds the building blocks (strict value types, errors naming the dotted key), ``sections`` the
 sections and the whole :class:`Config`, ``plugins`` the ``learner`` and ``policy`` sections (each learner
 and policy declares its own model in its module), ``loading`` YAML files, ``--set`` overrides and the
-JSON Schema (``alma config schema``), ``registry`` the name -> class registries of learners and policies.
+JSON Schema (``alma config schema``), ``registry`` the registries of every kind of plugin, fed by entry points.
 """
 
 from alma_daemon.config.base import ConfigError, validate

@@ -1,12 +1,15 @@
-"""What ``alma status``, the records and the reports need to know of each task measure, without
-importing the measures themselves (they import torch, and ``alma status`` answers at once).
+"""Each task measure's declaration: what ``alma status``, the records and the reports need to know of it
+without importing the measures themselves (they import torch, and ``alma status`` answers at once).
 
-The measure classes (:mod:`alma_daemon.measures`) declare the same traits; a test keeps the two equal.
+The entry points of group ``alma_daemon.measures`` (pyproject.toml) name these declarations; each names its
+measure class in ``implementation``, and the class names it back as its ``traits``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from alma_daemon.registry import MEASURES
 
 #: The classifiers' task kinds, which most measures of a class take.
 CLASSIFIERS = ("binary", "multiclass")
@@ -14,34 +17,37 @@ CLASSIFIERS = ("binary", "multiclass")
 
 @dataclass(frozen=True)
 class MeasureTraits:
-    """A measure's direction, whether it is a rate (a mean of terms in [0, 1], shown to 4 decimals), and
-    the task kinds it is defined for."""
+    """A measure's class (``module:attr``), its direction, whether it is a rate (a mean of terms in [0, 1],
+    shown to 4 decimals), and the task kinds it is defined for."""
 
+    implementation: str
     higher_is_better: bool = False
     rate: bool = False
     kinds: tuple[str, ...] = CLASSIFIERS
 
 
-#: Every task measure (``task.measure``) by name, in the order :data:`alma_daemon.measures.MEASURES`
-#: registers them (the order of the records' cumulative columns).
-MEASURE_TRAITS: dict[str, MeasureTraits] = {
-    "error": MeasureTraits(rate=True),
-    "log_loss": MeasureTraits(),
-    "balanced_error": MeasureTraits(rate=True),
-    "recall": MeasureTraits(higher_is_better=True, rate=True, kinds=("binary",)),
-    "precision": MeasureTraits(higher_is_better=True, rate=True, kinds=("binary",)),
-    "pr_auc": MeasureTraits(higher_is_better=True, rate=True, kinds=("binary",)),
-    "cost": MeasureTraits(kinds=("binary",)),
-    "perplexity": MeasureTraits(kinds=("language_model",)),
-    "mse": MeasureTraits(kinds=("regression",)),
-    "mae": MeasureTraits(kinds=("regression",)),
-}
+ERROR = MeasureTraits("alma_daemon.measures.classification:ErrorRate", rate=True)
+LOG_LOSS = MeasureTraits("alma_daemon.measures.classification:LogLoss")
+BALANCED_ERROR = MeasureTraits("alma_daemon.measures.classification:BalancedError", rate=True)
+RECALL = MeasureTraits("alma_daemon.measures.binary:Recall", higher_is_better=True, rate=True, kinds=("binary",))
+PRECISION = MeasureTraits("alma_daemon.measures.binary:Precision", higher_is_better=True, rate=True, kinds=("binary",))
+PR_AUC = MeasureTraits("alma_daemon.measures.binary:PrAuc", higher_is_better=True, rate=True, kinds=("binary",))
+COST = MeasureTraits("alma_daemon.measures.binary:Cost", kinds=("binary",))
+PERPLEXITY = MeasureTraits("alma_daemon.measures.language:Perplexity", kinds=("language_model",))
+MSE = MeasureTraits("alma_daemon.measures.regression:MeanSquaredError", kinds=("regression",))
+MAE = MeasureTraits("alma_daemon.measures.regression:MeanAbsoluteError", kinds=("regression",))
+
+
+def measure_traits() -> dict[str, MeasureTraits]:
+    """Every task measure's traits (``task.measure``) by name."""
+    return MEASURES.declarations()
 
 
 def measure_misfit(name: str, kind: str) -> str | None:
     """Why measure ``name`` cannot judge a ``kind`` task (binary, multiclass, regression,
     language_model), in the words start-up and ``alma config check`` refuse it with; None: it can."""
-    if kind in MEASURE_TRAITS[name].kinds:
+    traits = measure_traits()
+    if kind in traits[name].kinds:
         return None
-    fits = sorted(other for other, traits in MEASURE_TRAITS.items() if kind in traits.kinds)
+    fits = sorted(other for other, each in traits.items() if kind in each.kinds)
     return f"measure {name!r} does not fit a {kind} task; it takes {', '.join(fits)}"

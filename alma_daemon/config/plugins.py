@@ -2,35 +2,19 @@
 
 A learner's config model (the built-ins' in ``learners/configs.py``: ``SingleModelConfig``)
 subclasses :class:`LearnerConfig`, narrows ``name`` to the learner's name and adds the keys it reads; the
-learner class names it as ``config_model`` and registers. The section is the union of those models,
+learner's entry point (group ``alma_daemon.learners``, :mod:`alma_daemon.registry`) names it. The section is the union of those models,
 discriminated by ``name``, so a key the chosen learner does not read fails at start-up. Policies alike.
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
-from importlib.metadata import entry_points
 from typing import Annotated, Any, cast
 
 from pydantic import BeforeValidator, Field
 from pydantic.dataclasses import dataclass
 
 from alma_daemon.config.base import PLUGIN_SECTION, Float, Int, PluginConfig, Str, UnionSchema, validate
-
-
-@functools.cache
-def _providers(group: str) -> tuple[Callable[[], dict[str, type[PluginConfig]]], ...]:
-    return tuple(entry.load() for entry in entry_points(group=group))
-
-
-def plugin_models(group: str) -> dict[str, type[PluginConfig]]:
-    """The config model of each plugin by name, from the functions named in entry point ``group`` (the
-    built-ins' in pyproject.toml): the plugins import this package, so it imports none of them."""
-    models: dict[str, type[PluginConfig]] = {}
-    for provider in _providers(group):
-        models.update(provider())
-    return models
+from alma_daemon.registry import LEARNERS, POLICIES
 
 
 @dataclass(config=PLUGIN_SECTION)
@@ -47,7 +31,7 @@ class LearnerConfig(PluginConfig):
 
     @classmethod
     def registered(cls) -> dict[str, type[PluginConfig]]:
-        return plugin_models("alma_daemon.learners")
+        return LEARNERS.declarations()
 
 
 @dataclass(config=PLUGIN_SECTION)
@@ -80,7 +64,7 @@ class PolicyConfig(PluginConfig):
 
     @classmethod
     def registered(cls) -> dict[str, type[PluginConfig]]:
-        return plugin_models("alma_daemon.policies")
+        return {name: policy.config_model for name, policy in POLICIES.items()}
 
     def check_stream_length(self, megabatches: int) -> None:
         """Raise a ConfigError if this policy would never train on a stream that ends after
@@ -104,14 +88,15 @@ def policy_config(data: dict[str, Any] | None = None, **values: Any) -> PolicyCo
     return cast(PolicyConfig, validate(PolicyConfig, {**(data or {}), **values}, prefix="policy."))
 
 
-#: The placeholders a description writes for the registered plugins' names, and their entry point groups.
-PLUGIN_NAME_LISTS = {"{learners}": "alma_daemon.learners", "{policies}": "alma_daemon.policies"}
+#: The placeholders a description writes for the registered plugins' names, and their kinds.
+PLUGIN_NAME_LISTS = {"{learners}": "learner", "{policies}": "policy"}
 
 
 def with_plugin_names(description: str) -> str:
     """``description`` with each placeholder of :data:`PLUGIN_NAME_LISTS` replaced by the names the
     registry holds, so a description never lists plugins by hand (and never misses a new one)."""
-    for placeholder, group in PLUGIN_NAME_LISTS.items():
+    registries = {"learner": LEARNERS, "policy": POLICIES}
+    for placeholder, kind in PLUGIN_NAME_LISTS.items():
         if placeholder in description:
-            description = description.replace(placeholder, ", ".join(plugin_models(group)))
+            description = description.replace(placeholder, ", ".join(registries[kind].names()))
     return description

@@ -17,6 +17,7 @@ from pydantic.dataclasses import dataclass
 
 from alma_daemon.config.base import SECTION, Bool, ConfigError, Float, Int, Str
 from alma_daemon.config.plugins import LearnerConfig, LearnerSection, PolicyConfig, PolicySection
+from alma_daemon.registry import MEASURES, PUBLISHERS, SOURCES
 
 #: The model store's folder under ``daemon.state_dir`` when ``daemon.checkpoint_dir`` is not set.
 MODEL_STORE = "model_store"
@@ -199,18 +200,8 @@ class StageRecipe:
     half_life: float | None
 
 
-MEASURE_NAMES = (
-    "error",
-    "log_loss",
-    "balanced_error",
-    "recall",
-    "precision",
-    "pr_auc",
-    "cost",
-    "mse",
-    "mae",
-    "perplexity",
-)
+#: Every measure's name, from the measures' entry points (imports none of them).
+MEASURE_NAMES = tuple(MEASURES.names())
 
 
 @dataclass(config=SECTION)
@@ -559,7 +550,7 @@ class KafkaConfig:
         default="127.0.0.1:9092", description="The Kafka brokers (host:port) the client connects to first."
     )
     topic: Str = Field(default="alma.mnist", description="Kafka topic of the stream's records.")
-    transport: Literal["kafka", "redis"] = Field(
+    transport: Literal[tuple(SOURCES.names())] = Field(  # type: ignore[valid-type]
         default="kafka",
         description='Transport: "kafka", or "redis" (a Redis stream; the embedded default needs no broker).',
     )
@@ -705,9 +696,13 @@ class DaemonConfig:
     )
 
 
+#: ``serving.kind``'s values: a publisher's, from the publishers' entry points, or none.
+SERVING_KINDS = (*PUBLISHERS.names(), "none")
+
+
 @dataclass(config=SECTION)
 class ServingConfig:
-    kind: Literal["local", "torchserve", "kserve", "triton", "none"] = Field(
+    kind: Literal[SERVING_KINDS] = Field(  # type: ignore[valid-type]
         default="local",
         description='"local" (a model-store folder and a live pointer), "kserve" (KServe\'s model server, or any Open Inference Protocol v2 server), "triton" (Triton Inference Server, its model repository written per version in <daemon.checkpoint_dir>/triton_repository), "torchserve" or "none" (docs/serving.md).',
     )

@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import MISSING, Field, dataclass, field, fields, replace
 from typing import Any
 
-from alma_daemon.config.measure_traits import MEASURE_TRAITS as ALL_MEASURES
 from alma_daemon.learners.growth_report import GrowthReport
+from alma_daemon.registry import MEASURES as ALL_MEASURES
 
 #: The measures whose columns every series.csv has, in this order; a run of another measure adds its own.
 MEASURES = ("error", "perplexity")

@@ -13,11 +13,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from alma_daemon.config import Config, ConfigError, DatasetConfig, TaskConfig
-from alma_daemon.config.measure_traits import MEASURE_TRAITS
+from alma_daemon.config.measure_traits import measure_traits
 from alma_daemon.data.task_info import CIFAR10_TASK, MNIST_TASK, TaskInfo
 
 #: The measures that judge a regression: with ``task.kind`` unset, one of them makes a team's target a number.
-REGRESSION_MEASURES = tuple(name for name, traits in MEASURE_TRAITS.items() if "regression" in traits.kinds)
+REGRESSION_MEASURES = tuple(name for name, traits in measure_traits().items() if "regression" in traits.kinds)
 
 
 def declared_kind(terms: TaskConfig) -> str:

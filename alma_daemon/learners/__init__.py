@@ -2,40 +2,22 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from alma_daemon.config import LearnerConfig
-from alma_daemon.config.registry import PluginRegistry
+from alma_daemon.registry import LEARNERS, Registry
 
 if TYPE_CHECKING:
     from alma_daemon.data.datasets import TaskInfo
     from alma_daemon.learners.base import Learner
 
-#: Modules whose import registers the built-in learners; add a line here for a new learner.
-BUILTIN_MODULES: list[str] = [
-    "sm",
-    "ens",
-    "umix",
-    "gens",
-    "gmoe",
-    "firefly",
-    "switch_lm",
-    "switch_lm_ens",
-    "switch_lm_gens",
-    "switch_lm_gmoe",
-]
-
-_REGISTRY: PluginRegistry[Learner] = PluginRegistry("learner", __name__, BUILTIN_MODULES)
-LEARNERS = _REGISTRY.classes
-
-
-def register_learner(cls: type[Learner]) -> type[Learner]:
-    """Class decorator adding a learner to the registry under ``cls.name``, with its ``config_model``."""
-    return _REGISTRY.register(cls)
+#: The learners by name, from the entry points of group ``alma_daemon.learners`` (pyproject.toml): each names
+#: the learner's config model (``learners/configs.py``), whose ``implementation`` names the class.
+_LEARNERS = cast("Registry[type[Learner]]", LEARNERS)
 
 
 def learner_class(name: str) -> type[Learner]:
-    return _REGISTRY.get(name)
+    return _LEARNERS[name]
 
 
 def build_learner(name: str, task: TaskInfo, config: LearnerConfig, seed: int) -> Learner:
@@ -55,17 +37,13 @@ def learner_from_spec(spec: dict[str, Any]) -> Learner:
 
 
 def learner_config_models() -> dict[str, type[LearnerConfig]]:
-    """Each learner's config model by name: the ``learner`` section is their union, discriminated by name.
-
-    The built-ins' come from ``learners/configs.py`` without importing the learners (and torch with
-    them), so that reading a config stays light; then those of learners registered from elsewhere."""
-    from alma_daemon.learners.configs import BUILTIN_CONFIGS
-
-    return {**BUILTIN_CONFIGS, **{name: cls.config_model for name, cls in LEARNERS.items()}}
+    """Each learner's config model by name, without importing a learner (and torch with it): the
+    ``learner`` section is their union, discriminated by name."""
+    return _LEARNERS.declarations()
 
 
 def learner_names() -> list[str]:
-    return _REGISTRY.names()
+    return _LEARNERS.names()
 
 
 def __getattr__(name: str) -> Any:
@@ -86,5 +64,4 @@ __all__ = [
     "learner_config_models",
     "learner_from_spec",
     "learner_names",
-    "register_learner",
 ]

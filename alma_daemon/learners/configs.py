@@ -2,14 +2,14 @@
 
 A learner's module imports torch, and reading a config should not: ``alma config check`` answers in
 about half a second instead of three. So the config model of each built-in learner lives here, and
-the learner names it as its ``config_model``; the config layer finds them all through the entry
-point ``alma_daemon.learners`` (:func:`alma_daemon.learners.learner_config_models`) without
-importing a learner. A learner of another package may keep its model in its own module.
+each names its learner in ``implementation``; the learner names it back as its ``config_model``. The
+entry points of group ``alma_daemon.learners`` (pyproject.toml) name these models, so the config layer
+finds them without importing a learner. A learner of another package may keep its model in its own module.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 from pydantic.dataclasses import dataclass
@@ -57,6 +57,7 @@ class SingleModelConfig(BackboneConfig):
     """sm reads only the backbone's width."""
 
     name: Literal["sm"] = "sm"
+    implementation: ClassVar[str] = "alma_daemon.learners.sm:SingleModel"
 
 
 @dataclass(config=PLUGIN_SECTION)
@@ -64,6 +65,7 @@ class EnsembleConfig(BackboneConfig):
     """Ens: the backbone's width and the number of members."""
 
     name: Literal["ens"] = "ens"
+    implementation: ClassVar[str] = "alma_daemon.learners.ens:Ensemble"
     members: Int = Field(default=5, gt=0, description="Independent backbones, each initialized from its own seed.")
 
 
@@ -72,6 +74,7 @@ class UniformMixtureConfig(BackboneConfig):
     """UMix: the backbone's width and the number of members."""
 
     name: Literal["umix"] = "umix"
+    implementation: ClassVar[str] = "alma_daemon.learners.umix:UniformMixture"
     members: Int = Field(default=5, gt=0, description="Backbones whose averaged logits are trained end to end.")
 
 
@@ -87,6 +90,7 @@ class GrowingEnsembleConfig(BackboneConfig):
     """gEns: the backbone's width, the members added per growth step and their cap."""
 
     name: Literal["gens"] = "gens"
+    implementation: ClassVar[str] = "alma_daemon.learners.gens:GrowingEnsemble"
     grow_members: Int = Field(default=1, gt=0, description="Members added per growth step (k).")
     max_members: Int | None = Field(default=None, description=MAX_MEMBERS)
 
@@ -99,6 +103,7 @@ class GrowingMixtureOfExpertsConfig(BackboneConfig):
     """gMoE: the backbone's width, how the experts are gated and their cap."""
 
     name: Literal["gmoe"] = "gmoe"
+    implementation: ClassVar[str] = "alma_daemon.learners.gmoe:GrowingMixtureOfExperts"
     gating: Literal["soft", "hard"] = Field(
         default="soft",
         description='"soft" (softmax gates) or "hard" (straight-through in training, argmax at test time).',
@@ -124,6 +129,7 @@ class FireflyConfig(BackboneConfig):
     """Firefly: the backbone's (initial) width, how much each growth step adds and the parameters' cap."""
 
     name: Literal["firefly"] = "firefly"
+    implementation: ClassVar[str] = "alma_daemon.learners.firefly:Firefly"
 
     def __post_init__(self) -> None:
         if self.model is not None:
@@ -168,6 +174,7 @@ class SwitchLanguageModelConfig(LanguageModelConfig):
     """switch-lm reads only the LM's size."""
 
     name: Literal["switch-lm"] = "switch-lm"
+    implementation: ClassVar[str] = "alma_daemon.learners.switch_lm:SwitchLanguageModel"
 
 
 @dataclass(config=PLUGIN_SECTION)
@@ -175,6 +182,7 @@ class SwitchLMEnsembleConfig(LanguageModelConfig):
     """switch-lm-ens: the size of each LM and the number of members."""
 
     name: Literal["switch-lm-ens"] = "switch-lm-ens"
+    implementation: ClassVar[str] = "alma_daemon.learners.switch_lm_ens:SwitchLMEnsemble"
     members: Int = Field(default=5, gt=0, description="Switch LMs, each initialized from its own seed.")
 
 
@@ -183,6 +191,7 @@ class GrowingSwitchLMEnsembleConfig(LanguageModelConfig):
     """switch-lm-gens: the size of each LM, the members added per growth step and their cap."""
 
     name: Literal["switch-lm-gens"] = "switch-lm-gens"
+    implementation: ClassVar[str] = "alma_daemon.learners.switch_lm_gens:GrowingSwitchLMEnsemble"
     grow_members: Int = Field(default=1, gt=0, description="Members added per growth step.")
     max_members: Int | None = Field(default=None, description=MAX_MEMBERS)
 
@@ -195,6 +204,7 @@ class GrowingSwitchLMConfig(LanguageModelConfig):
     """switch-lm-gmoe: the LM's initial size, the experts copied per growth step and their cap."""
 
     name: Literal["switch-lm-gmoe"] = "switch-lm-gmoe"
+    implementation: ClassVar[str] = "alma_daemon.learners.switch_lm_gmoe:GrowingSwitchLM"
     grow_experts: Int = Field(default=2, gt=0, description="Experts copied per growth step (top-k by validation loss).")
     max_experts: Int | None = Field(
         default=None,
@@ -205,21 +215,3 @@ class GrowingSwitchLMConfig(LanguageModelConfig):
 
     def __post_init__(self) -> None:
         refuse_cap_without_room("max_experts", self.max_experts, self.experts, "experts per Switch layer")
-
-
-#: The built-in learners' config models by learner name, in the order the reference lists them.
-BUILTIN_CONFIGS: dict[str, type[LearnerConfig]] = {
-    model.__dataclass_fields__["name"].default: model
-    for model in (
-        SingleModelConfig,
-        EnsembleConfig,
-        UniformMixtureConfig,
-        GrowingEnsembleConfig,
-        GrowingMixtureOfExpertsConfig,
-        FireflyConfig,
-        SwitchLanguageModelConfig,
-        SwitchLMEnsembleConfig,
-        GrowingSwitchLMEnsembleConfig,
-        GrowingSwitchLMConfig,
-    )
-}

@@ -15,7 +15,6 @@ from torch import nn
 
 from alma_daemon.config import LearnerConfig
 from alma_daemon.data.tensors import LabeledData
-from alma_daemon.learners import register_learner
 from alma_daemon.learners.base import Learner, build_network, seeded_members
 from alma_daemon.learners.configs import BackboneConfig, EnsembleConfig
 from alma_daemon.training.distributed import train_members
@@ -60,7 +59,6 @@ def average_member_output(members: list[nn.Module] | nn.ModuleList, x: torch.Ten
     return torch.stack([m(x) for m in members]).mean(0)
 
 
-@register_learner
 class Ensemble(Learner):
     """``learner.members`` backbones trained independently; the output is their mean probability (a
     regression: their mean prediction)."""

@@ -41,7 +41,6 @@ from torch import nn
 from alma_daemon.config import LearnerConfig
 from alma_daemon.data.datasets import TaskInfo
 from alma_daemon.data.tensors import LabeledData
-from alma_daemon.learners import register_learner
 from alma_daemon.learners.base import SingleNetwork
 from alma_daemon.learners.configs import FireflyConfig, refuse_cap_without_room
 from alma_daemon.learners.growing import GrowsOnceTrained
@@ -350,7 +349,6 @@ def firefly_step(
     }
 
 
-@register_learner
 class Firefly(GrowsOnceTrained, SingleNetwork):
     """The SM backbone grown by Firefly steps, each adding about ``growth_rate`` x its initial parameters.
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 from alma_daemon.data.tensors import LabeledData
-from alma_daemon.learners import register_learner
 from alma_daemon.learners.configs import GrowingEnsembleConfig
 from alma_daemon.learners.ens import Ensemble
 from alma_daemon.learners.growing_ensemble import GrowsByMembers
@@ -24,7 +23,6 @@ from alma_daemon.learners.growth_report import GrowthReport
 from alma_daemon.training.loop import Trainer
 
 
-@register_learner
 class GrowingEnsemble(GrowsByMembers, Ensemble):
     """Ens's members, trained as in Ens (stacked where they allow it); growth freezes them and adds k new ones.
 

@@ -24,7 +24,6 @@ from torch import nn
 from alma_daemon.config.base import ConfigError
 from alma_daemon.data.datasets import TaskInfo
 from alma_daemon.data.tensors import LabeledData
-from alma_daemon.learners import register_learner
 from alma_daemon.learners.base import SingleNetwork, network_layers, seeded_build
 from alma_daemon.learners.configs import GrowingMixtureOfExpertsConfig
 from alma_daemon.learners.growing import GrowsOnceTrained
@@ -78,7 +77,6 @@ def cumulative_losses(net: Backbone, data: LabeledData, task_loss: TaskLoss) -> 
     return totals
 
 
-@register_learner
 class GrowingMixtureOfExperts(GrowsOnceTrained, SingleNetwork):
     """SM whose first two layers are tree-gated mixtures that split their losing expert at each growth step.
 

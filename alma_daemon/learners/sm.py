@@ -6,12 +6,10 @@ from typing import Any
 
 from torch import nn
 
-from alma_daemon.learners import register_learner
 from alma_daemon.learners.base import SingleNetwork, build_network
 from alma_daemon.learners.configs import SingleModelConfig
 
 
-@register_learner
 class SingleModel(SingleNetwork):
     """One network: the backbone (MLP or reduced VGG19-BN) of ``learner.width`` units per layer, or ``learner.model``."""
 

@@ -19,7 +19,6 @@ from torch import nn
 
 from alma_daemon.config import LearnerConfig
 from alma_daemon.data.tensors import LabeledData
-from alma_daemon.learners import register_learner
 from alma_daemon.learners.base import Learner
 from alma_daemon.learners.configs import LanguageModelConfig, SwitchLanguageModelConfig
 from alma_daemon.measures import Measurement
@@ -123,7 +122,6 @@ class LanguageModel(Learner):
         return torch.zeros((1, *self.task.input_shape), dtype=torch.long, device=self.device)
 
 
-@register_learner
 class SwitchLanguageModel(LanguageModel):
     """SM: one Switch Transformer LM with ``learner.experts`` experts in every block."""
 

@@ -10,7 +10,6 @@ from torch import nn
 
 from alma_daemon.config import LearnerConfig
 from alma_daemon.data.tensors import LabeledData
-from alma_daemon.learners import register_learner
 from alma_daemon.learners.base import seeded_members
 from alma_daemon.learners.configs import SwitchLMEnsembleConfig
 from alma_daemon.learners.switch_lm import LanguageModel
@@ -24,7 +23,6 @@ def mixture_log_proba(members: nn.ModuleList, x: torch.Tensor) -> torch.Tensor:
     return log_probas.logsumexp(0) - math.log(len(members))
 
 
-@register_learner
 class SwitchLMEnsemble(LanguageModel):
     """``learner.members`` Switch LMs, each trained on the same data for the same number of steps."""
 

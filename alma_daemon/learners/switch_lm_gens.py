@@ -8,13 +8,11 @@ from its data.
 
 from __future__ import annotations
 
-from alma_daemon.learners import register_learner
 from alma_daemon.learners.configs import GrowingSwitchLMEnsembleConfig
 from alma_daemon.learners.growing_ensemble import GrowsByMembers
 from alma_daemon.learners.switch_lm_ens import SwitchLMEnsemble
 
 
-@register_learner
 class GrowingSwitchLMEnsemble(GrowsByMembers, SwitchLMEnsemble):
     """A Switch LM ensemble that grows by whole members.
 

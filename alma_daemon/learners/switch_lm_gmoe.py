@@ -17,7 +17,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from alma_daemon.data.tensors import LabeledData
-from alma_daemon.learners import register_learner
 from alma_daemon.learners.configs import GrowingSwitchLMConfig
 from alma_daemon.learners.growing import GrowsOnceTrained
 from alma_daemon.learners.growth_report import GrowthReport
@@ -41,7 +40,6 @@ def expert_losses(net: SwitchLM, val: LabeledData, device: torch.device) -> list
     return totals
 
 
-@register_learner
 class GrowingSwitchLM(GrowsOnceTrained, SwitchLanguageModel):
     """A Switch LM whose blocks gain ``learner.grow_experts`` copied experts per growth, up to ``learner.max_experts``."""
 

@@ -7,7 +7,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from alma_daemon.learners import register_learner
 from alma_daemon.learners.base import SingleNetwork
 from alma_daemon.learners.configs import UniformMixtureConfig
 from alma_daemon.learners.ens import independent_members
@@ -24,7 +23,6 @@ class LogitAverage(nn.Module):
         return torch.stack([m(x) for m in self.members]).mean(0)
 
 
-@register_learner
 class UniformMixture(SingleNetwork):
     """``learner.members`` backbones whose averaged logits are trained end to end."""
 

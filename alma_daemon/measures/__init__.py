@@ -1,6 +1,5 @@
 """The task's measures (``task.measure``), one module per kind of task; see :mod:`alma_daemon.measures.base`."""
 
-from alma_daemon.measures import binary, classification, language, regression  # noqa: F401  (registers them)
 from alma_daemon.measures.base import (
     DEFAULT_MEASURE,
     MEASURES,

@@ -20,11 +20,13 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar, TypeVar
+from typing import Any, ClassVar, cast
 
 import torch
 
-from alma_daemon.config.measure_traits import measure_misfit
+from alma_daemon.config.measure_traits import MeasureTraits, measure_misfit
+from alma_daemon.registry import MEASURES as MEASURE_REGISTRY
+from alma_daemon.registry import Registry
 
 #: The kinds of task a measure may be configured for.
 TASK_KINDS = ("binary", "multiclass", "regression", "language_model")
@@ -80,6 +82,9 @@ class Measure(ABC):
     """A task's measure (one module of this package each kind; registered by ``name``)."""
 
     name: ClassVar[str]
+    #: The measure's torch-free declaration (``config/measure_traits.py``), which its entry point names; the
+    #: three traits below are read from it.
+    traits: ClassVar[MeasureTraits]
     #: Recall, precision and PR-AUC: a larger value is better. Their :meth:`loss` is 1 - value.
     higher_is_better: ClassVar[bool] = False
     #: The task kinds (:data:`TASK_KINDS`) the measure is defined for.
@@ -91,6 +96,12 @@ class Measure(ABC):
     #: The measure a stage's early stopping reads instead, for a one-sided measure that a degenerate
     #: model maximizes (a recall of 1 by flagging everything); None: this measure itself.
     stopping_measure: ClassVar[str | None] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        declared = cls.__dict__.get("traits")
+        if declared is not None:
+            cls.higher_is_better, cls.rate, cls.kinds = declared.higher_is_better, declared.rate, declared.kinds
 
     def __init__(self, target: Target):
         self.target = target
@@ -156,15 +167,8 @@ class Measure(ABC):
         return {}
 
 
-MeasureT = TypeVar("MeasureT", bound=type[Measure])
-
-#: The measures by name.
-MEASURES: dict[str, type[Measure]] = {}
-
-
-def register_measure(cls: MeasureT) -> MeasureT:
-    MEASURES[cls.name] = cls
-    return cls
+#: The measures by name, from the entry points of group ``alma_daemon.measures`` (pyproject.toml).
+MEASURES = cast("Registry[type[Measure]]", MEASURE_REGISTRY)
 
 
 #: The measure a task kind is judged by unless ``task.measure`` says otherwise.
@@ -174,8 +178,8 @@ DEFAULT_MEASURE = {"binary": "error", "multiclass": "error", "regression": "mse"
 def measure_class(name: str) -> type[Measure]:
     try:
         return MEASURES[name]
-    except KeyError:
-        raise ValueError(f"unknown measure {name!r}; known: {', '.join(sorted(MEASURES))}") from None
+    except KeyError as unknown:
+        raise ValueError(unknown.args[0]) from None
 
 
 def stopping_measure(measure: Measure) -> Measure:

@@ -10,15 +10,14 @@ import math
 
 import torch
 
-from alma_daemon.measures.base import Measure, Measurement, mean_measurement, on_cpu, proportion, register_measure
-from alma_daemon.measures.classification import BalancedError  # so MEASURES lists the classifier's measures first
+from alma_daemon.config.measure_traits import COST, PR_AUC, PRECISION, RECALL
+from alma_daemon.measures.base import Measure, Measurement, mean_measurement, on_cpu, proportion
+from alma_daemon.measures.classification import BalancedError
 from alma_daemon.measures.details import binary_details
 
 
 class PositiveClassMeasure(Measure):
     """A measure of a binary task's positive class."""
-
-    kinds = ("binary",)
 
     def flagged(self, outputs: torch.Tensor) -> torch.Tensor:
         return self.target.decide(outputs) == self.target.positive
@@ -30,13 +29,11 @@ class PositiveClassMeasure(Measure):
         return binary_details(self, outputs, y, skip=self.name)
 
 
-@register_measure
 class Recall(PositiveClassMeasure):
     """The share of positives the model flags (fraud caught among all fraud)."""
 
     name = "recall"
-    higher_is_better = True
-    rate = True
+    traits = RECALL
     # Flagging everything (recall) or only the surest case (precision) maximizes it: a stage stops
     # early on the balanced error instead, which neither trick improves.
     stopping_measure = BalancedError.name
@@ -52,13 +49,11 @@ class Recall(PositiveClassMeasure):
         return (~self.flagged(outputs.cpu()) & positives).double(), positives
 
 
-@register_measure
 class Precision(PositiveClassMeasure):
     """The share of flagged examples that are positive (fraud among the alerts)."""
 
     name = "precision"
-    higher_is_better = True
-    rate = True
+    traits = PRECISION
     # Flagging everything (recall) or only the surest case (precision) maximizes it: a stage stops
     # early on the balanced error instead, which neither trick improves.
     stopping_measure = BalancedError.name
@@ -125,14 +120,12 @@ def average_precision_on_resamples(scores: torch.Tensor, positives: torch.Tensor
     return torch.where(n_pos.squeeze(1) > 0, terms.sum(1), math.nan)
 
 
-@register_measure
 class PrAuc(PositiveClassMeasure):
     """The area under the precision-recall curve of the positive class's probability (average precision):
     how well the model ranks positives first, at every threshold."""
 
     name = "pr_auc"
-    higher_is_better = True
-    rate = True
+    traits = PR_AUC
     description = (
         "binary: area under the precision-recall curve (average precision) of the positive class's probability"
     )
@@ -154,12 +147,12 @@ class PrAuc(PositiveClassMeasure):
         return torch.full((len(y), self.target.num_classes), 1.0 / self.target.num_classes, dtype=torch.float64)
 
 
-@register_measure
 class Cost(PositiveClassMeasure):
     """The mean cost of the mistakes: ``task.false_negative_cost`` per positive missed,
     ``task.false_positive_cost`` per false alarm, over all examples."""
 
     name = "cost"
+    traits = COST
     description = "binary: mean cost per example, task.false_negative_cost per positive missed and task.false_positive_cost per false alarm"
 
     @on_cpu

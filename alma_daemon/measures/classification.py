@@ -6,20 +6,19 @@ import math
 
 import torch
 
-from alma_daemon.measures.base import Measure, Measurement, Target, mean_measurement, on_cpu, register_measure
+from alma_daemon.config.measure_traits import BALANCED_ERROR, ERROR, LOG_LOSS
+from alma_daemon.measures.base import Measure, Measurement, Target, mean_measurement, on_cpu
 from alma_daemon.measures.details import binary_details
 
 #: Probabilities are clipped to this before their log: a confident mistake costs a large, finite loss.
 LOG_LOSS_FLOOR = 1e-12
 
 
-@register_measure
 class ErrorRate(Measure):
     """The share of wrong predictions: the paper's measure, the CER's terms."""
 
     name = "error"
-    kinds = ("binary", "multiclass")
-    rate = True
+    traits = ERROR
     description = "share of wrong predictions (the paper's; its sum over chunks is the CER)"
 
     @on_cpu
@@ -43,12 +42,11 @@ class ErrorRate(Measure):
         return {}
 
 
-@register_measure
 class LogLoss(Measure):
     """The mean negative log-probability of the true class: rewards calibrated probabilities."""
 
     name = "log_loss"
-    kinds = ("binary", "multiclass")
+    traits = LOG_LOSS
     description = "mean negative log-probability of the true class"
 
     @on_cpu
@@ -76,13 +74,11 @@ def per_class_recall(outputs: torch.Tensor, y: torch.Tensor, target: Target) -> 
     return recalls
 
 
-@register_measure
 class BalancedError(Measure):
     """One minus the mean of the classes' recalls: every class counts alike, however rare."""
 
     name = "balanced_error"
-    kinds = ("binary", "multiclass")
-    rate = True
+    traits = BALANCED_ERROR
     description = "1 - the mean of the classes' recalls (every class counts alike, however rare)"
 
     @on_cpu

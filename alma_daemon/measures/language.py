@@ -6,20 +6,20 @@ import math
 
 import torch
 
-from alma_daemon.measures.base import Measure, Measurement, register_measure
+from alma_daemon.config.measure_traits import PERPLEXITY
+from alma_daemon.measures.base import Measure, Measurement
 
 #: Standard error of a log-perplexity measured on one chunk: a chunk's tokens are not independent
 #: draws, so no count of them gives it; 1 % of the perplexity (docs/policies.md).
 LOG_PERPLEXITY_ERROR = 0.01
 
 
-@register_measure
 class Perplexity(Measure):
     """exp of the mean next-token negative log-likelihood. Policies compare its log (a rise of 0.1 is
     about 10 %)."""
 
     name = "perplexity"
-    kinds = ("language_model",)
+    traits = PERPLEXITY
     description = "language models: exp of the mean next-token negative log-likelihood"
 
     def measure(self, outputs: torch.Tensor, y: torch.Tensor) -> Measurement:

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from alma_daemon.measures.base import Measure, Measurement, mean_measurement, on_cpu, register_measure
+from alma_daemon.config.measure_traits import MAE, MSE
+from alma_daemon.measures.base import Measure, Measurement, mean_measurement, on_cpu
 
 
 class RegressionMeasure(Measure):
     """A mean of per-example losses of a prediction (N) against a float target (N)."""
-
-    kinds = ("regression",)
 
     @staticmethod
     def term(error: torch.Tensor) -> torch.Tensor:
@@ -26,11 +25,11 @@ class RegressionMeasure(Measure):
         return losses, torch.ones_like(losses, dtype=torch.bool)
 
 
-@register_measure
 class MeanSquaredError(RegressionMeasure):
     """The mean of the squared differences between prediction and target."""
 
     name = "mse"
+    traits = MSE
     description = "regression: mean squared error of the prediction"
 
     @staticmethod
@@ -41,11 +40,11 @@ class MeanSquaredError(RegressionMeasure):
         return torch.full((len(y),), float(y.double().mean()), dtype=torch.float64)
 
 
-@register_measure
 class MeanAbsoluteError(RegressionMeasure):
     """The mean of the absolute differences between prediction and target."""
 
     name = "mae"
+    traits = MAE
     description = "regression: mean absolute error of the prediction"
 
     @staticmethod

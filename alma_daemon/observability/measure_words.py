@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from alma_daemon.config.measure_traits import MEASURE_TRAITS
+from alma_daemon.config.measure_traits import measure_traits
 
 #: The measure of a results file or row that names none (written before measures existed).
 PAPER_MEASURE = "error"
@@ -20,7 +20,7 @@ _BASELINE_MODELS = {"mse": "mean target", "mae": "median target"}
 
 
 def higher_is_better(measure: str) -> bool:
-    traits = MEASURE_TRAITS.get(measure)
+    traits = measure_traits().get(measure)
     return bool(traits and traits.higher_is_better)
 
 
@@ -40,7 +40,7 @@ def shown(measure: str, value: float | None) -> str:
         return ""
     if isinstance(value, float) and math.isnan(value):
         return "n/a"
-    traits = MEASURE_TRAITS.get(measure)
+    traits = measure_traits().get(measure)
     return f"{value:.4f}" if traits is None or traits.rate else f"{value:.4g}"
 
 
@@ -98,7 +98,7 @@ def summary_rows(summary: dict[str, Any]) -> list[tuple[str, object, str]]:
     measure, the reference learner's where one ran, and the longest wait between stages). A value None is
     not shown."""
     m = summary.get("measure", PAPER_MEASURE)
-    fmt = "{:.4f}" if MEASURE_TRAITS[m].rate else "{:.4g}"
+    fmt = "{:.4f}" if measure_traits()[m].rate else "{:.4g}"
     rows: list[tuple[str, object, str]]
     if m in _PAPER_ROWS:
         rows = [(name, summary.get(key), shape) for paper in _PAPER_ROWS.values() for name, key, shape in paper]

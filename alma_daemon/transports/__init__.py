@@ -9,19 +9,18 @@ path after a consumer is in ``docs/architecture.md``.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, cast
 
 from alma_daemon.config import Config
-from alma_daemon.infra.connections import kafka_security
+from alma_daemon.registry import SOURCES as SOURCE_REGISTRY
+from alma_daemon.registry import Registry
 from alma_daemon.transports.source import RecordSource
+
+#: ``kafka.transport`` -> its source's ``from_config``, from the entry points of group ``alma_daemon.sources``.
+SOURCES = cast("Registry[Callable[[Config, Any], RecordSource]]", SOURCE_REGISTRY)
 
 
 def build_source(config: Config, client: Any) -> RecordSource:
     """The transport named by ``kafka.transport``: a Kafka topic, or a Redis stream on ``client``."""
-    if config.kafka.transport == "redis":
-        from alma_daemon.transports.redis_stream import RedisStreamSource
-
-        return RedisStreamSource(client, config.kafka.topic)
-    from alma_daemon.transports.kafka import KafkaSource
-
-    return KafkaSource(config.kafka.bootstrap_servers, config.kafka.topic, kafka_security(config.kafka))
+    return SOURCES[config.kafka.transport](config, client)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 from kafka.errors import (
@@ -33,9 +33,12 @@ from kafka.errors import (
 
 from alma_daemon import metrics
 from alma_daemon.data.wire import WireRecord
-from alma_daemon.infra.connections import kafka_client
+from alma_daemon.infra.connections import kafka_client, kafka_security
 from alma_daemon.infra.unreachable import ServerUnreachable
 from alma_daemon.transports.source import SourceRecord
+
+if TYPE_CHECKING:
+    from alma_daemon.config import Config
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +130,11 @@ class KafkaSource:
         self._next_discovery = 0.0
         #: What the last ask for the broker or the topic met while no broker answered; :meth:`lag` reports it.
         self._discovery_error: BaseException | None = None
+
+    @classmethod
+    def from_config(cls, config: Config, client: Any) -> KafkaSource:
+        """The topic ``kafka.topic`` on ``kafka.bootstrap_servers`` (``client``, the daemon's Redis, unused)."""
+        return cls(config.kafka.bootstrap_servers, config.kafka.topic, kafka_security(config.kafka))
 
     def _connect(self) -> None:
         """Build the consumer and the admin client; raises an outage while no broker accepts

@@ -12,11 +12,14 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from alma_daemon.data.wire import WireRecord
 from alma_daemon.infra.outages import REDIS_UNREACHABLE
 from alma_daemon.transports.source import SourceRecord
+
+if TYPE_CHECKING:
+    from alma_daemon.config import Config
 
 #: The one position of a Redis stream in the offsets hash.
 POSITION = "stream"
@@ -57,6 +60,11 @@ class RedisStreamSource:
         self.client = client
         self.name = name
         self.last_id = "0-0"
+
+    @classmethod
+    def from_config(cls, config: Config, client: Any) -> RedisStreamSource:
+        """The stream ``kafka.topic`` on ``client`` (the daemon's Redis)."""
+        return cls(client, config.kafka.topic)
 
     def seek(self, offsets: dict[str, str]) -> None:
         self.last_id = offsets.get(POSITION, "0-0")

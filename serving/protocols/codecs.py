@@ -1,6 +1,6 @@
 """Requests and responses for serving, one codec per task kind (``TaskInfo.kind``), in both protocols.
 
-One registry (:data:`CODECS`): a codec answers its task kind in TorchServe's JSON (the ``*_json``
+One registry (:data:`CODECS`, fed by the entry points of group ``alma_daemon.codecs``): a codec answers its task kind in TorchServe's JSON (the ``*_json``
 methods: ``{"instances": [...]}`` in, ``{"predictions": [...]}`` out) and in the Open Inference
 Protocol's tensors (the ``*_oip`` methods, :mod:`serving.protocols.tensors`). Both protocols read
 their examples with the same checks, so every server refuses the same inputs with the same words.
@@ -17,8 +17,8 @@ CIFAR 32x32x3 HWC 0-255, text as a string), or, where the stream names its featu
 (``stream.features``, kept in the spec as ``task.extra["features"]``), as the named-feature JSON
 objects its events carry (in the Open Inference Protocol: one tensor per feature); the model
 normalizes them itself. Answers are in the task's terms: class names where ``task.classes`` names
-them, a regression's numbers. To serve a new kind of task, subclass :class:`Codec` and decorate it
-with ``@register_codec("<kind>")``. Requests are read strictly (:mod:`serving.protocols.requests`).
+them, a regression's numbers. To serve a new kind of task, subclass :class:`Codec` and name it in an
+entry point of group ``alma_daemon.codecs`` under the task kind (CONTRIBUTING.md, "Adding a plugin"). Requests are read strictly (:mod:`serving.protocols.requests`).
 
 What each task kind takes and gives in the Open Inference Protocol (docs/serving.md has the bodies
 side by side with TorchServe's):
@@ -36,8 +36,8 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, cast
 
 import numpy as np
 import safetensors
@@ -50,6 +50,8 @@ from alma_daemon.data.text import tokenizer_from_task
 from alma_daemon.data.wire import RejectedRecord
 from alma_daemon.learners import Learner
 from alma_daemon.measures import target_of
+from alma_daemon.registry import CODECS as CODEC_REGISTRY
+from alma_daemon.registry import Registry
 from serving.protocols.requests import (
     MAX_INSTANCES,
     MAX_TEXT_CHARS,
@@ -76,25 +78,14 @@ SAFETENSORS_CONTENT_TYPE = "application/vnd.alma.safetensors"
 #: Name of the examples tensor in a safetensors request body, as in wire-format records.
 SAFETENSORS_INPUT = "x"
 
-CODECS: dict[str, type[Codec]] = {}
-
-
-def register_codec(kind: str) -> Callable[[type[Codec]], type[Codec]]:
-    """Class decorator: serve tasks of ``kind`` with this codec, in both protocols."""
-
-    def register(cls: type[Codec]) -> type[Codec]:
-        if kind in CODECS:
-            raise ValueError(f"a codec for task kind {kind!r} is registered twice")
-        CODECS[kind] = cls
-        return cls
-
-    return register
+#: The codecs by the task kind they serve (``TaskInfo.kind``).
+CODECS = cast("Registry[type[Codec]]", CODEC_REGISTRY)
 
 
 def codec_for(task: TaskInfo) -> Codec:
     """The codec that serves ``task``; a clear error for a kind that nobody registered."""
     if task.kind not in CODECS:
-        raise KeyError(f"no serving codec for task kind {task.kind!r}; known: {', '.join(sorted(CODECS))}")
+        raise KeyError(f"no serving codec for task kind {task.kind!r}; known: {', '.join(CODECS)}")
     return CODECS[task.kind](task)
 
 
@@ -304,7 +295,6 @@ class ExamplesCodec(Codec):
         return [_described("x", "FP32", -1, *self.task.input_shape)]
 
 
-@register_codec("classification")
 class ClassificationCodec(ExamplesCodec):
     """Examples (:class:`ExamplesCodec`) -> class probabilities.
 
@@ -365,7 +355,6 @@ class ClassificationCodec(ExamplesCodec):
         return torch.from_numpy(_output(self.oip_outputs(payload), "probabilities").astype(np.float32))
 
 
-@register_codec("regression")
 class RegressionCodec(ExamplesCodec):
     """Examples (:class:`ExamplesCodec`) -> the predicted number of each.
 
@@ -393,7 +382,6 @@ class RegressionCodec(ExamplesCodec):
         return torch.from_numpy(_output(self.oip_outputs(payload), "predictions").astype(np.float32))
 
 
-@register_codec("language_model")
 class LanguageModelCodec(Codec):
     """Text -> the top-k of the next-token distribution after it.
 

@@ -8,15 +8,28 @@ with :func:`alma_daemon.core.checkpoints.load_checkpoint`.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
-from serving.publishing.publisher import Candidate, Publisher, PublishError
+from serving.publishing.publisher import Candidate, Publisher, PublishError, guard_settings
+
+if TYPE_CHECKING:
+    from alma_daemon.config import Config
+    from alma_daemon.core.checkpoints import CheckpointStore
 
 
 class LocalPublisher(Publisher):
     """Publishes to the model-store folder itself; the live pointer is the only thing served."""
 
     kind = "local"
+
+    @classmethod
+    def from_config(cls, config: Config, store: CheckpointStore) -> LocalPublisher:
+        serving = config.serving
+        return cls(
+            store, serving.promotion_margin, **guard_settings(serving), keep_checkpoints=config.daemon.keep_checkpoints
+        )
 
     def ensure_serving(self, live: int) -> None:
         """Nothing to do: the pointer names the live version and nothing can unload it."""

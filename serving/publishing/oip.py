@@ -33,20 +33,18 @@ import logging
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from alma_daemon.config import ServingConfig
+from alma_daemon.config import Config, ServingConfig
 from alma_daemon.core.checkpoints import CheckpointStore
 from alma_daemon.infra.unreachable import unreachable_line
 from alma_daemon.logs import NOTICE
 from alma_daemon.observability.progress import told_while
 from serving.protocols.codecs import codec_for, max_abs_difference
+from serving.protocols.repository_token import RepositoryToken, check_token
 from serving.protocols.version_names import read_default, version_of, versioned_name, write_default
 from serving.publishing.publisher import PROBE_EXAMPLES, Candidate, Publisher, PublishError, failing_as, guard_settings
 from serving.runtimes.bundled_model import bundle_module_source
-
-if TYPE_CHECKING:
-    from serving.protocols.repository_token import RepositoryToken
 
 log = logging.getLogger(__name__)
 
@@ -180,6 +178,12 @@ class OipPublisher(Publisher):
     """Hot-swaps checkpoint versions into a running Open Inference Protocol server."""
 
     kind = "kserve"
+
+    @classmethod
+    def from_config(cls, config: Config, store: CheckpointStore) -> OipPublisher:
+        check_token(config)  # a token file that cannot be read: one line at the start, not at the first swap
+        client = OipClient(config.serving.inference_url, RepositoryToken.for_config(config))
+        return cls(store, config.serving, client, config.daemon.keep_checkpoints)
 
     def __init__(
         self,

@@ -21,13 +21,13 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from alma_daemon.config import ServingConfig
+from alma_daemon.config import Config, ServingConfig
 from alma_daemon.core.checkpoints import CheckpointStore
 from alma_daemon.infra.unreachable import unreachable_line
 from alma_daemon.logs import NOTICE
 from alma_daemon.observability.progress import told_while
 from serving.protocols.codecs import codec_for, max_abs_difference
-from serving.protocols.torchserve_keys import TokenKeys
+from serving.protocols.torchserve_keys import TokenKeys, key_file_path
 from serving.publishing.archiver import ARCHIVES, archive_name, build_archive, checkpoint_digest
 from serving.publishing.publisher import Candidate, Publisher, PublishError, failing_as, guard_settings
 
@@ -175,6 +175,16 @@ class TorchServePublisher(Publisher):
     """Hot-swaps checkpoint versions into a running TorchServe."""
 
     kind = "torchserve"
+
+    @classmethod
+    def from_config(cls, config: Config, store: CheckpointStore) -> TorchServePublisher:
+        key_file = key_file_path(config)
+        client = TorchServeClient(
+            config.serving.management_url,
+            config.serving.inference_url,
+            TokenKeys(key_file) if key_file is not None else None,
+        )
+        return cls(store, config.serving, client, config.daemon.keep_checkpoints)
 
     def __init__(
         self,

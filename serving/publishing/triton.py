@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import logging
 
-from alma_daemon.config import ServingConfig
+from alma_daemon.config import Config, ServingConfig
 from alma_daemon.core.checkpoints import CheckpointStore
+from serving.protocols.triton_token import TritonToken, check_token
 from serving.protocols.version_names import write_default
 from serving.publishing.oip import OipClient, OipPublisher
 from serving.publishing.publisher import Candidate, failing_as
@@ -28,6 +29,12 @@ class TritonPublisher(OipPublisher):
     """Hot-swaps checkpoint versions into a running Triton, writing its model repository as it goes."""
 
     kind = "triton"
+
+    @classmethod
+    def from_config(cls, config: Config, store: CheckpointStore) -> TritonPublisher:
+        check_token(config)
+        client = OipClient(config.serving.inference_url, TritonToken.for_config(config))
+        return cls(store, config.serving, client, config.daemon.keep_checkpoints)
 
     def __init__(
         self,
