@@ -33,7 +33,7 @@ REGISTRY = CollectorRegistry(auto_describe=True)
 #: Label values: ``alma_error_ratio{set}``, ``alma_perplexity{set}`` and the task's measure's ``{set}``.
 ERROR_SETS: tuple[str, ...] = ("test", "prequential")
 #: ``alma_model_updates_total{kind}``: the engine's training-stage kinds.
-UPDATE_KINDS: tuple[str, ...] = ("finetune", "grow", "scratch")
+UPDATE_KINDS: tuple[str, ...] = ("finetune", "grow", "scratch", "linear")
 #: ``alma_policy_decisions_total{action}``: :attr:`policies.Decision.action`.
 DECISION_ACTIONS: tuple[str, ...] = ("wait", "train", "grow+train")
 #: ``alma_server_up{server}``: the servers the daemon depends on (alma_daemon/infra/outages.py).

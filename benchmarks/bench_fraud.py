@@ -73,7 +73,7 @@ MISSING_SKLEARN = 'bench_fraud.py needs scikit-learn for its offline references:
 
 #: name -> (what it is, config overrides by dotted key)
 CONFIGURATIONS: dict[str, tuple[str, dict[str, Any]]] = {
-    "example": ("alma, the example as it is (fixed wait 1, the last 3 chunks)", {}),
+    "example": ("alma, the example as it is (fixed wait 1, the last 3 chunks, a linear candidate)", {}),
     "adaptive": ("alma, adaptive", {"policy.name": "adaptive"}),
     "forecast": ("alma, forecast", {"policy.name": "forecast"}),
     "own-chunks": (
@@ -89,12 +89,16 @@ CONFIGURATIONS: dict[str, tuple[str, dict[str, Any]]] = {
             "stream.validation_examples": None,
         },
     ),
+    "no-linear": (
+        "alma, the example without its linear candidate (train.linear_candidate: false)",
+        {"train.linear_candidate": False},
+    ),
     "fine-tune-only": (
         "alma, the example without its from-scratch candidate (train.scratch_candidate: false)",
         {"train.scratch_candidate": False},
     ),
     "skew-kept": (
-        "alma, the example without the candidate nor the skewed features' power transform",
+        "alma, the example without its from-scratch candidate nor the skewed features' power transform",
         {"train.scratch_candidate": False, "dataset.skewed_features": "keep"},
     ),
     "nightly": (

@@ -40,6 +40,7 @@ paper's recipe); ``--recipe old`` runs it with ``stream.replay: false``, ``strea
 
     python benchmarks/bench_river.py                       # the six classification streams, about 10 min on 2 cores
     python benchmarks/bench_river.py --recipe old --out benchmarks/results/river_old_recipe.json
+    python benchmarks/bench_river.py --recipe linear --out benchmarks/results/river_linear.json
     python benchmarks/bench_river.py --streams friedman friedman-drift --out benchmarks/results/river_regression.json
     python benchmarks/bench_river.py --streams agrawal sea --examples 5000
 """
@@ -72,6 +73,7 @@ REGRESSION_LOSSES: dict[str, Callable[[float], float]] = {"mse": lambda error: e
 RECIPES: dict[str, dict[str, dict]] = {
     "new": {},
     "old": {"stream": {"replay": False, "validation_examples": 0}},
+    "linear": {"train": {"linear_candidate": True}},
 }
 #: The row of the River linear reference that learned beside alma's network (the run's summary).
 REFERENCE = "alma's River linear reference (chunk-prequential, beside the MLP)"
@@ -210,6 +212,7 @@ def run_alma(
             "stream": {"megabatches": megabatches, "seed": seed, **overrides.get("stream", {})},
             "learner": {"name": "sm", "model": "examples.custom.tabular:build"},
             "policy": {"name": "adaptive"},
+            **({"train": overrides["train"]} if "train" in overrides else {}),
             **({"task": {"measure": measure}} if measure else {}),
         }
     )
@@ -368,8 +371,8 @@ def main() -> None:
         "--recipe",
         choices=list(RECIPES),
         default="new",
-        help="alma's stage recipe: new (the defaults since issue 50) or old (stream.replay false, "
-        "stream.validation_examples 0)",
+        help="alma's stage recipe: new (the defaults since issue 50), old (stream.replay false, "
+        "stream.validation_examples 0) or linear (new, with train.linear_candidate)",
     )
     parser.add_argument("--out", default=str(RESULTS / "river.json"))
     args = parser.parse_args()

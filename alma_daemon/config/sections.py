@@ -508,6 +508,14 @@ class TrainConfig:
         "keeps whichever does better on the stage's validation set (twice the stage's compute): for a stream whose "
         'rule changes, where a fine-tuned network keeps the old rule (docs/policies.md, "What a stage trains on").',
     )
+    linear_candidate: Bool = Field(
+        default=False,
+        description="Each stage also trains a linear model of the inputs (a logistic or linear regression) on the "
+        "same examples and keeps it where it does better on the stage's validation set; while a linear model is "
+        "kept, each stage trains the network from fresh weights beside it, so the network returns once it does "
+        "better. For few examples or a linear rule, where a linear model learns more from a chunk than a network. "
+        'Learner sm only (docs/policies.md, "What a stage trains on").',
+    )
     optimizer: Literal["auto", "adadelta", "sgd", "adam"] = Field(
         default="auto", description='"auto" = the paper\'s choice for the dataset (MNIST AdaDelta, CIFAR SGD, LM Adam).'
     )

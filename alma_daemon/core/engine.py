@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from alma_daemon.config import Config
+from alma_daemon.config import Config, ConfigError
 from alma_daemon.core.checkpoints import CheckpointStore
 from alma_daemon.core.chunk_buffer import ChunkBuffer
 from alma_daemon.core.engine_state import EngineState
@@ -34,6 +34,7 @@ from alma_daemon.core.records import CUMULATIVE_MEASURES, StageRecord, StepRecor
 from alma_daemon.core.reference import ReferenceLearner
 from alma_daemon.core.stage_plan import StagePlan
 from alma_daemon.core.team_stage import TeamStage
+from alma_daemon.data.datasets import TaskInfo
 from alma_daemon.data.streams import Chunk, build_drift, prequential_sample, split_chunk
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import Learner
@@ -88,6 +89,11 @@ class Engine:
         state: EngineState | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        if config.train.linear_candidate and learner.linear_architecture is None:
+            raise ConfigError(
+                f"train.linear_candidate: learner {learner.name!r} has no linear form to train beside its network; "
+                "use learner sm, or set it to false"
+            )
         self.learner = learner.to(device)
         self.policy = policy
         self.buffer = buffer
@@ -277,25 +283,59 @@ class Engine:
             observer.on_tick_stage(stage, self)
         return stage
 
-    def _against_scratch(
-        self, tuned: FitReport, train: LabeledData, val: LabeledData, fit_val: LabeledData, trainer: Trainer, stage: int
+    def _candidates(self, kind: str) -> list[tuple[str, dict[str, Any]]]:
+        """The models a stage trains from fresh weights beside the one it fine-tuned, each as (the stage's kind
+        if it is kept, its architecture). ``train.scratch_candidate``: the same architecture, for a stream
+        whose rule changes, where a fine-tuned network keeps the old rule. ``train.linear_candidate``: the
+        learner's linear form, which learns more than a network from a few examples or a linear rule; while
+        it is kept, the network from fresh weights, so that it returns once it does better."""
+        if kind != "finetune":
+            return []
+        learner, train = self.learner, self.config.train
+        if learner.is_linear:
+            return [("scratch", learner.initial_architecture())]
+        found = [("scratch", learner.arch)] if train.scratch_candidate and self.state.stages_done > 0 else []
+        if train.linear_candidate and learner.linear_architecture is not None:
+            found.append(("linear", learner.linear_architecture))
+        return found
+
+    def _best_of(
+        self,
+        tuned: FitReport,
+        candidates: list[tuple[str, dict[str, Any]]],
+        examples: tuple[LabeledData, LabeledData, LabeledData],
+        trainer: Trainer,
+        stage: int,
     ) -> tuple[FitReport, str]:
-        """``train.scratch_candidate``: the fine-tuned model against one trained from fresh weights on the
-        same examples; the one with the lower :meth:`_validation_loss` is kept, with its own decision. A
-        network that learned an old rule may not unlearn it in a stage of fine-tuning, while one from
-        scratch forgets what still holds: the validation set tells which matters now. Both trainings
-        count in the stage's compute."""
-        tuned_state = copy.deepcopy(self.learner.state_dict())
-        tuned_task, tuned_loss = self.learner.task, self._validation_loss(val)
-        self.learner.reinitialize(derive_seed(self.config.seed, "scratch", stage))
-        scratch = self.learner.fit(train, fit_val, trainer)
-        self.team.choose_decision(self.learner, val)
-        both = replace(scratch, flops=tuned.flops + scratch.flops, seconds=tuned.seconds + scratch.seconds)
-        if self._validation_loss(val) < tuned_loss:
-            return replace(both, steps=scratch.steps), "scratch"
-        self.learner.load_state_dict(tuned_state)
-        self.learner.task = tuned_task
-        return replace(both, steps=tuned.steps, epochs=tuned.epochs, best_epoch=tuned.best_epoch), "finetune"
+        """The fine-tuned model against each of ``candidates`` trained on the same examples; the one with the
+        lower :meth:`_validation_loss` is kept, with its own decision. Every training counts in the stage's
+        compute."""
+        train, val, fit_val = examples
+        best = (self._validation_loss(val), "finetune", self._snapshot(), tuned)
+        flops, seconds = tuned.flops, tuned.seconds
+        for kind, arch in candidates:
+            self.learner.rebuild(arch, derive_seed(self.config.seed, kind, stage))
+            report = self.learner.fit(train, fit_val, trainer)
+            self.team.choose_decision(self.learner, val)
+            flops, seconds = flops + report.flops, seconds + report.seconds
+            loss = self._validation_loss(val)
+            if loss < best[0]:
+                best = (loss, kind, self._snapshot(), report)
+        _, kind, snapshot, report = best
+        self._restore(snapshot)
+        return replace(report, flops=flops, seconds=seconds), kind
+
+    def _snapshot(self) -> tuple[dict[str, Any], int, dict[str, torch.Tensor], TaskInfo]:
+        learner = self.learner
+        return dict(learner.arch), learner.build_seed, copy.deepcopy(learner.state_dict()), learner.task
+
+    def _restore(self, snapshot: tuple[dict[str, Any], int, dict[str, torch.Tensor], TaskInfo]) -> None:
+        arch, build_seed, state, task = snapshot
+        if arch != self.learner.arch:
+            self.learner.rebuild(arch, build_seed)
+        self.learner.build_seed = build_seed
+        self.learner.load_state_dict(state)
+        self.learner.task = task
 
     def _validation_loss(self, val: LabeledData) -> float:
         """A classifier's class-weighted log-loss on ``val`` (a decision's cost or error on a few positives
@@ -326,11 +366,11 @@ class Engine:
         if self.config.train.from_scratch and self.state.stages_done > 0:
             self.learner.reinitialize(derive_seed(self.config.seed, "scratch", stage))
         fit_val = val if self.team.stops_early(stage, val, self.learner) else val.subset(slice(0, 0))
-        with_candidate = self.config.train.scratch_candidate and kind == "finetune" and self.state.stages_done > 0
+        candidates = self._candidates(kind)
         report: FitReport = self.learner.fit(train, fit_val, trainer)
         self.team.choose_decision(self.learner, val)
-        if with_candidate:
-            report, kind = self._against_scratch(report, train, val, fit_val, trainer, stage)
+        if candidates:
+            report, kind = self._best_of(report, candidates, (train, val, fit_val), trainer, stage)
         # The passes that chose how to grow (validation losses, candidate scoring) are training compute.
         report = replace(report, flops=report.flops + int(growth.flops or 0 if growth else 0))
         self.buffer.mark_trained(self.stage_plan, data.choice)

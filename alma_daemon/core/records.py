@@ -87,7 +87,8 @@ class StageRecord:
     """One training stage: what it trained on, what it cost, and the model it left."""
 
     stage: int = column(in_step=True)
-    #: "finetune", "grow" or "scratch".
+    #: "finetune", "grow", "scratch" (a network from fresh weights kept) or "linear" (a linear model from fresh
+    #: weights kept: ``train.linear_candidate``).
     kind: str = column(in_step=True)
     epochs: int = column(in_step=True)
     best_epoch: int = column(in_step=True)

@@ -81,6 +81,9 @@ class Learner(ABC):
     splits_batches_over_ranks: ClassVar[bool] = False
     #: The task kinds (``TaskInfo.kind``) the learner learns; another is refused when it is built.
     task_kinds: ClassVar[tuple[str, ...]] = ("classification", "regression")
+    #: The architecture of the learner's linear form, a linear model of the inputs that a stage trains beside
+    #: the network under ``train.linear_candidate``; None: the learner has none.
+    linear_architecture: ClassVar[dict[str, Any] | None] = None
 
     def __init__(self, task: TaskInfo, config: LearnerConfig, seed: int, arch: dict[str, Any] | None = None):
         # torch imports its compiler stack (over a second) when the first FLOP counter or optimizer is
@@ -160,6 +163,17 @@ class Learner(ABC):
         device = self.device
         self.build_seed = seed
         self.model = seeded_build(seed, lambda: self.build(self.arch)).to(device)
+
+    def rebuild(self, arch: dict[str, Any], seed: int) -> None:
+        """Fresh random weights for architecture ``arch`` (a stage's candidate of another form)."""
+        self.arch = dict(arch)
+        self.reinitialize(seed)
+        self.architecture_changed()
+
+    @property
+    def is_linear(self) -> bool:
+        """Whether the learner holds its linear form (:attr:`linear_architecture`) now."""
+        return self.linear_architecture is not None and self.arch == self.linear_architecture
 
     def start_from(self, state: dict[str, torch.Tensor], source: str) -> None:
         """Load a deployed model's weights (``learner.init_weights``): a checkpoint's of this learner and

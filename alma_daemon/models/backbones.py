@@ -143,6 +143,15 @@ def mlp_layers(task: TaskInfo, width: int) -> list[nn.Module]:
     ]
 
 
+def linear_layers(task: TaskInfo) -> list[nn.Module]:
+    """A linear model of the (normalized) inputs: a logistic regression for a classifier, a linear regression
+    for a regression; the linear form of ``train.linear_candidate``."""
+    inputs = 1
+    for d in task.input_shape:
+        inputs *= d
+    return [nn.Flatten(), nn.Linear(inputs, task.num_classes)]
+
+
 def conv_bn_relu(channels_in: int, channels_out: int) -> nn.Sequential:
     return nn.Sequential(
         nn.Conv2d(channels_in, channels_out, 3, padding=1, bias=False),
