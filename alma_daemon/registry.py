@@ -16,11 +16,25 @@ from __future__ import annotations
 
 import functools
 import pkgutil
+import sys
 from collections.abc import Iterator, Mapping
-from importlib.metadata import EntryPoint, entry_points
+from importlib.metadata import EntryPoint, PackageNotFoundError, distribution, entry_points
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
+
+
+@functools.cache
+def _require_installed() -> None:
+    """One line where alma-daemon runs from a source folder it was never installed from: without its metadata
+    no registry knows a plugin, and every lookup would fail naming none."""
+    try:
+        distribution("alma-daemon")
+    except PackageNotFoundError:
+        raise RuntimeError(
+            f"alma-daemon is not installed in {sys.executable}'s environment, so no plugin is known: "
+            "run `pip install -e .` in the repository (or `bash scripts/setup.sh`)"
+        ) from None
 
 
 @functools.cache
@@ -50,8 +64,10 @@ class Registry(Mapping[str, T], Generic[T]):
 
     @property
     def entries(self) -> dict[str, Any]:
-        """Name -> its entry point, or the declaration once loaded, in the order the groups declare them."""
+        """Name -> its entry point, or the declaration once loaded, by name (the installed metadata keeps no
+        order)."""
         if self._entries is None:
+            _require_installed()
             entries: dict[str, Any] = {}
             for entry in _installed_entry_points().select(group=self.group):
                 if entry.name in entries and entries[entry.name].value != entry.value:
@@ -97,12 +113,13 @@ class Registry(Mapping[str, T], Generic[T]):
             return declaration  # type: ignore[no-any-return]
         loaded = self._loaded.get(name)
         if loaded is None:
-            loaded = self._loaded[name] = pkgutil.resolve_name(path)
+            loaded = self._named(name, pkgutil.resolve_name(path))
             if self.declared_as is not None and getattr(loaded, self.declared_as, None) is not declaration:
                 raise TypeError(
                     f"{self.kind} {name!r}: {path}.{self.declared_as} is not {declaration!r}, "
                     "the declaration its entry point names"
                 )
+            self._loaded[name] = loaded  # only once checked: a plugin refused once is refused every time
         return loaded
 
     def declarations(self) -> dict[str, Any]:

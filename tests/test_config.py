@@ -148,7 +148,9 @@ def test_a_key_of_another_learner_names_the_key_and_the_chosen_learner():
     assert build_config({}, ["learner.name=gens", "learner.grow_members=2"]).learner.grow_members == 2
 
 
-def test_a_registry_refuses_a_name_twice_a_misnamed_plugin_a_declaration_not_its_class_and_an_unknown_name():
+def test_a_registry_refuses_a_name_twice_a_misnamed_plugin_a_declaration_not_its_class_and_an_unknown_name(
+    monkeypatch,
+):
     from types import SimpleNamespace
 
     from alma_daemon.learners import learner_class
@@ -161,19 +163,41 @@ def test_a_registry_refuses_a_name_twice_a_misnamed_plugin_a_declaration_not_its
     with pytest.raises(ValueError, match=r"^policy 'waiting': .* calls itself 'fixed'$"):
         POLICIES.register("waiting", fixed)
     assert "waiting" not in POLICIES
-    # A declaration whose class does not name it back (its config_model is sm's own): refused on first use.
-    LEARNERS.register("sm-copy", SimpleNamespace(implementation="alma_daemon.learners.sm:SingleModel"))
+    # A declaration whose class does not name it back (its config_model is sm's own): refused at every lookup.
+    learner_class("sm")
+    monkeypatch.setitem(LEARNERS.entries, "sm", SimpleNamespace(implementation="alma_daemon.learners.sm:SingleModel"))
+    monkeypatch.delitem(LEARNERS._loaded, "sm")
+    for _ in range(2):
+        with pytest.raises(TypeError, match=r"^learner 'sm': alma_daemon.learners.sm:SingleModel.config_model is not"):
+            learner_class("sm")
+    # A class that calls itself by another name than its entry point's would write specs no one can reload.
+    LEARNERS.register("sm-alias", SimpleNamespace(implementation="alma_daemon.learners.sm:SingleModel"))
     try:
-        with pytest.raises(
-            TypeError, match=r"^learner 'sm-copy': alma_daemon.learners.sm:SingleModel.config_model is not"
-        ):
-            learner_class("sm-copy")
+        with pytest.raises(ValueError, match=r"^learner 'sm-alias': .* calls itself 'sm'$"):
+            learner_class("sm-alias")
     finally:
-        LEARNERS.unregister("sm-copy")
+        LEARNERS.unregister("sm-alias")
     with pytest.raises(KeyError, match=r"unknown learner 'nope'; known: ens, "):
         learner_class("nope")
     with pytest.raises(KeyError, match=r"unknown policy 'nope'; known: adaptive, budget, "):
         build_policy(PolicyConfig(name="nope"))
+
+
+def test_a_registry_without_the_installed_package_says_to_install_it(monkeypatch):
+    import importlib.metadata
+
+    from alma_daemon import registry
+
+    def not_installed(name: str):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(registry, "distribution", not_installed)
+    registry._require_installed.cache_clear()
+    try:
+        with pytest.raises(RuntimeError, match=r"alma-daemon is not installed in .*: run `pip install -e \.`"):
+            registry.Registry("learner", "alma_daemon.learners").names()
+    finally:
+        registry._require_installed.cache_clear()
 
 
 def test_config_schema_command_prints_a_schema_that_shipped_configs_pass_and_foreign_keys_fail(capsys):

@@ -79,3 +79,10 @@ def test_a_learner_without_a_linear_form_is_refused_at_start_up() -> None:
     config = stream_config(True, learner={"name": "ens", "members": 2, "width": 8})
     with pytest.raises(ConfigError, match=r"^train.linear_candidate: learner 'ens' has no linear form"):
         run_simulation(config, progress=False)
+
+
+def test_a_linear_candidate_under_from_scratch_stages_is_refused_at_start_up() -> None:
+    with pytest.raises(
+        ConfigError, match=r"^train.linear_candidate: a stage of train.from_scratch trains no candidate"
+    ):
+        run_simulation(stream_config(True, from_scratch=True), progress=False)

@@ -94,6 +94,11 @@ class Engine:
                 f"train.linear_candidate: learner {learner.name!r} has no linear form to train beside its network; "
                 "use learner sm, or set it to false"
             )
+        if config.train.linear_candidate and config.train.from_scratch:
+            raise ConfigError(
+                "train.linear_candidate: a stage of train.from_scratch trains no candidate beside it; set one of the "
+                "two to false"
+            )
         self.learner = learner.to(device)
         self.policy = policy
         self.buffer = buffer
@@ -342,11 +347,14 @@ class Engine:
         is too coarse to choose between two networks); a regression's measure."""
         task = self.learner.task
         if task.kind != "classification":
-            return self.learner.task_measure.loss(self.learner.measure_on(val).value)
-        y = val.y.long()
-        weights = torch.tensor(task.class_weights or [1.0] * task.num_classes, dtype=torch.float64)[y]
-        chosen = self.learner.outputs(val).double()[torch.arange(len(y)), y].clamp_min(1e-12)
-        return float(-(chosen.log() * weights).sum() / weights.sum().clamp_min(1e-12))
+            loss = self.learner.task_measure.loss(self.learner.measure_on(val).value)
+        else:
+            y = val.y.long()
+            weights = torch.tensor(task.class_weights or [1.0] * task.num_classes, dtype=torch.float64)[y]
+            chosen = self.learner.outputs(val).double()[torch.arange(len(y)), y].clamp_min(1e-12)
+            loss = float(-(chosen.log() * weights).sum() / weights.sum().clamp_min(1e-12))
+        # A model whose outputs went NaN must lose every comparison, not win them all by comparing false.
+        return loss if math.isfinite(loss) else math.inf
 
     def train_stage(self, decision: Decision) -> StageRecord:
         """Grow (if told to and able), then train on the buffered data; checkpoint the result."""

@@ -32,7 +32,13 @@ def fit_linear(net: nn.Module, train: LabeledData, objective: Objective, device:
     x, y = train.x.to(device), train.y.to(device)
     weights = [p for p in net.parameters() if p.dim() > 1]
     optimizer = torch.optim.LBFGS(
-        net.parameters(), lr=1.0, max_iter=MAX_EVALUATIONS, tolerance_grad=1e-6, line_search_fn="strong_wolfe"
+        net.parameters(),
+        lr=1.0,
+        max_iter=MAX_EVALUATIONS,
+        max_eval=MAX_EVALUATIONS,
+        history_size=10,  # scikit-learn's and scipy's: torch's 100 holds 100 copies of every weight
+        tolerance_grad=1e-6,
+        line_search_fn="strong_wolfe",
     )
     evaluations = 0
 
