@@ -4,7 +4,8 @@ A stage's epochs of the network's optimizer leave a linear model of a chunk's fe
 its optimum, where a team's reference (scikit-learn's ``LogisticRegression``) reaches it with L-BFGS on the
 whole set. So does this: full-batch L-BFGS on the task's loss (its class weights included) with scikit-learn's
 default L2 penalty (C = 1: half the squared weights over the examples), until the gradient is flat or
-:data:`MAX_EVALUATIONS` evaluations. The problem is convex: there is no epoch to choose, and no early stopping.
+:data:`MAX_ITERATIONS` iterations (torch's L-BFGS allows 1.25 evaluations an iteration). The problem is convex:
+there is no epoch to choose, and no early stopping.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from alma_daemon.training.compile import Objective
 from alma_daemon.training.flops import count_flops
 from alma_daemon.training.loop import FitReport
 
-#: Loss and gradient evaluations at most (scikit-learn's ``max_iter`` is 100 iterations of about one each).
-MAX_EVALUATIONS = 200
+#: L-BFGS iterations at most (scikit-learn's ``max_iter`` is 100).
+MAX_ITERATIONS = 200
 
 
 def fit_linear(net: nn.Module, train: LabeledData, objective: Objective, device: torch.device) -> FitReport:
@@ -32,13 +33,7 @@ def fit_linear(net: nn.Module, train: LabeledData, objective: Objective, device:
     x, y = train.x.to(device), train.y.to(device)
     weights = [p for p in net.parameters() if p.dim() > 1]
     optimizer = torch.optim.LBFGS(
-        net.parameters(),
-        lr=1.0,
-        max_iter=MAX_EVALUATIONS,
-        max_eval=MAX_EVALUATIONS,
-        history_size=10,  # scikit-learn's and scipy's: torch's 100 holds 100 copies of every weight
-        tolerance_grad=1e-6,
-        line_search_fn="strong_wolfe",
+        net.parameters(), lr=1.0, max_iter=MAX_ITERATIONS, tolerance_grad=1e-6, line_search_fn="strong_wolfe"
     )
     evaluations = 0
 
