@@ -10,23 +10,14 @@ import torch
 from alma_daemon.config import ConfigError, build_config
 from alma_daemon.learners import build_learner, learner_from_spec
 from alma_daemon.research.simulate import run_simulation
+from tests.helpers.configs import sea_stream_config
 from tests.helpers.contract import FEATURES
 
 pytest.importorskip("river")
 
 
 def stream_config(linear: bool, learner: dict | None = None, **train):
-    return build_config(
-        {
-            "seed": 3,
-            "dataset": {"name": "river", "river_stream": "sea", "river_examples": 1500},
-            "stream": {"megabatches": 5, "seed": 3},
-            "learner": learner or {"name": "sm", "model": "examples.custom.tabular:build"},
-            "train": {"epochs": 2, "patience": 1, "linear_candidate": linear, **train},
-            "policy": {"name": "fixed", "wait": 1},
-            "reference": {"kind": "none"},
-        }
-    )
+    return sea_stream_config({"linear_candidate": linear, **train}, learner)
 
 
 @pytest.fixture(scope="module")

@@ -5,24 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from alma_daemon.config import build_config
 from alma_daemon.research.simulate import run_simulation
+from tests.helpers.configs import sea_stream_config
 
 pytest.importorskip("river")
 
 
 def stream_config(candidate: bool):
-    return build_config(
-        {
-            "seed": 3,
-            "dataset": {"name": "river", "river_stream": "sea", "river_examples": 1500},
-            "stream": {"megabatches": 5, "seed": 3, "drift": {"kind": "permute_labels", "at": 3}},
-            "learner": {"name": "sm", "model": "examples.custom.tabular:build"},
-            "train": {"epochs": 2, "patience": 1, "scratch_candidate": candidate},
-            "policy": {"name": "fixed", "wait": 1},
-            "reference": {"kind": "none"},
-        }
-    )
+    return sea_stream_config({"scratch_candidate": candidate}, stream={"drift": {"kind": "permute_labels", "at": 3}})
 
 
 @pytest.fixture(scope="module")

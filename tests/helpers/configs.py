@@ -28,3 +28,19 @@ def learner_settings(name: str, shared: dict, overrides: dict | None = None) -> 
 
     keys = {f.name for f in dataclasses.fields(learner_class(name).config_model)}
     return learner_config({**{k: v for k, v in shared.items() if k in keys}, **(overrides or {})}, name=name)
+
+
+def sea_stream_config(train: dict, learner: dict | None = None, stream: dict | None = None) -> Config:
+    """A small River SEA stream (5 chunks of 300) trained at every chunk by the team's tabular MLP, without a
+    reference learner: what the stage-candidate tests (scratch, linear) compare runs on."""
+    return build_config(
+        {
+            "seed": 3,
+            "dataset": {"name": "river", "river_stream": "sea", "river_examples": 1500},
+            "stream": {"megabatches": 5, "seed": 3, **(stream or {})},
+            "learner": learner or {"name": "sm", "model": "examples.custom.tabular:build"},
+            "train": {"epochs": 2, "patience": 1, **train},
+            "policy": {"name": "fixed", "wait": 1},
+            "reference": {"kind": "none"},
+        }
+    )
