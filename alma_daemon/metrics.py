@@ -152,6 +152,11 @@ FRESHNESS_BOUND_CHUNKS = Gauge(
     "policy.max_model_age_chunks: a stage is forced once the model is this many chunks old; NaN when unset",
     registry=REGISTRY,
 )
+FRESHNESS_BOUND_EXAMPLES = Gauge(
+    "alma_freshness_bound_examples",
+    "policy.max_model_age_examples: a stage is forced once this many examples arrived since the last; NaN when unset",
+    registry=REGISTRY,
+)
 FRESHNESS_BOUND_SECONDS = Gauge(
     "alma_freshness_bound_seconds",
     "policy.max_model_age_seconds: a stage is forced once the model is this old and a chunk waits; NaN when unset",

@@ -120,7 +120,7 @@ class Policy(ABC):
 
     def decide_within_bounds(self, state: PolicyState) -> Decision:
         """:meth:`decide`, with the freshness bound honoured: a wait that would leave the model older
-        than ``policy.max_model_age_chunks`` / ``max_model_age_seconds`` becomes a stage
+        than ``policy.max_model_age_chunks`` / ``_examples`` / ``_seconds`` becomes a stage
         (:meth:`forced_stage`) whose reason names the bound. The engine asks this, never :meth:`decide`."""
         decision = self.decide(state)
         if decision.trains:
@@ -135,10 +135,16 @@ class Policy(ABC):
         if state.chunks_pending == 0:
             return None
         chunks, seconds = self.config.max_model_age_chunks, self.config.max_model_age_seconds
+        examples = self.config.max_model_age_examples
         if chunks is not None and state.model_age_chunks >= chunks:
             return (
                 f"freshness bound: {state.model_age_chunks} chunk(s) since the last stage >= "
                 f"policy.max_model_age_chunks={chunks}"
+            )
+        if examples is not None and state.examples_pending >= examples:
+            return (
+                f"freshness bound: {state.examples_pending} example(s) since the last stage >= "
+                f"policy.max_model_age_examples={examples}"
             )
         if seconds is not None and state.model_age_seconds >= seconds:
             return (

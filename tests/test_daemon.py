@@ -390,6 +390,7 @@ def test_the_daemon_holds_its_newest_rows_and_its_files_every_row_once_after_a_c
     assert redis_db.llen(StreamKeys("rows").series) == 2
     assert json.loads(redis_db.hget(StreamKeys("rows").daemon, "freshness_bound")) == {
         "chunks": None,
+        "examples": None,
         "seconds": 86400.0,
     }
     rows = read_results(config.daemon.state_dir)["series"]

@@ -352,6 +352,15 @@ def test_the_freshness_bound_caps_the_models_age_and_rows_show_the_age_and_windo
     assert rows[0]["prequential_window_error"] == pytest.approx(preq[0])
 
 
+def test_the_freshness_bound_in_examples_counts_what_arrived_since_the_last_stage():
+    # Chunks of 60 examples: 120 pending waits, the third chunk's 180 reach the bound of 150.
+    engine = run_stream(["policy.wait=100", "policy.max_model_age_examples=150"], chunks=B)
+    rows = engine.state.series
+    assert [row["trained"] for row in rows] == [False, False, True, False, False, True]
+    assert rows[2]["reason"].startswith("freshness bound: 180 example(s) since the last stage >= ")
+    assert "policy.max_model_age_examples=150" in rows[2]["reason"]
+
+
 def test_between_chunks_a_bound_in_seconds_trains_any_policy_with_a_chunk_pending():
     config = build_config(
         {"train": {"epochs": 1, "patience": 0}, "learner": {"width": 8}},

@@ -191,6 +191,7 @@ def test_observer_reports_what_the_engine_recorded(exporter):
     assert value(after, "alma_last_stage_timestamp_seconds") == catcher.engine.state.last_stage_at
     # The freshness bound the engine runs by: none in chunks, and a simulation leaves the one in seconds out.
     assert math.isnan(value(after, "alma_freshness_bound_chunks"))
+    assert math.isnan(value(after, "alma_freshness_bound_examples"))
     assert math.isnan(value(after, "alma_freshness_bound_seconds"))
 
 
@@ -205,7 +206,16 @@ def test_the_models_age_rises_between_stages_and_the_bounds_are_the_configs(expo
             seen.append((scrape(exporter.url), state.last_stage_at or state.started_at))
 
     config = build_config(
-        {"policy": {"name": "fixed", "wait": 2, "max_model_age_chunks": 3, "max_model_age_seconds": None}}, TINY
+        {
+            "policy": {
+                "name": "fixed",
+                "wait": 2,
+                "max_model_age_chunks": 3,
+                "max_model_age_examples": 10**6,
+                "max_model_age_seconds": None,
+            }
+        },
+        TINY,
     )
     results = run_simulation(
         config, None, progress=False, observers=[MetricsObserver(in_process_source=True), ScrapeEachStep()]
@@ -216,6 +226,7 @@ def test_the_models_age_rises_between_stages_and_the_bounds_are_the_configs(expo
     assert seen[0][1] < seen[1][1] == seen[2][1] < seen[3][1]  # the start, stage 1's end twice, stage 2's end
     for samples, _ in seen:
         assert value(samples, "alma_freshness_bound_chunks") == 3
+        assert value(samples, "alma_freshness_bound_examples") == 10**6
         assert math.isnan(value(samples, "alma_freshness_bound_seconds"))
 
 

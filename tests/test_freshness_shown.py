@@ -108,6 +108,8 @@ def test_the_model_age_row_says_how_old_the_model_is_against_its_bound():
         model_age_row(idle)[1]
         == "0 chunk(s), 2 d since the last stage (bound: 50 chunks, 24 h: passed, no chunk waits)"
     )
+    in_examples = status | {"freshness_bound": {"chunks": None, "examples": 500, "seconds": None}}
+    assert model_age_row(in_examples)[1].endswith("(bound: 500 examples)")
     unbounded = status | {"stages": 0, "freshness_bound": {"chunks": None, "seconds": None}}
     assert model_age_row(unbounded)[1] == "12 chunk(s), 3 h since the stream started (no stage yet) (no bound)"
     assert model_age_row(status | {"model_age_chunks": None})[1] == "n/a (not recorded)"
@@ -153,7 +155,7 @@ def test_alma_status_reads_the_models_age_and_the_windowed_measure_from_redis(re
     status = json.loads(capsys.readouterr().out)
     assert status["model_age_chunks"] == 12
     assert status["model_age_seconds"] == pytest.approx(3 * 3600, abs=600)
-    assert status["freshness_bound"] == {"chunks": 50, "seconds": 86400.0}
+    assert status["freshness_bound"] == {"chunks": 50, "examples": None, "seconds": 86400.0}
     assert status["prequential_window"] == {"chunks": 15, "mean": 0.048}
 
     assert main(argv) == 0

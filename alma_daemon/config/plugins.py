@@ -51,6 +51,13 @@ class PolicyConfig(PluginConfig):
         description="The freshness bound in chunks: a stage is forced once this many chunks arrived since the last "
         "stage, whatever the policy would wait for (the reason says so). None = no bound in chunks.",
     )
+    max_model_age_examples: Int | None = Field(
+        default=None,
+        gt=0,
+        description="The freshness bound in examples: a stage is forced once this many examples arrived since the last "
+        "stage (the pending ones), whatever the policy would wait for: a bound that means the same whatever a chunk "
+        'holds (docs/policies.md, "One default for a team"). None = no bound in examples.',
+    )
     max_model_age_seconds: Float | None = Field(
         default=86400.0,
         gt=0,

@@ -496,9 +496,17 @@ class TrainConfig:
     patience: Int = Field(
         default=25,
         ge=0,
-        description="Stop once more than this many epochs in a row had no better validation error; the best epoch is kept.",
+        description="Stop once more than this many epochs in a row had no better validation error; train.keep_epoch "
+        "says which epoch is kept.",
     )
     batch_size: Int = Field(default=128, gt=0, description="Examples per gradient step.")
+    keep_epoch: Literal["best", "last_unless_beaten"] | None = Field(
+        default=None,
+        description='The epoch a stage keeps: "best" (the best on the validation set, the paper\'s) or '
+        '"last_unless_beaten" (the last, unless an earlier epoch validated better by more than its standard error: '
+        "a small stage's best epoch is mostly its luckiest draw of validation examples). None = last_unless_beaten "
+        "for a team's task (docs/policies.md, \"What a stage trains on\"), best for the paper's.",
+    )
     from_scratch: Bool = Field(
         default=False, description="Re-initialize the model at every training stage instead of fine-tuning it."
     )
@@ -548,6 +556,12 @@ class TrainConfig:
         default="fp32",
         description='"bf16": forward passes under bfloat16 autocast (weights and optimizer stay fp32); "fp32": none.',
     )
+
+    def epoch_kept(self, team_task: bool) -> str:
+        """``keep_epoch`` with its default resolved: a team's task keeps the last epoch unless beaten."""
+        if self.keep_epoch is not None:
+            return self.keep_epoch
+        return "last_unless_beaten" if team_task else "best"
 
 
 @dataclass(config=SECTION)

@@ -434,6 +434,7 @@ class Engine:
             self.device,
             seed=derive_seed(seed, "stage", stage),
             augment=self.learner.task.augment,
+            keep_epoch=self.config.train.epoch_kept(self.learner.task.is_team_task),
         )
         # Draws from torch's global RNG (a user's learner may make some) must also replay identically on resume.
         torch.manual_seed(derive_seed(seed, "torch", stage))

@@ -231,6 +231,7 @@ def _show_freshness(engine: Engine) -> None:
     metrics.MODEL_AGE_CHUNKS.set(chunks)
     metrics.LAST_STAGE_TIMESTAMP.set(state.last_stage_at if state.last_stage_at is not None else state.started_at)
     metrics.FRESHNESS_BOUND_CHUNKS.set(_or_nan(policy.max_model_age_chunks))
+    metrics.FRESHNESS_BOUND_EXAMPLES.set(_or_nan(policy.max_model_age_examples))
     metrics.FRESHNESS_BOUND_SECONDS.set(_or_nan(policy.max_model_age_seconds))
 
 

@@ -77,8 +77,14 @@ def engine_counters(client: Any, keys: StreamKeys) -> dict[str, Any]:
 
 
 def freshness_bound(config: Config) -> dict[str, Any]:
-    """``policy.max_model_age_chunks`` and ``max_model_age_seconds`` as ``{chunks, seconds}`` (None: unset)."""
-    return {"chunks": config.policy.max_model_age_chunks, "seconds": config.policy.max_model_age_seconds}
+    """``policy.max_model_age_chunks``, ``_examples`` and ``_seconds`` as ``{chunks, examples, seconds}`` (None:
+    unset)."""
+    policy = config.policy
+    return {
+        "chunks": policy.max_model_age_chunks,
+        "examples": policy.max_model_age_examples,
+        "seconds": policy.max_model_age_seconds,
+    }
 
 
 def model_age(engine: dict[str, Any], now: float) -> tuple[int | None, float | None]:
@@ -258,6 +264,8 @@ def model_age_row(status: dict[str, Any]) -> tuple[str, str]:
     since = "since the last stage" if status.get("stages") else "since the stream started (no stage yet)"
     bound = status.get("freshness_bound") or {}
     limits = [f"{bound['chunks']} chunks"] if bound.get("chunks") is not None else []
+    # The bound in examples forces its stage on the chunk that reaches it: a status never finds it passed.
+    limits += [f"{bound['examples']} examples"] if bound.get("examples") is not None else []
     limits += [duration_words(bound["seconds"])] if bound.get("seconds") is not None else []
     passed = (bound.get("chunks") is not None and chunks >= bound["chunks"]) or (
         bound.get("seconds") is not None and seconds >= bound["seconds"]

@@ -206,6 +206,7 @@ def decisions_depend_on_config_state_and_loaded_state_only(policy: PolicyUnderCh
 #: policies' own waits on the stream.
 FRESHNESS_BOUNDS: dict[str, dict[str, Any]] = {
     "chunks": {"max_model_age_chunks": 2, "max_model_age_seconds": None},
+    "examples": {"max_model_age_examples": 150, "max_model_age_seconds": None},
     "seconds": {"max_model_age_seconds": 3 * 3600.0},
 }
 
@@ -213,9 +214,11 @@ FRESHNESS_BOUNDS: dict[str, dict[str, Any]] = {
 def honours_the_freshness_bound(bound: Mapping[str, Any], policy: PolicyUnderCheck) -> None:
     built = policy.build(**bound)
     chunks, seconds = built.config.max_model_age_chunks, built.config.max_model_age_seconds
+    examples = built.config.max_model_age_examples
     for state, _, decision in Stream().run(built, STEPS):
         overdue = state.chunks_pending > 0 and (
             (chunks is not None and state.model_age_chunks >= chunks)
+            or (examples is not None and state.examples_pending >= examples)
             or (seconds is not None and state.model_age_seconds >= seconds)
         )
         expect(

@@ -2,7 +2,8 @@
 
 :meth:`Trainer.fit` trains one ``nn.Module`` (a backbone, a mixture, a new ensemble member) on a
 stage's data with mini-batches, evaluates on the stage's validation set after every epoch, stops
-early after ``patience`` epochs without improvement and restores the best epoch. With a step budget
+early after ``patience`` epochs without improvement and keeps the best epoch (a team's task: the last
+one, unless an earlier one validated better by more than a standard error). With a step budget
 (``steps``, language models) the stage is instead exactly that many steps under a warm-up then
 linear-decay learning rate, validated once at the end. Learners differ in *what* they hand to the
 loop, never in the loop itself (:mod:`alma_daemon.training.members` runs the same epochs for
@@ -52,8 +53,40 @@ from alma_daemon.training.optim import FlatOptimizer, LinearWarmupDecay, build_o
 EVAL_BATCH = 2048
 
 
-#: ``validate(net, val, meter) -> float``, lower is better; called in eval mode without gradients.
+#: ``validate(net, val, meter) -> float``, lower is better; called in eval mode without gradients. A
+#: measure that is a mean over examples returns a :class:`Validated`, which carries its standard error.
 Validate = Callable[[nn.Module, LabeledData, FlopMeter], float]
+
+#: Which epoch a stage keeps (``train.keep_epoch``): the best on the validation set, or the last unless an
+#: earlier one validated better by more than the last one's standard error.
+KEEP_EPOCH_RULES = ("best", "last_unless_beaten")
+
+
+class Validated(float):
+    """A validation measure (lower is better) with its standard error over the validation examples.
+
+    A float, so every comparison reads the measure; :meth:`EarlyStopping.restore` also reads
+    ``standard_error`` to tell an epoch that validated better from one that drew luckier examples.
+    """
+
+    standard_error: float
+
+    def __new__(cls, value: float, standard_error: float) -> Validated:
+        validated = super().__new__(cls, value)
+        validated.standard_error = standard_error
+        return validated
+
+
+def mean_with_error(losses: torch.Tensor, weights: torch.Tensor) -> Validated:
+    """The weighted mean of per-example ``losses`` and its standard error (weights of 0 leave an example
+    out; NaN without weight): ``sqrt(sum w^2 (l - mean)^2) / sum w``, the textbook one for equal weights."""
+    losses, weights = losses.double(), weights.double()
+    total = float(weights.sum())
+    if total <= 0:
+        return Validated(math.nan, math.nan)
+    mean = float((losses * weights).sum()) / total
+    spread = float((weights.square() * (losses - mean).square()).sum()) ** 0.5
+    return Validated(mean, spread / total)
 
 
 def pass_batch_sizes(n: int, batch: int) -> list[int]:
@@ -102,15 +135,27 @@ class FitReport:
 
 class EarlyStopping:
     """The best validation measure so far, the weights that reached it, and whether to stop: once more
-    than ``patience`` epochs in a row did not improve on the best."""
+    than ``patience`` epochs in a row did not improve on the best.
 
-    def __init__(self, patience: int):
+    ``keep`` (:data:`KEEP_EPOCH_RULES`) is the epoch :meth:`restore` leaves in the network. ``best``
+    restores the best one, as the paper's stages do. ``last_unless_beaten`` keeps the last one unless
+    the best validated better by more than the last one's standard error: on a stream of small stages
+    with a few hundred validation examples, the best of a few epochs is mostly the luckiest draw, and
+    restoring it throws away training the network needed (benchmarks/results/long_stream_keep.md).
+    """
+
+    def __init__(self, patience: int, keep: str = "best"):
+        if keep not in KEEP_EPOCH_RULES:
+            raise ValueError(f"keep epoch {keep!r}: expected one of {', '.join(KEEP_EPOCH_RULES)}")
         self.patience = patience
+        self.keep = keep
         self.best_error, self.best_epoch, self.bad_epochs = float("inf"), 0, 0
         self.best_state: dict[str, torch.Tensor] | None = None
+        self.last: tuple[float, int] | None = None
 
     def update(self, error: float, epoch: int, net: nn.Module) -> bool:
         """Record epoch ``epoch``'s measure; True when training should stop."""
+        self.last = (error, epoch)
         if math.isnan(error):
             # Nothing to validate on (a stage of one-example chunks): train every epoch, keep the last.
             self.best_error, self.best_epoch, self.best_state = error, epoch, None
@@ -123,8 +168,16 @@ class EarlyStopping:
         return self.bad_epochs > self.patience
 
     def restore(self, net: nn.Module) -> None:
-        if self.best_state is not None:
-            net.load_state_dict(self.best_state)
+        """Leave the epoch ``keep`` chooses in ``net`` (it holds the last epoch's weights); ``best_epoch``
+        and ``best_error`` then name the epoch kept."""
+        if self.best_state is None:
+            return
+        if self.keep == "last_unless_beaten" and self.last is not None:
+            error, epoch = self.last
+            if error <= self.best_error + getattr(error, "standard_error", 0.0):
+                self.best_error, self.best_epoch = error, epoch
+                return
+        net.load_state_dict(self.best_state)
 
 
 class StageInputs:
@@ -167,12 +220,22 @@ class StageInputs:
 class Trainer:
     """Runs the training loop for one stage; seeded by (run seed, stage index) for exact resumes."""
 
-    def __init__(self, config: TrainConfig, optimizer: str, device: torch.device, seed: int, augment: bool = False):
+    def __init__(
+        self,
+        config: TrainConfig,
+        optimizer: str,
+        device: torch.device,
+        seed: int,
+        augment: bool = False,
+        keep_epoch: str = "best",
+    ):
         self.config = config
         self.optimizer = optimizer
         self.device = device
         self.seed = seed
         self.augment = augment
+        #: The epoch a stage keeps (:class:`EarlyStopping`'s ``keep``; ``train.keep_epoch`` resolved).
+        self.keep_epoch = keep_epoch
 
     def generator(self, *purpose: object) -> torch.Generator:
         """A CPU generator for shuffling/augmentation that depends only on the stage seed and ``purpose``."""
@@ -218,7 +281,7 @@ class Trainer:
         model = parallel.wrap(net, self.device, self.config.batch_size)
         compiled = self.compiled_step(net, objective, optimizer, parallel.spans_ranks)
         meter = FlopMeter()
-        stopping = EarlyStopping(self.config.patience)
+        stopping = EarlyStopping(self.config.patience, self.keep_epoch)
         steps_done = epoch = 0
         try:
             with inputs_standardized_outside(net) as normalize:
@@ -311,7 +374,8 @@ class Trainer:
 
     @staticmethod
     def validation_error(net: nn.Module, val: LabeledData, meter: FlopMeter | None = None) -> float:
-        """Classification error of ``net`` on ``val`` (validation passes count as training compute).
+        """Classification error of ``net`` on ``val`` with its binomial standard error (validation passes
+        count as training compute).
 
         Wrong predictions are counted on the device and read back once, not once per batch.
         """
@@ -322,4 +386,12 @@ class Trainer:
                 xb, yb = val.x[i : i + EVAL_BATCH], val.y[i : i + EVAL_BATCH]
                 logits = meter.run(("val", tuple(xb.shape)), lambda: net(xb)) if meter else net(xb)
                 wrong += (logits.argmax(1) != yb).sum()
-        return int(wrong) / len(val) if len(val) else math.nan
+        return binomial(int(wrong), len(val))
+
+
+def binomial(wrong: int, examples: int) -> float:
+    """The error rate of ``wrong`` mistakes in ``examples`` with its standard error (NaN without examples)."""
+    if not examples:
+        return math.nan
+    rate = wrong / examples
+    return Validated(rate, math.sqrt(rate * (1 - rate) / examples))

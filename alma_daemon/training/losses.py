@@ -37,7 +37,7 @@ from alma_daemon.data.datasets import TaskInfo
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.measures import Measure, stopping_measure, task_measure
 from alma_daemon.training.flops import FlopMeter
-from alma_daemon.training.loop import EVAL_BATCH, Trainer
+from alma_daemon.training.loop import EVAL_BATCH, Trainer, Validated, mean_with_error
 
 
 def network_outputs(net: nn.Module, x: torch.Tensor, meter: FlopMeter | None = None) -> torch.Tensor:
@@ -88,14 +88,26 @@ class TaskLoss(ABC):
 
     def validation_value(self, raw: torch.Tensor, y: torch.Tensor) -> float:
         """The task's measure of raw outputs on the validation set, on its lower-is-better scale (NaN
-        without examples; +inf where the measure is undefined on them)."""
+        without examples; +inf where the measure is undefined on them); a measure that is a mean over
+        examples comes with its standard error (a :class:`~alma_daemon.training.loop.Validated`)."""
         if len(y) == 0:
             return math.nan
         outputs = self.answers(raw.float())
         value = self.weighted_mean(outputs, y)
         if value is None:
             value = self.measure.loss(self.measure.measure(outputs, y).value)
-        return math.inf if math.isnan(value) else value
+        if math.isnan(value):
+            return math.inf
+        terms = self.measure.per_example(outputs, y)
+        if terms is None:
+            return value
+        losses, counted = terms
+        return Validated(value, mean_with_error(losses, self.example_weights(y) * counted).standard_error)
+
+    def example_weights(self, y: torch.Tensor) -> torch.Tensor:
+        """Each validation example's weight in the measure's mean (float64, on the CPU): 1 but where the
+        task weights its classes."""
+        return torch.ones(len(y), dtype=torch.float64)
 
     def weighted_mean(self, outputs: torch.Tensor, y: torch.Tensor) -> float | None:
         """The measure's mean with examples weighted by their class (None: no weights, or not a mean)."""
@@ -141,12 +153,17 @@ class ClassificationLoss(TaskLoss):
     def answers(self, raw: torch.Tensor) -> torch.Tensor:
         return raw.softmax(-1)
 
+    def example_weights(self, y: torch.Tensor) -> torch.Tensor:
+        if self.weight is None:
+            return super().example_weights(y)
+        return self.weight.cpu().double()[y.cpu().long()]
+
     def weighted_mean(self, outputs: torch.Tensor, y: torch.Tensor) -> float | None:
         terms = None if self.weight is None else self.measure.per_example(outputs, y)
         if self.weight is None or terms is None:
             return None
         losses, counted = terms
-        weights = self.weight.cpu().double()[y.cpu().long()] * counted
+        weights = self.example_weights(y) * counted
         total = float(weights.sum())
         return float((losses * weights).sum()) / total if total > 0 else math.nan
 

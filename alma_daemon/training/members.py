@@ -27,7 +27,7 @@ from alma_daemon.models.backbones import Backbone, inputs_standardized_outside
 from alma_daemon.models.stacked import StackedMLP, stackable
 from alma_daemon.training.compile import say_eager_once
 from alma_daemon.training.flops import FlopMeter
-from alma_daemon.training.loop import EVAL_BATCH, EarlyStopping, FitReport, StageInputs, Trainer
+from alma_daemon.training.loop import EVAL_BATCH, EarlyStopping, FitReport, StageInputs, Trainer, binomial
 from alma_daemon.training.losses import TaskLoss
 from alma_daemon.training.optim import FlatOptimizer, build_optimizer
 
@@ -56,7 +56,7 @@ class _Member:
     def __init__(self, index: int, net: Backbone, trainer: Trainer):
         self.index, self.net = index, net
         self.gen = trainer.generator("fit", ("member", index))
-        self.stopping = EarlyStopping(trainer.config.patience)
+        self.stopping = EarlyStopping(trainer.config.patience, trainer.keep_epoch)
         self.flops = self.steps = self.epochs = 0
 
 
@@ -187,4 +187,4 @@ def _validation_values(
     if not loss.counts_errors:
         whole = torch.cat(outputs, 1) if outputs else None
         return [math.nan if whole is None else loss.validation_value(whole[k], val.y) for k in range(len(members))]
-    return [w / len(val) if len(val) else math.nan for w in wrong.tolist()]
+    return [binomial(w, len(val)) for w in wrong.tolist()]
