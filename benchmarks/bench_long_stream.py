@@ -106,7 +106,12 @@ RECIPES: dict[str, tuple[dict, str]] = {
     ),
     "new": (
         {},
-        "issue 50's default: pooled validation set (2,000), class-stratified replay reservoir (4,000, half-life 1 chunk)",
+        "issue 50's default: pooled validation set (2,000), class-stratified replay reservoir (4,000, half-life 1 chunk), "
+        "the last epoch kept unless beaten by more than its standard error",
+    ),
+    "best-epoch": (
+        {"train.keep_epoch": "best"},
+        "the new recipe keeping each stage's best epoch (before train.keep_epoch)",
     ),
 }
 REPLAY_RECIPE = "new, replay {}"
@@ -126,14 +131,22 @@ def recipes(names: list[str], replay_examples: list[int]) -> dict[str, dict]:
 def label(policy: dict) -> str:
     detector = policy.get("policy.drift_detector")
     age = policy.get("policy.max_model_age_chunks")
+    examples = policy.get("policy.max_model_age_examples")
     text = policy_label(policy) + (f" {detector}" if detector is not None else "")
-    return text + (f", age <= {age}" if age is not None else "")
+    text += f", age <= {age}" if age is not None else ""
+    return text + (f", age <= {examples} examples" if examples is not None else "")
 
 
-def grid(waits: list[int], bounds: list[int], detectors: list[str], policies: list[str] = POLICIES) -> list[dict]:
+def grid(
+    waits: list[int],
+    bounds: list[int],
+    detectors: list[str],
+    policies: list[str] = POLICIES,
+    example_bounds: tuple[int, ...] | list[int] = (),
+) -> list[dict]:
     """The schedules, then geometric 0.5, adaptive and forecast (those of ``policies``) without and with each
-    freshness bound, then adaptive with each other drift detector (do the sequential tests see a model going
-    stale?), without and with each bound."""
+    freshness bound (in chunks, then in examples), then adaptive with each other drift detector (do the
+    sequential tests see a model going stale?), without and with each bound in chunks."""
     schedules = [{"policy.name": "fixed", "policy.wait": w} for w in waits]
     bounded = []
     if "geometric" in policies:
@@ -142,6 +155,7 @@ def grid(waits: list[int], bounds: list[int], detectors: list[str], policies: li
     for name in (p for p in ("adaptive", "forecast") if p in policies):
         bounded += [{"policy.name": name}]
         bounded += [{"policy.name": name, "policy.max_model_age_chunks": b} for b in bounds]
+        bounded += [{"policy.name": name, "policy.max_model_age_examples": b} for b in example_bounds]
     detecting = [
         {"policy.name": "adaptive", "policy.drift_detector": d, **({"policy.max_model_age_chunks": b} if b else {})}
         for d in detectors
@@ -152,7 +166,8 @@ def grid(waits: list[int], bounds: list[int], detectors: list[str], policies: li
 
 def is_schedule(policy: dict) -> bool:
     """A schedule in hindsight: it reads nothing of the stream and has no bound."""
-    return policy["policy.name"] in SCHEDULES and "policy.max_model_age_chunks" not in policy
+    bounded = "policy.max_model_age_chunks" in policy or "policy.max_model_age_examples" in policy
+    return policy["policy.name"] in SCHEDULES and not bounded
 
 
 def river_examples(chunks: int, chunk_examples: int) -> int:
@@ -658,6 +673,13 @@ def main() -> None:
         "--bounds", nargs="*", type=int, default=[10, 25], help="policy.max_model_age_chunks of the bounded policies"
     )
     parser.add_argument(
+        "--example-bounds",
+        nargs="*",
+        type=int,
+        default=[],
+        help="policy.max_model_age_examples of the bounded policies (geometric's, adaptive's, forecast's)",
+    )
+    parser.add_argument(
         "--detectors",
         nargs="*",
         default=["page_hinkley"],
@@ -709,7 +731,7 @@ def main() -> None:
         "learner.width": args.width,
         "train.epochs": args.epochs,
     }
-    policies = grid(args.waits, args.bounds, args.detectors, args.policies)
+    policies = grid(args.waits, args.bounds, args.detectors, args.policies, args.example_bounds)
     chosen = recipes(args.recipes, args.replay_examples)
     cache = RecordFile(args.runs)
     if not args.report_only:
@@ -740,6 +762,7 @@ def main() -> None:
                 f"--policies {' '.join(args.policies)}",
                 f"--seeds {' '.join(map(str, args.seeds))}",
                 f"--bounds {' '.join(map(str, args.bounds))}",
+                *([f"--example-bounds {' '.join(map(str, args.example_bounds))}"] if args.example_bounds else []),
                 f"--waits {' '.join(map(str, args.waits))}",
                 f"--detectors {' '.join(args.detectors)}",
                 f"--chunks {args.chunks} --chunk-examples {args.chunk_examples}",

@@ -41,6 +41,7 @@ paper's recipe); ``--recipe old`` runs it with ``stream.replay: false``, ``strea
     python benchmarks/bench_river.py                       # the six classification streams, about 10 min on 2 cores
     python benchmarks/bench_river.py --recipe old --out benchmarks/results/river_old_recipe.json
     python benchmarks/bench_river.py --recipe linear --out benchmarks/results/river_linear.json
+    python benchmarks/bench_river.py --policy team-default --out benchmarks/results/river_team_default.json
     python benchmarks/bench_river.py --streams friedman friedman-drift --out benchmarks/results/river_regression.json
     python benchmarks/bench_river.py --streams agrawal sea --examples 5000
 """
@@ -74,6 +75,12 @@ RECIPES: dict[str, dict[str, dict]] = {
     "new": {},
     "old": {"stream": {"replay": False, "validation_examples": 0}},
     "linear": {"train": {"linear_candidate": True}},
+}
+#: alma's policies by name: the adaptive policy alone, or with the bound a team's one default adds
+#: (docs/policies.md, "One default for a team").
+POLICIES: dict[str, dict] = {
+    "adaptive": {"name": "adaptive"},
+    "team-default": {"name": "adaptive", "max_model_age_examples": 500},
 }
 #: The row of the River linear reference that learned beside alma's network (the run's summary).
 REFERENCE = "alma's River linear reference (chunk-prequential, beside the MLP)"
@@ -199,19 +206,25 @@ def run_river_regressor(name: str, river: RiverData, megabatches: int) -> dict:
 
 
 def run_alma(
-    stream: str, examples: int, megabatches: int, seed: int, measure: str | None = None, recipe: str = "new"
+    stream: str,
+    examples: int,
+    megabatches: int,
+    seed: int,
+    measure: str | None = None,
+    recipe: str = "new",
+    policy: str = "adaptive",
 ) -> dict:
-    """``alma simulate`` of the stream: the team's MLP of examples/custom/tabular.py, the adaptive policy,
-    the default training (up to 100 epochs a stage, early stopping after 25), trained and judged by
-    ``measure`` (None: the task's default, the error rate of a classifier), under stage recipe ``recipe``
-    (:data:`RECIPES`). Its River linear reference's figures, where one ran, are under ``reference``."""
+    """``alma simulate`` of the stream: the team's MLP of examples/custom/tabular.py, the policy ``policy``
+    (:data:`POLICIES`), the default training (up to 100 epochs a stage, early stopping after 25), trained and
+    judged by ``measure`` (None: the task's default, the error rate of a classifier), under stage recipe
+    ``recipe`` (:data:`RECIPES`). Its River linear reference's figures, where one ran, are under ``reference``."""
     overrides = RECIPES[recipe]
     config = build_config(
         {
             "dataset": {"name": "river", "river_stream": stream, "river_examples": examples},
             "stream": {"megabatches": megabatches, "seed": seed, **overrides.get("stream", {})},
             "learner": {"name": "sm", "model": "examples.custom.tabular:build"},
-            "policy": {"name": "adaptive"},
+            "policy": POLICIES[policy],
             **({"train": overrides["train"]} if "train" in overrides else {}),
             **({"task": {"measure": measure}} if measure else {}),
         }
@@ -338,10 +351,12 @@ def regression_table(results: dict[str, dict[str, dict]]) -> str:
 def run_stream(stream: str, args: argparse.Namespace) -> tuple[dict[str, dict], str]:
     """Every contender on ``stream`` (alma's linear reference a row of its own), and the table they go in."""
     river = read_river(stream, args.examples, args.seed)
-    recipe = args.recipe
+    recipe, policy = args.recipe, args.policy
     if river.task.regression:
         contenders = {
-            f"alma-daemon MLP (adaptive, {m})": run_alma(stream, args.examples, args.megabatches, args.seed, m, recipe)
+            f"alma-daemon MLP ({policy}, {m})": run_alma(
+                stream, args.examples, args.megabatches, args.seed, m, recipe, policy
+            )
             for m in REGRESSION_LOSSES
         }
         # Each run's reference is judged by that run's measure: one row of both.
@@ -350,10 +365,9 @@ def run_stream(stream: str, args: argparse.Namespace) -> tuple[dict[str, dict], 
         for name in RIVER_MODELS["regression"]:
             contenders[name] = run_river_regressor(name, river, args.megabatches)
         return contenders, "regression"
-    contenders = {
-        "alma-daemon MLP (adaptive)": run_alma(stream, args.examples, args.megabatches, args.seed, None, recipe)
-    }
-    reference = contenders["alma-daemon MLP (adaptive)"].pop("reference")
+    ours = f"alma-daemon MLP ({policy})"
+    contenders = {ours: run_alma(stream, args.examples, args.megabatches, args.seed, None, recipe, policy)}
+    reference = contenders[ours].pop("reference")
     contenders.update({REFERENCE: reference} if reference else {})
     for name in RIVER_MODELS["classification"]:
         contenders[name] = run_river_model(name, river, args.megabatches)
@@ -374,6 +388,12 @@ def main() -> None:
         help="alma's stage recipe: new (the defaults since issue 50), old (stream.replay false, "
         "stream.validation_examples 0) or linear (new, with train.linear_candidate)",
     )
+    parser.add_argument(
+        "--policy",
+        choices=list(POLICIES),
+        default="adaptive",
+        help="alma's policy: adaptive, or team-default (adaptive with policy.max_model_age_examples 500)",
+    )
     parser.add_argument("--out", default=str(RESULTS / "river.json"))
     args = parser.parse_args()
     # One thread for every contender: River is single-threaded Python, and CPU seconds stay comparable.
@@ -388,12 +408,12 @@ def main() -> None:
         contenders, kind = run_stream(stream, args)
         results[stream] = by_kind[kind][stream] = contenders
         print(tables[kind]({stream: contenders}).split("\n", 2)[2], flush=True)
-    settings = {key: getattr(args, key) for key in ("examples", "megabatches", "seed", "recipe")}
+    settings = {key: getattr(args, key) for key in ("examples", "megabatches", "seed", "recipe", "policy")}
     write_figures(args.out, {"settings": settings, "streams": results}, load_before)
     markdown = "\n\n".join(tables[kind](streams) for kind, streams in by_kind.items() if streams)
     heading = (
         f"River seed {args.seed}, {args.examples} examples (a tenth the test set) in {args.megabatches} chunks; "
-        f"alma's stage recipe: {args.recipe}; load average {load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after."
+        f"alma's stage recipe: {args.recipe}; policy: {args.policy}; load average {load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after."
     )
     markdown = f"{heading}\n\n{markdown}"
     Path(args.out).with_suffix(".md").write_text(markdown + "\n")

@@ -15,8 +15,10 @@ from alma_daemon.config import ConfigError, TrainConfig, build_config
 from alma_daemon.data.datasets import TaskInfo
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.research.simulate import run_simulation
-from alma_daemon.training.loop import EarlyStopping, Trainer, Validated, binomial, mean_with_error
+from alma_daemon.training.data_parallel import mean_of_slices
+from alma_daemon.training.loop import EarlyStopping, Trainer
 from alma_daemon.training.losses import task_loss
+from alma_daemon.training.validated import Validated, binomial, mean_with_error
 from tests.helpers.configs import sea_stream_config
 
 BINARY = TaskInfo("classification", (6,), 2, normalization="none")
@@ -79,6 +81,18 @@ def test_the_standard_errors_are_the_textbook_ones() -> None:
     rate = binomial(20, 200)
     assert float(rate) == 0.1 and rate.standard_error == pytest.approx(math.sqrt(0.1 * 0.9 / 200))
     assert math.isnan(binomial(0, 0))
+
+
+def test_slices_measured_on_their_ranks_combine_to_the_whole_sets_mean_and_standard_error() -> None:
+    first, second = binomial(10, 100), binomial(30, 100)
+    parts = [(first, 100), (second, 100)]
+    total = sum(float(value) * n for value, n in parts)
+    spread_squared = sum((value.standard_error * n) ** 2 for value, n in parts)
+    combined = mean_of_slices(total, 200, spread_squared)
+    assert float(combined) == pytest.approx(0.2)
+    assert combined.standard_error == pytest.approx(math.sqrt(0.1 * 0.9 / 100 + 0.3 * 0.7 / 100) / 2)
+    assert not isinstance(mean_of_slices(total, 200, math.nan), Validated)  # a slice without a standard error
+    assert math.isnan(mean_of_slices(0.0, 0, 0.0))
 
 
 def test_a_validation_value_carries_its_standard_error_where_the_measure_is_a_mean() -> None:

@@ -33,6 +33,7 @@ from torch.nn.parallel import DistributedDataParallel
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.training.flops import FlopMeter
 from alma_daemon.training.ranks import World, current_world
+from alma_daemon.training.validated import Validated
 
 
 @dataclass(frozen=True)
@@ -99,14 +100,18 @@ class DataParallel(World):
         val: LabeledData,
         meter: FlopMeter,
     ) -> float:
-        """``validate``'s measure (a mean over examples) on the whole of ``val``, each rank measuring its slice."""
+        """``validate``'s measure (a mean over examples) on the whole of ``val``, each rank measuring its slice;
+        its standard error, where each slice's has one, is that of the mean of the slices' means."""
         if not self.spans_ranks:
             return validate(net, val, meter)
         part = val.subset(self.part_of(len(val)))
         measure = validate(net, part, meter) if len(part) else 0.0
-        combined = torch.tensor([measure * len(part), len(part)], dtype=torch.float64, device=val.y.device)
+        spread = getattr(measure, "standard_error", math.nan) * len(part) if len(part) else 0.0
+        combined = torch.tensor(
+            [measure * len(part), len(part), spread * spread], dtype=torch.float64, device=val.y.device
+        )
         dist.all_reduce(combined)
-        return float(combined[0] / combined[1]) if combined[1] else math.nan
+        return mean_of_slices(*combined.tolist())
 
     def summed(self, *values: float) -> list[float]:
         """Each value summed over the ranks (float64 holds a stage's FLOP count exactly)."""
@@ -116,3 +121,13 @@ class DataParallel(World):
         total = torch.tensor(values, dtype=torch.float64, device=device)
         dist.all_reduce(total)
         return total.tolist()
+
+
+def mean_of_slices(total: float, examples: float, spread_squared: float) -> float:
+    """The mean over every slice of a validation set from the slices' sums: ``total`` (each slice's mean times
+    its examples), ``examples`` and ``spread_squared`` (each slice's standard error times its examples,
+    squared; NaN where a slice's measure has none). With a standard error where every slice had one."""
+    if not examples:
+        return math.nan
+    error = math.sqrt(spread_squared) / examples
+    return total / examples if math.isnan(error) else Validated(total / examples, error)

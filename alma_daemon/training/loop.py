@@ -48,45 +48,20 @@ from alma_daemon.training.compile import CompiledStep, Objective, say_eager_once
 from alma_daemon.training.data_parallel import DataParallel
 from alma_daemon.training.flops import FlopMeter
 from alma_daemon.training.optim import FlatOptimizer, LinearWarmupDecay, build_optimizer
+from alma_daemon.training.validated import binomial
 
 #: Mini-batch size for evaluation passes (no gradients, so larger than training batches).
 EVAL_BATCH = 2048
 
 
 #: ``validate(net, val, meter) -> float``, lower is better; called in eval mode without gradients. A
-#: measure that is a mean over examples returns a :class:`Validated`, which carries its standard error.
+#: measure that is a mean over examples returns a :class:`~alma_daemon.training.validated.Validated`, which
+#: carries its standard error.
 Validate = Callable[[nn.Module, LabeledData, FlopMeter], float]
 
 #: Which epoch a stage keeps (``train.keep_epoch``): the best on the validation set, or the last unless an
 #: earlier one validated better by more than the last one's standard error.
 KEEP_EPOCH_RULES = ("best", "last_unless_beaten")
-
-
-class Validated(float):
-    """A validation measure (lower is better) with its standard error over the validation examples.
-
-    A float, so every comparison reads the measure; :meth:`EarlyStopping.restore` also reads
-    ``standard_error`` to tell an epoch that validated better from one that drew luckier examples.
-    """
-
-    standard_error: float
-
-    def __new__(cls, value: float, standard_error: float) -> Validated:
-        validated = super().__new__(cls, value)
-        validated.standard_error = standard_error
-        return validated
-
-
-def mean_with_error(losses: torch.Tensor, weights: torch.Tensor) -> Validated:
-    """The weighted mean of per-example ``losses`` and its standard error (weights of 0 leave an example
-    out; NaN without weight): ``sqrt(sum w^2 (l - mean)^2) / sum w``, the textbook one for equal weights."""
-    losses, weights = losses.double(), weights.double()
-    total = float(weights.sum())
-    if total <= 0:
-        return Validated(math.nan, math.nan)
-    mean = float((losses * weights).sum()) / total
-    spread = float((weights.square() * (losses - mean).square()).sum()) ** 0.5
-    return Validated(mean, spread / total)
 
 
 def pass_batch_sizes(n: int, batch: int) -> list[int]:
@@ -387,11 +362,3 @@ class Trainer:
                 logits = meter.run(("val", tuple(xb.shape)), lambda: net(xb)) if meter else net(xb)
                 wrong += (logits.argmax(1) != yb).sum()
         return binomial(int(wrong), len(val))
-
-
-def binomial(wrong: int, examples: int) -> float:
-    """The error rate of ``wrong`` mistakes in ``examples`` with its standard error (NaN without examples)."""
-    if not examples:
-        return math.nan
-    rate = wrong / examples
-    return Validated(rate, math.sqrt(rate * (1 - rate) / examples))

@@ -37,7 +37,8 @@ from alma_daemon.data.datasets import TaskInfo
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.measures import Measure, stopping_measure, task_measure
 from alma_daemon.training.flops import FlopMeter
-from alma_daemon.training.loop import EVAL_BATCH, Trainer, Validated, mean_with_error
+from alma_daemon.training.loop import EVAL_BATCH, Trainer
+from alma_daemon.training.validated import Validated, mean_with_error
 
 
 def network_outputs(net: nn.Module, x: torch.Tensor, meter: FlopMeter | None = None) -> torch.Tensor:
@@ -89,7 +90,7 @@ class TaskLoss(ABC):
     def validation_value(self, raw: torch.Tensor, y: torch.Tensor) -> float:
         """The task's measure of raw outputs on the validation set, on its lower-is-better scale (NaN
         without examples; +inf where the measure is undefined on them); a measure that is a mean over
-        examples comes with its standard error (a :class:`~alma_daemon.training.loop.Validated`)."""
+        examples comes with its standard error (a :class:`~alma_daemon.training.validated.Validated`)."""
         if len(y) == 0:
             return math.nan
         outputs = self.answers(raw.float())

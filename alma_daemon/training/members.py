@@ -27,9 +27,10 @@ from alma_daemon.models.backbones import Backbone, inputs_standardized_outside
 from alma_daemon.models.stacked import StackedMLP, stackable
 from alma_daemon.training.compile import say_eager_once
 from alma_daemon.training.flops import FlopMeter
-from alma_daemon.training.loop import EVAL_BATCH, EarlyStopping, FitReport, StageInputs, Trainer, binomial
+from alma_daemon.training.loop import EVAL_BATCH, EarlyStopping, FitReport, StageInputs, Trainer
 from alma_daemon.training.losses import TaskLoss
 from alma_daemon.training.optim import FlatOptimizer, build_optimizer
+from alma_daemon.training.validated import binomial
 
 
 def stacked_fitter(
