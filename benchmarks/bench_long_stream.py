@@ -309,7 +309,8 @@ def summary_row(policy: dict, records: list[dict]) -> dict:
     references = [r.get("served_reference") for r in records]
     return {
         "schedule": is_schedule(policy),
-        "bound": policy.get("policy.max_model_age_chunks"),
+        # The freshness bound, in chunks or examples (None: unbounded).
+        "bound": policy.get("policy.max_model_age_chunks", policy.get("policy.max_model_age_examples")),
         "measure": records[0]["measure"],
         "served": statistics.fmean(r["served"] for r in records),
         "served_per_seed": [r["served"] for r in records],
@@ -624,7 +625,10 @@ def served_figure(report: dict, seeds: list[int], path: Path) -> None:
         ax.set_title(f"{entry['what']}\nseeds {seeds}", fontsize=9)
         ax.grid(axis="x", alpha=0.3)
     axes[0][0].invert_yaxis()  # the axes share it: once for all
-    fig.suptitle("grey: schedules; red: policies without a bound; blue: with policy.max_model_age_chunks", fontsize=8)
+    fig.suptitle(
+        "grey: schedules; red: policies without a bound; blue: with policy.max_model_age_chunks or _examples",
+        fontsize=8,
+    )
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

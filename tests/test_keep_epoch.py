@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import pickle
 
 import pytest
 import torch
@@ -78,6 +79,8 @@ def test_the_standard_errors_are_the_textbook_ones() -> None:
     assert float(weighted) == pytest.approx(0.75)
     assert weighted.standard_error == pytest.approx(math.sqrt(0.75**2 + 9 * 0.25**2) / 4)
     assert math.isnan(mean_with_error(torch.ones(2), torch.zeros(2)))
+    copied = pickle.loads(pickle.dumps(equal))  # a record crosses processes (research/run_pool.py)
+    assert (copied, copied.standard_error) == (equal, equal.standard_error)
     rate = binomial(20, 200)
     assert float(rate) == 0.1 and rate.standard_error == pytest.approx(math.sqrt(0.1 * 0.9 / 200))
     assert math.isnan(binomial(0, 0))

@@ -27,6 +27,9 @@ class Validated(float):
         validated.standard_error = standard_error
         return validated
 
+    def __getnewargs__(self) -> tuple[float, float]:  # type: ignore[override]  # pickle and copy rebuild both
+        return float(self), self.standard_error
+
 
 def mean_with_error(losses: torch.Tensor, weights: torch.Tensor) -> Validated:
     """The weighted mean of per-example ``losses`` and its standard error (weights of 0 leave an example
