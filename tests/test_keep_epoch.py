@@ -29,14 +29,15 @@ def epoch_values(*values: float | Validated) -> list[float | Validated]:
     return list(values)
 
 
-def kept_epoch(keep: str, values: list[float | Validated]) -> tuple[int, float]:
-    """The epoch and value ``EarlyStopping`` leaves after epochs measured ``values``, and a check that the
-    network holds that epoch's weights."""
+def kept_epoch(keep: str, values: list[float | Validated], patience: int = 10) -> tuple[int, float]:
+    """The epoch and value ``EarlyStopping`` leaves after epochs measured ``values`` (fewer where ``patience``
+    stops it), and a check that the network holds that epoch's weights."""
     net = nn.Linear(1, 1, bias=False)
-    stopping = EarlyStopping(patience=10, keep=keep)
+    stopping = EarlyStopping(patience=patience, keep=keep)
     for epoch, value in enumerate(values, start=1):
         nn.init.constant_(net.weight, float(epoch))  # the weights say which epoch they are
-        stopping.update(value, epoch, net)
+        if stopping.update(value, epoch, net):
+            break
     stopping.restore(net)
     assert net.weight.item() == stopping.best_epoch
     return stopping.best_epoch, stopping.best_error
@@ -55,6 +56,13 @@ def test_a_last_epoch_within_its_standard_error_of_the_best_is_kept() -> None:
 def test_a_last_epoch_beaten_by_more_than_its_standard_error_gives_way_to_the_best() -> None:
     values = epoch_values(Validated(0.10, 0.01), Validated(0.12, 0.01), Validated(0.14, 0.01))
     assert kept_epoch("last_unless_beaten", values) == (1, 0.10)
+
+
+def test_a_stage_patience_stopped_restores_its_best_however_close_the_last_came() -> None:
+    # Two epochs without improvement past patience 1: what followed the best taught nothing visible.
+    values = epoch_values(Validated(0.10, 0.05), Validated(0.12, 0.05), Validated(0.11, 0.05), Validated(0.1, 0.05))
+    assert kept_epoch("last_unless_beaten", values, patience=1) == (1, 0.10)
+    assert kept_epoch("last_unless_beaten", values[:3], patience=2) == (3, 0.11)  # ran out of epochs first
 
 
 def test_a_measure_without_a_standard_error_keeps_the_best_under_either_rule() -> None:
