@@ -62,6 +62,8 @@ FRESHNESS_ROW = "Freshness: what users saw lately, the model's age"
 #: The scraped paper stream's freshness bound in chunks, so that its line has numbers (unset by default).
 #: The greedy policy trains every chunk, so it never forces a stage.
 BOUND_CHUNKS = 3
+#: And a bound in examples that never binds (the stream's chunks are far smaller), for its line's numbers.
+BOUND_EXAMPLES = 10**6
 #: Label values each labelled family must show in full (from alma_daemon.metrics' fixed vocabularies).
 KNOWN_VALUES = {
     "set": metrics.ERROR_SETS,
@@ -322,7 +324,10 @@ def scraped_stream(tmp_path_factory):
     Module-scoped (one Prometheus for both live tests), hence PrometheusServer rather than the
     function-scoped ``prometheus_server`` factory; the exporter stays up until the tests are done.
     """
-    config = build_config({}, [*TINY, f"policy.max_model_age_chunks={BOUND_CHUNKS}"])
+    config = build_config(
+        {},
+        [*TINY, f"policy.max_model_age_chunks={BOUND_CHUNKS}", f"policy.max_model_age_examples={BOUND_EXAMPLES}"],
+    )
     yield from scrape_a_stream(tmp_path_factory, config)
 
 
