@@ -503,8 +503,9 @@ class TrainConfig:
     keep_epoch: Literal["best", "last_unless_beaten"] | None = Field(
         default=None,
         description='The epoch a stage keeps: "best" (the best on the validation set, the paper\'s) or '
-        '"last_unless_beaten" (the last, unless an earlier epoch validated better by more than its standard error: '
-        "a small stage's best epoch is mostly its luckiest draw of validation examples). None = last_unless_beaten "
+        '"last_unless_beaten" (where a stage ran out of epochs, the last, unless an earlier epoch validated better by '
+        "more than its standard error: a small stage's best epoch is mostly its luckiest draw of validation examples; "
+        "a stage train.patience stopped restores its best). None = last_unless_beaten "
         "for a team's task (docs/policies.md, \"What a stage trains on\"), best for the paper's.",
     )
     from_scratch: Bool = Field(
