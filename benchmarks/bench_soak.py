@@ -78,7 +78,11 @@ def config(args: argparse.Namespace, redis_url: str, bootstrap: str, state_dir: 
         },
         "learner": {"name": "sm", "width": 32},
         "train": {"epochs": 3, "patience": 1, "batch_size": 64, "max_stage_examples": args.max_stage_examples},
-        "policy": {"name": "adaptive", "max_model_age_chunks": args.max_age},
+        "policy": {
+            "name": "adaptive",
+            "max_model_age_chunks": args.max_age,
+            **({"max_model_age_examples": args.max_age_examples} if args.max_age_examples else {}),
+        },
         "kafka": {"bootstrap_servers": bootstrap, "topic": "alma.soak"},
         # Backpressure: the producer runs far ahead of training, and what it sent waits in Kafka, not Redis.
         "redis": {"url": redis_url, "max_buffer_bytes": args.buffer_bytes},
@@ -390,6 +394,9 @@ def main() -> None:
     parser.add_argument("--chunk-examples", type=int, default=50)
     parser.add_argument("--river-stream", default="hyperplane")
     parser.add_argument("--max-age", type=int, default=25, help="policy.max_model_age_chunks")
+    parser.add_argument(
+        "--max-age-examples", type=int, default=None, help="policy.max_model_age_examples (the one default: 500)"
+    )
     parser.add_argument("--replay-examples", type=int, default=2000, help="stream.replay_examples (window)")
     parser.add_argument("--max-stage-examples", type=int, default=3000, help="train.max_stage_examples")
     parser.add_argument("--buffer-bytes", type=int, default=128 << 10, help="redis.max_buffer_bytes")

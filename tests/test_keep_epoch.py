@@ -4,9 +4,9 @@ task, its last epoch unless an earlier one validated better by more than the las
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
-import pickle
 
 import pytest
 import torch
@@ -87,7 +87,8 @@ def test_the_standard_errors_are_the_textbook_ones() -> None:
     assert float(weighted) == pytest.approx(0.75)
     assert weighted.standard_error == pytest.approx(math.sqrt(0.75**2 + 9 * 0.25**2) / 4)
     assert math.isnan(mean_with_error(torch.ones(2), torch.zeros(2)))
-    copied = pickle.loads(pickle.dumps(equal))  # a record crosses processes (research/run_pool.py)
+    # A record crosses processes (research/run_pool.py): the reduce protocol pickle and copy share.
+    copied = copy.deepcopy(equal)
     assert (copied, copied.standard_error) == (equal, equal.standard_error)
     rate = binomial(20, 200)
     assert float(rate) == 0.1 and rate.standard_error == pytest.approx(math.sqrt(0.1 * 0.9 / 200))

@@ -94,25 +94,25 @@ class TaskLoss(ABC):
         if len(y) == 0:
             return math.nan
         outputs = self.answers(raw.float())
-        value = self.weighted_mean(outputs, y)
+        terms = self.measure.per_example(outputs, y)
+        mean = None if terms is None else mean_with_error(terms[0], self.example_weights(y) * terms[1])
+        # Weighted by class, the measure is that mean; else the measure's own value, as it always was.
+        value = float(mean) if mean is not None and self.weighs_classes else None
         if value is None:
             value = self.measure.loss(self.measure.measure(outputs, y).value)
         if math.isnan(value):
             return math.inf
-        terms = self.measure.per_example(outputs, y)
-        if terms is None:
-            return value
-        losses, counted = terms
-        return Validated(value, mean_with_error(losses, self.example_weights(y) * counted).standard_error)
+        return value if mean is None else Validated(value, mean.standard_error)
 
     def example_weights(self, y: torch.Tensor) -> torch.Tensor:
         """Each validation example's weight in the measure's mean (float64, on the CPU): 1 but where the
         task weights its classes."""
         return torch.ones(len(y), dtype=torch.float64)
 
-    def weighted_mean(self, outputs: torch.Tensor, y: torch.Tensor) -> float | None:
-        """The measure's mean with examples weighted by their class (None: no weights, or not a mean)."""
-        return None
+    @property
+    def weighs_classes(self) -> bool:
+        """Whether the measure's mean weighs each example by its class (``task.class_weights``)."""
+        return False
 
     def validate(self, net: nn.Module, val: LabeledData, meter: FlopMeter | None = None) -> float:
         """Early stopping's value of ``net`` on ``val`` (:data:`~alma_daemon.training.loop.Validate`)."""
@@ -159,14 +159,9 @@ class ClassificationLoss(TaskLoss):
             return super().example_weights(y)
         return self.weight.cpu().double()[y.cpu().long()]
 
-    def weighted_mean(self, outputs: torch.Tensor, y: torch.Tensor) -> float | None:
-        terms = None if self.weight is None else self.measure.per_example(outputs, y)
-        if self.weight is None or terms is None:
-            return None
-        losses, counted = terms
-        weights = self.example_weights(y) * counted
-        total = float(weights.sum())
-        return float((losses * weights).sum()) / total if total > 0 else math.nan
+    @property
+    def weighs_classes(self) -> bool:
+        return self.weight is not None
 
     @property
     def counts_errors(self) -> bool:
