@@ -113,6 +113,10 @@ RECIPES: dict[str, tuple[dict, str]] = {
         {"train.keep_epoch": "best"},
         "the new recipe keeping each stage's best epoch (before train.keep_epoch)",
     ),
+    "linear": (
+        {"train.linear_candidate": True},
+        "the new recipe with a linear candidate beside the network (train.linear_candidate)",
+    ),
 }
 REPLAY_RECIPE = "new, replay {}"
 #: The judgement asked of the new recipe's adaptive policy: served within this share of the best schedule's ...

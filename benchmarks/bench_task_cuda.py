@@ -1,9 +1,11 @@
 """A team's tasks on a GPU (issue 42): the task's measure, class weights and a regression's loss, on CUDA.
 
-Three streams through ``alma simulate``'s engine, each on the GPU and on the CPU of the same machine:
+Four streams through ``alma simulate``'s engine, each on the GPU and on the CPU of the same machine:
 
 - ``fraud``: examples/table/fraud.yaml, a team's 40,000 transactions (2 % fraud) judged by the cost of
   its mistakes, trained with class weights (its table is written by examples/table/make_transactions.py);
+- ``fraud-rare``: examples/table/fraud-rare.yaml, the rare-fraud history with a changing rule (0.7 % fraud),
+  whose stages also train a linear and a from-scratch candidate and calibrate the decision;
 - ``regression``: a Friedman #1 table (10 uniform features, 5 of them relevant, unit noise), written by
   this script with numpy so that River need not be installed, judged by the mean squared error;
 - ``mnist-sm``: the README's main job (the paper's error rate), whose series must not have changed.
@@ -60,9 +62,15 @@ def stream_configs(data: Path) -> dict[str, tuple[str | None, list[str]]]:
         subprocess.run(
             [sys.executable, str(ROOT / "examples/table/make_transactions.py"), str(transactions)], check=True
         )
+    rare = data / "transactions-rare.csv"
+    if not rare.exists():
+        subprocess.run(
+            [sys.executable, str(ROOT / "examples/table/make_transactions.py"), "--rare", str(rare)], check=True
+        )
     regression = friedman_table(data / "friedman.csv")
     return {
         "fraud": ("examples/table/fraud.yaml", [f"dataset.files={transactions}"]),
+        "fraud-rare": ("examples/table/fraud-rare.yaml", [f"dataset.files={rare}"]),
         "regression": (
             None,
             [
@@ -92,7 +100,7 @@ def run(name: str, path: str | None, overrides: list[str], device: str) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--streams", nargs="+", default=["fraud", "regression", "mnist-sm"])
+    parser.add_argument("--streams", nargs="+", default=["fraud", "fraud-rare", "regression", "mnist-sm"])
     parser.add_argument("--devices", nargs="+", default=["cuda", "cpu"])
     parser.add_argument("--data", default=str(ROOT / "runs" / "data"), help="where the generated tables are written")
     parser.add_argument("--out", default=str(RESULTS / "task_cuda.json"))

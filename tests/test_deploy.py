@@ -21,7 +21,11 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
-import tomllib
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the test extra installs tomli
+    import tomli as tomllib
 import yaml
 
 from alma_daemon.cli import build_parser

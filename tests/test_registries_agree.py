@@ -21,7 +21,11 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-import tomllib
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the test extra installs tomli
+    import tomli as tomllib
 from pydantic import TypeAdapter
 
 from alma_daemon.config import ConfigError, LearnerConfig, PolicyConfig, build_config

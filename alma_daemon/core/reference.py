@@ -100,7 +100,8 @@ class ReferenceLearner:
 
         frame = pd.DataFrame(self._matrix(x), columns=self.names)
         if self.kind == "regression":
-            return torch.from_numpy(np.asarray(self.pipeline.predict_many(frame), dtype=np.float64))
+            # A copy: pandas may hand back a read-only view, which torch warns of.
+            return torch.from_numpy(np.array(self.pipeline.predict_many(frame), dtype=np.float64))
         probabilities = self.pipeline.predict_proba_many(frame)
         if self.kind == "binary":
             positive = np.asarray(probabilities[True], dtype=np.float64)
