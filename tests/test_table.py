@@ -247,7 +247,8 @@ def test_the_example_history_reads_as_its_config_says(tmp_path):
     assert (len(table.train), len(table.test)) == (36_000, 4_000)
     assert 0.015 < float(table.train.y.float().mean()) < 0.03
     runs = load_grid(REPO / "examples" / "table" / "fraud-policies.yaml")
-    assert [run.name for run, _ in runs] == ["policy=fixed_1", "policy=fixed_5", "policy=adaptive", "policy=forecast"]
+    names = ["policy=fixed_1", "policy=fixed_5", "policy=adaptive", "policy=adaptive_500", "policy=forecast"]
+    assert [run.name for run, _ in runs] == names
     assert all(config.dataset.name == "table" for _, config in runs)
 
 

@@ -39,7 +39,8 @@ from alma_daemon.data.streams import Chunk, build_drift, prequential_sample, spl
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import Learner
 from alma_daemon.learners.growth_report import GrowthReport
-from alma_daemon.measures import Measure, Measurement
+from alma_daemon.measures import Measure, Measurement, target_of
+from alma_daemon.measures.classification import LogLoss
 from alma_daemon.measures.decision import RELIABILITY_EDGES, reliability
 from alma_daemon.seeding import derive_seed
 from alma_daemon.training.loop import FitReport, Trainer
@@ -349,10 +350,10 @@ class Engine:
         if task.kind != "classification":
             loss = self.learner.task_measure.loss(self.learner.measure_on(val).value)
         else:
-            y = val.y.long()
+            y = val.y.long().cpu()
+            losses, _ = LogLoss(target_of(task)).per_example(self.learner.outputs(val), y)
             weights = torch.tensor(task.class_weights or [1.0] * task.num_classes, dtype=torch.float64)[y]
-            chosen = self.learner.outputs(val).double()[torch.arange(len(y)), y].clamp_min(1e-12)
-            loss = float(-(chosen.log() * weights).sum() / weights.sum().clamp_min(1e-12))
+            loss = float((losses * weights).sum() / weights.sum().clamp_min(1e-12))
         # A model whose outputs went NaN must lose every comparison, not win them all by comparing false.
         return loss if math.isfinite(loss) else math.inf
 
