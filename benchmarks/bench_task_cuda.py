@@ -5,7 +5,7 @@ Four streams through ``alma simulate``'s engine, each on the GPU and on the CPU 
 - ``fraud``: examples/table/fraud.yaml, a team's 40,000 transactions (2 % fraud) judged by the cost of
   its mistakes, trained with class weights (its table is written by examples/table/make_transactions.py);
 - ``fraud-rare``: examples/table/fraud-rare.yaml, the rare-fraud history with a changing rule (0.7 % fraud),
-  whose stages also train a linear and a from-scratch candidate and calibrate the decision;
+  whose stages also train a linear candidate and calibrate the decision;
 - ``regression``: a Friedman #1 table (10 uniform features, 5 of them relevant, unit noise), written by
   this script with numpy so that River need not be installed, judged by the mean squared error;
 - ``mnist-sm``: the README's main job (the paper's error rate), whose series must not have changed.
