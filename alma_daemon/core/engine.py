@@ -45,6 +45,7 @@ from alma_daemon.measures.decision import RELIABILITY_EDGES, reliability
 from alma_daemon.seeding import derive_seed
 from alma_daemon.training.loop import FitReport, Trainer
 from alma_daemon.training.optim import resolve_optimizer_name
+from alma_daemon.training.validated import mean_with_error
 from policies import Decision, Policy, PolicyState
 
 log = logging.getLogger(__name__)
@@ -353,7 +354,7 @@ class Engine:
             y = val.y.long().cpu()
             losses, _ = LogLoss(target_of(task)).per_example(self.learner.outputs(val), y)
             weights = torch.tensor(task.class_weights or [1.0] * task.num_classes, dtype=torch.float64)[y]
-            loss = float((losses * weights).sum() / weights.sum().clamp_min(1e-12))
+            loss = float(mean_with_error(losses, weights))
         # A model whose outputs went NaN must lose every comparison, not win them all by comparing false.
         return loss if math.isfinite(loss) else math.inf
 
