@@ -109,6 +109,10 @@ RECIPES: dict[str, tuple[dict, str]] = {
         "issue 50's default: pooled validation set (2,000), class-stratified replay reservoir (4,000, half-life 1 chunk), "
         "the last epoch kept unless beaten by more than its standard error",
     ),
+    "no-reset": (
+        {"stream.reservoir_reset": False},
+        "the new recipe without the reservoir reset: the old examples leave only as the half-life decays them",
+    ),
     "best-epoch": (
         {"train.keep_epoch": "best"},
         "the new recipe keeping each stage's best epoch (before train.keep_epoch)",

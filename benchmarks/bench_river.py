@@ -74,6 +74,7 @@ REGRESSION_LOSSES: dict[str, Callable[[float], float]] = {"mse": lambda error: e
 RECIPES: dict[str, dict[str, dict]] = {
     "new": {},
     "old": {"stream": {"replay": False, "validation_examples": 0}},
+    "no-reset": {"stream": {"reservoir_reset": False}},
     "linear": {"train": {"linear_candidate": True}},
 }
 #: alma's policies by name: the adaptive policy alone, or with the bound a team's one default adds

@@ -153,3 +153,50 @@ def test_a_backtest_that_never_fills_the_pooled_validation_set_says_so(tmp_path,
         engine.say_unfilled_pool()
     (warning,) = [r.getMessage() for r in caplog.records]
     assert warning.startswith("stream.validation_examples=2000 is more than the 80 examples this stream's 2 chunks")
+
+
+def stage_examples(tmp_path, version: int) -> int:
+    return json.loads((tmp_path / "model" / str(version) / "metrics.json").read_text())["examples"]
+
+
+def changing_chunks(flip_at: int, count: int = 6, size: int = 400) -> list[Chunk]:
+    """Chunks whose fraud rule moves to two other features from chunk ``flip_at`` on."""
+    data = fraud_data(size * count, seed=4, share=0.2)
+    moved = data.y.bool() & (torch.arange(len(data)) >= size * (flip_at - 1))
+    data.x[moved, :2] -= 3.0
+    data.x[moved, 2:4] += 3.0
+    return [Chunk(i, data.subset(slice((i - 1) * size, i * size))) for i in range(1, count + 1)]
+
+
+def said_changed(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "the stream changed" in r.getMessage()]
+
+
+def test_where_the_stream_changes_the_reservoirs_restart_from_the_new_chunks_and_say_so(tmp_path, caplog):
+    engine = engine_for(tmp_path, COST_TASK, epochs=10)
+    stream = changing_chunks(flip_at=4)
+    with caplog.at_level(logging.WARNING, logger="alma_daemon.core.team_stage"):
+        for chunk in stream[:3]:
+            engine.on_chunk(chunk)
+        assert not said_changed(caplog), "a still stream keeps its reservoirs"
+        engine.on_chunk(stream[3])
+    (said,) = said_changed(caplog)
+    assert said.startswith("the stream changed: the served model's loss on the 400 new examples") and (
+        "stream.reservoir_reset" in said
+    )
+    # The stage of the change trained and validated on its chunk alone, and both sets hold only that chunk.
+    assert stage_examples(tmp_path, 4) == 400
+    assert [row.get("restarted") for row in engine.state.series] == [None, None, None, True]
+    assert len(engine.team.validation_pool) == 40 and len(engine.team.replay_reservoir) == 360
+    # The next stage reads them again: its 360 new training examples, as many replayed, the pool's 80.
+    engine.on_chunk(stream[4])
+    assert stage_examples(tmp_path, 5) == 360 + 360 + 80
+
+
+def test_with_reservoir_reset_off_a_changed_stream_keeps_its_reservoirs(tmp_path, caplog):
+    engine = engine_for(tmp_path, COST_TASK, stream={"reservoir_reset": False}, epochs=10)
+    with caplog.at_level(logging.WARNING, logger="alma_daemon.core.team_stage"):
+        for chunk in changing_chunks(flip_at=4)[:4]:
+            engine.on_chunk(chunk)
+    assert not said_changed(caplog)
+    assert len(engine.team.validation_pool) == 160 and stage_examples(tmp_path, 4) > 400

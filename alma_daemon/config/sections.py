@@ -381,6 +381,14 @@ class StreamConfig:
         "half as much every this many chunks (a weighted reservoir: recent chunks dominate, a rare class's older "
         "examples stay while its quota has room). None = a uniform sample of the whole stream.",
     )
+    reservoir_reset: Bool = Field(
+        default=True,
+        description="A team's replay and pooled validation sets restart where the stream changed: where the loss "
+        "of the model that served a stage's new chunks is above its loss on the pooled validation set by more "
+        "than 3 standard errors, the old examples would teach and judge a rule that left, so that stage trains "
+        "and validates on its new chunks alone and both sets restart from them (said in the log). false = the "
+        "old examples leave only as stream.reservoir_half_life decays them.",
+    )
     validation_examples: Int | None = Field(
         default=None,
         ge=0,

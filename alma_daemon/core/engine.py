@@ -33,14 +33,13 @@ from alma_daemon.core.engine_state import EngineState
 from alma_daemon.core.records import CUMULATIVE_MEASURES, StageRecord, StepRecord
 from alma_daemon.core.reference import ReferenceLearner
 from alma_daemon.core.stage_plan import StagePlan
-from alma_daemon.core.team_stage import TeamStage
+from alma_daemon.core.team_stage import StageExamples, TeamStage, example_losses
 from alma_daemon.data.datasets import TaskInfo
 from alma_daemon.data.streams import Chunk, build_drift, prequential_sample, split_chunk
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import Learner
 from alma_daemon.learners.growth_report import GrowthReport
-from alma_daemon.measures import Measure, Measurement, target_of
-from alma_daemon.measures.classification import LogLoss
+from alma_daemon.measures import Measure, Measurement
 from alma_daemon.measures.decision import RELIABILITY_EDGES, reliability
 from alma_daemon.seeding import derive_seed
 from alma_daemon.training.loop import FitReport, Trainer
@@ -310,20 +309,21 @@ class Engine:
         self,
         tuned: FitReport,
         candidates: list[tuple[str, dict[str, Any]]],
-        examples: tuple[LabeledData, LabeledData, LabeledData],
+        examples: StageExamples,
+        fit_val: LabeledData,
         trainer: Trainer,
         stage: int,
     ) -> tuple[FitReport, str]:
-        """The fine-tuned model against each of ``candidates`` trained on the same examples; the one with the
-        lower :meth:`_validation_loss` is kept, with its own decision. Every training counts in the stage's
-        compute."""
-        train, val, fit_val = examples
+        """The fine-tuned model against each of ``candidates`` trained on the same examples (``fit_val``: what
+        early stopping reads); the one with the lower :meth:`_validation_loss` is kept, with its own decision.
+        Every training counts in the stage's compute."""
+        train, val = examples.train, examples.val
         best = (self._validation_loss(val), "finetune", self._snapshot(), tuned)
         flops, seconds = tuned.flops, tuned.seconds
         for kind, arch in candidates:
             self.learner.rebuild(arch, derive_seed(self.config.seed, kind, stage))
             report = self.learner.fit(train, fit_val, trainer)
-            self.team.choose_decision(self.learner, val)
+            self.team.choose_decision(self.learner, examples)
             flops, seconds = flops + report.flops, seconds + report.seconds
             loss = self._validation_loss(val)
             if loss < best[0]:
@@ -351,10 +351,7 @@ class Engine:
         if task.kind != "classification":
             loss = self.learner.task_measure.loss(self.learner.measure_on(val).value)
         else:
-            y = val.y.long().cpu()
-            losses, _ = LogLoss(target_of(task)).per_example(self.learner.outputs(val), y)
-            weights = torch.tensor(task.class_weights or [1.0] * task.num_classes, dtype=torch.float64)[y]
-            loss = float(mean_with_error(losses, weights))
+            loss = float(mean_with_error(*example_losses(self.learner, val)))
         # A model whose outputs went NaN must lose every comparison, not win them all by comparing false.
         return loss if math.isfinite(loss) else math.inf
 
@@ -375,12 +372,12 @@ class Engine:
                 kind = "grow"
         if self.config.train.from_scratch and self.state.stages_done > 0:
             self.learner.reinitialize(derive_seed(self.config.seed, "scratch", stage))
-        fit_val = val if self.team.stops_early(stage, val, self.learner) else val.subset(slice(0, 0))
+        fit_val = val if self.team.stops_early(stage, examples, self.learner) else val.subset(slice(0, 0))
         candidates = self._candidates(kind)
         report: FitReport = self.learner.fit(train, fit_val, trainer)
-        self.team.choose_decision(self.learner, val)
+        self.team.choose_decision(self.learner, examples)
         if candidates:
-            report, kind = self._best_of(report, candidates, (train, val, fit_val), trainer, stage)
+            report, kind = self._best_of(report, candidates, examples, fit_val, trainer, stage)
         # The passes that chose how to grow (validation losses, candidate scoring) are training compute.
         report = replace(report, flops=report.flops + int(growth.flops or 0 if growth else 0))
         self.buffer.mark_trained(self.stage_plan, data.choice)
@@ -410,6 +407,7 @@ class Engine:
             examples=len(train) + len(val),
             skipped=list(data.dropped) or None,
             threshold=self.learner.task.threshold,
+            restarted=examples.restarted or None,
         )
         log.info("trained", extra={k: v for k, v in record.as_row().items() if k != "chunks"})
         bound = self.config.policy.max_model_age_seconds

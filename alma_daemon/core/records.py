@@ -111,6 +111,9 @@ class StageRecord:
     #: A binary task's decision for the version: the positive class's calibrated probability from which
     #: it is served (``task.decision``; None: the most probable class).
     threshold: float | None = column(default=None, in_step=True, only_if_set=True)
+    #: True where the stream had changed and the stage restarted the replay and validation sets from its new
+    #: chunks, training on them alone (``stream.reservoir_reset``); None elsewhere.
+    restarted: bool | None = column(default=None, in_step=True, only_if_set=True)
     train_flops: int = column()
     train_seconds: float = column()
     model_version: int = column()

@@ -5,12 +5,16 @@ The paper's stage fine-tunes on the pending chunks and stops early on their 10 %
 small and imbalanced. :class:`TeamStage` holds the two example reservoirs (core/example_reservoir.py)
 the engine's stages read and leave, saves them with each model version and restores them from it, and
 chooses a binary task's calibration and threshold after each stage (alma_daemon/measures/decision.py).
-With the paper's recipe (``StageRecipe`` keeping nothing and pooling nothing) it changes nothing.
+Where the stream changed (the newest chunks' loss well above the pooled validation set's under the model
+that served them), the old examples would teach and judge a rule that left: both reservoirs restart from
+the new chunks, and that stage trains and validates on them alone. With the paper's recipe (``StageRecipe``
+keeping nothing and pooling nothing) it changes nothing.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, replace
 
 import torch
@@ -22,6 +26,8 @@ from alma_daemon.core.chunk_buffer import StageData
 from alma_daemon.core.example_reservoir import ExampleReservoir, proportional_quotas
 from alma_daemon.data.tensors import LabeledData
 from alma_daemon.learners import Learner
+from alma_daemon.measures import target_of
+from alma_daemon.measures.classification import LogLoss
 from alma_daemon.measures.decision import (
     THRESHOLD_DECISIONS,
     calibrated,
@@ -29,8 +35,13 @@ from alma_daemon.measures.decision import (
     fit_calibration,
     prior_calibration,
 )
+from alma_daemon.training.validated import mean_with_error
 
 log = logging.getLogger(__name__)
+
+#: The stream changed (:meth:`TeamStage.changed`) where the new chunks' loss is above the pooled validation
+#: set's by more than this many standard errors of the difference: rare by chance on a still stream.
+CHANGE_Z = 3.0
 
 #: A pooled validation set decides when a stage stops from this many examples (a binary task: positives)
 #: on; with fewer, one mistake more or less moves the measure more than an epoch does.
@@ -51,6 +62,26 @@ class StageExamples:
     val: LabeledData
     pool: ExampleReservoir | None
     replay: ExampleReservoir | None
+    #: Whether the stage replays and validates on the reservoirs, or on its own chunks alone.
+    pooled: bool
+    #: Whether the stream had changed, so that the reservoirs restarted from the stage's new chunks.
+    restarted: bool = False
+
+
+def example_losses(learner: Learner, data: LabeledData) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each example's loss under ``learner`` and its weight: a classifier's log-loss weighted by
+    ``task.class_weights`` (a decision's error on a few positives is too coarse to compare models by), a
+    regression's measure (none where the measure has no per-example value)."""
+    task, outputs, y = learner.task, learner.outputs(data), data.y.cpu()
+    if task.kind != "classification":
+        measured = learner.task_measure.per_example(outputs, y)
+        if measured is None:
+            return torch.zeros(0), torch.zeros(0)
+        losses, counted = measured
+        return losses, counted.double()
+    losses, _ = LogLoss(target_of(task)).per_example(outputs, y.long())
+    weights = torch.tensor(task.class_weights or [1.0] * task.num_classes, dtype=torch.float64)[y.long()]
+    return losses, weights
 
 
 class TeamStage:
@@ -72,12 +103,18 @@ class TeamStage:
         many of its examples as the stage has new ones (within the stage cap ``cap``), then is offered
         them. Both keep the stream's class mix (stratified, so a rare class is never sampled away), the
         validation set with a floor of ``serving.promotion_min_positives`` of each class (the guard's
-        minimum) where the stream has had them."""
+        minimum) where the stream has had them. Where the stream changed (:meth:`changed`), both restart
+        from the new chunks, and the stage trains and validates on them alone."""
         recipe, seed = self.recipe, self.config.stream.seed
         train, val = data.train, data.val
         task = learner.task
         strata = task.num_classes if task.kind == "classification" else 1
-        pool = self.validation_pool
+        pool, replay = self.validation_pool, self.replay_reservoir
+        pooled = bool(recipe.validation_examples or recipe.keep == "classes")
+        restarted = pooled and self.config.stream.reservoir_reset and self.changed(data, learner)
+        if restarted:
+            pool = replay = None
+            pooled = False
         if recipe.validation_examples:
             quotas = proportional_quotas(self.config.serving.promotion_min_positives)
             pool = (pool or ExampleReservoir.empty(train, strata)).offered_splits(
@@ -87,35 +124,60 @@ class TeamStage:
             # chunks hold out, at least MIN_STAGE_VALIDATION, reaching further back only for the positives
             # early stopping needs. Further back is the guard's: on a moving stream (a new fraud rule) old
             # examples would stop a stage before it learns what holds now.
-            wanted = max(len(data.val), MIN_STAGE_VALIDATION)
-            val = pool.sample(wanted, proportional_quotas(MIN_STOPPING_POSITIVES))
-        replay = self.replay_reservoir
+            if pooled:
+                wanted = max(len(data.val), MIN_STAGE_VALIDATION)
+                val = pool.sample(wanted, proportional_quotas(MIN_STOPPING_POSITIVES))
         if recipe.keep == "classes":
             assert recipe.replay_examples is not None  # StreamConfig.recipe
             replay = replay or ExampleReservoir.empty(train, strata)
             room = len(train)
             if cap is not None:
                 room = min(room, max(0, cap - len(data.train) - len(data.val)))
-            if room and len(replay):
+            if pooled and room and len(replay):
                 train = LabeledData.concat([train, replay.sample(room, REPLAY_QUOTAS)])
             replay = replay.offered_splits(
                 data.fresh, "train", seed, recipe.replay_examples, REPLAY_QUOTAS, recipe.half_life
             )
-        return StageExamples(train, val, pool, replay)
+        return StageExamples(train, val, pool, replay, pooled, restarted)
 
     def trained(self, examples: StageExamples) -> None:
         """The stage of ``examples`` trained: its reservoirs are the ones later stages read."""
         self.validation_pool, self.replay_reservoir = examples.pool, examples.replay
+
+    def changed(self, data: StageData, learner: Learner) -> bool:
+        """Whether the stream changed since the pooled validation set was drawn: the loss of the model that
+        served the stage's new chunks (class-weighted log-loss, or the regression's measure per example) is
+        above its loss on the pool, weighted back to the stream's class mix, by more than
+        :data:`CHANGE_Z` standard errors of the difference. Neither was trained on."""
+        pool = self.validation_pool
+        if pool is None or len(pool) < MIN_STOPPING_EXAMPLES or not data.fresh:
+            return False
+        fresh = LabeledData.concat([part for chunk in data.fresh for part in (chunk.train, chunk.val)])
+        now = mean_with_error(*example_losses(learner, fresh))
+        losses, weights = example_losses(learner, pool.data)
+        before = mean_with_error(losses, weights * pool.stream_weights(pool.data.y))
+        spread = math.hypot(now.standard_error, before.standard_error)
+        if not spread > 0 or (now - before) / spread <= CHANGE_Z:
+            return False
+        self._say(
+            "change",
+            f"the stream changed: the served model's loss on the {len(fresh)} new examples ({now:.4g}) is above "
+            f"its loss on the pooled validation set ({before:.4g}) by {(now - before) / spread:.1f} standard "
+            "errors; the replay and validation sets restart from the new chunks, which this stage trains on "
+            "alone (stream.reservoir_reset)",
+        )
+        return True
 
     def replayed_examples(self, pending_train_examples: int) -> int:
         """The replayed examples the next stage adds to its ``pending_train_examples``, about."""
         held = len(self.replay_reservoir) if self.replay_reservoir is not None else 0
         return min(held, pending_train_examples)
 
-    def stops_early(self, stage: int, val: LabeledData, learner: Learner) -> bool:
-        """Whether a stage with a pooled validation set has enough of it to decide when to stop; with too
-        few examples (or positives) it trains every one of ``train.epochs`` epochs and keeps the last."""
-        if not self.recipe.validation_examples:
+    def stops_early(self, stage: int, examples: StageExamples, learner: Learner) -> bool:
+        """Whether a stage validating on the pooled validation set has enough of it to decide when to stop;
+        with too few examples (or positives) it trains every one of ``train.epochs`` epochs and keeps the last."""
+        val = examples.val
+        if not (self.recipe.validation_examples and examples.pooled):
             return True
         task = learner.task
         if task.target_kind == "binary":
@@ -131,11 +193,11 @@ class TeamStage:
         )
         return False
 
-    def choose_decision(self, learner: Learner, val: LabeledData) -> None:
+    def choose_decision(self, learner: Learner, examples: StageExamples) -> None:
         """A binary task's decision for the version a stage made: its probabilities calibrated on the
-        stage's validation set (weighted back to the stream's class mix) and the threshold its
+        stage's validation set (a pooled one weighted back to the stream's class mix) and the threshold its
         ``task.decision`` asks for, both into the learner's task (alma_daemon/measures/decision.py)."""
-        task = learner.task
+        task, val = learner.task, examples.val
         if task.target_kind != "binary" or task.decision not in THRESHOLD_DECISIONS:
             return
         positives = val.y == task.positive
@@ -144,8 +206,8 @@ class TeamStage:
             return
         learner.task = replace(task, calibration=None, threshold=None)
         raw = learner.outputs(val)
-        pool = self.validation_pool
-        weights = pool.stream_weights(val.y) if pool is not None else torch.ones(len(val))
+        pool = examples.pool
+        weights = pool.stream_weights(val.y) if pool is not None and examples.pooled else torch.ones(len(val))
         prior = prior_calibration(task.class_weights, task.positive)
         calibration = fit_calibration(raw, positives, weights, task.positive, prior) or prior
         probabilities = calibrated(raw, calibration, task.positive)[:, task.positive]
