@@ -170,6 +170,11 @@ CUMULATIVE_PARAMETERS = Gauge(
     "alma_cumulative_parameters", "Sum over chunks of the model's parameters (Eq. 2)", registry=REGISTRY
 )
 MODEL_UPDATES = Counter("alma_model_updates", "Training stages by kind", ["kind"], registry=REGISTRY)
+RESERVOIR_RESTARTS = Counter(
+    "alma_reservoir_restarts",
+    "Stages that restarted a team's replay and validation sets: the stream had changed (stream.reservoir_reset)",
+    registry=REGISTRY,
+)
 POLICY_DECISIONS = Counter("alma_policy_decisions", "Policy decisions by outcome", ["action"], registry=REGISTRY)
 TRAIN_DURATION = Histogram(
     "alma_train_duration_seconds",

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import time
@@ -180,7 +181,7 @@ def main() -> None:
     )
     header = (
         "# The reservoir reset: each recipe's served measure under the one default policy\n\n"
-        f"`{command}`  \n{platform.node() or 'this machine'}, {platform.processor() or platform.machine()}; seeds "
+        f"`{command}`  \n{platform.machine()}, {os.cpu_count()} cores, one torch thread a run; seeds "
         f"{args.seeds}. Served: the mean prequential measure over the stream's second half (error; Friedman: "
         "MSE), mean over the seeds. x best other: the default's served measure / the better of own chunk's and "
         "no reset's. Restarts: the default's stages that restarted the reservoirs, per seed.\n\n"

@@ -21,6 +21,7 @@ from alma_daemon.infra.unreachable import ServerUnreachable
 from alma_daemon.observability.exporter import MetricsObserver, start_exporter
 from alma_daemon.research import simulate
 from alma_daemon.research.simulate import run_simulation
+from tests.helpers.configs import sea_stream_config
 from tests.helpers.data import TINY_MNIST as TINY
 from tests.helpers.servers import free_ports, http_request, port_open
 from tests.helpers.team_records import team_record
@@ -37,6 +38,7 @@ DESIGN_METRICS = {
     "alma_parameters": "gauge",
     "alma_cumulative_parameters": "gauge",
     "alma_model_updates_total": "counter",
+    "alma_reservoir_restarts_total": "counter",
     "alma_train_duration_seconds": "histogram",
     "alma_swap_duration_seconds": "histogram",
     "alma_model_version": "gauge",
@@ -193,6 +195,16 @@ def test_observer_reports_what_the_engine_recorded(exporter):
     assert math.isnan(value(after, "alma_freshness_bound_chunks"))
     assert math.isnan(value(after, "alma_freshness_bound_examples"))
     assert math.isnan(value(after, "alma_freshness_bound_seconds"))
+
+
+def test_a_stage_that_restarted_the_reservoirs_is_counted(exporter):
+    pytest.importorskip("river")
+    before = value(scrape(exporter.url), "alma_reservoir_restarts_total")
+    config = sea_stream_config({}, stream={"drift": {"kind": "permute_labels", "at": 3}})
+    series = run_simulation(config, None, progress=False, observers=[MetricsObserver(in_process_source=True)])["series"]
+    restarted = sum(bool(row.get("restarted")) for row in series)
+    assert restarted == 1  # the stage on the first permuted chunk
+    assert value(scrape(exporter.url), "alma_reservoir_restarts_total") - before == restarted
 
 
 def test_the_models_age_rises_between_stages_and_the_bounds_are_the_configs(exporter):

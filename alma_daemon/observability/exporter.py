@@ -185,6 +185,8 @@ class MetricsObserver(EngineObserver):
 
     def on_stage(self, stage: StageRecord, engine: Engine) -> None:
         metrics.MODEL_UPDATES.labels(stage.kind).inc()
+        if stage.restarted:
+            metrics.RESERVOIR_RESTARTS.inc()
         # The engine adds the stage to its total after its observers have seen it.
         self._count_flops_up_to(engine.state.cumulative_train_flops + stage.train_flops)
         metrics.TRAIN_DURATION.observe(stage.train_seconds)
