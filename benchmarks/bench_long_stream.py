@@ -31,7 +31,8 @@ Recipes (issue 50). A team's task (two classes, a regression) now trains each st
 pooled validation set, a recency-weighted class-stratified replay reservoir (``stream.replay_keep:
 classes``), and, where a binary task is judged by cost, the cost-minimizing decision.
 ``--recipes old new`` runs every configuration under each (:data:`RECIPES`; the recipe is part of a run's
-cache key and of its label), ``--replay-examples N`` adds the new recipe with a replay set of N examples,
+cache key and of its label), ``--replay-examples N`` adds the new recipe with a replay set of N examples (``--stage-examples N``:
+with stages of at least N examples),
 and the report adds a table per stream of each policy's served measure and FLOPs under each recipe,
 beside the served measure of the River linear reference that learns prequentially beside the network
 (``served_reference_*``). The old recipe is the override set ``stream.replay: false``,
@@ -123,16 +124,19 @@ RECIPES: dict[str, tuple[dict, str]] = {
     ),
 }
 REPLAY_RECIPE = "new, replay {}"
+STAGE_RECIPE = "new, stage {}"
 #: The judgement asked of the new recipe's adaptive policy: served within this share of the best schedule's ...
 SERVED_TOLERANCE = 0.03
 #: ... at no more than this many times its FLOPs.
 FLOPS_TOLERANCE = 1.25
 
 
-def recipes(names: list[str], replay_examples: list[int]) -> dict[str, dict]:
-    """The recipes to run by name: ``names`` of :data:`RECIPES`, then the new recipe with each replay set size."""
+def recipes(names: list[str], replay_examples: list[int], stage_examples: list[int]) -> dict[str, dict]:
+    """The recipes to run by name: ``names`` of :data:`RECIPES`, then the new recipe with each replay set size
+    and with each least stage size."""
     chosen = {name: RECIPES[name][0] for name in names}
     chosen.update({REPLAY_RECIPE.format(n): {"stream.replay_examples": n} for n in replay_examples})
+    chosen.update({STAGE_RECIPE.format(n): {"stream.stage_examples": n} for n in stage_examples})
     return chosen
 
 
@@ -720,6 +724,13 @@ def main() -> None:
         default=[],
         help="also run the new recipe with a replay set of each of these many examples (stream.replay_examples)",
     )
+    parser.add_argument(
+        "--stage-examples",
+        nargs="*",
+        type=int,
+        default=[],
+        help="also run the new recipe with stages of at least each of these many examples (stream.stage_examples)",
+    )
     parser.add_argument("--chunks", type=int, default=2000, help="stream.megabatches (default 2000)")
     parser.add_argument("--chunk-examples", type=int, default=100, help="examples a chunk (default 100)")
     parser.add_argument("--width", type=int, default=32, help="learner.width of the SM MLP (default 32)")
@@ -744,7 +755,7 @@ def main() -> None:
         "train.epochs": args.epochs,
     }
     policies = grid(args.waits, args.bounds, args.detectors, args.policies, args.example_bounds)
-    chosen = recipes(args.recipes, args.replay_examples)
+    chosen = recipes(args.recipes, args.replay_examples, args.stage_examples)
     cache = RecordFile(args.runs)
     if not args.report_only:
         tasks = [
@@ -770,6 +781,7 @@ def main() -> None:
             [
                 f"--recipes {' '.join(args.recipes)}",
                 *([f"--replay-examples {' '.join(map(str, args.replay_examples))}"] if args.replay_examples else []),
+                *([f"--stage-examples {' '.join(map(str, args.stage_examples))}"] if args.stage_examples else []),
                 f"--streams {' '.join(args.streams)}",
                 f"--policies {' '.join(args.policies)}",
                 f"--seeds {' '.join(map(str, args.seeds))}",

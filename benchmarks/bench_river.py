@@ -42,6 +42,7 @@ paper's recipe); ``--recipe old`` runs it with ``stream.replay: false``, ``strea
     python benchmarks/bench_river.py --recipe old --out benchmarks/results/river_old_recipe.json
     python benchmarks/bench_river.py --recipe linear --out benchmarks/results/river_linear.json
     python benchmarks/bench_river.py --policy team-default --out benchmarks/results/river_team_default.json
+    python benchmarks/bench_river.py --policy team-default --recipe stage-2000 --streams agrawal sea hyperplane bananas --out benchmarks/results/river_one_default.json
     python benchmarks/bench_river.py --streams friedman friedman-drift --out benchmarks/results/river_regression.json
     python benchmarks/bench_river.py --streams agrawal sea --examples 5000
 """
@@ -76,12 +77,18 @@ RECIPES: dict[str, dict[str, dict]] = {
     "old": {"stream": {"replay": False, "validation_examples": 0}},
     "no-reset": {"stream": {"reservoir_reset": False}},
     "linear": {"train": {"linear_candidate": True}},
+    "stage-2000": {"stream": {"stage_examples": 2000}},
+    "stage-3000": {"stream": {"stage_examples": 3000}},
+    "stage-4000": {"stream": {"stage_examples": 4000}},
 }
-#: alma's policies by name: the adaptive policy alone, or with the bound a team's one default adds
-#: (docs/policies.md, "One default for a team").
+#: alma's policies by name: the adaptive policy alone, with the bound of a team's one default (docs/policies.md,
+#: "One default for a team"; with --recipe stage-2000 the whole of it), and with River's Page-Hinkley test
+#: without and with a looser bound (candidates for the one default).
 POLICIES: dict[str, dict] = {
     "adaptive": {"name": "adaptive"},
     "team-default": {"name": "adaptive", "max_model_age_examples": 500},
+    "page-hinkley": {"name": "adaptive", "drift_detector": "page_hinkley"},
+    "page-hinkley-2000": {"name": "adaptive", "drift_detector": "page_hinkley", "max_model_age_examples": 2000},
 }
 #: The row of the River linear reference that learned beside alma's network (the run's summary).
 REFERENCE = "alma's River linear reference (chunk-prequential, beside the MLP)"
@@ -387,13 +394,17 @@ def main() -> None:
         choices=list(RECIPES),
         default="new",
         help="alma's stage recipe: new (the defaults since issue 50), old (stream.replay false, "
-        "stream.validation_examples 0) or linear (new, with train.linear_candidate)",
+        "stream.validation_examples 0), no-reset (new, stream.reservoir_reset false), linear (new, with "
+        "train.linear_candidate), stage-2000, stage-3000 or stage-4000 (new, with stream.stage_examples; streams of two "
+        "classes or a regression)",
     )
     parser.add_argument(
         "--policy",
         choices=list(POLICIES),
         default="adaptive",
-        help="alma's policy: adaptive, or team-default (adaptive with policy.max_model_age_examples 500)",
+        help="alma's policy: adaptive, team-default (adaptive with policy.max_model_age_examples 500; with "
+        "--recipe stage-2000, a team's one default), page-hinkley (adaptive with policy.drift_detector "
+        "page_hinkley) or page-hinkley-2000 (page-hinkley with policy.max_model_age_examples 2000)",
     )
     parser.add_argument("--out", default=str(RESULTS / "river.json"))
     args = parser.parse_args()

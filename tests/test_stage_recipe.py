@@ -200,3 +200,21 @@ def test_with_reservoir_reset_off_a_changed_stream_keeps_its_reservoirs(tmp_path
             engine.on_chunk(chunk)
     assert not said_changed(caplog)
     assert len(engine.team.validation_pool) == 160 and stage_examples(tmp_path, 4) > 400
+
+
+def test_a_stage_of_few_new_examples_is_topped_up_from_the_replay_set_to_stream_stage_examples(tmp_path):
+    engine = engine_for(tmp_path, COST_TASK, stream={"stage_examples": 1000})
+    for chunk in chunks(4):
+        engine.on_chunk(chunk)
+    # Stage 1 has nothing to replay; stage 2 tops its 360 new training examples up with the 360 the set
+    # holds; stages 3 and 4 replay 640 of the 720 and 1,080 held, past the 360 they would match.
+    validated = [40, 80, 120, 160]
+    trained = [stage_examples(tmp_path, stage) - val for stage, val in enumerate(validated, start=1)]
+    assert trained == [360, 720, 1000, 1000]
+    assert engine.team.replayed_examples(360) == 640 and engine.team.replayed_examples(900) == 900
+
+
+def test_stage_examples_without_a_class_aware_replay_set_is_refused_naming_the_key():
+    config = build_config({"stream": {"stage_examples": 1000, "replay": False}})
+    with pytest.raises(ConfigError, match=r"^stream\.stage_examples: set, but stages top up"):
+        config.stream.recipe(team_task=True)

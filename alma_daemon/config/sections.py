@@ -198,6 +198,9 @@ class StageRecipe:
     validation_examples: int
     #: Chunks over which a reservoir's examples count half as much (None: a uniform sample).
     half_life: float | None
+    #: The examples a pooled stage trains on at least, its new ones topped up from the replay set (None:
+    #: as many replayed as new).
+    stage_examples: int | None = None
 
 
 #: Every measure's name, from the measures' entry points (imports none of them).
@@ -365,7 +368,7 @@ class StreamConfig:
         "the stream's training examples, up to stream.replay_examples, weighted to recent chunks "
         "(stream.reservoir_half_life), in the stream's class mix with at least serving.promotion_min_positives "
         "of each class so that a rare class's examples stay; one stratum for a regression; a stage replays as "
-        "many of them as it has new examples; saved with each model version). Chunks no replay set holds are "
+        "many of them as it has new examples, or up to stream.stage_examples in all; saved with each model version). Chunks no replay set holds are "
         "deleted. None = all with stream.replay true, classes where the task turns replay on.",
     )
     replay_examples: Int | None = Field(
@@ -373,6 +376,14 @@ class StreamConfig:
         gt=0,
         description="stream.replay_keep window, reservoir or classes: the examples the replay set holds at most "
         f"(None with classes: {DEFAULT_REPLAY_EXAMPLES}).",
+    )
+    stage_examples: Int | None = Field(
+        default=None,
+        gt=0,
+        description="With stream.replay_keep classes: a stage trains on at least this many examples, its new ones "
+        "topped up from the replay set (as the set holds them), so that a stage of a few new chunks does not fit "
+        "them alone and forget the rest. A stage replays at least as many examples as it has new ones either way. "
+        "None = only that.",
     )
     reservoir_half_life: Float | None = Field(
         default=DEFAULT_HALF_LIFE,
@@ -487,6 +498,11 @@ class StreamConfig:
             keep = self.replay_keep
         else:
             keep = "all" if self.replay else "classes"
+        if self.stage_examples is not None and keep != "classes":
+            raise ConfigError(
+                f"stream.stage_examples: set, but stages top up from no class-aware replay set (the replay rule is "
+                f"{keep}; set stream.replay_keep classes)"
+            )
         examples = self.replay_examples
         if keep == "classes" and examples is None:
             examples = DEFAULT_REPLAY_EXAMPLES
@@ -494,7 +510,11 @@ class StreamConfig:
         if validation is None:
             validation = DEFAULT_VALIDATION_EXAMPLES if team_task else 0
         return StageRecipe(
-            keep=keep, replay_examples=examples, validation_examples=validation, half_life=self.reservoir_half_life
+            keep=keep,
+            replay_examples=examples,
+            validation_examples=validation,
+            half_life=self.reservoir_half_life,
+            stage_examples=self.stage_examples,
         )
 
 

@@ -130,7 +130,7 @@ class TeamStage:
         if recipe.keep == "classes":
             assert recipe.replay_examples is not None  # StreamConfig.recipe
             replay = replay or ExampleReservoir.empty(train, strata)
-            room = len(train)
+            room = self.replay_room(len(train))
             if cap is not None:
                 room = min(room, max(0, cap - len(data.train) - len(data.val)))
             if pooled and room and len(replay):
@@ -168,10 +168,15 @@ class TeamStage:
         )
         return True
 
+    def replay_room(self, new_examples: int) -> int:
+        """The replayed examples a stage of ``new_examples`` asks for: as many, or up to
+        ``stream.stage_examples`` in all."""
+        return max(new_examples, (self.recipe.stage_examples or 0) - new_examples)
+
     def replayed_examples(self, pending_train_examples: int) -> int:
         """The replayed examples the next stage adds to its ``pending_train_examples``, about."""
         held = len(self.replay_reservoir) if self.replay_reservoir is not None else 0
-        return min(held, pending_train_examples)
+        return min(held, self.replay_room(pending_train_examples))
 
     def stops_early(self, stage: int, examples: StageExamples, learner: Learner) -> bool:
         """Whether a stage validating on the pooled validation set has enough of it to decide when to stop;
