@@ -218,3 +218,17 @@ def test_stage_examples_without_a_class_aware_replay_set_is_refused_naming_the_k
     config = build_config({"stream": {"stage_examples": 1000, "replay": False}})
     with pytest.raises(ConfigError, match=r"^stream\.stage_examples: set, but stages top up"):
         config.stream.recipe(team_task=True)
+
+
+def test_the_change_tests_predictions_count_in_the_stages_compute(tmp_path):
+    checked = engine_for(tmp_path / "checked", COST_TASK, epochs=10)
+    unchecked = engine_for(tmp_path / "unchecked", COST_TASK, stream={"reservoir_reset": False}, epochs=10)
+    for chunk in chunks(3):
+        checked.on_chunk(chunk)
+        unchecked.on_chunk(chunk)
+    flops = [[row["train_flops"] for row in engine.state.series] for engine in (checked, unchecked)]
+    # Stage 3 scores the served model on its 400 new examples and the pool's 80 (stage 2's pool of 40
+    # is too small to test); the training itself is the same, the stream being still.
+    per_example = checked.learner.inference_flops_per_example()
+    assert flops[0][:2] == flops[1][:2]
+    assert flops[0][2] - flops[1][2] == int(480 * per_example) > 0

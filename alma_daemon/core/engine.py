@@ -316,21 +316,25 @@ class Engine:
     ) -> tuple[FitReport, str]:
         """The fine-tuned model against each of ``candidates`` trained on the same examples (``fit_val``: what
         early stopping reads); the one with the lower :meth:`_validation_loss` is kept, with its own decision.
-        Every training counts in the stage's compute."""
+        Every training, and every scoring on the validation set, counts in the stage's compute."""
         train, val = examples.train, examples.val
         best = (self._validation_loss(val), "finetune", self._snapshot(), tuned)
-        flops, seconds = tuned.flops, tuned.seconds
+        flops, seconds = tuned.flops + self._prediction_flops(len(val)), tuned.seconds
         for kind, arch in candidates:
             self.learner.rebuild(arch, derive_seed(self.config.seed, kind, stage))
             report = self.learner.fit(train, fit_val, trainer)
             self.team.choose_decision(self.learner, examples)
-            flops, seconds = flops + report.flops, seconds + report.seconds
+            flops, seconds = flops + report.flops + self._prediction_flops(len(val)), seconds + report.seconds
             loss = self._validation_loss(val)
             if loss < best[0]:
                 best = (loss, kind, self._snapshot(), report)
         _, kind, snapshot, report = best
         self._restore(snapshot)
         return replace(report, flops=flops, seconds=seconds), kind
+
+    def _prediction_flops(self, examples: int) -> int:
+        """FLOPs of the current model predicting ``examples`` examples."""
+        return int(examples * self.learner.inference_flops_per_example()) if examples else 0
 
     def _snapshot(self) -> tuple[dict[str, Any], int, dict[str, torch.Tensor], TaskInfo]:
         learner = self.learner
@@ -361,6 +365,7 @@ class Engine:
         trainer = self._stage_trainer(stage)
         data = self.buffer.training_data(self.stage_plan, stage)
         examples = self.team.examples(data, self.learner, self.stage_plan.max_stage_examples)
+        change_test_flops = self._prediction_flops(examples.scored)
         train, val = examples.train, examples.val
         kind = "scratch" if self.config.train.from_scratch else "finetune"
         growth: GrowthReport | None = None
@@ -378,8 +383,9 @@ class Engine:
         self.team.choose_decision(self.learner, examples)
         if candidates:
             report, kind = self._best_of(report, candidates, examples, fit_val, trainer, stage)
-        # The passes that chose how to grow (validation losses, candidate scoring) are training compute.
-        report = replace(report, flops=report.flops + int(growth.flops or 0 if growth else 0))
+        # The passes that chose how to grow (validation losses, candidate scoring) and whether the stream
+        # changed are training compute.
+        report = replace(report, flops=report.flops + int(growth.flops or 0 if growth else 0) + change_test_flops)
         self.buffer.mark_trained(self.stage_plan, data.choice)
         self.team.trained(examples)
         val_measure = self.learner.measure_on(val).value

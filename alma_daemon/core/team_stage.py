@@ -66,6 +66,8 @@ class StageExamples:
     pooled: bool
     #: Whether the stream had changed, so that the reservoirs restarted from the stage's new chunks.
     restarted: bool = False
+    #: Examples the served model predicted to tell whether the stream changed (the stage's compute).
+    scored: int = 0
 
 
 def example_losses(learner: Learner, data: LabeledData) -> tuple[torch.Tensor, torch.Tensor]:
@@ -111,7 +113,9 @@ class TeamStage:
         strata = task.num_classes if task.kind == "classification" else 1
         pool, replay = self.validation_pool, self.replay_reservoir
         pooled = bool(recipe.validation_examples or recipe.keep == "classes")
-        restarted = pooled and self.config.stream.reservoir_reset and self.changed(data, learner)
+        restarted, scored = False, 0
+        if pooled and self.config.stream.reservoir_reset:
+            restarted, scored = self.changed(data, learner)
         if restarted:
             pool = replay = None
             pooled = False
@@ -138,27 +142,28 @@ class TeamStage:
             replay = replay.offered_splits(
                 data.fresh, "train", seed, recipe.replay_examples, REPLAY_QUOTAS, recipe.half_life
             )
-        return StageExamples(train, val, pool, replay, pooled, restarted)
+        return StageExamples(train, val, pool, replay, pooled, restarted, scored)
 
     def trained(self, examples: StageExamples) -> None:
         """The stage of ``examples`` trained: its reservoirs are the ones later stages read."""
         self.validation_pool, self.replay_reservoir = examples.pool, examples.replay
 
-    def changed(self, data: StageData, learner: Learner) -> bool:
-        """Whether the stream changed since the pooled validation set was drawn: the loss of the model that
-        served the stage's new chunks (class-weighted log-loss, or the regression's measure per example) is
-        above its loss on the pool, weighted back to the stream's class mix, by more than
-        :data:`CHANGE_Z` standard errors of the difference. Neither was trained on."""
+    def changed(self, data: StageData, learner: Learner) -> tuple[bool, int]:
+        """Whether the stream changed since the pooled validation set was drawn, and the examples scored
+        to tell: the loss of the model that served the stage's new chunks (class-weighted log-loss, or the
+        regression's measure per example) is above its loss on the pool, weighted back to the stream's
+        class mix, by more than :data:`CHANGE_Z` standard errors of the difference. Neither was trained on."""
         pool = self.validation_pool
         if pool is None or len(pool) < MIN_STOPPING_EXAMPLES or not data.fresh:
-            return False
+            return False, 0
         fresh = LabeledData.concat([part for chunk in data.fresh for part in (chunk.train, chunk.val)])
         now = mean_with_error(*example_losses(learner, fresh))
         losses, weights = example_losses(learner, pool.data)
         before = mean_with_error(losses, weights * pool.stream_weights(pool.data.y))
+        scored = len(fresh) + len(pool)
         spread = math.hypot(now.standard_error, before.standard_error)
         if not spread > 0 or (now - before) / spread <= CHANGE_Z:
-            return False
+            return False, scored
         self._say(
             "change",
             f"the stream changed: the served model's loss on the {len(fresh)} new examples ({now:.4g}) is above "
@@ -166,7 +171,7 @@ class TeamStage:
             "errors; the replay and validation sets restart from the new chunks, which this stage trains on "
             "alone (stream.reservoir_reset)",
         )
-        return True
+        return True, scored
 
     def replay_room(self, new_examples: int) -> int:
         """The replayed examples a stage of ``new_examples`` asks for: as many, or up to
