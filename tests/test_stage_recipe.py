@@ -214,10 +214,13 @@ def test_a_stage_of_few_new_examples_is_topped_up_from_the_replay_set_to_stream_
     assert engine.team.replayed_examples(360) == 640 and engine.team.replayed_examples(900) == 900
 
 
-def test_stage_examples_without_a_class_aware_replay_set_is_refused_naming_the_key():
+def test_stage_examples_without_a_class_aware_replay_set_or_beyond_it_is_refused_naming_the_key():
     config = build_config({"stream": {"stage_examples": 1000, "replay": False}})
     with pytest.raises(ConfigError, match=r"^stream\.stage_examples: set, but stages top up"):
         config.stream.recipe(team_task=True)
+    with pytest.raises(ConfigError, match=r"^stream\.stage_examples: 5000 is more than the replay set holds"):
+        build_config({"stream": {"stage_examples": 5000}})
+    assert build_config({"stream": {"stage_examples": 4000}}).stream.recipe(team_task=True).stage_examples == 4000
 
 
 def test_the_change_tests_predictions_count_in_the_stages_compute(tmp_path):

@@ -380,8 +380,8 @@ class StreamConfig:
     stage_examples: Int | None = Field(
         default=None,
         gt=0,
-        description="With stream.replay_keep classes: a stage trains on at least this many examples, its new ones "
-        "topped up from the replay set (as the set holds them), so that a stage of a few new chunks does not fit "
+        description="With stream.replay_keep classes: a stage trains on at least this many examples (at most "
+        "stream.replay_examples), its new ones topped up from the replay set (as far as it holds them), so that a stage of a few new chunks does not fit "
         "them alone and forget the rest. A stage replays at least as many examples as it has new ones either way. "
         "None = only that.",
     )
@@ -459,6 +459,13 @@ class StreamConfig:
         return value
 
     def __post_init__(self) -> None:
+        held = self.replay_examples or DEFAULT_REPLAY_EXAMPLES
+        if self.stage_examples is not None and self.stage_examples > held:
+            raise ConfigError(
+                f"stream.stage_examples: {self.stage_examples} is more than the replay set holds "
+                f"(stream.replay_examples {held}), so no stage could be topped up to it: raise "
+                "stream.replay_examples or lower stream.stage_examples"
+            )
         if self.replay_keep is not None and self.replay is False:
             raise ConfigError(f"stream.replay_keep: {self.replay_keep}, but stream.replay is false, so nothing is kept")
         if self.replay_keep in ("window", "reservoir") and self.replay_examples is None:
