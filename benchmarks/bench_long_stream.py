@@ -31,8 +31,8 @@ Recipes (issue 50). A team's task (two classes, a regression) now trains each st
 pooled validation set, a recency-weighted class-stratified replay reservoir (``stream.replay_keep:
 classes``), and, where a binary task is judged by cost, the cost-minimizing decision.
 ``--recipes old new`` runs every configuration under each (:data:`RECIPES`; the recipe is part of a run's
-cache key and of its label), ``--replay-examples N`` adds the new recipe with a replay set of N examples (``--stage-examples N``:
-with stages of at least N examples),
+cache key and of its label), ``--replay-examples N`` adds the new recipe with a replay set of N examples
+(``--stage-examples N``: with stages of at least N examples),
 and the report adds a table per stream of each policy's served measure and FLOPs under each recipe,
 beside the served measure of the River linear reference that learns prequentially beside the network
 (``served_reference_*``). The old recipe is the override set ``stream.replay: false``,
@@ -133,7 +133,7 @@ FLOPS_TOLERANCE = 1.25
 
 def recipes(names: list[str], replay_examples: list[int], stage_examples: list[int]) -> dict[str, dict]:
     """The recipes to run by name: ``names`` of :data:`RECIPES`, then the new recipe with each replay set size
-    and with each least stage size."""
+    and with each smallest stage size."""
     chosen = {name: RECIPES[name][0] for name in names}
     chosen.update({REPLAY_RECIPE.format(n): {"stream.replay_examples": n} for n in replay_examples})
     chosen.update({STAGE_RECIPE.format(n): {"stream.stage_examples": n} for n in stage_examples})

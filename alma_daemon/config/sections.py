@@ -368,8 +368,9 @@ class StreamConfig:
         "the stream's training examples, up to stream.replay_examples, weighted to recent chunks "
         "(stream.reservoir_half_life), in the stream's class mix with at least serving.promotion_min_positives "
         "of each class so that a rare class's examples stay; one stratum for a regression; a stage replays as "
-        "many of them as it has new examples, or up to stream.stage_examples in all; saved with each model version). Chunks no replay set holds are "
-        "deleted. None = all with stream.replay true, classes where the task turns replay on.",
+        "many of them as it has new examples, or up to stream.stage_examples in all; saved with each model "
+        "version). Chunks no replay set holds are deleted. None = all with stream.replay true, classes where the "
+        "task turns replay on.",
     )
     replay_examples: Int | None = Field(
         default=None,
@@ -381,9 +382,9 @@ class StreamConfig:
         default=None,
         gt=0,
         description="With stream.replay_keep classes: a stage trains on at least this many examples (at most "
-        "stream.replay_examples), its new ones topped up from the replay set (as far as it holds them), so that a stage of a few new chunks does not fit "
-        "them alone and forget the rest. A stage replays at least as many examples as it has new ones either way. "
-        "None = only that.",
+        "stream.replay_examples), its new ones topped up from the replay set (as far as it holds them), so that a "
+        "stage of a few new chunks does not fit them alone and forget the rest. A stage replays at least as many "
+        "examples as it has new ones either way. None = only that.",
     )
     reservoir_half_life: Float | None = Field(
         default=DEFAULT_HALF_LIFE,
